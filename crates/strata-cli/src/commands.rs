@@ -1,0 +1,291 @@
+//! generate, chat, logits, inspect.
+
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::Device;
+use clap::Args;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use strata_engine::model_dir::read_config;
+use strata_engine::{GenerateRequest, Generator, LoadedModel, Message, SamplingParams};
+use strata_models::glm_moe_dsa::{inspect as inspect_weights, GlmMoeDsaConfig};
+use strata_storage::WeightStore;
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy. Default: generation_config.json, else greedy.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Maximum new tokens.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Stop when the output contains this string (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    fn params(&self, defaults: &SamplingParams) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            top_k: self.top_k.unwrap_or(defaults.top_k),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self
+                .repetition_penalty
+                .unwrap_or(defaults.repetition_penalty),
+            seed: self.seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model directory (HF layout: config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as a user message through the chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message (with --chat).
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Write generation statistics as JSON to this path.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    #[arg(long)]
+    model: PathBuf,
+    /// Comma-separated token ids.
+    #[arg(long)]
+    ids: String,
+    /// Logits at every position (default: the last only).
+    #[arg(long)]
+    all_positions: bool,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+fn open(dir: &Path) -> Result<LoadedModel> {
+    LoadedModel::open(dir, &Device::Cpu)
+}
+
+fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("{}: cannot write stats", path.display()))
+}
+
+pub fn generate(a: GenerateArgs) -> Result<()> {
+    let m = open(&a.model)?;
+    let tok = m.tokenizer()?;
+    let prompt_ids = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &a.prompt));
+        let text = m.chat_template()?.render(&msgs, true, None)?;
+        tok.encode(&text, false)?
+    } else {
+        tok.encode(&a.prompt, true)?
+    };
+    let req = GenerateRequest {
+        prompt_ids,
+        max_tokens: a.sampling.max_tokens,
+        sampling: a.sampling.params(&m.generation.sampling)?,
+        stop_strings: a.sampling.stop.clone(),
+        eos_token_ids: m.eos_token_ids.clone(),
+    };
+    let mut gen = Generator::new(m.model.as_ref())?;
+    let stdout = std::io::stdout();
+    let out = gen.generate(Some(tok), &req, &mut |t| {
+        let mut lock = stdout.lock();
+        let _ = lock.write_all(t.as_bytes());
+        let _ = lock.flush();
+    })?;
+    println!();
+    if let Some(path) = &a.stats_json {
+        write_stats(path, &serde_json::to_value(&out.stats)?)?;
+    }
+    Ok(())
+}
+
+pub fn chat(a: ChatArgs) -> Result<()> {
+    let m = open(&a.model)?;
+    let tok = m.tokenizer()?;
+    let template = m.chat_template()?;
+    let sampling = a.sampling.params(&m.generation.sampling)?;
+    let mut gen = Generator::new(m.model.as_ref())?;
+    let mut msgs: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    eprintln!(
+        "strata chat: {} ({}). Empty line or Ctrl-D to quit.",
+        a.model.display(),
+        m.model_type
+    );
+    loop {
+        write!(stdout, "> ")?;
+        stdout.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        msgs.push(Message::new("user", line.trim_end_matches(['\n', '\r'])));
+        let text = template.render(&msgs, true, None)?;
+        let req = GenerateRequest {
+            prompt_ids: tok.encode(&text, false)?,
+            max_tokens: a.sampling.max_tokens,
+            sampling: sampling.clone(),
+            stop_strings: a.sampling.stop.clone(),
+            eos_token_ids: m.eos_token_ids.clone(),
+        };
+        let out = gen.generate(Some(tok), &req, &mut |t| {
+            print!("{t}");
+            let _ = std::io::stdout().flush();
+        })?;
+        println!();
+        msgs.push(Message::new("assistant", &out.text));
+    }
+    Ok(())
+}
+
+pub fn logits(a: LogitsArgs) -> Result<()> {
+    let ids: Vec<u32> = a
+        .ids
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|_| anyhow!("--ids: `{s}` is not a token id"))
+        })
+        .collect::<Result<_>>()?;
+    if ids.is_empty() {
+        bail!("--ids: no token ids");
+    }
+    let m = open(&a.model)?;
+    let mut gen = Generator::new(m.model.as_ref())?;
+    let logits = gen.logits(&ids, a.all_positions)?;
+    println!("{}", serde_json::json!({ "logits": logits }));
+    Ok(())
+}
+
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let (json, _) = read_config(&a.model)?;
+    let cfg_path = a.model.join("config.json");
+    let cfg =
+        GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let store = WeightStore::open_dir(&a.model)?;
+    let summary = inspect_weights(&cfg, &store);
+    let architecture = serde_json::json!({
+        "model_type": GlmMoeDsaConfig::MODEL_TYPE,
+        "hidden_size": cfg.hidden_size,
+        "layers": cfg.num_hidden_layers,
+        "dense_layers": cfg.num_hidden_layers - cfg.sparse_layers(),
+        "sparse_layers": cfg.sparse_layers(),
+        "routed_experts": cfg.n_routed_experts,
+        "experts_per_token": cfg.num_experts_per_tok,
+        "shared_experts": cfg.n_shared_experts,
+        "attention_heads": cfg.num_attention_heads,
+        "q_lora_rank": cfg.q_lora_rank,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "kv_cache_values_per_token_per_layer": cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+        "index_topk": cfg.index_topk,
+        "indexer_layers_full": cfg.indexer_types.iter().filter(|k| **k == strata_models::glm_moe_dsa::IndexerKind::Full).count(),
+        "mtp_layers": cfg.num_nextn_predict_layers,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "fp8_block": cfg.fp8_block,
+    });
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "architecture": architecture, "weights": summary })
+            )?
+        );
+        return Ok(());
+    }
+    println!("{}  ({})", a.model.display(), GlmMoeDsaConfig::MODEL_TYPE);
+    for (k, v) in architecture.as_object().unwrap() {
+        println!("  {k:<38} {v}");
+    }
+    println!(
+        "\n  {:<16} {:>8} {:>16} {:>14}",
+        "group", "tensors", "parameters", "bytes"
+    );
+    for (g, s) in &summary.groups {
+        let name = serde_json::to_value(g)?.as_str().unwrap_or("?").to_string();
+        println!(
+            "  {name:<16} {:>8} {:>16} {:>14}",
+            s.tensors,
+            s.parameters,
+            human_bytes(s.bytes)
+        );
+    }
+    println!(
+        "  {:<16} {:>8} {:>16} {:>14}",
+        "total",
+        "",
+        summary.total_parameters,
+        human_bytes(summary.total_bytes)
+    );
+    println!(
+        "  active parameters per token: {}",
+        summary.active_parameters
+    );
+    println!(
+        "  bytes per routed expert:     {}",
+        human_bytes(summary.bytes_per_expert)
+    );
+    Ok(())
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}

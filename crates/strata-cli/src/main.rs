@@ -1,0 +1,48 @@
+//! `strata`: the command line. Thin: parsing and printing; the work lives in the crates.
+
+mod bench;
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Run Mixture-of-Experts language models larger than fast memory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Generate(commands::GenerateArgs),
+    /// Interactive multi-turn chat through the model's chat template.
+    Chat(commands::ChatArgs),
+    /// Print logits for token ids as JSON.
+    Logits(commands::LogitsArgs),
+    /// Architecture, parameters and bytes by kind, from the headers alone.
+    Inspect(commands::InspectArgs),
+    /// Benchmarks: synthetic GLM-5-shaped models, decode speed, memory bandwidth.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate(a),
+        Command::Chat(a) => commands::chat(a),
+        Command::Logits(a) => commands::logits(a),
+        Command::Inspect(a) => commands::inspect(a),
+        Command::Bench(b) => bench::run(b),
+    };
+    if let Err(e) = result {
+        // One line: the chain of contexts, outermost first.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

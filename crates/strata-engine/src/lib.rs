@@ -1,0 +1,16 @@
+//! The generation engine: a model directory opened as a whole (model, tokenizer, chat
+//! template, generation defaults), sampling, and the prefill/decode loop with telemetry.
+
+pub mod chat;
+pub mod generate;
+pub mod model_dir;
+pub mod sampling;
+pub mod stats;
+pub mod tokenizer;
+
+pub use chat::{ChatTemplate, Message};
+pub use generate::{FinishReason, GenerateRequest, GenerationOutput, Generator};
+pub use model_dir::{GenerationDefaults, LoadedModel};
+pub use sampling::{Sampler, SamplingParams};
+pub use stats::GenerationStats;
+pub use tokenizer::{StreamDecoder, TextTokenizer};

@@ -1,0 +1,33 @@
+//! Generation telemetry, written by `--stats-json`.
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually computed (the rest came from the session's cache).
+    pub prefill_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub prefill_tokens_per_s: f64,
+    /// Tokens after the first, over the time spent producing them.
+    pub decode_tokens_per_s: f64,
+    pub time_to_first_token_s: f64,
+    pub peak_rss_bytes: u64,
+    pub finish_reason: String,
+}
+
+/// Peak resident set size of this process (VmHWM), 0 where unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+        })
+        .map_or(0, |kb| kb * 1024)
+}

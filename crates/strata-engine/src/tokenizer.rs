@@ -1,0 +1,71 @@
+//! `tokenizer.json` through the `tokenizers` crate, and streaming detokenization.
+
+use anyhow::{anyhow, Result};
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+pub struct TextTokenizer {
+    inner: Tokenizer,
+}
+
+impl TextTokenizer {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            anyhow::bail!("{}: tokenizer not found", path.display());
+        }
+        let inner = Tokenizer::from_file(path)
+            .map_err(|e| anyhow!("{}: invalid tokenizer: {e}", path.display()))?;
+        Ok(Self { inner })
+    }
+
+    /// Encodes as the tokenizer does, adding only what its post-processor adds when
+    /// `add_special_tokens` (plain prompts); chat prompts pass `false`, as HF does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| anyhow!("tokenizer: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| anyhow!("tokenizer: {e}"))
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// Turns a growing list of generated ids into text deltas. Holds back an incomplete
+/// UTF-8 sequence (decoded as U+FFFD) until the bytes that finish it arrive.
+#[derive(Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    emitted: String,
+}
+
+impl StreamDecoder {
+    /// Adds a token; returns the full text so far and the new, printable part of it.
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<(String, String)> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids, true)?;
+        if text.ends_with('\u{fffd}') || !text.starts_with(&self.emitted) {
+            return Ok((text, String::new()));
+        }
+        let delta = text[self.emitted.len()..].to_string();
+        self.emitted.push_str(&delta);
+        Ok((text, delta))
+    }
+
+    /// Records that only `text[..len]` counts as emitted (used after a stop string cut).
+    pub fn emitted(&self) -> &str {
+        &self.emitted
+    }
+}

@@ -1,0 +1,504 @@
+//! `config.json` of a `glm_moe_dsa` model (GLM-5, 5.1, 5.2), validated once at load.
+//!
+//! Fields that fix tensor shapes are required; the rest take transformers' defaults.
+//! Every error names the field.
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpKind {
+    Dense,
+    Sparse,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerKind {
+    /// The layer runs its own lightning indexer.
+    Full,
+    /// The layer reuses the top-k selection of the previous full layer.
+    Shared,
+}
+
+#[derive(Clone, Debug)]
+pub struct GlmMoeDsaConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub moe_intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub n_shared_experts: usize,
+    pub n_routed_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub index_topk: usize,
+    pub index_head_dim: usize,
+    pub index_n_heads: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub num_nextn_predict_layers: usize,
+    pub mlp_layer_types: Vec<MlpKind>,
+    pub indexer_types: Vec<IndexerKind>,
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    /// FP8 checkpoints: the `weight_block_size` of `quantization_config`.
+    pub fp8_block: Option<(usize, usize)>,
+}
+
+struct Fields<'a>(&'a serde_json::Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+    fn usize_req(&self, k: &str) -> Result<usize> {
+        let v = self.get(k).ok_or_else(|| anyhow!("missing field `{k}`"))?;
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| anyhow!("field `{k}` must be a non-negative integer, got {v}"))
+    }
+    fn usize_or(&self, k: &str, default: usize) -> Result<usize> {
+        if self.get(k).is_some() {
+            self.usize_req(k)
+        } else {
+            Ok(default)
+        }
+    }
+    fn f64_or(&self, k: &str, default: f64) -> Result<f64> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| anyhow!("field `{k}` must be a number, got {v}")),
+        }
+    }
+    fn bool_or(&self, k: &str, default: bool) -> Result<bool> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| anyhow!("field `{k}` must be true or false, got {v}")),
+        }
+    }
+    fn str_list(&self, k: &str) -> Result<Option<Vec<String>>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| {
+                    i.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| anyhow!("field `{k}` must be a list of strings"))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => bail!("field `{k}` must be a list of strings, got {v}"),
+        }
+    }
+    fn token_ids(&self, k: &str) -> Result<Vec<u32>> {
+        match self.get(k) {
+            None => Ok(vec![]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| {
+                    i.as_u64()
+                        .map(|x| x as u32)
+                        .ok_or_else(|| anyhow!("field `{k}` must hold token ids"))
+                })
+                .collect(),
+            Some(v) => v.as_u64().map(|x| vec![x as u32]).ok_or_else(|| {
+                anyhow!("field `{k}` must be a token id or a list of them, got {v}")
+            }),
+        }
+    }
+}
+
+impl GlmMoeDsaConfig {
+    pub const MODEL_TYPE: &'static str = "glm_moe_dsa";
+
+    /// Parses and validates; errors name the offending field (the caller adds the file).
+    pub fn from_json(json: &Value) -> Result<Self> {
+        let obj = json
+            .as_object()
+            .ok_or_else(|| anyhow!("config is not a JSON object"))?;
+        let f = Fields(obj);
+        match f.get("model_type").and_then(Value::as_str) {
+            Some(Self::MODEL_TYPE) => {}
+            Some(other) => bail!("model_type `{other}` is not `{}`", Self::MODEL_TYPE),
+            None => bail!("missing field `model_type`"),
+        }
+        let num_hidden_layers = f.usize_req("num_hidden_layers")?;
+        let num_attention_heads = f.usize_req("num_attention_heads")?;
+        let n_routed_experts = match f.get("n_routed_experts") {
+            Some(_) => f.usize_req("n_routed_experts")?,
+            None => f
+                .usize_req("num_experts")
+                .map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
+        };
+        if f.get("q_lora_rank").is_none() {
+            bail!("missing field `q_lora_rank` (glm_moe_dsa needs the low-rank query path)");
+        }
+        let (rope_theta, rope_type) =
+            match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
+                Some(Value::Object(p)) => (
+                    p.get("rope_theta")
+                        .and_then(Value::as_f64)
+                        .map_or_else(|| f.f64_or("rope_theta", 10000.0), Ok)?,
+                    p.get("rope_type")
+                        .or_else(|| p.get("type"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("default")
+                        .to_owned(),
+                ),
+                Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
+                None => (f.f64_or("rope_theta", 10000.0)?, "default".to_owned()),
+            };
+        if rope_type != "default" {
+            bail!("field `rope_parameters.rope_type` is `{rope_type}`; only `default` RoPE is supported");
+        }
+        if f.get("hidden_act")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a != "silu")
+        {
+            bail!(
+                "field `hidden_act` must be `silu`, got {}",
+                f.get("hidden_act").unwrap()
+            );
+        }
+        if f.bool_or("attention_bias", false)? {
+            bail!("field `attention_bias` is true; biased attention projections are not supported");
+        }
+        let first_k_dense = f.usize_or("first_k_dense_replace", 3)?;
+        let mlp_layer_types = match f.str_list("mlp_layer_types")? {
+            Some(kinds) => kinds
+                .iter()
+                .map(|k| match k.as_str() {
+                    "dense" => Ok(MlpKind::Dense),
+                    "sparse" => Ok(MlpKind::Sparse),
+                    other => bail!("field `mlp_layer_types` has unknown kind `{other}`"),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => (0..num_hidden_layers)
+                .map(|i| {
+                    if i < first_k_dense {
+                        MlpKind::Dense
+                    } else {
+                        MlpKind::Sparse
+                    }
+                })
+                .collect(),
+        };
+        let indexer_types = match f.str_list("indexer_types")? {
+            Some(kinds) => kinds
+                .iter()
+                .map(|k| match k.as_str() {
+                    "full" => Ok(IndexerKind::Full),
+                    "shared" => Ok(IndexerKind::Shared),
+                    other => bail!("field `indexer_types` has unknown kind `{other}`"),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => match f.get("index_topk_pattern").and_then(Value::as_str) {
+                Some(p) => p
+                    .chars()
+                    .map(|c| match c {
+                        'F' => Ok(IndexerKind::Full),
+                        'S' => Ok(IndexerKind::Shared),
+                        other => bail!("field `index_topk_pattern` has unknown letter `{other}`"),
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                None => {
+                    // transformers: layer i is full iff max(i - offset + 1, 0) % freq == 0.
+                    let freq = f.usize_or("index_topk_freq", 1)?.max(1);
+                    let offset = f.usize_or("index_skip_topk_offset", 2)?;
+                    (0..num_hidden_layers)
+                        .map(|i| {
+                            if (i + 1).saturating_sub(offset) % freq == 0 {
+                                IndexerKind::Full
+                            } else {
+                                IndexerKind::Shared
+                            }
+                        })
+                        .collect()
+                }
+            },
+        };
+        let mut eos_token_ids = f.token_ids("eos_token_id")?;
+        eos_token_ids.dedup();
+        let fp8_block = match f.get("quantization_config") {
+            None => None,
+            Some(q) => {
+                let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+                if method != "fp8" {
+                    bail!("field `quantization_config.quant_method` is `{method}`; only `fp8` is supported");
+                }
+                match q.get("weight_block_size").and_then(Value::as_array) {
+                    Some(b) if b.len() == 2 => {
+                        let dim = |v: &Value| v.as_u64().filter(|&x| x > 0).map(|x| x as usize);
+                        Some((
+                            dim(&b[0]).ok_or_else(|| anyhow!("field `quantization_config.weight_block_size` must hold two positive integers"))?,
+                            dim(&b[1]).ok_or_else(|| anyhow!("field `quantization_config.weight_block_size` must hold two positive integers"))?,
+                        ))
+                    }
+                    _ => {
+                        bail!("field `quantization_config.weight_block_size` must be [rows, cols]")
+                    }
+                }
+            }
+        };
+        let cfg = Self {
+            vocab_size: f.usize_req("vocab_size")?,
+            hidden_size: f.usize_req("hidden_size")?,
+            intermediate_size: f.usize_req("intermediate_size")?,
+            moe_intermediate_size: f.usize_req("moe_intermediate_size")?,
+            num_hidden_layers,
+            num_attention_heads,
+            n_shared_experts: f.usize_or("n_shared_experts", 1)?,
+            n_routed_experts,
+            num_experts_per_tok: f.usize_req("num_experts_per_tok")?,
+            n_group: f.usize_or("n_group", 1)?,
+            topk_group: f.usize_or("topk_group", 1)?,
+            norm_topk_prob: f.bool_or("norm_topk_prob", true)?,
+            routed_scaling_factor: f.f64_or("routed_scaling_factor", 2.5)? as f32,
+            q_lora_rank: f.usize_req("q_lora_rank")?,
+            kv_lora_rank: f.usize_req("kv_lora_rank")?,
+            qk_nope_head_dim: f.usize_req("qk_nope_head_dim")?,
+            qk_rope_head_dim: f.usize_req("qk_rope_head_dim")?,
+            v_head_dim: f.usize_req("v_head_dim")?,
+            index_topk: f.usize_req("index_topk")?,
+            index_head_dim: f.usize_req("index_head_dim")?,
+            index_n_heads: f.usize_req("index_n_heads")?,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-5)?,
+            rope_theta,
+            max_position_embeddings: f.usize_or("max_position_embeddings", 202752)?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            num_nextn_predict_layers: f.usize_or("num_nextn_predict_layers", 0)?,
+            mlp_layer_types,
+            indexer_types,
+            eos_token_ids,
+            bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
+            fp8_block,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("q_lora_rank", self.q_lora_rank),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+            ("index_topk", self.index_topk),
+            ("index_n_heads", self.index_n_heads),
+            ("n_group", self.n_group),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                bail!("field `{name}` must be positive");
+            }
+        }
+        if self.qk_rope_head_dim % 2 != 0 {
+            bail!(
+                "field `qk_rope_head_dim` must be even, got {}",
+                self.qk_rope_head_dim
+            );
+        }
+        if self.index_head_dim < self.qk_rope_head_dim {
+            bail!(
+                "field `index_head_dim` ({}) is smaller than `qk_rope_head_dim` ({})",
+                self.index_head_dim,
+                self.qk_rope_head_dim
+            );
+        }
+        if self.mlp_layer_types.len() != self.num_hidden_layers {
+            bail!(
+                "field `mlp_layer_types` has {} entries for {} layers",
+                self.mlp_layer_types.len(),
+                self.num_hidden_layers
+            );
+        }
+        if self.indexer_types.len() != self.num_hidden_layers {
+            bail!(
+                "field `indexer_types` has {} entries for {} layers",
+                self.indexer_types.len(),
+                self.num_hidden_layers
+            );
+        }
+        if self.indexer_types[0] == IndexerKind::Shared {
+            bail!(
+                "field `indexer_types`: layer 0 is `shared` but no earlier layer runs the indexer"
+            );
+        }
+        let has_moe = self.mlp_layer_types.contains(&MlpKind::Sparse);
+        if has_moe {
+            if self.n_routed_experts == 0 || self.moe_intermediate_size == 0 {
+                bail!("fields `n_routed_experts` and `moe_intermediate_size` must be positive when layers are sparse");
+            }
+            if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
+                bail!(
+                    "field `num_experts_per_tok` ({}) must be in 1..={} (`n_routed_experts`)",
+                    self.num_experts_per_tok,
+                    self.n_routed_experts
+                );
+            }
+            if self.n_routed_experts % self.n_group != 0 {
+                bail!(
+                    "field `n_group` ({}) must divide `n_routed_experts` ({})",
+                    self.n_group,
+                    self.n_routed_experts
+                );
+            }
+            if self.topk_group == 0 || self.topk_group > self.n_group {
+                bail!(
+                    "field `topk_group` ({}) must be in 1..={} (`n_group`)",
+                    self.topk_group,
+                    self.n_group
+                );
+            }
+            let per_group = self.n_routed_experts / self.n_group;
+            if self.n_group > 1 && per_group < 2 {
+                bail!("field `n_group` leaves fewer than 2 experts per group");
+            }
+            if self.num_experts_per_tok > self.topk_group * per_group {
+                bail!(
+                    "field `num_experts_per_tok` ({}) exceeds the experts in `topk_group` groups ({})",
+                    self.num_experts_per_tok,
+                    self.topk_group * per_group
+                );
+            }
+        }
+        if self.mlp_layer_types.contains(&MlpKind::Dense) && self.intermediate_size == 0 {
+            bail!("field `intermediate_size` must be positive when layers are dense");
+        }
+        for &id in &self.eos_token_ids {
+            if id as usize >= self.vocab_size {
+                bail!(
+                    "field `eos_token_id` ({id}) is outside the vocabulary ({})",
+                    self.vocab_size
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    pub fn sparse_layers(&self) -> usize {
+        self.mlp_layer_types
+            .iter()
+            .filter(|k| **k == MlpKind::Sparse)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn tiny() -> Value {
+        json!({
+            "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+            "moe_intermediate_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "q_lora_rank": 8, "kv_lora_rank": 8,
+            "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "index_topk": 4,
+            "index_head_dim": 8, "index_n_heads": 2, "first_k_dense_replace": 1, "eos_token_id": [1, 2]
+        })
+    }
+
+    fn with(k: &str, v: Value) -> Value {
+        let mut j = tiny();
+        j[k] = v;
+        j
+    }
+
+    #[test]
+    fn parses_defaults_and_schedules() {
+        let c = GlmMoeDsaConfig::from_json(&tiny()).unwrap();
+        assert_eq!(
+            c.mlp_layer_types,
+            vec![
+                MlpKind::Dense,
+                MlpKind::Sparse,
+                MlpKind::Sparse,
+                MlpKind::Sparse
+            ]
+        );
+        assert_eq!(c.indexer_types, vec![IndexerKind::Full; 4]);
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+        // GLM-5.2 sharing: freq 4, offset 3 -> full at 0,1,2,6,10,...
+        let mut j = tiny();
+        j["num_hidden_layers"] = json!(12);
+        j["index_topk_freq"] = json!(4);
+        j["index_skip_topk_offset"] = json!(3);
+        let c = GlmMoeDsaConfig::from_json(&j).unwrap();
+        let full: Vec<usize> = (0..12)
+            .filter(|&i| c.indexer_types[i] == IndexerKind::Full)
+            .collect();
+        assert_eq!(full, vec![0, 1, 2, 6, 10]);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                with("hidden_size", Value::Null),
+                "missing field `hidden_size`",
+            ),
+            (
+                with("hidden_size", json!("x")),
+                "field `hidden_size` must be a non-negative integer",
+            ),
+            (
+                with("num_experts_per_tok", json!(9)),
+                "field `num_experts_per_tok` (9) must be in 1..=4",
+            ),
+            (with("model_type", json!("llama")), "model_type `llama`"),
+            (
+                with("qk_rope_head_dim", json!(3)),
+                "`qk_rope_head_dim` must be even",
+            ),
+            (
+                with("indexer_types", json!(["shared", "full", "full", "full"])),
+                "layer 0 is `shared`",
+            ),
+            (
+                with("indexer_types", json!(["full"])),
+                "`indexer_types` has 1 entries for 4 layers",
+            ),
+            (with("n_group", json!(3)), "`n_group` (3) must divide"),
+            (
+                with("eos_token_id", json!(99)),
+                "`eos_token_id` (99) is outside",
+            ),
+            (
+                with(
+                    "rope_parameters",
+                    json!({"rope_type": "yarn", "rope_theta": 1e6}),
+                ),
+                "only `default` RoPE",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = GlmMoeDsaConfig::from_json(&json).unwrap_err().to_string();
+            assert!(err.contains(want), "want `{want}` in `{err}`");
+        }
+    }
+}

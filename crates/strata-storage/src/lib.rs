@@ -1,0 +1,14 @@
+//! Weight storage: safetensors checkpoints opened header-only over mmap.
+//!
+//! A [`WeightStore`] is a model directory's set of safetensors shards (with or without
+//! `model.safetensors.index.json`). Opening one reads only the headers; tensor bytes are
+//! touched when a tensor is decoded. Every error names the file and the problem.
+
+mod safetensors_file;
+mod store;
+mod writer;
+
+pub use safetensors_file::{SafetensorsFile, TensorRef};
+pub use store::WeightStore;
+pub use strata_kernels::ElementType;
+pub use writer::{SafetensorsWriter, TensorSpec};
