@@ -203,15 +203,10 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let prompt: Vec<u32> = (0..a.prompt_tokens)
         .map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32)
         .collect();
-    let req = strata_engine::GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens: a.decode_tokens,
-        sampling: SamplingParams::default(),
-        stop_strings: vec![],
-        eos_token_ids: vec![], // run the full length
-    };
+    // No EOS ids: run the full length.
+    let req = strata_engine::GenerateRequest::new(prompt, a.decode_tokens, SamplingParams::default());
     let mut gen = strata_engine::Generator::new(m.model.as_ref())?;
-    let out = gen.generate(None, &req, &mut |_| {})?;
+    let out = gen.generate(None, &req, &mut |_| true)?;
     let s = &out.stats;
     // Bytes a decode token must read, as weights are held (f32): the dense part, the
     // top-k experts of each sparse layer, one embedding row.

@@ -124,18 +124,16 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         tok.encode(&a.prompt, true)?
     };
     let req = GenerateRequest {
-        prompt_ids,
-        max_tokens: a.sampling.max_tokens,
-        sampling: a.sampling.params(&m.generation.sampling)?,
         stop_strings: a.sampling.stop.clone(),
         eos_token_ids: m.eos_token_ids.clone(),
+        ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
     let mut gen = Generator::new(m.model.as_ref())?;
     let stdout = std::io::stdout();
     let out = gen.generate(Some(tok), &req, &mut |t| {
         let mut lock = stdout.lock();
-        let _ = lock.write_all(t.as_bytes());
-        let _ = lock.flush();
+        // A closed pipe (`| head`) ends generation quietly.
+        lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
     })?;
     println!();
     if let Some(path) = &a.stats_json {
@@ -168,15 +166,13 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         msgs.push(Message::new("user", line.trim_end_matches(['\n', '\r'])));
         let text = template.render(&msgs, true, None)?;
         let req = GenerateRequest {
-            prompt_ids: tok.encode(&text, false)?,
-            max_tokens: a.sampling.max_tokens,
-            sampling: sampling.clone(),
             stop_strings: a.sampling.stop.clone(),
             eos_token_ids: m.eos_token_ids.clone(),
+            ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {
-            print!("{t}");
-            let _ = std::io::stdout().flush();
+            let mut lock = std::io::stdout().lock();
+            lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
         })?;
         println!();
         msgs.push(Message::new("assistant", &out.text));
@@ -200,8 +196,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let m = open(&a.model)?;
     let mut gen = Generator::new(m.model.as_ref())?;
     let logits = gen.logits(&ids, a.all_positions)?;
-    println!("{}", serde_json::json!({ "logits": logits }));
-    Ok(())
+    emit(&serde_json::json!({ "logits": logits }).to_string())
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
@@ -273,6 +268,15 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         human_bytes(summary.bytes_per_expert)
     );
     Ok(())
+}
+
+/// Prints a line to stdout; a reader that went away (`| head`) is not an error.
+pub fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}") {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 pub fn human_bytes(b: u64) -> String {

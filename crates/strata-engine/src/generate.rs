@@ -15,6 +15,22 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
     pub eos_token_ids: Vec<u32>,
+    /// Drop special tokens from the text (true for chat output; tool-call parsers that
+    /// look for special markers want false).
+    pub skip_special_tokens: bool,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt_ids: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Self {
+        Self {
+            prompt_ids,
+            max_tokens,
+            sampling,
+            stop_strings: Vec::new(),
+            eos_token_ids: Vec::new(),
+            skip_special_tokens: true,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +39,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the model's context.
     Length,
+    /// The caller's callback asked to stop (e.g. a client went away).
+    Cancelled,
 }
 
 impl FinishReason {
@@ -30,6 +48,7 @@ impl FinishReason {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -78,12 +97,13 @@ impl<'m> Generator<'m> {
         })
     }
 
-    /// Generates for `req`, calling `on_text` with each printable delta.
+    /// Generates for `req`, calling `on_text` with each printable delta; `on_text`
+    /// returns false to cancel.
     pub fn generate(
         &mut self,
         tok: Option<&TextTokenizer>,
         req: &GenerateRequest,
-        on_text: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerationOutput> {
         if req.prompt_ids.is_empty() {
             bail!("the prompt is empty (no tokens to condition on)");
@@ -143,7 +163,7 @@ impl<'m> Generator<'m> {
             out.push(next);
             self.tokens.push(next);
             if let Some(tok) = tok {
-                let (full, _) = decoder.push(tok, next)?;
+                let (full, _) = decoder.push(tok, next, req.skip_special_tokens)?;
                 text = full;
                 if let Some(cut) = req
                     .stop_strings
@@ -161,8 +181,12 @@ impl<'m> Generator<'m> {
                 let printable =
                     decoder.emitted().len() - held_back(decoder.emitted(), &req.stop_strings);
                 if printable > streamed {
-                    on_text(&decoder.emitted()[streamed..printable]);
+                    let go_on = on_text(&decoder.emitted()[streamed..printable]);
                     streamed = printable;
+                    if !go_on {
+                        finish = FinishReason::Cancelled;
+                        break;
+                    }
                 }
             }
             if out.len() == req.max_tokens || self.tokens.len() >= max_ctx {

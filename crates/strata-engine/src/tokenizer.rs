@@ -53,9 +53,9 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     /// Adds a token; returns the full text so far and the new, printable part of it.
-    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<(String, String)> {
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32, skip_special_tokens: bool) -> Result<(String, String)> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids, true)?;
+        let text = tok.decode(&self.ids, skip_special_tokens)?;
         if text.ends_with('\u{fffd}') || !text.starts_with(&self.emitted) {
             return Ok((text, String::new()));
         }

@@ -109,15 +109,9 @@ fn check_fixture(dir: &Path) {
 
     // Greedy decode against the cache: identical tokens, logits within tolerance.
     let gen_ids = r.ids("generated_ids");
-    let req = GenerateRequest {
-        prompt_ids: prompt.clone(),
-        max_tokens: gen_ids.len(),
-        sampling: SamplingParams::default(),
-        stop_strings: vec![],
-        eos_token_ids: vec![],
-    };
+    let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
     let mut gen = Generator::new(m.model.as_ref()).unwrap();
-    let out = gen.generate(None, &req, &mut |_| {}).unwrap();
+    let out = gen.generate(None, &req, &mut |_| true).unwrap();
     assert_eq!(out.tokens, gen_ids, "{name}: greedy tokens");
 
     if r.has("generated_logits") {
