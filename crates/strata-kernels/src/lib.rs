@@ -6,6 +6,8 @@
 
 pub mod dtype;
 pub mod fp8;
+pub mod quant;
 
 pub use dtype::{decode_to_f32, ElementType};
 pub use fp8::{dequantize_fp8_blocks, fp8_e4m3_to_f32};
+pub use quant::{dequantize, quantize, QuantKind};

@@ -1,0 +1,191 @@
+//! Quantized matrix encodings for routed experts, `W[rows = out, cols = in]`:
+//! - int8-row: `rows*cols` i8, one f32 scale per row: `w = q * s[r]`;
+//! - int4-group(gs): two values a byte (low nibble = even column, high = odd column),
+//!   `w = (nibble - 8) * s[r, c / gs]`, `rows * ceil(cols/gs)` scales (per-row int4 is
+//!   `gs == cols`);
+//! - bf16 / f32: plain little-endian values, no scales.
+//! Quantization is symmetric absmax (int8: s = amax/127; int4: s = amax/7, q in [-8, 7]).
+
+use half::bf16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantKind {
+    F32,
+    Bf16,
+    Int8Row,
+    Int4Group { group: usize },
+}
+
+impl QuantKind {
+    /// Bytes of the payload (without scales).
+    pub fn payload_bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            Self::F32 => rows * cols * 4,
+            Self::Bf16 => rows * cols * 2,
+            Self::Int8Row => rows * cols,
+            Self::Int4Group { .. } => rows * cols.div_ceil(2),
+        }
+    }
+
+    /// Number of f32 scales.
+    pub fn scale_count(self, rows: usize, cols: usize) -> usize {
+        match self {
+            Self::F32 | Self::Bf16 => 0,
+            Self::Int8Row => rows,
+            Self::Int4Group { group } => rows * cols.div_ceil(group),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Self::F32 => "f32".into(),
+            Self::Bf16 => "bf16".into(),
+            Self::Int8Row => "int8".into(),
+            Self::Int4Group { group } => format!("int4-g{group}"),
+        }
+    }
+
+    /// Parses `f32`, `bf16`, `int8`, `int4-gN`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            "int8" => Ok(Self::Int8Row),
+            _ => {
+                let g = s
+                    .strip_prefix("int4-g")
+                    .and_then(|g| g.parse::<usize>().ok())
+                    .filter(|&g| g >= 2 && g % 2 == 0)
+                    .ok_or_else(|| format!("unknown expert encoding `{s}` (f32, bf16, int8, int4-gN with even N)"))?;
+                Ok(Self::Int4Group { group: g })
+            }
+        }
+    }
+}
+
+/// Encodes `w` (row-major `rows x cols`) as `kind`: (payload, scales).
+pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    assert_eq!(w.len(), rows * cols, "quantize: {} values for {rows}x{cols}", w.len());
+    match kind {
+        QuantKind::F32 => (w.iter().flat_map(|v| v.to_le_bytes()).collect(), vec![]),
+        QuantKind::Bf16 => (w.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect(), vec![]),
+        QuantKind::Int8Row => {
+            let mut payload = Vec::with_capacity(rows * cols);
+            let mut scales = Vec::with_capacity(rows);
+            for row in w.chunks_exact(cols) {
+                let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                scales.push(s);
+                payload.extend(row.iter().map(|v| (v / s).round().clamp(-127.0, 127.0) as i8 as u8));
+            }
+            (payload, scales)
+        }
+        QuantKind::Int4Group { group } => {
+            let groups = cols.div_ceil(group);
+            let mut payload = vec![0u8; rows * cols.div_ceil(2)];
+            let mut scales = Vec::with_capacity(rows * groups);
+            for (r, row) in w.chunks_exact(cols).enumerate() {
+                let dst = &mut payload[r * cols.div_ceil(2)..(r + 1) * cols.div_ceil(2)];
+                for (g, chunk) in row.chunks(group).enumerate() {
+                    let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let s = if amax > 0.0 { amax / 7.0 } else { 1.0 };
+                    scales.push(s);
+                    for (j, v) in chunk.iter().enumerate() {
+                        let c = g * group + j;
+                        let nib = ((v / s).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                        dst[c / 2] |= if c % 2 == 0 { nib } else { nib << 4 };
+                    }
+                }
+            }
+            (payload, scales)
+        }
+    }
+}
+
+/// The plain reference decoder: f32 values of an encoded matrix.
+pub fn dequantize(kind: QuantKind, payload: &[u8], scales: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(payload.len(), kind.payload_bytes(rows, cols), "dequantize: payload size");
+    assert_eq!(scales.len(), kind.scale_count(rows, cols), "dequantize: scale count");
+    let mut out = vec![0f32; rows * cols];
+    match kind {
+        QuantKind::F32 => {
+            for (o, c) in out.iter_mut().zip(payload.chunks_exact(4)) {
+                *o = f32::from_le_bytes(c.try_into().unwrap());
+            }
+        }
+        QuantKind::Bf16 => {
+            for (o, c) in out.iter_mut().zip(payload.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        QuantKind::Int8Row => {
+            for r in 0..rows {
+                for c in 0..cols {
+                    out[r * cols + c] = payload[r * cols + c] as i8 as f32 * scales[r];
+                }
+            }
+        }
+        QuantKind::Int4Group { group } => {
+            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+            for r in 0..rows {
+                for c in 0..cols {
+                    let byte = payload[r * half + c / 2];
+                    let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    out[r * cols + c] = (nib as f32 - 8.0) * scales[r * groups + c / group];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn sizes_names_and_parse() {
+        let k = QuantKind::Int4Group { group: 64 };
+        assert_eq!(k.payload_bytes(2048, 6144), 2048 * 3072);
+        assert_eq!(k.scale_count(2048, 6144), 2048 * 96);
+        assert_eq!(QuantKind::parse(&k.name()).unwrap(), k);
+        for s in ["f32", "bf16", "int8"] {
+            assert_eq!(QuantKind::parse(s).unwrap().name(), s);
+        }
+        assert!(QuantKind::parse("int4-g3").is_err());
+        assert!(QuantKind::parse("q4").unwrap_err().contains("unknown expert encoding"));
+    }
+
+    #[test]
+    fn roundtrip_error_is_within_half_a_step() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (rows, cols) = (7usize, 150usize);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        for kind in [QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 150 }] {
+            let (p, s) = quantize(kind, &w, rows, cols);
+            let d = dequantize(kind, &p, &s, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let scale = match kind {
+                        QuantKind::Int8Row => s[r],
+                        QuantKind::Int4Group { group } => s[r * cols.div_ceil(group) + c / group],
+                        _ => unreachable!(),
+                    };
+                    assert!((d[r * cols + c] - w[r * cols + c]).abs() <= scale * 0.5 + 1e-6, "{kind:?}");
+                }
+            }
+        }
+        let (p, s) = quantize(QuantKind::Bf16, &w, rows, cols);
+        let d = dequantize(QuantKind::Bf16, &p, &s, rows, cols);
+        assert!(d.iter().zip(&w).all(|(a, b)| (a - b).abs() <= b.abs() / 128.0));
+    }
+
+    #[test]
+    fn int4_nibble_order() {
+        // Column 0 in the low nibble, column 1 in the high nibble.
+        let (p, s) = quantize(QuantKind::Int4Group { group: 2 }, &[7.0, -7.0], 1, 2);
+        assert_eq!(s, vec![1.0]);
+        assert_eq!(p, vec![0x0f | (0x01 << 4)]);
+    }
+}
