@@ -2,15 +2,12 @@
 
 mod bench;
 mod commands;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "strata",
-    version,
-    about = "Run Mixture-of-Experts language models larger than fast memory"
-)]
+#[command(name = "strata", version, about = "Run Mixture-of-Experts language models larger than fast memory")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +23,8 @@ enum Command {
     Logits(commands::LogitsArgs),
     /// Architecture, parameters and bytes by kind, from the headers alone.
     Inspect(commands::InspectArgs),
+    /// Serve the model over HTTP: OpenAI and Anthropic compatible APIs.
+    Serve(serve::ServeArgs),
     /// Benchmarks: synthetic GLM-5-shaped models, decode speed, memory bandwidth.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -38,6 +37,7 @@ fn main() {
         Command::Chat(a) => commands::chat(a),
         Command::Logits(a) => commands::logits(a),
         Command::Inspect(a) => commands::inspect(a),
+        Command::Serve(a) => serve::serve(a),
         Command::Bench(b) => bench::run(b),
     };
     if let Err(e) = result {

@@ -37,13 +37,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            code: None,
-            param: None,
-            retry_after: None,
-        }
+        Self { status, message: message.into(), code: None, param: None, retry_after: None }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -66,11 +60,8 @@ impl ApiError {
 
     /// A request body that is not valid JSON, or does not have the request's shape.
     pub fn invalid_body(e: serde_json::Error) -> Self {
-        let what = if e.is_syntax() || e.is_eof() {
-            "invalid JSON in the request body"
-        } else {
-            "invalid request body"
-        };
+        let what =
+            if e.is_syntax() || e.is_eof() { "invalid JSON in the request body" } else { "invalid request body" };
         Self::bad_request(format!("{what}: {e}")).with_code("invalid_request_body")
     }
 
@@ -139,8 +130,7 @@ impl ApiError {
     pub fn into_response(self, flavor: Flavor) -> Response {
         let mut resp = (self.status, axum::Json(self.body(flavor))).into_response();
         if let Some(s) = self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         resp
     }
@@ -179,9 +169,7 @@ mod tests {
     #[test]
     fn body_errors_say_what_is_wrong() {
         let syntax = serde_json::from_str::<Value>("{oops").unwrap_err();
-        assert!(ApiError::invalid_body(syntax)
-            .message
-            .starts_with("invalid JSON"));
+        assert!(ApiError::invalid_body(syntax).message.starts_with("invalid JSON"));
         #[derive(serde::Deserialize, Debug)]
         #[allow(dead_code)]
         struct R {

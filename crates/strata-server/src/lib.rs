@@ -1,1 +1,233 @@
-pub fn x(){}
+//! `strata serve`: an OpenAI- and Anthropic-compatible HTTP server over one model.
+//!
+//! Routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/messages`,
+//! `/v1/messages/count_tokens`, `/v1/responses`, `/tokenize`; `GET /v1/models`,
+//! `/v1/models/{id}`, `/health`, `/stats`, `/metrics`. Generations run one at a time on
+//! a worker thread behind a bounded queue (429 with `Retry-After` beyond it); a client
+//! that disconnects cancels its generation.
+
+pub mod anthropic;
+pub mod common;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod responses;
+pub mod tools;
+pub mod worker;
+
+use crate::common::{parse_body, AppState, Shared};
+use crate::error::{ApiError, Flavor};
+use crate::metrics::Metrics;
+use crate::worker::Worker;
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use strata_engine::model_dir::display_name;
+use strata_engine::LoadedModel;
+
+/// Largest request body accepted (long prompts are large).
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub model_dir: PathBuf,
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// Requests that may wait while one generates.
+    pub queue: usize,
+}
+
+/// The server's state around an opened model; starts the generation worker.
+pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Shared {
+    let model = Arc::new(model);
+    let metrics = Arc::new(Metrics::default());
+    let tool_markers_special = model.tokenizer.as_ref().is_some_and(|t| {
+        t.token_id(tools::CALL_START).is_some_and(|id| t.decode(&[id], true).is_ok_and(|s| s.is_empty()))
+    });
+    Arc::new(AppState {
+        model_id: display_name(&model.dir),
+        worker: Worker::start(model.clone(), queue, metrics.clone()),
+        model,
+        api_key: api_key.filter(|k| !k.is_empty()),
+        metrics,
+        started: Instant::now(),
+        created: common::now_unix(),
+        tool_markers_special,
+    })
+}
+
+/// Constant-time comparison, so the key cannot be guessed byte by byte from timings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether the headers carry `key` as `Authorization: Bearer KEY` or `x-api-key: KEY`.
+pub fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|v| same(v.trim().as_bytes(), key.as_bytes()));
+    let x_api_key = headers.get("x-api-key").is_some_and(|v| same(v.as_bytes(), key.as_bytes()));
+    bearer || x_api_key
+}
+
+async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let path = req.uri().path();
+        if path != "/health" && !authorized(req.headers(), key) {
+            return ApiError::unauthorized().into_response(Flavor::of_path(path));
+        }
+    }
+    next.run(req).await
+}
+
+async fn count(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let resp = next.run(req).await;
+    st.metrics.record_http(&path, resp.status().as_u16());
+    resp
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::new(StatusCode::NOT_FOUND, format!("no route for {} {path}", req.method()))
+        .into_response(Flavor::of_path(path))
+}
+
+async fn health() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(st): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render(st.worker.capacity()))
+        .into_response()
+}
+
+async fn stats(State(st): State<Shared>) -> Response {
+    let m = &st.metrics;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    Json(json!({
+        "model": {
+            "id": st.model_id,
+            "dir": st.model.dir.display().to_string(),
+            "model_type": st.model.model_type,
+            "max_context": st.max_context(),
+            "vocab_size": st.model.model.vocab_size(),
+            "eos_token_ids": st.model.eos_token_ids,
+            "chat_template": st.model.chat_template.is_some(),
+            "default_sampling": st.model.generation.sampling,
+        },
+        "plan": {"device": "cpu", "weights": "resident", "expert_streaming": false},
+        "queue": {
+            "capacity": st.worker.capacity(),
+            "depth": m.queue_depth.load(Ordering::Relaxed),
+            "active": m.active.load(Ordering::Relaxed),
+        },
+        "totals": {
+            "generations": load(&m.generations),
+            "generation_errors": load(&m.generation_errors),
+            "cancelled": load(&m.cancelled),
+            "rejected": load(&m.rejected),
+            "prompt_tokens": load(&m.prompt_tokens),
+            "prefill_tokens": load(&m.prefill_tokens),
+            "generated_tokens": load(&m.generated_tokens),
+        },
+        "last_generation": *m.last.lock().unwrap(),
+        "uptime_s": st.started.elapsed().as_secs_f64(),
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<openai::ChatMessage>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+}
+
+/// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
+/// template first; answers the text that was tokenized, for checking what the model sees.
+async fn tokenize(State(st): State<Shared>, body: Bytes) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let req: TokenizeRequest = parse_body(&body)?;
+        let (text, ids) = match (req.prompt, req.messages) {
+            (Some(p), None) => {
+                let ids = st.tokenize(&p, req.add_special_tokens.unwrap_or(true))?;
+                (p, ids)
+            }
+            (None, Some(msgs)) => {
+                let tools = openai::tool_schemas(req.tools, None)?;
+                st.chat_prompt(&openai::chat_messages(msgs)?, tools.as_ref())?
+            }
+            _ => return Err(ApiError::bad_request("send either `prompt` or `messages`")),
+        };
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
+                  "prompt": text}))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(Flavor::OpenAi),
+    }
+}
+
+pub fn router(st: Shared) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{id}", get(openai::get_model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::responses))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(from_fn_with_state(st.clone(), auth))
+        .layer(from_fn_with_state(st.clone(), count))
+        .with_state(st)
+}
+
+/// Opens the model, binds, and serves until the process is stopped.
+pub fn serve(cfg: ServerConfig) -> Result<()> {
+    let model = LoadedModel::open(&cfg.model_dir, &candle_core::Device::Cpu)?;
+    model.tokenizer()?;
+    let st = state(model, cfg.api_key.clone(), cfg.queue);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "strata serve: {} ({}, context {}), queue {}, auth {}; listening on http://{local}",
+            st.model_id,
+            st.model.model_type,
+            st.max_context(),
+            st.worker.capacity(),
+            if st.api_key.is_some() { "on" } else { "off" },
+        );
+        axum::serve(listener, router(st)).await?;
+        Ok(())
+    })
+}

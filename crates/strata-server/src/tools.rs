@@ -81,15 +81,11 @@ pub fn parse_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
         let value = if declared_type(tools, name, key) == Some("string") {
             Value::String(raw.to_string())
         } else {
-            serde_json::from_str::<Value>(raw.trim())
-                .unwrap_or_else(|_| Value::String(raw.to_string()))
+            serde_json::from_str::<Value>(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
         };
         arguments.insert(key.to_string(), value);
     }
-    Some(ToolCall {
-        name: name.to_string(),
-        arguments,
-    })
+    Some(ToolCall { name: name.to_string(), arguments })
 }
 
 /// The length of the longest suffix of `text` that is a proper prefix of `marker`.
@@ -107,15 +103,13 @@ pub struct ToolStream {
     tools: Option<Value>,
     buf: String,
     inside: bool,
+    gap: String,
     calls: usize,
 }
 
 impl ToolStream {
     pub fn new(tools: Option<Value>) -> Self {
-        Self {
-            tools,
-            ..Default::default()
-        }
+        Self { tools, ..Default::default() }
     }
 
     /// Tool calls seen so far.
@@ -140,23 +134,18 @@ impl ToolStream {
         loop {
             if !self.inside {
                 if let Some(i) = self.buf.find(CALL_START) {
-                    let before = self.buf[..i].to_string();
+                    let before = self.buf[..i].trim_end().to_string();
                     self.text(&mut out, &before);
+                    // The gap before the call is kept in case the call is not one.
+                    self.gap = self.buf[before.len()..i].to_string();
                     self.buf.drain(..i + CALL_START.len());
                     self.inside = true;
                     continue;
                 }
                 let keep = partial_suffix(&self.buf, CALL_START);
-                let ready = self.buf[..self.buf.len() - keep].to_string();
-                // Whitespace right before a possible call waits with it.
-                let ready_trimmed = ready.trim_end();
-                let hold_ws = if keep > 0 || ready_trimmed.len() < ready.len() {
-                    ready.len() - ready_trimmed.len()
-                } else {
-                    0
-                };
-                let emit = &ready[..ready.len() - hold_ws];
-                self.text(&mut out, emit);
+                // Trailing whitespace waits too: it is dropped if a call follows.
+                let emit = self.buf[..self.buf.len() - keep].trim_end().to_string();
+                self.text(&mut out, &emit);
                 self.buf.drain(..emit.len());
                 return out;
             }
@@ -172,7 +161,7 @@ impl ToolStream {
                     out.push(Piece::Call(call));
                 }
                 None => {
-                    let raw = format!("{CALL_START}{body}{CALL_END}");
+                    let raw = format!("{}{CALL_START}{body}{CALL_END}", self.gap);
                     self.text(&mut out, &raw);
                 }
             }
@@ -185,7 +174,7 @@ impl ToolStream {
         let rest = std::mem::take(&mut self.buf);
         if self.inside {
             self.inside = false;
-            self.text(&mut out, &format!("{CALL_START}{rest}"));
+            self.text(&mut out, &format!("{}{CALL_START}{rest}", self.gap));
         } else {
             // Trailing whitespace was only held in case a call followed.
             let rest = if self.calls > 0 { rest.trim_end() } else { &rest };
@@ -208,11 +197,7 @@ pub fn parse_text(text: &str, tools: Option<&Value>) -> (String, Vec<ToolCall>) 
             Piece::Call(c) => calls.push(c),
         }
     }
-    let content = if calls.is_empty() {
-        content
-    } else {
-        content.trim().to_string()
-    };
+    let content = if calls.is_empty() { content } else { content.trim().to_string() };
     (content, calls)
 }
 
@@ -250,10 +235,7 @@ mod tests {
             Value::Object(calls[0].arguments.clone()),
             json!({"city": "Paris", "days": 3, "opts": {"unit": "C"}})
         );
-        assert_eq!(
-            serde_json::from_str::<Value>(&calls[0].arguments_json()).unwrap()["days"],
-            3
-        );
+        assert_eq!(serde_json::from_str::<Value>(&calls[0].arguments_json()).unwrap()["days"], 3);
     }
 
     #[test]

@@ -1,0 +1,37 @@
+//! `strata serve`: the OpenAI/Anthropic-compatible HTTP server (crates/strata-server).
+
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model directory (HF layout: config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to bind; the default serves this machine only.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require this key on every route but /health, as `Authorization: Bearer KEY` or
+    /// `x-api-key: KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Requests that may wait while one generates; beyond them, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    if a.api_key.as_deref() == Some("") {
+        bail!("--api-key: the key is empty");
+    }
+    strata_server::serve(strata_server::ServerConfig {
+        model_dir: a.model,
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        queue: a.queue,
+    })
+}

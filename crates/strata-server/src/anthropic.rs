@@ -1,0 +1,374 @@
+//! Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`): `system`,
+//! text / `tool_use` / `tool_result` blocks, and the SSE event grammar (message_start,
+//! content_block_start/delta/stop, message_delta, message_stop).
+
+use crate::common::{
+    collect, content_text, json_event, message, new_id, parse_body, sse, template_tool_call, SamplingOptions, Shared,
+    StreamFormat,
+};
+use crate::error::{ApiError, ApiResult, Flavor};
+use crate::tools::{from_anthropic_tools, parse_text, Piece, ToolStream};
+use crate::worker::Finished;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use strata_engine::{FinishReason, Message};
+
+#[derive(Deserialize, Debug)]
+pub struct AnthropicMessage {
+    pub role: String,
+    pub content: Value,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct MessagesRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<AnthropicMessage>,
+    #[serde(default)]
+    pub system: Option<Value>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+}
+
+fn block_type(b: &Value) -> &str {
+    b.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Anthropic's `system` and messages as template messages: `tool_use` blocks become
+/// the assistant's `tool_calls`, `tool_result` blocks become `tool` messages.
+pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> ApiResult<Vec<Message>> {
+    let mut out = Vec::new();
+    if let Some(s) = system {
+        let text = content_text(s, "system")?;
+        if !text.is_empty() {
+            out.push(message("system", text, Map::new()));
+        }
+    }
+    for (i, m) in msgs.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        if m.role != "user" && m.role != "assistant" {
+            return Err(ApiError::bad_request(format!(
+                "{param}: role must be `user` or `assistant`, got `{}`",
+                m.role
+            ))
+            .with_param(param));
+        }
+        let blocks = match &m.content {
+            Value::String(s) => {
+                out.push(message(&m.role, s.clone(), Map::new()));
+                continue;
+            }
+            Value::Array(b) => b,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "{param}: content must be a string or a list of content blocks"
+                ))
+                .with_param(param))
+            }
+        };
+        if m.role == "assistant" {
+            let mut text = String::new();
+            let mut calls = Vec::new();
+            for b in blocks {
+                match block_type(b) {
+                    "text" => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                    "tool_use" => {
+                        let id = b.get("id").and_then(Value::as_str).unwrap_or("");
+                        let name = b.get("name").and_then(Value::as_str).ok_or_else(|| {
+                            ApiError::bad_request(format!("{param}: a tool_use block needs a `name`"))
+                                .with_param(param.clone())
+                        })?;
+                        let input = b.get("input").cloned().unwrap_or(json!({}));
+                        calls.push(template_tool_call(id, name, &input));
+                    }
+                    "thinking" | "redacted_thinking" => {}
+                    t => {
+                        return Err(ApiError::bad_request(format!(
+                            "{param}: content blocks of type `{t}` are not supported in assistant messages"
+                        ))
+                        .with_param(param))
+                    }
+                }
+            }
+            let mut extra = Map::new();
+            if !calls.is_empty() {
+                extra.insert("tool_calls".into(), Value::Array(calls));
+            }
+            out.push(message("assistant", text, extra));
+            continue;
+        }
+        // A user turn: runs of text become user messages, each tool_result a tool message.
+        let mut text: Option<String> = None;
+        for b in blocks {
+            match block_type(b) {
+                "text" => {
+                    text.get_or_insert_with(String::new).push_str(b.get("text").and_then(Value::as_str).unwrap_or(""))
+                }
+                "tool_result" => {
+                    if let Some(t) = text.take() {
+                        out.push(message("user", t, Map::new()));
+                    }
+                    let content =
+                        content_text(b.get("content").unwrap_or(&Value::Null), &format!("{param}.tool_result"))?;
+                    let mut extra = Map::new();
+                    if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
+                        extra.insert("tool_call_id".into(), Value::String(id.into()));
+                    }
+                    out.push(message("tool", content, extra));
+                }
+                t => {
+                    return Err(ApiError::bad_request(format!(
+                        "{param}: content blocks of type `{t}` are not supported (text, tool_result)"
+                    ))
+                    .with_param(param))
+                }
+            }
+        }
+        if let Some(t) = text {
+            out.push(message("user", t, Map::new()));
+        }
+    }
+    Ok(out)
+}
+
+fn tools_of(req: &MessagesRequest) -> Option<Value> {
+    let none = req.tool_choice.as_ref().and_then(|c| c.get("type")).and_then(Value::as_str) == Some("none");
+    match &req.tools {
+        Some(t) if !t.is_empty() && !none => Some(Value::Array(from_anthropic_tools(t))),
+        _ => None,
+    }
+}
+
+fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(Vec<u32>, Option<Value>)> {
+    st.check_model(req.model.as_deref())?;
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
+    }
+    if let Some(Value::Array(tools)) = tools_of(req) {
+        for (i, t) in tools.iter().enumerate() {
+            if !t["function"]["name"].is_string() {
+                return Err(ApiError::bad_request(format!("tools[{i}]: a tool needs a `name`")));
+            }
+        }
+    }
+    let tools = tools_of(req);
+    let messages = template_messages(req.system.as_ref(), &req.messages)?;
+    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    Ok((ids, tools))
+}
+
+fn stop_reason(f: &Finished, tool_use: bool) -> &'static str {
+    match f.output.finish_reason {
+        _ if tool_use => "tool_use",
+        FinishReason::Length => "max_tokens",
+        _ if f.stop_sequence.is_some() => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+pub async fn messages(State(st): State<Shared>, body: Bytes) -> Response {
+    match run(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Flavor::Anthropic),
+    }
+}
+
+pub async fn count_tokens(State(st): State<Shared>, body: Bytes) -> Response {
+    let r = parse_body::<MessagesRequest>(&body).and_then(|req| prompt(&st, &req));
+    match r {
+        Ok((ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
+        Err(e) => e.into_response(Flavor::Anthropic),
+    }
+}
+
+async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
+    let req: MessagesRequest = parse_body(&body)?;
+    let (ids, tools) = prompt(&st, &req)?;
+    let prompt_tokens = ids.len();
+    let gen = st.generate_request(
+        ids,
+        req.max_tokens,
+        &req.sampling,
+        req.stop_sequences.clone().unwrap_or_default(),
+        tools.is_some(),
+    )?;
+    let rx = st.worker.submit(gen)?;
+    let id = new_id("msg_");
+    if req.stream.unwrap_or(false) {
+        let fmt = MessagesStream {
+            id,
+            model: st.model_id.clone(),
+            prompt_tokens,
+            tools: tools.map(|t| ToolStream::new(Some(t))),
+            blocks: 0,
+            text_open: false,
+            calls: 0,
+        };
+        return Ok(sse(rx, fmt));
+    }
+    let f = collect(rx).await?;
+    let (text, calls) = match &tools {
+        Some(t) => parse_text(&f.output.text, Some(t)),
+        None => (f.output.text.clone(), vec![]),
+    };
+    let mut content = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for c in &calls {
+        content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name,
+                            "input": Value::Object(c.arguments.clone())}));
+    }
+    Ok(Json(json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": st.model_id,
+        "content": content,
+        "stop_reason": stop_reason(&f, !calls.is_empty()),
+        "stop_sequence": f.stop_sequence,
+        "usage": {"input_tokens": f.output.stats.prompt_tokens,
+                  "output_tokens": f.output.stats.generated_tokens},
+    }))
+    .into_response())
+}
+
+struct MessagesStream {
+    id: String,
+    model: String,
+    prompt_tokens: usize,
+    tools: Option<ToolStream>,
+    /// Content blocks started so far (the next block's index).
+    blocks: usize,
+    text_open: bool,
+    calls: usize,
+}
+
+fn ev(name: &str, data: Value) -> SseEvent {
+    json_event(Some(name), &data)
+}
+
+impl MessagesStream {
+    fn close_text(&mut self, evs: &mut Vec<SseEvent>) {
+        if self.text_open {
+            self.text_open = false;
+            evs.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": self.blocks - 1})));
+        }
+    }
+
+    fn text(&mut self, evs: &mut Vec<SseEvent>, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        if !self.text_open {
+            self.text_open = true;
+            self.blocks += 1;
+            evs.push(ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.blocks - 1,
+                       "content_block": {"type": "text", "text": ""}}),
+            ));
+        }
+        evs.push(ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.blocks - 1,
+                   "delta": {"type": "text_delta", "text": t}}),
+        ));
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) -> Vec<SseEvent> {
+        let mut evs = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&mut evs, &t),
+                Piece::Call(c) => {
+                    self.close_text(&mut evs);
+                    let index = self.blocks;
+                    self.blocks += 1;
+                    self.calls += 1;
+                    evs.push(ev(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": index,
+                               "content_block": {"type": "tool_use", "id": new_id("toolu_"),
+                                                 "name": c.name, "input": {}}}),
+                    ));
+                    evs.push(ev(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "input_json_delta",
+                                         "partial_json": c.arguments_json()}}),
+                    ));
+                    evs.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+                }
+            }
+        }
+        evs
+    }
+}
+
+impl StreamFormat for MessagesStream {
+    fn start(&mut self) -> Vec<SseEvent> {
+        vec![
+            ev(
+                "message_start",
+                json!({"type": "message_start", "message": {
+                    "id": self.id, "type": "message", "role": "assistant", "content": [],
+                    "model": self.model, "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}}),
+            ),
+            ev("ping", json!({"type": "ping"})),
+        ]
+    }
+
+    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+        let pieces = match self.tools.as_mut() {
+            Some(ts) => ts.push(text),
+            None => vec![Piece::Text(text.to_string())],
+        };
+        self.pieces(pieces)
+    }
+
+    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+        let rest = self.tools.as_mut().map(ToolStream::finish).unwrap_or_default();
+        let mut evs = self.pieces(rest);
+        if self.blocks == 0 {
+            // Every message has at least one content block.
+            self.text_open = true;
+            self.blocks = 1;
+            evs.push(ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+            ));
+        }
+        self.close_text(&mut evs);
+        evs.push(ev(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason(f, self.calls > 0),
+                             "stop_sequence": f.stop_sequence},
+                   "usage": {"output_tokens": f.output.stats.generated_tokens}}),
+        ));
+        evs.push(ev("message_stop", json!({"type": "message_stop"})));
+        evs
+    }
+
+    fn error(&mut self, message: &str) -> Vec<SseEvent> {
+        vec![ev("error", ApiError::internal(message).body(Flavor::Anthropic))]
+    }
+}

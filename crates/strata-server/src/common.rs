@@ -1,0 +1,346 @@
+//! What the API front ends share: the server's state, body parsing, sampling options,
+//! prompts (chat template + tokenizer, checked against the context), and driving a
+//! queued generation to a whole answer or to an SSE stream.
+
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+use crate::worker::{Event, Finished, Worker};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use rand::Rng;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use strata_engine::{GenerateRequest, LoadedModel, Message, SamplingParams};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+pub struct AppState {
+    pub model: Arc<LoadedModel>,
+    /// The name clients use in `model` (the model directory's name).
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub worker: Worker,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+    pub created: u64,
+    /// Whether `<tool_call>` and friends are special tokens, which a decode that skips
+    /// special tokens would drop: tool-using requests then keep special tokens.
+    pub tool_markers_special: bool,
+}
+
+pub type Shared = Arc<AppState>;
+
+pub fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `prefix` followed by 24 random hex digits.
+pub fn new_id(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let mut s = String::from(prefix);
+    for _ in 0..24 {
+        s.push(char::from_digit(rng.random_range(0..16), 16).unwrap());
+    }
+    s
+}
+
+/// Parses a JSON request body into `T`; any failure is a 400 that says what is wrong.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("the request body is empty; expected a JSON object")
+            .with_code("invalid_request_body"));
+    }
+    serde_json::from_slice(body).map_err(ApiError::invalid_body)
+}
+
+/// Text from a message's content: a string, null, or a list of text parts. Other parts
+/// (images, audio, files) are refused: the model reads text only.
+pub fn content_text(content: &Value, param: &str) -> ApiResult<String> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for p in parts {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    ("text" | "input_text" | "output_text", Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::bad_request(format!(
+                            "{param}: content parts of type `{kind}` are not supported (text only)"
+                        ))
+                        .with_param(param))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => {
+            Err(ApiError::bad_request(format!("{param}: content must be a string or a list of parts"))
+                .with_param(param))
+        }
+    }
+}
+
+/// A chat message for the template, with extra fields (tool calls, ids, names).
+pub fn message(role: &str, content: String, extra: Map<String, Value>) -> Message {
+    Message { role: role.to_string(), content: Value::String(content), extra }
+}
+
+/// An OpenAI-style tool call for the template, with its arguments as an object (chat
+/// templates iterate over them; clients send them as a JSON string).
+pub fn template_tool_call(id: &str, name: &str, arguments: &Value) -> Value {
+    let args = match arguments {
+        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.clone())),
+        v => v.clone(),
+    };
+    serde_json::json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": name, "arguments": args },
+    })
+}
+
+/// Sampling options common to every API; unset ones take the model's defaults.
+#[derive(Deserialize, Default, Debug, Clone)]
+pub struct SamplingOptions {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingOptions {
+    pub fn params(&self, defaults: &SamplingParams) -> ApiResult<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            top_k: self.top_k.map_or(defaults.top_k, |k| k.max(0) as usize),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+            // Without a seed every request samples differently, as the hosted APIs do.
+            seed: self.seed.unwrap_or_else(|| rand::rng().random()),
+        };
+        p.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(p)
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+}
+
+impl AppState {
+    pub fn check_model(&self, model: Option<&str>) -> ApiResult<()> {
+        match model {
+            Some(m) if m != self.model_id => Err(ApiError::bad_request(format!(
+                "model `{m}` is not served here; this server serves `{}`",
+                self.model_id
+            ))
+            .with_param("model")
+            .with_code("model_not_found")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Renders `messages` through the chat template and tokenizes them.
+    pub fn chat_prompt(&self, messages: &[Message], tools: Option<&Value>) -> ApiResult<(String, Vec<u32>)> {
+        if messages.is_empty() {
+            return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
+        }
+        let template = self.model.chat_template().map_err(ApiError::from)?;
+        let text = template
+            .render(messages, true, tools)
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")).with_param("messages"))?;
+        let ids = self.tokenize(&text, false)?;
+        Ok((text, ids))
+    }
+
+    pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> ApiResult<Vec<u32>> {
+        let tok = self.model.tokenizer().map_err(ApiError::from)?;
+        Ok(tok.encode(text, add_special_tokens)?)
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.model.model.max_context()
+    }
+
+    /// A generation request for `prompt_ids`, refused with 400 when the prompt cannot
+    /// fit the context; `max_tokens` is clamped to the room left (default: all of it).
+    pub fn generate_request(
+        &self,
+        prompt_ids: Vec<u32>,
+        max_tokens: Option<u64>,
+        sampling: &SamplingOptions,
+        stop: Vec<String>,
+        tools: bool,
+    ) -> ApiResult<GenerateRequest> {
+        let ctx = self.max_context();
+        if prompt_ids.is_empty() {
+            return Err(ApiError::bad_request("the prompt is empty"));
+        }
+        if prompt_ids.len() >= ctx {
+            return Err(ApiError::bad_request(format!(
+                "this model's maximum context length is {ctx} tokens, but the prompt has {} tokens; shorten the prompt",
+                prompt_ids.len()
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        if max_tokens == Some(0) {
+            return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
+        }
+        let room = ctx - prompt_ids.len();
+        let max_tokens = max_tokens.map_or(room, |m| (m.min(room as u64)) as usize);
+        let sampling = sampling.params(&self.model.generation.sampling)?;
+        Ok(GenerateRequest {
+            stop_strings: stop,
+            eos_token_ids: self.model.eos_token_ids.clone(),
+            skip_special_tokens: !(tools && self.tool_markers_special),
+            ..GenerateRequest::new(prompt_ids, max_tokens, sampling)
+        })
+    }
+}
+
+/// Waits for the whole generation.
+pub async fn collect(mut rx: UnboundedReceiver<Event>) -> ApiResult<Finished> {
+    while let Some(ev) = rx.recv().await {
+        if let Event::Done(r) = ev {
+            return r.map_err(ApiError::internal);
+        }
+    }
+    Err(ApiError::internal("the generation worker went away"))
+}
+
+/// Turns engine events into one API's SSE events.
+pub trait StreamFormat: Send + 'static {
+    fn start(&mut self) -> Vec<SseEvent>;
+    fn delta(&mut self, text: &str) -> Vec<SseEvent>;
+    fn finish(&mut self, done: &Finished) -> Vec<SseEvent>;
+    fn error(&mut self, message: &str) -> Vec<SseEvent>;
+}
+
+struct Driver<F> {
+    rx: UnboundedReceiver<Event>,
+    fmt: F,
+    pending: VecDeque<SseEvent>,
+    streamed: String,
+    done: bool,
+}
+
+/// An SSE response fed by a queued generation. Dropping it (the client disconnected)
+/// drops the channel, which cancels the generation.
+pub fn sse<F: StreamFormat>(rx: UnboundedReceiver<Event>, mut fmt: F) -> Response {
+    let pending = fmt.start().into();
+    let driver = Driver { rx, fmt, pending, streamed: String::new(), done: false };
+    let events = stream::unfold(driver, |mut d| async move {
+        loop {
+            if let Some(e) = d.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(e), d));
+            }
+            if d.done {
+                return None;
+            }
+            let evs = match d.rx.recv().await {
+                Some(Event::Delta(t)) => {
+                    d.streamed.push_str(&t);
+                    d.fmt.delta(&t)
+                }
+                Some(Event::Done(Ok(f))) => {
+                    d.done = true;
+                    // Text the engine held back (a partial stop string at EOS, say).
+                    let mut evs = match f.output.text.strip_prefix(d.streamed.as_str()) {
+                        Some(rest) if !rest.is_empty() => d.fmt.delta(rest),
+                        _ => vec![],
+                    };
+                    evs.extend(d.fmt.finish(&f));
+                    evs
+                }
+                Some(Event::Done(Err(e))) => {
+                    d.done = true;
+                    d.fmt.error(&e)
+                }
+                None => {
+                    d.done = true;
+                    d.fmt.error("the generation worker went away")
+                }
+            };
+            d.pending.extend(evs);
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// An SSE event with JSON data and, for APIs that name their events, an event name.
+pub fn json_event(name: Option<&str>, data: &Value) -> SseEvent {
+    let e = SseEvent::default().data(data.to_string());
+    match name {
+        Some(n) => e.event(n),
+        None => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn content_text_accepts_strings_and_text_parts_only() {
+        assert_eq!(content_text(&json!("hi"), "m").unwrap(), "hi");
+        assert_eq!(content_text(&Value::Null, "m").unwrap(), "");
+        let parts = json!([{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]);
+        assert_eq!(content_text(&parts, "m").unwrap(), "ab");
+        let img = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
+        assert!(content_text(&img, "m").unwrap_err().message.contains("image_url"));
+        assert!(content_text(&json!(3), "m").is_err());
+    }
+
+    #[test]
+    fn sampling_options_override_defaults_and_validate() {
+        let d = SamplingParams { temperature: 0.7, top_p: 0.9, ..Default::default() };
+        let o: SamplingOptions = serde_json::from_value(json!({"top_k": -1, "seed": 5})).unwrap();
+        let p = o.params(&d).unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.seed), (0.7, 0.9, 0, 5));
+        let bad: SamplingOptions = serde_json::from_value(json!({"temperature": -1.0})).unwrap();
+        assert_eq!(bad.params(&d).unwrap_err().status, 400);
+        let stop: StopField = serde_json::from_value(json!(["a", ""])).unwrap();
+        assert_eq!(stop.into_vec(), vec!["a"]);
+    }
+
+    #[test]
+    fn tool_call_arguments_become_objects_for_the_template() {
+        let c = template_tool_call("c1", "f", &json!("{\"x\": 1}"));
+        assert_eq!(c["function"]["arguments"], json!({"x": 1}));
+        let c = template_tool_call("c1", "f", &json!("not json"));
+        assert_eq!(c["function"]["arguments"], json!("not json"));
+    }
+
+    #[test]
+    fn ids_have_the_prefix() {
+        let id = new_id("chatcmpl-");
+        assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 24);
+    }
+}

@@ -1,0 +1,221 @@
+//! Counters, gauges and histograms for `/metrics` (Prometheus text format) and `/stats`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use strata_engine::GenerationStats;
+
+const BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+#[derive(Default)]
+pub struct Histogram {
+    inner: Mutex<(Vec<u64>, f64, u64)>, // per-bucket counts, sum, count
+}
+
+impl Histogram {
+    pub fn observe(&self, v: f64) {
+        let mut h = self.inner.lock().unwrap();
+        if h.0.is_empty() {
+            h.0 = vec![0; BUCKETS.len()];
+        }
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if v <= *b {
+                h.0[i] += 1;
+            }
+        }
+        h.1 += v;
+        h.2 += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let h = self.inner.lock().unwrap();
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let c = h.0.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.2);
+        let _ = writeln!(out, "{name}_sum {}", h.1);
+        let _ = writeln!(out, "{name}_count {}", h.2);
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    /// (route, status) -> count.
+    pub http: Mutex<BTreeMap<(String, u16), u64>>,
+    pub generations: AtomicU64,
+    pub generation_errors: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub rejected: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub queue_depth: AtomicUsize,
+    pub active: AtomicUsize,
+    pub queue_wait: Histogram,
+    pub ttft: Histogram,
+    pub generation_time: Histogram,
+    pub last: Mutex<Option<GenerationStats>>,
+}
+
+/// Routes known to the server; anything else is counted as `other`, so that random paths
+/// cannot grow the label set.
+pub const ROUTES: &[&str] = &[
+    "/health",
+    "/stats",
+    "/metrics",
+    "/tokenize",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+];
+
+impl Metrics {
+    pub fn record_http(&self, path: &str, status: u16) {
+        let route = if path.starts_with("/v1/models/") {
+            "/v1/models"
+        } else {
+            ROUTES.iter().copied().find(|r| *r == path).unwrap_or("other")
+        };
+        *self.http.lock().unwrap().entry((route.to_string(), status)).or_default() += 1;
+    }
+
+    pub fn record_generation(&self, s: &GenerationStats, queue_wait_s: f64, total_s: f64) {
+        self.generations.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens.fetch_add(s.prompt_tokens as u64, Ordering::Relaxed);
+        self.prefill_tokens.fetch_add(s.prefill_tokens as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(s.generated_tokens as u64, Ordering::Relaxed);
+        if s.finish_reason == "cancelled" {
+            self.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        self.queue_wait.observe(queue_wait_s);
+        self.ttft.observe(queue_wait_s + s.time_to_first_token_s);
+        self.generation_time.observe(total_s);
+        *self.last.lock().unwrap() = Some(s.clone());
+    }
+
+    pub fn render(&self, queue_capacity: usize) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP strata_http_requests_total HTTP requests by route and status.\n# TYPE strata_http_requests_total counter"
+        );
+        for ((route, status), n) in self.http.lock().unwrap().iter() {
+            let _ = writeln!(out, "strata_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+        }
+        let counters: [(&str, &str, u64); 7] = [
+            (
+                "strata_generations_total",
+                "Generations run to an end (any finish reason).",
+                self.generations.load(Ordering::Relaxed),
+            ),
+            (
+                "strata_generation_errors_total",
+                "Generations that failed with an error.",
+                self.generation_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "strata_generations_cancelled_total",
+                "Generations cancelled because the client went away (running or queued).",
+                self.cancelled.load(Ordering::Relaxed),
+            ),
+            (
+                "strata_requests_rejected_total",
+                "Requests answered 429 because the queue was full.",
+                self.rejected.load(Ordering::Relaxed),
+            ),
+            (
+                "strata_prompt_tokens_total",
+                "Prompt tokens of finished generations.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "strata_prefill_tokens_total",
+                "Prompt tokens computed (the rest came from the prefix cache).",
+                self.prefill_tokens.load(Ordering::Relaxed),
+            ),
+            ("strata_generated_tokens_total", "Tokens generated.", self.generated_tokens.load(Ordering::Relaxed)),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let gauges: [(&str, &str, f64); 3] = [
+            (
+                "strata_queue_depth",
+                "Requests waiting for the generation worker.",
+                self.queue_depth.load(Ordering::Relaxed) as f64,
+            ),
+            ("strata_queue_capacity", "Requests that may wait before new ones get 429.", queue_capacity as f64),
+            (
+                "strata_generation_active",
+                "Generations running now (0 or 1).",
+                self.active.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        if let Some(s) = self.last.lock().unwrap().as_ref() {
+            let _ = writeln!(out, "# HELP strata_last_decode_tokens_per_second Decode speed of the last generation.\n# TYPE strata_last_decode_tokens_per_second gauge\nstrata_last_decode_tokens_per_second {}", s.decode_tokens_per_s);
+            let _ = writeln!(out, "# HELP strata_last_prefill_tokens_per_second Prefill speed of the last generation.\n# TYPE strata_last_prefill_tokens_per_second gauge\nstrata_last_prefill_tokens_per_second {}", s.prefill_tokens_per_s);
+            let _ = writeln!(out, "# HELP strata_peak_rss_bytes Peak resident memory of the process.\n# TYPE strata_peak_rss_bytes gauge\nstrata_peak_rss_bytes {}", s.peak_rss_bytes);
+        }
+        self.queue_wait.render(
+            &mut out,
+            "strata_queue_wait_seconds",
+            "Time from accepting a request to starting its generation.",
+        );
+        self.ttft.render(
+            &mut out,
+            "strata_time_to_first_token_seconds",
+            "Time from accepting a request to its first token (queue wait plus prefill).",
+        );
+        self.generation_time.render(
+            &mut out,
+            "strata_generation_seconds",
+            "Time from accepting a request to the end of its generation.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.record_http("/v1/chat/completions", 200);
+        m.record_http("/v1/chat/completions", 200);
+        m.record_http("/nope/../x", 404);
+        m.record_generation(
+            &GenerationStats {
+                prompt_tokens: 10,
+                generated_tokens: 4,
+                time_to_first_token_s: 0.02,
+                ..Default::default()
+            },
+            0.5,
+            1.0,
+        );
+        let text = m.render(64);
+        assert!(text.contains("strata_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
+        assert!(text.contains("strata_http_requests_total{route=\"other\",status=\"404\"} 1"));
+        assert!(text.contains("strata_prompt_tokens_total 10"));
+        assert!(text.contains("strata_queue_capacity 64"));
+        assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"0.5\"} 0"));
+        assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"1\"} 1"));
+        assert!(text.contains("strata_generation_seconds_count 1"));
+        // Every sample line is `name{labels} value` with a numeric value.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let v = line.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! OpenAI's Chat Completions (`/v1/chat/completions`), legacy Completions
+//! (`/v1/completions`) and Models (`/v1/models`).
+
+use crate::common::{
+    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, SamplingOptions,
+    Shared, StopField, StreamFormat,
+};
+use crate::error::{ApiError, ApiResult, Flavor};
+use crate::tools::{parse_text, Piece, ToolCall, ToolStream};
+use crate::worker::Finished;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use strata_engine::{FinishReason, Message};
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionIn {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ToolCallIn {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: FunctionIn,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Value,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+}
+
+/// Checks OpenAI-style tool schemas; `None` when there are none or `tool_choice` is
+/// `"none"`.
+pub fn tool_schemas(tools: Option<Vec<Value>>, choice: Option<&Value>) -> ApiResult<Option<Value>> {
+    let Some(tools) = tools.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    for (i, t) in tools.iter().enumerate() {
+        let f = t.get("function").unwrap_or(t);
+        if f.get("name").and_then(Value::as_str).is_none() {
+            return Err(ApiError::bad_request(format!("tools[{i}]: a function tool needs a `name`"))
+                .with_param(format!("tools[{i}]")));
+        }
+    }
+    if choice.and_then(Value::as_str) == Some("none") {
+        return Ok(None);
+    }
+    Ok(Some(Value::Array(tools)))
+}
+
+/// OpenAI chat messages as template messages: roles checked, content flattened to text,
+/// tool calls with object arguments, tool results with their call ids.
+pub fn chat_messages(msgs: Vec<ChatMessage>) -> ApiResult<Vec<Message>> {
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.into_iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            r @ ("user" | "assistant" | "tool") => r,
+            r => {
+                return Err(ApiError::bad_request(format!(
+                    "{param}: unknown role `{r}` (expected system, developer, user, assistant or tool)"
+                ))
+                .with_param(param))
+            }
+        };
+        let content = content_text(&m.content, &param)?;
+        let mut extra = Map::new();
+        if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+            let calls = calls
+                .iter()
+                .map(|c| {
+                    let id = c.id.clone().unwrap_or_else(|| new_id("call_"));
+                    template_tool_call(&id, &c.function.name, &c.function.arguments)
+                })
+                .collect();
+            extra.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = m.tool_call_id {
+            extra.insert("tool_call_id".into(), Value::String(id));
+        }
+        if let Some(name) = m.name {
+            extra.insert("name".into(), Value::String(name));
+        }
+        out.push(message(role, content, extra));
+    }
+    Ok(out)
+}
+
+fn finish_reason(f: &Finished, tool_calls: bool) -> &'static str {
+    match f.output.finish_reason {
+        _ if tool_calls => "tool_calls",
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    let (p, c) = (f.output.stats.prompt_tokens, f.output.stats.generated_tokens);
+    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+           "prompt_tokens_details": {"cached_tokens": p - f.output.stats.prefill_tokens}})
+}
+
+fn openai_tool_call(index: usize, c: &ToolCall) -> Value {
+    json!({"index": index, "id": new_id("call_"), "type": "function",
+           "function": {"name": c.name, "arguments": c.arguments_json()}})
+}
+
+pub async fn chat_completions(State(st): State<Shared>, body: Bytes) -> Response {
+    match chat(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Flavor::OpenAi),
+    }
+}
+
+async fn chat(st: Shared, body: Bytes) -> ApiResult<Response> {
+    let req: ChatRequest = parse_body(&body)?;
+    st.check_model(req.model.as_deref())?;
+    if req.n.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_request("only n=1 is supported").with_param("n"));
+    }
+    if req.logprobs == Some(true) {
+        return Err(ApiError::bad_request("logprobs are not supported").with_param("logprobs"));
+    }
+    let tools = tool_schemas(req.tools, req.tool_choice.as_ref())?;
+    let messages = chat_messages(req.messages)?;
+    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let gen = st.generate_request(
+        ids,
+        req.max_completion_tokens.or(req.max_tokens),
+        &req.sampling,
+        req.stop.map(StopField::into_vec).unwrap_or_default(),
+        tools.is_some(),
+    )?;
+    let rx = st.worker.submit(gen)?;
+    let id = new_id("chatcmpl-");
+    let created = now_unix();
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+        let fmt = ChatStream {
+            id,
+            created,
+            model: st.model_id.clone(),
+            include_usage,
+            tools: tools.map(|t| ToolStream::new(Some(t))),
+            calls: 0,
+        };
+        return Ok(sse(rx, fmt));
+    }
+    let f = collect(rx).await?;
+    let (content, calls) = match &tools {
+        Some(t) => parse_text(&f.output.text, Some(t)),
+        None => (f.output.text.clone(), vec![]),
+    };
+    let mut msg = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        if content.is_empty() {
+            msg["content"] = Value::Null;
+        }
+        msg["tool_calls"] = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut v = openai_tool_call(i, c);
+                v.as_object_mut().unwrap().remove("index");
+                v
+            })
+            .collect();
+    }
+    Ok(Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": st.model_id,
+        "choices": [{"index": 0, "message": msg, "logprobs": null,
+                     "finish_reason": finish_reason(&f, !calls.is_empty())}],
+        "usage": usage(&f),
+        "system_fingerprint": null,
+    }))
+    .into_response())
+}
+
+struct ChatStream {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    tools: Option<ToolStream>,
+    calls: usize,
+}
+
+impl ChatStream {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> SseEvent {
+        let mut c = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        json_event(None, &c)
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) -> Vec<SseEvent> {
+        let mut evs = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Text(t) => evs.push(self.chunk(json!({"content": t}), None)),
+                Piece::Call(c) => {
+                    let call = openai_tool_call(self.calls, &c);
+                    self.calls += 1;
+                    evs.push(self.chunk(json!({"tool_calls": [call]}), None));
+                }
+            }
+        }
+        evs
+    }
+}
+
+impl StreamFormat for ChatStream {
+    fn start(&mut self) -> Vec<SseEvent> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+        match self.tools.as_mut() {
+            Some(ts) => {
+                let p = ts.push(text);
+                self.pieces(p)
+            }
+            None => vec![self.chunk(json!({"content": text}), None)],
+        }
+    }
+
+    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+        let mut evs = match self.tools.as_mut() {
+            Some(ts) => {
+                let p = ts.finish();
+                self.pieces(p)
+            }
+            None => vec![],
+        };
+        evs.push(self.chunk(json!({}), Some(finish_reason(f, self.calls > 0))));
+        if self.include_usage {
+            evs.push(json_event(
+                None,
+                &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                        "model": self.model, "system_fingerprint": null, "choices": [],
+                        "usage": usage(f)}),
+            ));
+        }
+        evs.push(SseEvent::default().data("[DONE]"));
+        evs
+    }
+
+    fn error(&mut self, message: &str) -> Vec<SseEvent> {
+        openai_stream_error(message)
+    }
+}
+
+pub fn openai_stream_error(message: &str) -> Vec<SseEvent> {
+    vec![json_event(None, &ApiError::internal(message).body(Flavor::OpenAi)), SseEvent::default().data("[DONE]")]
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: Value,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+}
+
+/// A completion prompt: a string or token ids, alone or as the only item of a list.
+fn completion_prompt(st: &Shared, prompt: &Value) -> ApiResult<(String, Vec<u32>)> {
+    let bad = || {
+        ApiError::bad_request("`prompt` must be a string, a list of token ids, or a list holding one of these")
+            .with_param("prompt")
+    };
+    let ids_of = |v: &[Value]| -> ApiResult<Vec<u32>> {
+        v.iter()
+            .map(|x| x.as_u64().filter(|&i| i < u32::MAX as u64).map(|i| i as u32))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(bad)
+    };
+    match prompt {
+        Value::String(s) => Ok((s.clone(), st.tokenize(s, true)?)),
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => completion_prompt(st, &items[0]),
+        Value::Array(items) if items.len() > 1 && !items[0].is_number() => {
+            Err(ApiError::bad_request("only one prompt per request is supported").with_param("prompt"))
+        }
+        Value::Array(items) => {
+            let ids = ids_of(items)?;
+            let vocab = st.model.model.vocab_size();
+            if let Some(bad_id) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return Err(ApiError::bad_request(format!("token id {bad_id} is outside the vocabulary ({vocab})"))
+                    .with_param("prompt"));
+            }
+            let text = st.model.tokenizer().map_err(ApiError::from)?.decode(&ids, false)?;
+            Ok((text, ids))
+        }
+        _ => Err(bad()),
+    }
+}
+
+pub async fn completions(State(st): State<Shared>, body: Bytes) -> Response {
+    match completion(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Flavor::OpenAi),
+    }
+}
+
+async fn completion(st: Shared, body: Bytes) -> ApiResult<Response> {
+    let req: CompletionRequest = parse_body(&body)?;
+    st.check_model(req.model.as_deref())?;
+    if req.n.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_request("only n=1 is supported").with_param("n"));
+    }
+    if req.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_request("logprobs are not supported").with_param("logprobs"));
+    }
+    let (prompt_text, ids) = completion_prompt(&st, &req.prompt)?;
+    let gen = st.generate_request(
+        ids,
+        Some(req.max_tokens.unwrap_or(16)),
+        &req.sampling,
+        req.stop.map(StopField::into_vec).unwrap_or_default(),
+        false,
+    )?;
+    let rx = st.worker.submit(gen)?;
+    let echo = if req.echo.unwrap_or(false) { prompt_text } else { String::new() };
+    let id = new_id("cmpl-");
+    let created = now_unix();
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+        let fmt = CompletionStream { id, created, model: st.model_id.clone(), include_usage, echo };
+        return Ok(sse(rx, fmt));
+    }
+    let f = collect(rx).await?;
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": st.model_id,
+        "choices": [{"index": 0, "text": echo + &f.output.text, "logprobs": null,
+                     "finish_reason": finish_reason(&f, false)}],
+        "usage": usage(&f),
+        "system_fingerprint": null,
+    }))
+    .into_response())
+}
+
+struct CompletionStream {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    echo: String,
+}
+
+impl CompletionStream {
+    fn chunk(&self, text: &str, finish: Option<&str>) -> SseEvent {
+        json_event(
+            None,
+            &json!({"id": self.id, "object": "text_completion", "created": self.created,
+                    "model": self.model, "system_fingerprint": null,
+                    "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]}),
+        )
+    }
+}
+
+impl StreamFormat for CompletionStream {
+    fn start(&mut self) -> Vec<SseEvent> {
+        if self.echo.is_empty() {
+            vec![]
+        } else {
+            vec![self.chunk(&self.echo, None)]
+        }
+    }
+
+    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+        vec![self.chunk(text, None)]
+    }
+
+    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+        let mut evs = vec![self.chunk("", Some(finish_reason(f, false)))];
+        if self.include_usage {
+            evs.push(json_event(
+                None,
+                &json!({"id": self.id, "object": "text_completion", "created": self.created,
+                        "model": self.model, "choices": [], "usage": usage(f)}),
+            ));
+        }
+        evs.push(SseEvent::default().data("[DONE]"));
+        evs
+    }
+
+    fn error(&mut self, message: &str) -> Vec<SseEvent> {
+        openai_stream_error(message)
+    }
+}
+
+fn model_object(st: &Shared) -> Value {
+    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata",
+           "max_model_len": st.max_context()})
+}
+
+pub async fn list_models(State(st): State<Shared>) -> Response {
+    Json(json!({"object": "list", "data": [model_object(&st)]})).into_response()
+}
+
+pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Response {
+    if id == st.model_id {
+        Json(model_object(&st)).into_response()
+    } else {
+        ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("model `{id}` is not served here; this server serves `{}`", st.model_id),
+        )
+        .with_code("model_not_found")
+        .into_response(Flavor::OpenAi)
+    }
+}

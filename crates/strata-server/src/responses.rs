@@ -1,0 +1,401 @@
+//! OpenAI's Responses API (`/v1/responses`): a string or a list of input items
+//! (messages, `function_call`, `function_call_output`), `instructions`, function tools,
+//! the response object, and its streaming events. Responses are not stored, so
+//! `previous_response_id` is refused.
+
+use crate::common::{
+    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, SamplingOptions,
+    Shared, StreamFormat,
+};
+use crate::error::{ApiError, ApiResult, Flavor};
+use crate::tools::{parse_text, Piece, ToolCall, ToolStream};
+use crate::worker::Finished;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use strata_engine::{FinishReason, Message};
+
+#[derive(Deserialize, Debug)]
+pub struct ResponsesRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub input: Value,
+    #[serde(default)]
+    pub instructions: Option<String>,
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+}
+
+/// Responses-style function tools (`{type, name, description, parameters}`) as chat
+/// template tools.
+fn tools_of(req: &ResponsesRequest) -> ApiResult<Option<Value>> {
+    let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
+        let name = t.get("name").and_then(Value::as_str);
+        match (kind, name) {
+            ("function", Some(name)) => out.push(json!({"type": "function", "function": {
+                "name": name,
+                "description": t.get("description").cloned().unwrap_or(Value::Null),
+                "parameters": t.get("parameters").cloned().unwrap_or(Value::Null),
+            }})),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}]: only function tools with a `name` are supported"
+                ))
+                .with_param(format!("tools[{i}]")))
+            }
+        }
+    }
+    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
+        return Ok(None);
+    }
+    Ok(Some(Value::Array(out)))
+}
+
+/// `instructions` and `input` as template messages.
+pub fn input_messages(instructions: Option<&str>, input: &Value) -> ApiResult<Vec<Message>> {
+    let mut out: Vec<Message> = Vec::new();
+    if let Some(s) = instructions.filter(|s| !s.is_empty()) {
+        out.push(message("system", s.to_string(), Map::new()));
+    }
+    let items = match input {
+        Value::String(s) => {
+            out.push(message("user", s.clone(), Map::new()));
+            return Ok(out);
+        }
+        Value::Array(items) => items,
+        _ => return Err(ApiError::bad_request("`input` must be a string or a list of items").with_param("input")),
+    };
+    for (i, item) in items.iter().enumerate() {
+        let param = format!("input[{i}]");
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+        let field = |k: &str| item.get(k).and_then(Value::as_str);
+        match kind {
+            "message" => {
+                let role = match field("role") {
+                    Some("developer" | "system") => "system",
+                    Some(r @ ("user" | "assistant")) => r,
+                    r => {
+                        return Err(ApiError::bad_request(format!(
+                            "{param}: unknown role {r:?} (expected user, assistant, system or developer)"
+                        ))
+                        .with_param(param))
+                    }
+                };
+                let text = content_text(item.get("content").unwrap_or(&Value::Null), &param)?;
+                out.push(message(role, text, Map::new()));
+            }
+            "function_call" => {
+                let (Some(call_id), Some(name)) = (field("call_id"), field("name")) else {
+                    return Err(ApiError::bad_request(format!("{param}: a function_call needs `call_id` and `name`"))
+                        .with_param(param));
+                };
+                let call = template_tool_call(call_id, name, item.get("arguments").unwrap_or(&Value::Null));
+                // Consecutive calls belong to one assistant turn.
+                match out.last_mut() {
+                    Some(m) if m.role == "assistant" => {
+                        m.extra
+                            .entry("tool_calls")
+                            .or_insert_with(|| Value::Array(vec![]))
+                            .as_array_mut()
+                            .expect("tool_calls is a list")
+                            .push(call);
+                    }
+                    _ => {
+                        let mut extra = Map::new();
+                        extra.insert("tool_calls".into(), Value::Array(vec![call]));
+                        out.push(message("assistant", String::new(), extra));
+                    }
+                }
+            }
+            "function_call_output" => {
+                let output = content_text(item.get("output").unwrap_or(&Value::Null), &param)?;
+                let mut extra = Map::new();
+                if let Some(id) = field("call_id") {
+                    extra.insert("tool_call_id".into(), Value::String(id.into()));
+                }
+                out.push(message("tool", output, extra));
+            }
+            "reasoning" => {}
+            t => {
+                return Err(ApiError::bad_request(format!("{param}: input items of type `{t}` are not supported"))
+                    .with_param(param))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What a response object repeats from its request.
+#[derive(Clone)]
+struct Echo {
+    id: String,
+    created_at: u64,
+    model: String,
+    instructions: Option<String>,
+    max_output_tokens: Option<u64>,
+    temperature: f32,
+    top_p: f32,
+    tools: Vec<Value>,
+}
+
+impl Echo {
+    fn response(&self, status: &str, output: Vec<Value>, f: Option<&Finished>) -> Value {
+        let incomplete = f.is_some_and(|f| f.output.finish_reason == FinishReason::Length);
+        let status = if incomplete { "incomplete" } else { status };
+        json!({
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": status, "error": null,
+            "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+            "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
+            "model": self.model, "output": output, "parallel_tool_calls": true,
+            "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
+            "store": false, "temperature": self.temperature, "top_p": self.top_p,
+            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": self.tools,
+            "truncation": "disabled", "metadata": {},
+            "usage": f.map(|f| {
+                let (i, o) = (f.output.stats.prompt_tokens, f.output.stats.generated_tokens);
+                json!({"input_tokens": i, "output_tokens": o, "total_tokens": i + o,
+                       "input_tokens_details": {"cached_tokens": i - f.output.stats.prefill_tokens},
+                       "output_tokens_details": {"reasoning_tokens": 0}})
+            }),
+        })
+    }
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" {
+        json!([{"type": "output_text", "text": text, "annotations": []}])
+    } else {
+        json!([])
+    };
+    json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
+}
+
+fn call_item(id: &str, call_id: &str, c: &ToolCall, arguments: &str, status: &str) -> Value {
+    json!({"id": id, "type": "function_call", "status": status, "call_id": call_id,
+           "name": c.name, "arguments": arguments})
+}
+
+pub async fn responses(State(st): State<Shared>, body: Bytes) -> Response {
+    match run(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Flavor::OpenAi),
+    }
+}
+
+async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
+    let req: ResponsesRequest = parse_body(&body)?;
+    st.check_model(req.model.as_deref())?;
+    if req.previous_response_id.is_some() {
+        return Err(ApiError::bad_request(
+            "previous_response_id is not supported: this server stores no responses; send the whole conversation in `input`",
+        )
+        .with_param("previous_response_id"));
+    }
+    let tools = tools_of(&req)?;
+    let messages = input_messages(req.instructions.as_deref(), &req.input)?;
+    if messages.iter().all(|m| m.role == "system") {
+        return Err(ApiError::bad_request("`input` must not be empty").with_param("input"));
+    }
+    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], tools.is_some())?;
+    let echo = Echo {
+        id: new_id("resp_"),
+        created_at: now_unix(),
+        model: st.model_id.clone(),
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        temperature: gen.sampling.temperature,
+        top_p: gen.sampling.top_p,
+        tools: req.tools.clone().unwrap_or_default(),
+    };
+    let rx = st.worker.submit(gen)?;
+    if req.stream.unwrap_or(false) {
+        let fmt = ResponsesStream {
+            echo,
+            seq: 0,
+            tools: tools.map(|t| ToolStream::new(Some(t))),
+            output: Vec::new(),
+            open: None,
+        };
+        return Ok(sse(rx, fmt));
+    }
+    let f = collect(rx).await?;
+    let (text, calls) = match &tools {
+        Some(t) => parse_text(&f.output.text, Some(t)),
+        None => (f.output.text.clone(), vec![]),
+    };
+    let mut output = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        output.push(message_item(&new_id("msg_"), &text, "completed"));
+    }
+    for c in &calls {
+        output.push(call_item(&new_id("fc_"), &new_id("call_"), c, &c.arguments_json(), "completed"));
+    }
+    Ok(Json(echo.response("completed", output, Some(&f))).into_response())
+}
+
+struct ResponsesStream {
+    echo: Echo,
+    seq: u64,
+    tools: Option<ToolStream>,
+    /// Finished output items.
+    output: Vec<Value>,
+    /// The message item being streamed: its id and text so far.
+    open: Option<(String, String)>,
+}
+
+impl ResponsesStream {
+    fn ev(&mut self, kind: &str, mut data: Value) -> SseEvent {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        json_event(Some(kind), &data)
+    }
+
+    fn text(&mut self, evs: &mut Vec<SseEvent>, t: &str) {
+        let index = self.output.len();
+        if self.open.is_none() {
+            let id = new_id("msg_");
+            let added = self.ev(
+                "response.output_item.added",
+                json!({"output_index": index, "item": message_item(&id, "", "in_progress")}),
+            );
+            let part = self.ev(
+                "response.content_part.added",
+                json!({"item_id": id,
+                "output_index": index, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
+            evs.extend([added, part]);
+            self.open = Some((id, String::new()));
+        }
+        let (id, text) = self.open.as_mut().unwrap();
+        text.push_str(t);
+        let id = id.clone();
+        let d = self.ev(
+            "response.output_text.delta",
+            json!({"item_id": id, "output_index": index,
+            "content_index": 0, "delta": t, "logprobs": []}),
+        );
+        evs.push(d);
+    }
+
+    fn close_text(&mut self, evs: &mut Vec<SseEvent>) {
+        let Some((id, text)) = self.open.take() else {
+            return;
+        };
+        let index = self.output.len();
+        let item = message_item(&id, &text, "completed");
+        let done = [
+            self.ev(
+                "response.output_text.done",
+                json!({"item_id": id, "output_index": index,
+                "content_index": 0, "text": text, "logprobs": []}),
+            ),
+            self.ev(
+                "response.content_part.done",
+                json!({"item_id": id, "output_index": index,
+                "content_index": 0, "part": item["content"][0].clone()}),
+            ),
+            self.ev("response.output_item.done", json!({"output_index": index, "item": item.clone()})),
+        ];
+        evs.extend(done);
+        self.output.push(item);
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) -> Vec<SseEvent> {
+        let mut evs = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&mut evs, &t),
+                Piece::Call(c) => {
+                    self.close_text(&mut evs);
+                    let index = self.output.len();
+                    let (id, call_id, args) = (new_id("fc_"), new_id("call_"), c.arguments_json());
+                    let item = call_item(&id, &call_id, &c, &args, "completed");
+                    let e = [
+                        self.ev(
+                            "response.output_item.added",
+                            json!({"output_index": index,
+                            "item": call_item(&id, &call_id, &c, "", "in_progress")}),
+                        ),
+                        self.ev(
+                            "response.function_call_arguments.delta",
+                            json!({"item_id": id,
+                            "output_index": index, "delta": args}),
+                        ),
+                        self.ev(
+                            "response.function_call_arguments.done",
+                            json!({"item_id": id,
+                            "output_index": index, "arguments": args}),
+                        ),
+                        self.ev(
+                            "response.output_item.done",
+                            json!({"output_index": index,
+                            "item": item.clone()}),
+                        ),
+                    ];
+                    evs.extend(e);
+                    self.output.push(item);
+                }
+            }
+        }
+        evs
+    }
+}
+
+impl StreamFormat for ResponsesStream {
+    fn start(&mut self) -> Vec<SseEvent> {
+        let r = self.echo.response("in_progress", vec![], None);
+        vec![
+            self.ev("response.created", json!({"response": r})),
+            self.ev("response.in_progress", json!({"response": r})),
+        ]
+    }
+
+    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+        let pieces = match self.tools.as_mut() {
+            Some(ts) => ts.push(text),
+            None => vec![Piece::Text(text.to_string())],
+        };
+        self.pieces(pieces)
+    }
+
+    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+        let rest = self.tools.as_mut().map(ToolStream::finish).unwrap_or_default();
+        let mut evs = self.pieces(rest);
+        if self.output.is_empty() && self.open.is_none() {
+            // Always answer with a message item, if an empty one.
+            self.text(&mut evs, "");
+        }
+        self.close_text(&mut evs);
+        let r = self.echo.response("completed", self.output.clone(), Some(f));
+        let kind = if r["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
+        evs.push(self.ev(kind, json!({"response": r})));
+        evs
+    }
+
+    fn error(&mut self, message: &str) -> Vec<SseEvent> {
+        vec![self.ev("error", json!({"code": "server_error", "message": message, "param": null}))]
+    }
+}
