@@ -65,15 +65,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Mem(a) => {
             let gbs = memory_bandwidth(a.mib)?;
             if a.json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "read_gb_per_s": gbs, "buffer_mib": a.mib })
-                );
+                println!("{}", serde_json::json!({ "read_gb_per_s": gbs, "buffer_mib": a.mib }));
             } else {
-                println!(
-                    "memory read bandwidth: {gbs:.2} GB/s ({} MiB buffer, all cores)",
-                    a.mib
-                );
+                println!("memory read bandwidth: {gbs:.2} GB/s ({} MiB buffer, all cores)", a.mib);
             }
             Ok(())
         }
@@ -111,10 +105,7 @@ impl Rng {
 
 fn synth(a: SynthArgs) -> Result<()> {
     if a.experts < 8 {
-        bail!(
-            "--experts must be at least 8 (GLM-5 routes each token to 8), got {}",
-            a.experts
-        );
+        bail!("--experts must be at least 8 (GLM-5 routes each token to 8), got {}", a.experts);
     }
     std::fs::create_dir_all(&a.out)?;
     let json = glm5_slice_config(a.experts, a.vocab);
@@ -122,19 +113,10 @@ fn synth(a: SynthArgs) -> Result<()> {
     let tensors = expected_tensors(&cfg);
     let specs = tensors
         .iter()
-        .map(|(n, s, _)| TensorSpec {
-            name: n.clone(),
-            dtype: ElementType::BF16,
-            shape: s.clone(),
-        })
+        .map(|(n, s, _)| TensorSpec { name: n.clone(), dtype: ElementType::BF16, shape: s.clone() })
         .collect::<Vec<_>>();
     let total: usize = specs.iter().map(TensorSpec::byte_len).sum();
-    eprintln!(
-        "writing {} tensors, {:.2} GB of bf16, to {}",
-        specs.len(),
-        total as f64 / 1e9,
-        a.out.display()
-    );
+    eprintln!("writing {} tensors, {:.2} GB of bf16, to {}", specs.len(), total as f64 / 1e9, a.out.display());
     let mut w = SafetensorsWriter::create(&a.out.join("model.safetensors"), specs)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for (i, (_, shape, role)) in tensors.iter().enumerate() {
@@ -149,11 +131,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         };
         let mut bytes = Vec::with_capacity(n * 2);
         for _ in 0..n {
-            bytes.extend_from_slice(
-                &bf16::from_f32(rng.next_f32() * scale + offset)
-                    .to_bits()
-                    .to_le_bytes(),
-            );
+            bytes.extend_from_slice(&bf16::from_f32(rng.next_f32() * scale + offset).to_bits().to_le_bytes());
         }
         w.write_next(&bytes)?;
         if i % 64 == 0 {
@@ -162,10 +140,7 @@ fn synth(a: SynthArgs) -> Result<()> {
     }
     w.finish()?;
     eprintln!("\r{} tensors written", tensors.len());
-    std::fs::write(
-        a.out.join("config.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
+    std::fs::write(a.out.join("config.json"), serde_json::to_string_pretty(&json)?)?;
     Ok(())
 }
 
@@ -179,10 +154,8 @@ pub fn memory_bandwidth(mib: usize) -> Result<f64> {
         let t = Instant::now();
         let sums: Vec<u64> = std::thread::scope(|s| {
             let chunk = n.div_ceil(threads);
-            let handles: Vec<_> = buf
-                .chunks(chunk)
-                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
-                .collect();
+            let handles: Vec<_> =
+                buf.chunks(chunk).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         std::hint::black_box(sums);
@@ -200,9 +173,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
     let vocab = m.model.vocab_size() as u32;
     let mut rng = Rng(42);
-    let prompt: Vec<u32> = (0..a.prompt_tokens)
-        .map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32)
-        .collect();
+    let prompt: Vec<u32> =
+        (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
     // No EOS ids: run the full length.
     let req = strata_engine::GenerateRequest::new(prompt, a.decode_tokens, SamplingParams::default());
     let mut gen = strata_engine::Generator::new(m.model.as_ref())?;

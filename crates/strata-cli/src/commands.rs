@@ -40,9 +40,7 @@ impl SamplingArgs {
             top_p: self.top_p.unwrap_or(defaults.top_p),
             top_k: self.top_k.unwrap_or(defaults.top_k),
             min_p: self.min_p.unwrap_or(defaults.min_p),
-            repetition_penalty: self
-                .repetition_penalty
-                .unwrap_or(defaults.repetition_penalty),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
             seed: self.seed,
         };
         p.validate()?;
@@ -151,11 +149,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let mut msgs: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
-    eprintln!(
-        "strata chat: {} ({}). Empty line or Ctrl-D to quit.",
-        a.model.display(),
-        m.model_type
-    );
+    eprintln!("strata chat: {} ({}). Empty line or Ctrl-D to quit.", a.model.display(), m.model_type);
     loop {
         write!(stdout, "> ")?;
         stdout.flush()?;
@@ -184,11 +178,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let ids: Vec<u32> = a
         .ids
         .split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<u32>()
-                .map_err(|_| anyhow!("--ids: `{s}` is not a token id"))
-        })
+        .map(|s| s.trim().parse::<u32>().map_err(|_| anyhow!("--ids: `{s}` is not a token id")))
         .collect::<Result<_>>()?;
     if ids.is_empty() {
         bail!("--ids: no token ids");
@@ -202,8 +192,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
 pub fn inspect(a: InspectArgs) -> Result<()> {
     let (json, _) = read_config(&a.model)?;
     let cfg_path = a.model.join("config.json");
-    let cfg =
-        GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
     let store = WeightStore::open_dir(&a.model)?;
     let summary = inspect_weights(&cfg, &store);
     let architecture = serde_json::json!({
@@ -229,9 +218,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({ "architecture": architecture, "weights": summary })
-            )?
+            serde_json::to_string_pretty(&serde_json::json!({ "architecture": architecture, "weights": summary }))?
         );
         return Ok(());
     }
@@ -239,34 +226,14 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     for (k, v) in architecture.as_object().unwrap() {
         println!("  {k:<38} {v}");
     }
-    println!(
-        "\n  {:<16} {:>8} {:>16} {:>14}",
-        "group", "tensors", "parameters", "bytes"
-    );
+    println!("\n  {:<16} {:>8} {:>16} {:>14}", "group", "tensors", "parameters", "bytes");
     for (g, s) in &summary.groups {
         let name = serde_json::to_value(g)?.as_str().unwrap_or("?").to_string();
-        println!(
-            "  {name:<16} {:>8} {:>16} {:>14}",
-            s.tensors,
-            s.parameters,
-            human_bytes(s.bytes)
-        );
+        println!("  {name:<16} {:>8} {:>16} {:>14}", s.tensors, s.parameters, human_bytes(s.bytes));
     }
-    println!(
-        "  {:<16} {:>8} {:>16} {:>14}",
-        "total",
-        "",
-        summary.total_parameters,
-        human_bytes(summary.total_bytes)
-    );
-    println!(
-        "  active parameters per token: {}",
-        summary.active_parameters
-    );
-    println!(
-        "  bytes per routed expert:     {}",
-        human_bytes(summary.bytes_per_expert)
-    );
+    println!("  {:<16} {:>8} {:>16} {:>14}", "total", "", summary.total_parameters, human_bytes(summary.total_bytes));
+    println!("  active parameters per token: {}", summary.active_parameters);
+    println!("  bytes per routed expert:     {}", human_bytes(summary.bytes_per_expert));
     Ok(())
 }
 

@@ -39,8 +39,15 @@ fn generate_streams_text_and_writes_stats() {
     let stats = tempfile::NamedTempFile::new().unwrap();
     let m = fixture();
     let out = strata(&[
-        "generate", "--model", m.to_str().unwrap(), "--prompt", "The river", "--max-tokens", "12",
-        "--stats-json", stats.path().to_str().unwrap(),
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The river",
+        "--max-tokens",
+        "12",
+        "--stats-json",
+        stats.path().to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stats.path()).unwrap()).unwrap();
@@ -50,7 +57,20 @@ fn generate_streams_text_and_writes_stats() {
     assert_eq!(s["generated_tokens"], 12);
     // Seeded sampling reproduces; chat mode renders the template.
     let args = |seed: &'static str| {
-        vec!["generate", "--chat", "--prompt", "hi", "--max-tokens", "8", "--temperature", "0.9", "--top-k", "50", "--seed", seed]
+        vec![
+            "generate",
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "50",
+            "--seed",
+            seed,
+        ]
     };
     let run = |seed| {
         let mut a = args(seed);
@@ -76,8 +96,14 @@ fn logits_json_all_positions() {
     let (a, b) = (v2["logits"][0].as_array().unwrap(), rows[2].as_array().unwrap());
     let worst = a.iter().zip(b).map(|(x, y)| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs()).fold(0.0, f64::max);
     assert!(worst < 1e-5, "last-position logits differ by {worst}");
-    assert_one_line_error(&strata(&["logits", "--model", m.to_str().unwrap(), "--ids", "5,x"]), &["`x` is not a token id"]);
-    assert_one_line_error(&strata(&["logits", "--model", m.to_str().unwrap(), "--ids", "99999"]), &["outside the vocabulary"]);
+    assert_one_line_error(
+        &strata(&["logits", "--model", m.to_str().unwrap(), "--ids", "5,x"]),
+        &["`x` is not a token id"],
+    );
+    assert_one_line_error(
+        &strata(&["logits", "--model", m.to_str().unwrap(), "--ids", "99999"]),
+        &["outside the vocabulary"],
+    );
 }
 
 #[test]

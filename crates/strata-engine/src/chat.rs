@@ -20,11 +20,7 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.into(),
-            content: Value::String(content.into()),
-            extra: Default::default(),
-        }
+        Self { role: role.into(), content: Value::String(content.into()), extra: Default::default() }
     }
 }
 
@@ -37,11 +33,7 @@ pub struct ChatTemplate {
 fn special_token(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
         _ => String::new(),
     }
 }
@@ -52,8 +44,9 @@ impl ChatTemplate {
     pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
         let tok_cfg_path = dir.join("tokenizer_config.json");
         let tok_cfg: Value = match std::fs::read_to_string(&tok_cfg_path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| anyhow!("{}: invalid JSON: {e}", tok_cfg_path.display()))?,
+            Ok(text) => {
+                serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", tok_cfg_path.display()))?
+            }
             Err(_) => Value::Null,
         };
         let jinja = dir.join("chat_template.jinja");
@@ -66,22 +59,13 @@ impl ChatTemplate {
                     .iter()
                     .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                     .and_then(|t| t.get("template").and_then(Value::as_str))
-                    .ok_or_else(|| {
-                        anyhow!(
-                            "{}: `chat_template` list has no `default` entry",
-                            tok_cfg_path.display()
-                        )
-                    })?
+                    .ok_or_else(|| anyhow!("{}: `chat_template` list has no `default` entry", tok_cfg_path.display()))?
                     .to_string(),
                 _ => return Ok(None),
             }
         };
-        let tpl = Self::new(
-            &source,
-            special_token(&tok_cfg, "bos_token"),
-            special_token(&tok_cfg, "eos_token"),
-        )
-        .map_err(|e| anyhow!("{}: chat template: {e}", dir.display()))?;
+        let tpl = Self::new(&source, special_token(&tok_cfg, "bos_token"), special_token(&tok_cfg, "eos_token"))
+            .map_err(|e| anyhow!("{}: chat template: {e}", dir.display()))?;
         Ok(Some(tpl))
     }
 
@@ -95,33 +79,20 @@ impl ChatTemplate {
                 .map_err(|e| anyhow!("{e}"))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
         env.add_function("strftime_now", |_fmt: String| -> String {
             // Templates use it to print today's date; a fixed answer keeps prompts reproducible.
             "2026-01-01".to_string()
         });
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| anyhow!("{e}"))?;
-        Ok(Self {
-            env,
-            bos_token,
-            eos_token,
-        })
+        env.add_template_owned("chat", source.to_string()).map_err(|e| anyhow!("{e}"))?;
+        Ok(Self { env, bos_token, eos_token })
     }
 
     /// Renders `messages` (and optional tool schemas) as transformers'
     /// `apply_chat_template(..., tokenize=False)` does.
-    pub fn render(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-        tools: Option<&Value>,
-    ) -> Result<String> {
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool, tools: Option<&Value>) -> Result<String> {
         if messages.is_empty() {
             anyhow::bail!("chat needs at least one message");
         }
@@ -146,32 +117,15 @@ mod tests {
     #[test]
     fn renders_like_hf_with_trim_and_pycompat() {
         let t = ChatTemplate::new(TEMPLATE, String::new(), "<eos>".into()).unwrap();
-        let msgs = [
-            Message::new("system", " be brief "),
-            Message::new("user", "hi"),
-        ];
-        assert_eq!(
-            t.render(&msgs, true, None).unwrap(),
-            "[gMASK]<sop><|system|>\nbe brief<|user|>\nhi<|assistant|>"
-        );
-        assert_eq!(
-            t.render(&msgs, false, None).unwrap(),
-            "[gMASK]<sop><|system|>\nbe brief<|user|>\nhi"
-        );
+        let msgs = [Message::new("system", " be brief "), Message::new("user", "hi")];
+        assert_eq!(t.render(&msgs, true, None).unwrap(), "[gMASK]<sop><|system|>\nbe brief<|user|>\nhi<|assistant|>");
+        assert_eq!(t.render(&msgs, false, None).unwrap(), "[gMASK]<sop><|system|>\nbe brief<|user|>\nhi");
     }
 
     #[test]
     fn raise_exception_and_empty_messages_are_errors() {
-        let t = ChatTemplate::new(
-            "{{ raise_exception('no system role') }}",
-            String::new(),
-            String::new(),
-        )
-        .unwrap();
-        let err = t
-            .render(&[Message::new("user", "x")], true, None)
-            .unwrap_err()
-            .to_string();
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", String::new(), String::new()).unwrap();
+        let err = t.render(&[Message::new("user", "x")], true, None).unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");
         assert!(t.render(&[], true, None).is_err());
     }

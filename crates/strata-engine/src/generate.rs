@@ -90,11 +90,7 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 
 impl<'m> Generator<'m> {
     pub fn new(model: &'m dyn CausalLm) -> Result<Self> {
-        Ok(Self {
-            model,
-            session: model.new_session()?,
-            tokens: Vec::new(),
-        })
+        Ok(Self { model, session: model.new_session()?, tokens: Vec::new() })
     }
 
     /// Generates for `req`, calling `on_text` with each printable delta; `on_text`
@@ -110,33 +106,21 @@ impl<'m> Generator<'m> {
         }
         let max_ctx = self.model.max_context();
         if req.prompt_ids.len() >= max_ctx {
-            bail!(
-                "the prompt has {} tokens but the model's context is {max_ctx}",
-                req.prompt_ids.len()
-            );
+            bail!("the prompt has {} tokens but the model's context is {max_ctx}", req.prompt_ids.len());
         }
         if !req.stop_strings.is_empty() && tok.is_none() {
             bail!("stop strings need a tokenizer");
         }
         let mut sampler = Sampler::new(req.sampling.clone())?;
         // Reuse the cached prefix; at least one prompt token must be computed for logits.
-        let common = self
-            .tokens
-            .iter()
-            .zip(&req.prompt_ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = self.tokens.iter().zip(&req.prompt_ids).take_while(|(a, b)| a == b).count();
         let keep = common.min(req.prompt_ids.len() - 1);
         self.session.truncate(keep);
         self.tokens.truncate(keep);
 
         let t0 = Instant::now();
         let fresh = &req.prompt_ids[keep..];
-        let mut logits = self
-            .session
-            .forward(fresh, false)?
-            .squeeze(0)?
-            .to_vec1::<f32>()?;
+        let mut logits = self.session.forward(fresh, false)?.squeeze(0)?.to_vec1::<f32>()?;
         self.tokens.extend_from_slice(fresh);
         let prefill_s = t0.elapsed().as_secs_f64();
 
@@ -165,12 +149,7 @@ impl<'m> Generator<'m> {
             if let Some(tok) = tok {
                 let (full, _) = decoder.push(tok, next, req.skip_special_tokens)?;
                 text = full;
-                if let Some(cut) = req
-                    .stop_strings
-                    .iter()
-                    .filter_map(|s| text.find(s.as_str()))
-                    .min()
-                {
+                if let Some(cut) = req.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min() {
                     text.truncate(cut);
                     if cut > streamed {
                         on_text(&text[streamed..]);
@@ -178,8 +157,7 @@ impl<'m> Generator<'m> {
                     finish = FinishReason::Stop;
                     break;
                 }
-                let printable =
-                    decoder.emitted().len() - held_back(decoder.emitted(), &req.stop_strings);
+                let printable = decoder.emitted().len() - held_back(decoder.emitted(), &req.stop_strings);
                 if printable > streamed {
                     let go_on = on_text(&decoder.emitted()[streamed..printable]);
                     streamed = printable;
@@ -192,11 +170,7 @@ impl<'m> Generator<'m> {
             if out.len() == req.max_tokens || self.tokens.len() >= max_ctx {
                 break;
             }
-            logits = self
-                .session
-                .forward(&[next], false)?
-                .squeeze(0)?
-                .to_vec1::<f32>()?;
+            logits = self.session.forward(&[next], false)?.squeeze(0)?.to_vec1::<f32>()?;
         }
         if finish == FinishReason::Length && tok.is_some() && text.len() > streamed {
             on_text(&text[streamed..]);
@@ -204,19 +178,10 @@ impl<'m> Generator<'m> {
         let decode_s = t_decode.elapsed().as_secs_f64();
         stats.generated_tokens = out.len();
         stats.decode_seconds = decode_s;
-        stats.decode_tokens_per_s = if out.len() > 1 {
-            (out.len() - 1) as f64 / decode_s.max(1e-9)
-        } else {
-            0.0
-        };
+        stats.decode_tokens_per_s = if out.len() > 1 { (out.len() - 1) as f64 / decode_s.max(1e-9) } else { 0.0 };
         stats.peak_rss_bytes = peak_rss_bytes();
         stats.finish_reason = finish.as_str().to_string();
-        Ok(GenerationOutput {
-            tokens: out,
-            text,
-            finish_reason: finish,
-            stats,
-        })
+        Ok(GenerationOutput { tokens: out, text, finish_reason: finish, stats })
     }
 
     /// Logits for `ids` from a fresh cache: every position, or the last.

@@ -37,10 +37,8 @@ pub fn read_config(dir: &Path) -> Result<(Value, String)> {
         bail!("{}: model directory not found", dir.display());
     }
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow!("{}: cannot read: {e}", path.display()))?;
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("{}: cannot read: {e}", path.display()))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
     let model_type = json
         .get("model_type")
         .and_then(Value::as_str)
@@ -58,10 +56,7 @@ pub fn read_config(dir: &Path) -> Result<(Value, String)> {
 
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         None => vec![],
     }
@@ -72,33 +67,18 @@ pub fn read_generation_defaults(dir: &Path) -> Result<GenerationDefaults> {
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(GenerationDefaults::default());
     };
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
     let mut sampling = SamplingParams::default();
-    let do_sample = json
-        .get("do_sample")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let do_sample = json.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
     if do_sample {
-        sampling.temperature = json
-            .get("temperature")
-            .and_then(Value::as_f64)
-            .unwrap_or(1.0) as f32;
+        sampling.temperature = json.get("temperature").and_then(Value::as_f64).unwrap_or(1.0) as f32;
         sampling.top_p = json.get("top_p").and_then(Value::as_f64).unwrap_or(1.0) as f32;
         sampling.top_k = json.get("top_k").and_then(Value::as_u64).unwrap_or(0) as usize;
         sampling.min_p = json.get("min_p").and_then(Value::as_f64).unwrap_or(0.0) as f32;
     }
-    sampling.repetition_penalty = json
-        .get("repetition_penalty")
-        .and_then(Value::as_f64)
-        .unwrap_or(1.0) as f32;
-    sampling
-        .validate()
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    Ok(GenerationDefaults {
-        eos_token_ids: token_ids(json.get("eos_token_id")),
-        sampling,
-    })
+    sampling.repetition_penalty = json.get("repetition_penalty").and_then(Value::as_f64).unwrap_or(1.0) as f32;
+    sampling.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok(GenerationDefaults { eos_token_ids: token_ids(json.get("eos_token_id")), sampling })
 }
 
 impl LoadedModel {
@@ -109,19 +89,14 @@ impl LoadedModel {
         let cfg_path = dir.join("config.json");
         let model: Box<dyn CausalLm> = match model_type.as_str() {
             GlmMoeDsaConfig::MODEL_TYPE => {
-                let cfg = GlmMoeDsaConfig::from_json(&json)
-                    .map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+                let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
                 let store = strata_storage::WeightStore::open_dir(dir)?;
                 Box::new(GlmMoeDsa::load(cfg, &store, device)?)
             }
             other => unreachable!("read_config refused `{other}`"),
         };
         let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.exists() {
-            Some(TextTokenizer::from_file(&tok_path)?)
-        } else {
-            None
-        };
+        let tokenizer = if tok_path.exists() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
         let chat_template = ChatTemplate::from_model_dir(dir)?;
         let generation = read_generation_defaults(dir)?;
         let mut eos_token_ids = model.eos_token_ids();
@@ -132,31 +107,16 @@ impl LoadedModel {
         }
         for &id in &eos_token_ids {
             if id as usize >= model.vocab_size() {
-                bail!(
-                    "{}: eos_token_id {id} is outside the vocabulary ({})",
-                    dir.display(),
-                    model.vocab_size()
-                );
+                bail!("{}: eos_token_id {id} is outside the vocabulary ({})", dir.display(), model.vocab_size());
             }
         }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            model_type,
-            model,
-            tokenizer,
-            chat_template,
-            generation,
-            eos_token_ids,
-        })
+        Ok(Self { dir: dir.to_path_buf(), model_type, model, tokenizer, chat_template, generation, eos_token_ids })
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            anyhow!(
-                "{}: tokenizer not found",
-                self.dir.join("tokenizer.json").display()
-            )
-        })
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| anyhow!("{}: tokenizer not found", self.dir.join("tokenizer.json").display()))
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate> {

@@ -23,24 +23,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            seed: 0,
-        }
+        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
     }
 }
 
 impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            bail!(
-                "temperature must be a finite number >= 0, got {}",
-                self.temperature
-            );
+            bail!("temperature must be a finite number >= 0, got {}", self.temperature);
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("top_p must be in (0, 1], got {}", self.top_p);
@@ -49,10 +39,7 @@ impl SamplingParams {
             bail!("min_p must be in [0, 1], got {}", self.min_p);
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            bail!(
-                "repetition_penalty must be > 0, got {}",
-                self.repetition_penalty
-            );
+            bail!("repetition_penalty must be > 0, got {}", self.repetition_penalty);
         }
         Ok(())
     }
@@ -81,11 +68,7 @@ impl Sampler {
                     if !*s {
                         *s = true;
                         let l = &mut logits[t as usize];
-                        *l = if *l > 0.0 {
-                            *l / p.repetition_penalty
-                        } else {
-                            *l * p.repetition_penalty
-                        };
+                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
                     }
                 }
             }
@@ -94,11 +77,8 @@ impl Sampler {
             return argmax(logits);
         }
         // Candidates sorted by descending logit (stable: ties keep the lower id).
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l / p.temperature))
-            .collect();
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
@@ -153,11 +133,7 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32) -> SamplingParams {
-        SamplingParams {
-            temperature,
-            seed: 42,
-            ..Default::default()
-        }
+        SamplingParams { temperature, seed: 42, ..Default::default() }
     }
 
     #[test]
@@ -170,14 +146,8 @@ mod tests {
     fn seeded_sampling_is_reproducible_and_follows_the_distribution() {
         let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams {
-                seed,
-                ..params(1.0)
-            })
-            .unwrap();
-            (0..4000)
-                .map(|_| s.sample(&mut logits.clone(), &[]))
-                .collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplingParams { seed, ..params(1.0) }).unwrap();
+            (0..4000).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
         };
         let a = draw(1);
         assert_eq!(a, draw(1));
@@ -191,18 +161,9 @@ mod tests {
     fn top_k_top_p_min_p_cut_the_tail() {
         let logits = [3.0f32, 2.0, 1.0, 0.0];
         for p in [
-            SamplingParams {
-                top_k: 1,
-                ..params(1.0)
-            },
-            SamplingParams {
-                top_p: 0.5,
-                ..params(1.0)
-            },
-            SamplingParams {
-                min_p: 0.9,
-                ..params(1.0)
-            },
+            SamplingParams { top_k: 1, ..params(1.0) },
+            SamplingParams { top_p: 0.5, ..params(1.0) },
+            SamplingParams { min_p: 0.9, ..params(1.0) },
         ] {
             let mut s = Sampler::new(p.clone()).unwrap();
             for _ in 0..200 {
@@ -210,67 +171,28 @@ mod tests {
             }
         }
         // top_p 0.9 keeps tokens 0..=1 (0.644 + 0.237 < 0.9 -> also 2), never 3.
-        let mut s = Sampler::new(SamplingParams {
-            top_p: 0.9,
-            ..params(1.0)
-        })
-        .unwrap();
-        let seen: std::collections::BTreeSet<u32> = (0..2000)
-            .map(|_| s.sample(&mut logits.clone(), &[]))
-            .collect();
+        let mut s = Sampler::new(SamplingParams { top_p: 0.9, ..params(1.0) }).unwrap();
+        let seen: std::collections::BTreeSet<u32> = (0..2000).map(|_| s.sample(&mut logits.clone(), &[])).collect();
         assert_eq!(seen, [0, 1, 2].into());
     }
 
     #[test]
     fn repetition_penalty_matches_hf_rule() {
-        let mut s = Sampler::new(SamplingParams {
-            repetition_penalty: 4.0,
-            ..params(0.0)
-        })
-        .unwrap();
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 4.0, ..params(0.0) }).unwrap();
         // 2.0/4 = 0.5 < 1.0; so token 1 wins once token 0 was seen.
         assert_eq!(s.sample(&mut [2.0, 1.0, -1.0], &[0, 0]), 1);
         let mut l = [2.0f32, 1.0, -1.0];
-        Sampler::new(SamplingParams {
-            repetition_penalty: 2.0,
-            ..params(0.0)
-        })
-        .unwrap()
-        .sample(&mut l, &[2]);
+        Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params(0.0) }).unwrap().sample(&mut l, &[2]);
         assert_eq!(l[2], -2.0);
     }
 
     #[test]
     fn invalid_params_are_named() {
         for (p, want) in [
-            (
-                SamplingParams {
-                    temperature: -1.0,
-                    ..params(1.0)
-                },
-                "temperature",
-            ),
-            (
-                SamplingParams {
-                    top_p: 0.0,
-                    ..params(1.0)
-                },
-                "top_p",
-            ),
-            (
-                SamplingParams {
-                    min_p: 2.0,
-                    ..params(1.0)
-                },
-                "min_p",
-            ),
-            (
-                SamplingParams {
-                    repetition_penalty: 0.0,
-                    ..params(1.0)
-                },
-                "repetition_penalty",
-            ),
+            (SamplingParams { temperature: -1.0, ..params(1.0) }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..params(1.0) }, "top_p"),
+            (SamplingParams { min_p: 2.0, ..params(1.0) }, "min_p"),
+            (SamplingParams { repetition_penalty: 0.0, ..params(1.0) }, "repetition_penalty"),
         ] {
             let err = Sampler::new(p).err().unwrap().to_string();
             assert!(err.contains(want), "{err}");

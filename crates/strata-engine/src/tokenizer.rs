@@ -13,25 +13,19 @@ impl TextTokenizer {
         if !path.exists() {
             anyhow::bail!("{}: tokenizer not found", path.display());
         }
-        let inner = Tokenizer::from_file(path)
-            .map_err(|e| anyhow!("{}: invalid tokenizer: {e}", path.display()))?;
+        let inner = Tokenizer::from_file(path).map_err(|e| anyhow!("{}: invalid tokenizer: {e}", path.display()))?;
         Ok(Self { inner })
     }
 
     /// Encodes as the tokenizer does, adding only what its post-processor adds when
     /// `add_special_tokens` (plain prompts); chat prompts pass `false`, as HF does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| anyhow!("tokenizer: {e}"))?;
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| anyhow!("tokenizer: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| anyhow!("tokenizer: {e}"))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| anyhow!("tokenizer: {e}"))
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {

@@ -10,10 +10,7 @@ use strata_storage::{ElementType, SafetensorsFile};
 const TOL: f32 = 1e-4;
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
 struct Reference {
@@ -22,9 +19,7 @@ struct Reference {
 
 impl Reference {
     fn open(path: &Path) -> Self {
-        Self {
-            file: SafetensorsFile::open(path).unwrap(),
-        }
+        Self { file: SafetensorsFile::open(path).unwrap() }
     }
     fn has(&self, name: &str) -> bool {
         self.file.tensors().contains_key(name)
@@ -32,34 +27,21 @@ impl Reference {
     fn ids(&self, name: &str) -> Vec<u32> {
         let t = &self.file.tensors()[name];
         assert_eq!(t.dtype, ElementType::I64, "{name}");
-        self.file
-            .bytes(t)
-            .unwrap()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
+        self.file.bytes(t).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
     }
     fn matrix(&self, name: &str) -> Vec<Vec<f32>> {
         let t = &self.file.tensors()[name];
         assert_eq!(t.dtype, ElementType::F32, "{name}");
         let cols = t.shape[1];
-        let flat: Vec<f32> = self
-            .file
-            .bytes(t)
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let flat: Vec<f32> =
+            self.file.bytes(t).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         flat.chunks(cols).map(|r| r.to_vec()).collect()
     }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 pub fn fixture_dirs() -> Vec<PathBuf> {
@@ -81,18 +63,9 @@ fn check_fixture(dir: &Path) {
 
     // Tokenization of the recorded prompt text.
     let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    if let Some(text) = meta
-        .get("prompt_text")
-        .or_else(|| meta.get("prompt"))
-        .and_then(|v| v.as_str())
-    {
-        assert_eq!(
-            m.tokenizer().unwrap().encode(text, true).unwrap(),
-            prompt,
-            "{name}: tokenization"
-        );
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    if let Some(text) = meta.get("prompt_text").or_else(|| meta.get("prompt")).and_then(|v| v.as_str()) {
+        assert_eq!(m.tokenizer().unwrap().encode(text, true).unwrap(), prompt, "{name}: tokenization");
     }
 
     // Prefill: logits at every prompt position.
@@ -100,11 +73,7 @@ fn check_fixture(dir: &Path) {
     let got = gen.logits(&prompt, true).unwrap();
     let want = r.matrix("prompt_logits");
     assert_eq!(got.len(), want.len());
-    let worst = got
-        .iter()
-        .zip(&want)
-        .map(|(g, w)| max_abs_diff(g, w))
-        .fold(0.0, f32::max);
+    let worst = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
     assert!(worst < TOL, "{name}: prompt logits differ by {worst}");
 
     // Greedy decode against the cache: identical tokens, logits within tolerance.
@@ -117,38 +86,22 @@ fn check_fixture(dir: &Path) {
     if r.has("generated_logits") {
         let want = r.matrix("generated_logits");
         let mut session = m.model.new_session().unwrap();
-        let mut step = session
-            .forward(&prompt, false)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap()
-            .remove(0);
+        let mut step = session.forward(&prompt, false).unwrap().to_vec2::<f32>().unwrap().remove(0);
         for (i, &t) in gen_ids.iter().enumerate() {
             let d = max_abs_diff(&step, &want[i]);
             assert!(d < TOL, "{name}: decode step {i} logits differ by {d}");
             if i + 1 < gen_ids.len() {
-                step = session
-                    .forward(&[t], false)
-                    .unwrap()
-                    .to_vec2::<f32>()
-                    .unwrap()
-                    .remove(0);
+                step = session.forward(&[t], false).unwrap().to_vec2::<f32>().unwrap().remove(0);
             }
         }
     }
-    eprintln!(
-        "{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e})",
-        prompt.len()
-    );
+    eprintln!("{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e})", prompt.len());
 }
 
 #[test]
 fn every_fixture_matches_transformers() {
     let dirs = fixture_dirs();
-    assert!(
-        dirs.len() >= 3,
-        "expected at least three fixtures, found {dirs:?}"
-    );
+    assert!(dirs.len() >= 3, "expected at least three fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);
     }

@@ -66,13 +66,8 @@ impl ElementType {
 /// scales (see [`crate::fp8::dequantize_fp8_blocks`] for scaled weights).
 pub fn decode_to_f32(ty: ElementType, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
     let n = bytes.len() / ty.size_bytes();
-    if bytes.len() % ty.size_bytes() != 0 || n != out.len() {
-        return Err(format!(
-            "{} buffer of {} bytes does not hold {} elements",
-            ty.name(),
-            bytes.len(),
-            out.len()
-        ));
+    if !bytes.len().is_multiple_of(ty.size_bytes()) || n != out.len() {
+        return Err(format!("{} buffer of {} bytes does not hold {} elements", ty.name(), bytes.len(), out.len()));
     }
     macro_rules! each {
         ($w:expr, $f:expr) => {
@@ -84,10 +79,8 @@ pub fn decode_to_f32(ty: ElementType, bytes: &[u8], out: &mut [f32]) -> Result<(
     match ty {
         ElementType::F32 => each!(4, |c: [u8; 4]| f32::from_le_bytes(c)),
         ElementType::F64 => each!(8, |c: [u8; 8]| f64::from_le_bytes(c) as f32),
-        ElementType::BF16 => each!(2, |c: [u8; 2]| bf16::from_bits(u16::from_le_bytes(c))
-            .to_f32()),
-        ElementType::F16 => each!(2, |c: [u8; 2]| f16::from_bits(u16::from_le_bytes(c))
-            .to_f32()),
+        ElementType::BF16 => each!(2, |c: [u8; 2]| bf16::from_bits(u16::from_le_bytes(c)).to_f32()),
+        ElementType::F16 => each!(2, |c: [u8; 2]| f16::from_bits(u16::from_le_bytes(c)).to_f32()),
         ElementType::F8E4M3 => each!(1, |c: [u8; 1]| crate::fp8::fp8_e4m3_to_f32(c[0])),
         ElementType::I64 => each!(8, |c: [u8; 8]| i64::from_le_bytes(c) as f32),
         ElementType::I32 => each!(4, |c: [u8; 4]| i32::from_le_bytes(c) as f32),
@@ -108,10 +101,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let vals: Vec<f32> = (0..1000).map(|_| rng.random_range(-1e3f32..1e3)).collect();
         for (ty, enc) in [
-            (
-                ElementType::BF16,
-                (|v: f32| bf16::from_f32(v).to_bits()) as fn(f32) -> u16,
-            ),
+            (ElementType::BF16, (|v: f32| bf16::from_f32(v).to_bits()) as fn(f32) -> u16),
             (ElementType::F16, |v: f32| f16::from_f32(v).to_bits()),
         ] {
             let bytes: Vec<u8> = vals.iter().flat_map(|&v| enc(v).to_le_bytes()).collect();

@@ -4,6 +4,7 @@
 //!   `w = (nibble - 8) * s[r, c / gs]`, `rows * ceil(cols/gs)` scales (per-row int4 is
 //!   `gs == cols`);
 //! - bf16 / f32: plain little-endian values, no scales.
+//!
 //! Quantization is symmetric absmax (int8: s = amax/127; int4: s = amax/7, q in [-8, 7]).
 
 use half::bf16;

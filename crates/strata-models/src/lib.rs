@@ -3,11 +3,13 @@
 //! A family turns a model directory's `config.json` and weights into a [`CausalLm`];
 //! the engine drives it through [`Session`]s (a model plus its KV cache).
 
+pub mod experts;
 pub mod glm_moe_dsa;
 pub mod nn;
 
 use anyhow::Result;
 use candle_core::Tensor;
+pub use experts::{ExpertBackend, Routing};
 
 /// A causal language model the engine can drive.
 pub trait CausalLm: Send + Sync {
@@ -32,4 +34,6 @@ pub trait Session: Send {
     }
     /// Drops cached positions `len..` (rollback).
     fn truncate(&mut self, len: usize);
+    /// The routing of the last forward: `(layer, one Routing per row)` per MoE layer.
+    fn last_routes(&self) -> &[(usize, Vec<Routing>)];
 }

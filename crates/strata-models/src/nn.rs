@@ -54,9 +54,7 @@ impl LayerNorm {
         let centered = x.broadcast_sub(&mean)?;
         let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)?)
+        Ok(normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)?)
     }
 }
 
@@ -95,9 +93,7 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect()
@@ -111,10 +107,7 @@ mod tests {
         let w = rand_vec(n, 2);
         let b = rand_vec(n, 3);
         let xt = Tensor::from_vec(x.clone(), (rows, n), &dev).unwrap();
-        let rms = RmsNorm {
-            weight: Tensor::from_vec(w.clone(), n, &dev).unwrap(),
-            eps: 1e-5,
-        };
+        let rms = RmsNorm { weight: Tensor::from_vec(w.clone(), n, &dev).unwrap(), eps: 1e-5 };
         let ln = LayerNorm {
             weight: Tensor::from_vec(w.clone(), n, &dev).unwrap(),
             bias: Tensor::from_vec(b.clone(), n, &dev).unwrap(),
@@ -134,11 +127,7 @@ mod tests {
                 assert!((got_ln[r][i] as f64 - want).abs() < 1e-5);
             }
         }
-        let (g, u, d) = (
-            rand_vec(hid * n, 4),
-            rand_vec(hid * n, 5),
-            rand_vec(n * hid, 6),
-        );
+        let (g, u, d) = (rand_vec(hid * n, 4), rand_vec(hid * n, 5), rand_vec(n * hid, 6));
         let mlp = SwiGlu {
             gate: Tensor::from_vec(g.clone(), (hid, n), &dev).unwrap(),
             up: Tensor::from_vec(u.clone(), (hid, n), &dev).unwrap(),
@@ -156,11 +145,7 @@ mod tests {
                 .collect();
             for o in 0..n {
                 let want: f64 = (0..hid).map(|j| d[o * hid + j] as f64 * h[j]).sum();
-                assert!(
-                    (got[r][o] as f64 - want).abs() < 1e-5,
-                    "{} vs {want}",
-                    got[r][o]
-                );
+                assert!((got[r][o] as f64 - want).abs() < 1e-5, "{} vs {want}", got[r][o]);
             }
         }
     }

@@ -20,10 +20,7 @@ pub struct CacheRows {
 
 impl CacheRows {
     pub fn new(width: usize, device: &Device) -> Result<Self> {
-        Ok(Self {
-            buf: Tensor::zeros((16, width), candle_core::DType::F32, device)?,
-            len: 0,
-        })
+        Ok(Self { buf: Tensor::zeros((16, width), candle_core::DType::F32, device)?, len: 0 })
     }
 
     /// Appends `rows` (`[n, width]`) and returns the valid prefix `[len, width]`.
@@ -117,13 +114,8 @@ impl Attention {
         let q_rot = apply_interleaved(&q.narrow(2, self.nope, self.rope)?.contiguous()?, tables)?;
 
         let ckv = linear(x, &self.kv_a)?;
-        let latent = self
-            .kv_a_norm
-            .forward(&ckv.narrow(1, 0, self.kv_lora)?.contiguous()?)?;
-        let k_rot = ckv
-            .narrow(1, self.kv_lora, self.rope)?
-            .contiguous()?
-            .reshape((t, 1, self.rope))?;
+        let latent = self.kv_a_norm.forward(&ckv.narrow(1, 0, self.kv_lora)?.contiguous()?)?;
+        let k_rot = ckv.narrow(1, self.kv_lora, self.rope)?.contiguous()?.reshape((t, 1, self.rope))?;
         let k_rot = apply_interleaved(&k_rot, tables)?.reshape((t, self.rope))?;
         let latent_all = cache.latent.append(&latent)?;
         let k_rot_all = cache.k_rot.append(&k_rot)?;
@@ -139,13 +131,8 @@ impl Attention {
 
         // Scores over the latent: [heads, T, L].
         let q_lat = q_nope.transpose(0, 1)?.contiguous()?.matmul(&self.w_uk)?; // [h, T, kv_lora]
-        let s_lat = q_lat
-            .reshape((self.heads * t, self.kv_lora))?
-            .matmul(&latent_all.t()?)?;
-        let q_rot_h = q_rot
-            .transpose(0, 1)?
-            .contiguous()?
-            .reshape((self.heads * t, self.rope))?;
+        let s_lat = q_lat.reshape((self.heads * t, self.kv_lora))?.matmul(&latent_all.t()?)?;
+        let q_rot_h = q_rot.transpose(0, 1)?.contiguous()?.reshape((self.heads * t, self.rope))?;
         let s_rot = q_rot_h.matmul(&k_rot_all.t()?)?;
         let mut scores = ((s_lat + s_rot)? * self.scale)?.reshape((self.heads, t, l))?;
         let mask = match &selection {
@@ -158,13 +145,8 @@ impl Attention {
         }
         let probs = softmax_last(&scores)?;
         let out_lat = probs.reshape((self.heads * t, l))?.matmul(&latent_all)?;
-        let out = out_lat
-            .reshape((self.heads, t, self.kv_lora))?
-            .matmul(&self.w_uv_t)?; // [h, T, v]
-        let out = out
-            .transpose(0, 1)?
-            .contiguous()?
-            .reshape((t, self.heads * self.v_dim))?;
+        let out = out_lat.reshape((self.heads, t, self.kv_lora))?.matmul(&self.w_uv_t)?; // [h, T, v]
+        let out = out.transpose(0, 1)?.contiguous()?.reshape((t, self.heads * self.v_dim))?;
         Ok((linear(&out, &self.o)?, selection))
     }
 }
@@ -195,16 +177,9 @@ impl Indexer {
     ) -> Result<Selection> {
         let t = x.dim(0)?;
         let rope = tables.cos.dim(1)? * 2;
-        let k = self
-            .k_norm
-            .forward(&linear(x, &self.wk)?)?
-            .reshape((t, 1, self.head_dim))?;
+        let k = self.k_norm.forward(&linear(x, &self.wk)?)?.reshape((t, 1, self.head_dim))?;
         let k = rotate_prefix(&k, rope, tables)?.reshape((t, self.head_dim))?;
-        let k_all = cache
-            .index_k
-            .as_mut()
-            .expect("indexer layer has an index cache")
-            .append(&k)?;
+        let k_all = cache.index_k.as_mut().expect("indexer layer has an index cache").append(&k)?;
         let l = k_all.dim(0)?;
         if l <= topk {
             return Ok(None); // Every row sees at most `topk` positions: dense attention.
@@ -247,8 +222,5 @@ fn rotate_prefix(x: &Tensor, rope: usize, tables: &RopeTables) -> Result<Tensor>
     if dim == rope {
         return Ok(rotated);
     }
-    Ok(Tensor::cat(
-        &[rotated, x.narrow(D::Minus1, rope, dim - rope)?],
-        D::Minus1,
-    )?)
+    Ok(Tensor::cat(&[rotated, x.narrow(D::Minus1, rope, dim - rope)?], D::Minus1)?)
 }

@@ -64,9 +64,7 @@ impl Fields<'_> {
     }
     fn usize_req(&self, k: &str) -> Result<usize> {
         let v = self.get(k).ok_or_else(|| anyhow!("missing field `{k}`"))?;
-        v.as_u64()
-            .map(|x| x as usize)
-            .ok_or_else(|| anyhow!("field `{k}` must be a non-negative integer, got {v}"))
+        v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("field `{k}` must be a non-negative integer, got {v}"))
     }
     fn usize_or(&self, k: &str, default: usize) -> Result<usize> {
         if self.get(k).is_some() {
@@ -78,17 +76,13 @@ impl Fields<'_> {
     fn f64_or(&self, k: &str, default: f64) -> Result<f64> {
         match self.get(k) {
             None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| anyhow!("field `{k}` must be a number, got {v}")),
+            Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `{k}` must be a number, got {v}")),
         }
     }
     fn bool_or(&self, k: &str, default: bool) -> Result<bool> {
         match self.get(k) {
             None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| anyhow!("field `{k}` must be true or false, got {v}")),
+            Some(v) => v.as_bool().ok_or_else(|| anyhow!("field `{k}` must be true or false, got {v}")),
         }
     }
     fn str_list(&self, k: &str) -> Result<Option<Vec<String>>> {
@@ -96,11 +90,7 @@ impl Fields<'_> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|i| {
-                    i.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| anyhow!("field `{k}` must be a list of strings"))
-                })
+                .map(|i| i.as_str().map(str::to_owned).ok_or_else(|| anyhow!("field `{k}` must be a list of strings")))
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(v) => bail!("field `{k}` must be a list of strings, got {v}"),
@@ -111,15 +101,12 @@ impl Fields<'_> {
             None => Ok(vec![]),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|i| {
-                    i.as_u64()
-                        .map(|x| x as u32)
-                        .ok_or_else(|| anyhow!("field `{k}` must hold token ids"))
-                })
+                .map(|i| i.as_u64().map(|x| x as u32).ok_or_else(|| anyhow!("field `{k}` must hold token ids")))
                 .collect(),
-            Some(v) => v.as_u64().map(|x| vec![x as u32]).ok_or_else(|| {
-                anyhow!("field `{k}` must be a token id or a list of them, got {v}")
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|x| vec![x as u32])
+                .ok_or_else(|| anyhow!("field `{k}` must be a token id or a list of them, got {v}")),
         }
     }
 }
@@ -129,9 +116,7 @@ impl GlmMoeDsaConfig {
 
     /// Parses and validates; errors name the offending field (the caller adds the file).
     pub fn from_json(json: &Value) -> Result<Self> {
-        let obj = json
-            .as_object()
-            .ok_or_else(|| anyhow!("config is not a JSON object"))?;
+        let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
         match f.get("model_type").and_then(Value::as_str) {
             Some(Self::MODEL_TYPE) => {}
@@ -142,39 +127,24 @@ impl GlmMoeDsaConfig {
         let num_attention_heads = f.usize_req("num_attention_heads")?;
         let n_routed_experts = match f.get("n_routed_experts") {
             Some(_) => f.usize_req("n_routed_experts")?,
-            None => f
-                .usize_req("num_experts")
-                .map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
+            None => f.usize_req("num_experts").map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
         };
         if f.get("q_lora_rank").is_none() {
             bail!("missing field `q_lora_rank` (glm_moe_dsa needs the low-rank query path)");
         }
-        let (rope_theta, rope_type) =
-            match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
-                Some(Value::Object(p)) => (
-                    p.get("rope_theta")
-                        .and_then(Value::as_f64)
-                        .map_or_else(|| f.f64_or("rope_theta", 10000.0), Ok)?,
-                    p.get("rope_type")
-                        .or_else(|| p.get("type"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("default")
-                        .to_owned(),
-                ),
-                Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
-                None => (f.f64_or("rope_theta", 10000.0)?, "default".to_owned()),
-            };
+        let (rope_theta, rope_type) = match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
+            Some(Value::Object(p)) => (
+                p.get("rope_theta").and_then(Value::as_f64).map_or_else(|| f.f64_or("rope_theta", 10000.0), Ok)?,
+                p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default").to_owned(),
+            ),
+            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
+            None => (f.f64_or("rope_theta", 10000.0)?, "default".to_owned()),
+        };
         if rope_type != "default" {
             bail!("field `rope_parameters.rope_type` is `{rope_type}`; only `default` RoPE is supported");
         }
-        if f.get("hidden_act")
-            .and_then(Value::as_str)
-            .is_some_and(|a| a != "silu")
-        {
-            bail!(
-                "field `hidden_act` must be `silu`, got {}",
-                f.get("hidden_act").unwrap()
-            );
+        if f.get("hidden_act").and_then(Value::as_str).is_some_and(|a| a != "silu") {
+            bail!("field `hidden_act` must be `silu`, got {}", f.get("hidden_act").unwrap());
         }
         if f.bool_or("attention_bias", false)? {
             bail!("field `attention_bias` is true; biased attention projections are not supported");
@@ -190,13 +160,7 @@ impl GlmMoeDsaConfig {
                 })
                 .collect::<Result<Vec<_>>>()?,
             None => (0..num_hidden_layers)
-                .map(|i| {
-                    if i < first_k_dense {
-                        MlpKind::Dense
-                    } else {
-                        MlpKind::Sparse
-                    }
-                })
+                .map(|i| if i < first_k_dense { MlpKind::Dense } else { MlpKind::Sparse })
                 .collect(),
         };
         let indexer_types = match f.str_list("indexer_types")? {
@@ -246,8 +210,12 @@ impl GlmMoeDsaConfig {
                     Some(b) if b.len() == 2 => {
                         let dim = |v: &Value| v.as_u64().filter(|&x| x > 0).map(|x| x as usize);
                         Some((
-                            dim(&b[0]).ok_or_else(|| anyhow!("field `quantization_config.weight_block_size` must hold two positive integers"))?,
-                            dim(&b[1]).ok_or_else(|| anyhow!("field `quantization_config.weight_block_size` must hold two positive integers"))?,
+                            dim(&b[0]).ok_or_else(|| {
+                                anyhow!("field `quantization_config.weight_block_size` must hold two positive integers")
+                            })?,
+                            dim(&b[1]).ok_or_else(|| {
+                                anyhow!("field `quantization_config.weight_block_size` must hold two positive integers")
+                            })?,
                         ))
                     }
                     _ => {
@@ -312,11 +280,8 @@ impl GlmMoeDsaConfig {
                 bail!("field `{name}` must be positive");
             }
         }
-        if self.qk_rope_head_dim % 2 != 0 {
-            bail!(
-                "field `qk_rope_head_dim` must be even, got {}",
-                self.qk_rope_head_dim
-            );
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
+            bail!("field `qk_rope_head_dim` must be even, got {}", self.qk_rope_head_dim);
         }
         if self.index_head_dim < self.qk_rope_head_dim {
             bail!(
@@ -340,9 +305,7 @@ impl GlmMoeDsaConfig {
             );
         }
         if self.indexer_types[0] == IndexerKind::Shared {
-            bail!(
-                "field `indexer_types`: layer 0 is `shared` but no earlier layer runs the indexer"
-            );
+            bail!("field `indexer_types`: layer 0 is `shared` but no earlier layer runs the indexer");
         }
         let has_moe = self.mlp_layer_types.contains(&MlpKind::Sparse);
         if has_moe {
@@ -356,19 +319,11 @@ impl GlmMoeDsaConfig {
                     self.n_routed_experts
                 );
             }
-            if self.n_routed_experts % self.n_group != 0 {
-                bail!(
-                    "field `n_group` ({}) must divide `n_routed_experts` ({})",
-                    self.n_group,
-                    self.n_routed_experts
-                );
+            if !self.n_routed_experts.is_multiple_of(self.n_group) {
+                bail!("field `n_group` ({}) must divide `n_routed_experts` ({})", self.n_group, self.n_routed_experts);
             }
             if self.topk_group == 0 || self.topk_group > self.n_group {
-                bail!(
-                    "field `topk_group` ({}) must be in 1..={} (`n_group`)",
-                    self.topk_group,
-                    self.n_group
-                );
+                bail!("field `topk_group` ({}) must be in 1..={} (`n_group`)", self.topk_group, self.n_group);
             }
             let per_group = self.n_routed_experts / self.n_group;
             if self.n_group > 1 && per_group < 2 {
@@ -387,10 +342,7 @@ impl GlmMoeDsaConfig {
         }
         for &id in &self.eos_token_ids {
             if id as usize >= self.vocab_size {
-                bail!(
-                    "field `eos_token_id` ({id}) is outside the vocabulary ({})",
-                    self.vocab_size
-                );
+                bail!("field `eos_token_id` ({id}) is outside the vocabulary ({})", self.vocab_size);
             }
         }
         Ok(())
@@ -401,10 +353,7 @@ impl GlmMoeDsaConfig {
     }
 
     pub fn sparse_layers(&self) -> usize {
-        self.mlp_layer_types
-            .iter()
-            .filter(|k| **k == MlpKind::Sparse)
-            .count()
+        self.mlp_layer_types.iter().filter(|k| **k == MlpKind::Sparse).count()
     }
 }
 
@@ -432,15 +381,7 @@ mod tests {
     #[test]
     fn parses_defaults_and_schedules() {
         let c = GlmMoeDsaConfig::from_json(&tiny()).unwrap();
-        assert_eq!(
-            c.mlp_layer_types,
-            vec![
-                MlpKind::Dense,
-                MlpKind::Sparse,
-                MlpKind::Sparse,
-                MlpKind::Sparse
-            ]
-        );
+        assert_eq!(c.mlp_layer_types, vec![MlpKind::Dense, MlpKind::Sparse, MlpKind::Sparse, MlpKind::Sparse]);
         assert_eq!(c.indexer_types, vec![IndexerKind::Full; 4]);
         assert_eq!(c.eos_token_ids, vec![1, 2]);
         // GLM-5.2 sharing: freq 4, offset 3 -> full at 0,1,2,6,10,...
@@ -449,52 +390,23 @@ mod tests {
         j["index_topk_freq"] = json!(4);
         j["index_skip_topk_offset"] = json!(3);
         let c = GlmMoeDsaConfig::from_json(&j).unwrap();
-        let full: Vec<usize> = (0..12)
-            .filter(|&i| c.indexer_types[i] == IndexerKind::Full)
-            .collect();
+        let full: Vec<usize> = (0..12).filter(|&i| c.indexer_types[i] == IndexerKind::Full).collect();
         assert_eq!(full, vec![0, 1, 2, 6, 10]);
     }
 
     #[test]
     fn errors_name_the_field() {
         let cases = [
-            (
-                with("hidden_size", Value::Null),
-                "missing field `hidden_size`",
-            ),
-            (
-                with("hidden_size", json!("x")),
-                "field `hidden_size` must be a non-negative integer",
-            ),
-            (
-                with("num_experts_per_tok", json!(9)),
-                "field `num_experts_per_tok` (9) must be in 1..=4",
-            ),
+            (with("hidden_size", Value::Null), "missing field `hidden_size`"),
+            (with("hidden_size", json!("x")), "field `hidden_size` must be a non-negative integer"),
+            (with("num_experts_per_tok", json!(9)), "field `num_experts_per_tok` (9) must be in 1..=4"),
             (with("model_type", json!("llama")), "model_type `llama`"),
-            (
-                with("qk_rope_head_dim", json!(3)),
-                "`qk_rope_head_dim` must be even",
-            ),
-            (
-                with("indexer_types", json!(["shared", "full", "full", "full"])),
-                "layer 0 is `shared`",
-            ),
-            (
-                with("indexer_types", json!(["full"])),
-                "`indexer_types` has 1 entries for 4 layers",
-            ),
+            (with("qk_rope_head_dim", json!(3)), "`qk_rope_head_dim` must be even"),
+            (with("indexer_types", json!(["shared", "full", "full", "full"])), "layer 0 is `shared`"),
+            (with("indexer_types", json!(["full"])), "`indexer_types` has 1 entries for 4 layers"),
             (with("n_group", json!(3)), "`n_group` (3) must divide"),
-            (
-                with("eos_token_id", json!(99)),
-                "`eos_token_id` (99) is outside",
-            ),
-            (
-                with(
-                    "rope_parameters",
-                    json!({"rope_type": "yarn", "rope_theta": 1e6}),
-                ),
-                "only `default` RoPE",
-            ),
+            (with("eos_token_id", json!(99)), "`eos_token_id` (99) is outside"),
+            (with("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})), "only `default` RoPE"),
         ];
         for (json, want) in cases {
             let err = GlmMoeDsaConfig::from_json(&json).unwrap_err().to_string();

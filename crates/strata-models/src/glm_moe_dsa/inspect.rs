@@ -40,11 +40,7 @@ pub struct WeightSummary {
 
 fn classify(name: &str, cfg: &GlmMoeDsaConfig) -> TensorGroup {
     if let Some(rest) = name.strip_prefix("model.layers.") {
-        let layer: usize = rest
-            .split('.')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let layer: usize = rest.split('.').next().and_then(|s| s.parse().ok()).unwrap_or(0);
         if layer >= cfg.num_hidden_layers {
             return TensorGroup::Mtp;
         }
@@ -89,10 +85,7 @@ pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
     }
     let total_parameters = groups.values().map(|g| g.parameters).sum();
     let total_bytes = groups.values().map(|g| g.bytes).sum();
-    let routed = groups
-        .get(&TensorGroup::RoutedExperts)
-        .cloned()
-        .unwrap_or_default();
+    let routed = groups.get(&TensorGroup::RoutedExperts).cloned().unwrap_or_default();
     let expert_count = (cfg.sparse_layers() * cfg.n_routed_experts).max(1) as u64;
     let params_per_expert = routed.parameters / expert_count;
     let main_non_expert: u64 = groups
@@ -101,8 +94,7 @@ pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
         .map(|(_, g)| g.parameters)
         .sum();
     WeightSummary {
-        active_parameters: main_non_expert
-            + params_per_expert * (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64,
+        active_parameters: main_non_expert + params_per_expert * (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64,
         bytes_per_expert: routed.bytes / expert_count,
         groups,
         total_parameters,

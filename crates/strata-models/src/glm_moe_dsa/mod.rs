@@ -18,4 +18,4 @@ pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
 pub use inspect::{inspect, TensorGroup, WeightSummary};
 pub use layout::{expected_tensors, TensorRole};
 pub use model::{GlmMoeDsa, GlmSession};
-pub use moe::{route, Routing};
+pub use moe::route;

@@ -4,13 +4,15 @@
 
 use super::attention::{Attention, Indexer, LayerCache, Selection};
 use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
-use super::moe::{MoeBlock, RouterParams, Routing};
+use super::moe::{Experts, MoeBlock, RouterParams};
 use super::rope::Rope;
+use crate::experts::{ExpertBackend, Routing};
 use crate::nn::{linear, load, LayerNorm, RmsNorm, SwiGlu};
 use crate::{CausalLm, Session};
 use anyhow::{anyhow, Context, Result};
 use candle_core::{Device, Tensor};
 use std::path::Path;
+use std::sync::Arc;
 use strata_storage::WeightStore;
 
 /// transformers builds `q_a_layernorm` / `kv_a_layernorm` with their default eps, not
@@ -51,10 +53,7 @@ impl Loader<'_> {
         load(self.store, name, shape, self.fp8, self.device)
     }
     fn rms(&self, name: &str, dim: usize, eps: f64) -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: self.get(name, &[dim])?,
-            eps,
-        })
+        Ok(RmsNorm { weight: self.get(name, &[dim])?, eps })
     }
     fn swiglu(&self, prefix: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
         Ok(SwiGlu {
@@ -69,46 +68,43 @@ impl GlmMoeDsa {
     /// Loads `config.json` and the weights of a model directory onto `device`.
     pub fn load_dir(dir: &Path, device: &Device) -> Result<Self> {
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path)
-            .with_context(|| format!("{}: cannot read", cfg_path.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
-        let cfg = GlmMoeDsaConfig::from_json(&json)
-            .map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+        let text =
+            std::fs::read_to_string(&cfg_path).with_context(|| format!("{}: cannot read", cfg_path.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
+        let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
         let store = WeightStore::open_dir(dir)?;
         Self::load(cfg, &store, device)
     }
 
     pub fn load(cfg: GlmMoeDsaConfig, store: &WeightStore, device: &Device) -> Result<Self> {
-        let ld = Loader {
-            store,
-            fp8: cfg.fp8_block,
-            device,
-        };
+        Self::load_with_experts(cfg, store, device, None)
+    }
+
+    /// Loads the model; with `experts`, routed experts run on that backend and are not
+    /// read from `store` (container checkpoints hold them elsewhere).
+    pub fn load_with_experts(
+        cfg: GlmMoeDsaConfig,
+        store: &WeightStore,
+        device: &Device,
+        experts: Option<Arc<dyn ExpertBackend>>,
+    ) -> Result<Self> {
+        let ld = Loader { store, fp8: cfg.fp8_block, device };
         let h = cfg.hidden_size;
         let embed = ld.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.clone()
-        } else {
-            ld.get("lm_head.weight", &[cfg.vocab_size, h])?
-        };
+        let lm_head =
+            if cfg.tie_word_embeddings { embed.clone() } else { ld.get("lm_head.weight", &[cfg.vocab_size, h])? };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let mlp = match cfg.mlp_layer_types[i] {
-                MlpKind::Dense => {
-                    Mlp::Dense(ld.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
-                }
-                MlpKind::Sparse => Mlp::Moe(load_moe(&ld, &cfg, &p)?),
+                MlpKind::Dense => Mlp::Dense(ld.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?),
+                MlpKind::Sparse => Mlp::Moe(load_moe(&ld, &cfg, i, experts.clone())?),
             };
             layers.push(DecoderLayer {
                 input_norm: ld.rms(&format!("{p}.input_layernorm.weight"), h, cfg.rms_norm_eps)?,
                 attn: load_attention(&ld, &cfg, i)?,
-                post_norm: ld.rms(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    h,
-                    cfg.rms_norm_eps,
-                )?,
+                post_norm: ld.rms(&format!("{p}.post_attention_layernorm.weight"), h, cfg.rms_norm_eps)?,
                 mlp,
             });
         }
@@ -124,17 +120,9 @@ impl GlmMoeDsa {
     }
 
     pub fn session(&self) -> Result<GlmSession<'_>> {
-        let caches = self
-            .layers
-            .iter()
-            .map(|l| l.attn.new_cache(&self.cfg, &self.device))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(GlmSession {
-            model: self,
-            caches,
-            len: 0,
-            routes: Vec::new(),
-        })
+        let caches =
+            self.layers.iter().map(|l| l.attn.new_cache(&self.cfg, &self.device)).collect::<Result<Vec<_>>>()?;
+        Ok(GlmSession { model: self, caches, len: 0, routes: Vec::new() })
     }
 }
 
@@ -143,10 +131,7 @@ fn load_attention(ld: &Loader, cfg: &GlmMoeDsaConfig, i: usize) -> Result<Attent
     let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
     let (nope, rope, v) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
     let kv_lora = cfg.kv_lora_rank;
-    let kv_b = ld.get(
-        &format!("{p}.kv_b_proj.weight"),
-        &[heads * (nope + v), kv_lora],
-    )?;
+    let kv_b = ld.get(&format!("{p}.kv_b_proj.weight"), &[heads * (nope + v), kv_lora])?;
     let kv_b = kv_b.reshape((heads, nope + v, kv_lora))?;
     let w_uk = kv_b.narrow(1, 0, nope)?.contiguous()?;
     let w_uv_t = kv_b.narrow(1, nope, v)?.transpose(1, 2)?.contiguous()?;
@@ -155,10 +140,7 @@ fn load_attention(ld: &Loader, cfg: &GlmMoeDsaConfig, i: usize) -> Result<Attent
         IndexerKind::Full => {
             let (ih, id) = (cfg.index_n_heads, cfg.index_head_dim);
             Some(Indexer {
-                wq_b: ld.get(
-                    &format!("{p}.indexer.wq_b.weight"),
-                    &[ih * id, cfg.q_lora_rank],
-                )?,
+                wq_b: ld.get(&format!("{p}.indexer.wq_b.weight"), &[ih * id, cfg.q_lora_rank])?,
                 wk: ld.get(&format!("{p}.indexer.wk.weight"), &[id, h])?,
                 k_norm: LayerNorm {
                     weight: ld.get(&format!("{p}.indexer.k_norm.weight"), &[id])?,
@@ -173,24 +155,10 @@ fn load_attention(ld: &Loader, cfg: &GlmMoeDsaConfig, i: usize) -> Result<Attent
     };
     Ok(Attention {
         q_a: ld.get(&format!("{p}.q_a_proj.weight"), &[cfg.q_lora_rank, h])?,
-        q_a_norm: ld.rms(
-            &format!("{p}.q_a_layernorm.weight"),
-            cfg.q_lora_rank,
-            LORA_NORM_EPS,
-        )?,
-        q_b: ld.get(
-            &format!("{p}.q_b_proj.weight"),
-            &[heads * (nope + rope), cfg.q_lora_rank],
-        )?,
-        kv_a: ld.get(
-            &format!("{p}.kv_a_proj_with_mqa.weight"),
-            &[kv_lora + rope, h],
-        )?,
-        kv_a_norm: ld.rms(
-            &format!("{p}.kv_a_layernorm.weight"),
-            kv_lora,
-            LORA_NORM_EPS,
-        )?,
+        q_a_norm: ld.rms(&format!("{p}.q_a_layernorm.weight"), cfg.q_lora_rank, LORA_NORM_EPS)?,
+        q_b: ld.get(&format!("{p}.q_b_proj.weight"), &[heads * (nope + rope), cfg.q_lora_rank])?,
+        kv_a: ld.get(&format!("{p}.kv_a_proj_with_mqa.weight"), &[kv_lora + rope, h])?,
+        kv_a_norm: ld.rms(&format!("{p}.kv_a_layernorm.weight"), kv_lora, LORA_NORM_EPS)?,
         w_uk,
         w_uv_t,
         o: ld.get(&format!("{p}.o_proj.weight"), &[h, heads * v])?,
@@ -205,18 +173,22 @@ fn load_attention(ld: &Loader, cfg: &GlmMoeDsaConfig, i: usize) -> Result<Attent
     })
 }
 
-fn load_moe(ld: &Loader, cfg: &GlmMoeDsaConfig, p: &str) -> Result<MoeBlock> {
-    let (h, inter, n) = (
-        cfg.hidden_size,
-        cfg.moe_intermediate_size,
-        cfg.n_routed_experts,
-    );
+fn load_moe(
+    ld: &Loader,
+    cfg: &GlmMoeDsaConfig,
+    layer: usize,
+    backend: Option<Arc<dyn ExpertBackend>>,
+) -> Result<MoeBlock> {
+    let p = &format!("model.layers.{layer}");
+    let (h, inter, n) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts);
     let bias_name = format!("{p}.mlp.gate.e_score_correction_bias");
     let bias = ld.store.load_f32(&bias_name, &[n], None)?;
     // Checkpoints store experts one by one (GLM-5 on the Hub) or fused as 3-D tensors
     // (transformers' runtime layout); accept both.
     let fused = format!("{p}.mlp.experts.gate_up_proj");
-    let experts = if ld.store.contains(&fused) {
+    let experts = if let Some(b) = backend {
+        Experts::Backend(b)
+    } else if ld.store.contains(&fused) {
         let gate_up = ld.get(&fused, &[n, 2 * inter, h])?;
         let down = ld.get(&format!("{p}.mlp.experts.down_proj"), &[n, h, inter])?;
         (0..n)
@@ -228,13 +200,15 @@ fn load_moe(ld: &Loader, cfg: &GlmMoeDsaConfig, p: &str) -> Result<MoeBlock> {
                     down: down.get(e)?.contiguous()?,
                 })
             })
-            .collect::<Result<Vec<_>>>()?
+            .collect::<Result<Vec<_>>>()
+            .map(Experts::Tensors)?
     } else {
-        (0..n)
-            .map(|e| ld.swiglu(&format!("{p}.mlp.experts.{e}"), h, inter))
-            .collect::<Result<Vec<_>>>()?
+        Experts::Tensors(
+            (0..n).map(|e| ld.swiglu(&format!("{p}.mlp.experts.{e}"), h, inter)).collect::<Result<Vec<_>>>()?,
+        )
     };
     Ok(MoeBlock {
+        layer,
         gate: ld.get(&format!("{p}.mlp.gate.weight"), &[n, h])?,
         bias,
         params: RouterParams {
@@ -245,11 +219,7 @@ fn load_moe(ld: &Loader, cfg: &GlmMoeDsaConfig, p: &str) -> Result<MoeBlock> {
             scaling: cfg.routed_scaling_factor,
         },
         experts,
-        shared: ld.swiglu(
-            &format!("{p}.mlp.shared_experts"),
-            h,
-            inter * cfg.n_shared_experts,
-        )?,
+        shared: ld.swiglu(&format!("{p}.mlp.shared_experts"), h, inter * cfg.n_shared_experts)?,
     })
 }
 
@@ -267,10 +237,7 @@ impl Session for GlmSession<'_> {
         let m = self.model;
         anyhow::ensure!(!ids.is_empty(), "forward needs at least one token");
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= m.cfg.vocab_size) {
-            anyhow::bail!(
-                "token id {bad} is outside the vocabulary ({})",
-                m.cfg.vocab_size
-            );
+            anyhow::bail!("token id {bad} is outside the vocabulary ({})", m.cfg.vocab_size);
         }
         let t = ids.len();
         let start = self.len;
@@ -281,10 +248,7 @@ impl Session for GlmSession<'_> {
         self.routes.clear();
         for (i, (layer, cache)) in m.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             let normed = layer.input_norm.forward(&x)?;
-            let (attn, sel) =
-                layer
-                    .attn
-                    .forward(&normed, start, &tables, cache, selection.as_ref())?;
+            let (attn, sel) = layer.attn.forward(&normed, start, &tables, cache, selection.as_ref())?;
             selection = Some(sel);
             x = (x + attn)?;
             let normed = layer.post_norm.forward(&x)?;
@@ -299,16 +263,16 @@ impl Session for GlmSession<'_> {
             x = (x + mlp)?;
         }
         self.len += t;
-        let x = if all_logits {
-            x
-        } else {
-            x.narrow(0, t - 1, 1)?
-        };
+        let x = if all_logits { x } else { x.narrow(0, t - 1, 1)? };
         linear(&m.norm.forward(&x)?, &m.lm_head)
     }
 
     fn len(&self) -> usize {
         self.len
+    }
+
+    fn last_routes(&self) -> &[(usize, Vec<Routing>)] {
+        &self.routes
     }
 
     fn truncate(&mut self, len: usize) {

@@ -1,15 +1,10 @@
 //! DeepSeek-V3 `noaux_tc` routing and the MoE block (routed experts + shared expert).
 
+use crate::experts::{ExpertBackend, Routing};
 use crate::nn::{linear, SwiGlu};
 use anyhow::Result;
 use candle_core::Tensor;
-
-/// One row's routing: expert ids (in selection order) and their gate weights.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
-}
+use std::sync::Arc;
 
 pub struct RouterParams {
     pub top_k: usize,
@@ -40,9 +35,7 @@ pub fn route(logits: &[f32], bias: &[f32], p: &RouterParams) -> Routing {
         groups.sort_by(|a, b| b.1.total_cmp(&a.1)); // stable: ties keep the lower group
         allowed.iter_mut().for_each(|a| *a = false);
         for &(g, _) in &groups[..p.topk_group] {
-            allowed[g * per_group..(g + 1) * per_group]
-                .iter_mut()
-                .for_each(|a| *a = true);
+            allowed[g * per_group..(g + 1) * per_group].iter_mut().for_each(|a| *a = true);
         }
     }
     let mut ids: Vec<usize> = (0..n).filter(|&e| allowed[e]).collect();
@@ -54,18 +47,24 @@ pub fn route(logits: &[f32], bias: &[f32], p: &RouterParams) -> Routing {
         weights.iter_mut().for_each(|w| *w /= denom);
     }
     weights.iter_mut().for_each(|w| *w *= p.scaling);
-    Routing {
-        experts: ids,
-        weights,
-    }
+    Routing { experts: ids, weights }
+}
+
+/// Where a layer's routed experts run.
+pub enum Experts {
+    /// f32 candle tensors held by the model (HF checkpoints).
+    Tensors(Vec<SwiGlu>),
+    /// A backend (slab + streaming) for container checkpoints.
+    Backend(Arc<dyn ExpertBackend>),
 }
 
 pub struct MoeBlock {
+    pub layer: usize,
     /// Router weight `[experts, hidden]`, kept in f32 as the reference does.
     pub gate: Tensor,
     pub bias: Vec<f32>,
     pub params: RouterParams,
-    pub experts: Vec<SwiGlu>,
+    pub experts: Experts,
     pub shared: SwiGlu,
 }
 
@@ -74,11 +73,17 @@ impl MoeBlock {
     /// (batch union), in ascending expert order; then the shared expert is added.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Routing>)> {
         let logits = linear(x, &self.gate)?.to_vec2::<f32>()?;
-        let routes: Vec<Routing> = logits
-            .iter()
-            .map(|l| route(l, &self.bias, &self.params))
-            .collect();
-        let mut by_expert: Vec<Vec<(u32, f32)>> = vec![Vec::new(); self.experts.len()];
+        let routes: Vec<Routing> = logits.iter().map(|l| route(l, &self.bias, &self.params)).collect();
+        let experts = match &self.experts {
+            Experts::Tensors(e) => e,
+            Experts::Backend(b) => {
+                let (rows, hidden) = x.dims2()?;
+                let y = b.forward(self.layer, &x.flatten_all()?.to_vec1::<f32>()?, rows, &routes)?;
+                let y = Tensor::from_vec(y, (rows, hidden), x.device())?;
+                return Ok(((y + self.shared.forward(x)?)?, routes));
+            }
+        };
+        let mut by_expert: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts.len()];
         for (row, r) in routes.iter().enumerate() {
             for (&e, &w) in r.experts.iter().zip(&r.weights) {
                 by_expert[e].push((row as u32, w));
@@ -93,9 +98,7 @@ impl MoeBlock {
             let w: Vec<f32> = rows.iter().map(|r| r.1).collect();
             let idx = Tensor::from_vec(idx, rows.len(), x.device())?;
             let w = Tensor::from_vec(w, (rows.len(), 1), x.device())?;
-            let y = self.experts[e]
-                .forward(&x.index_select(&idx, 0)?)?
-                .broadcast_mul(&w)?;
+            let y = experts[e].forward(&x.index_select(&idx, 0)?)?.broadcast_mul(&w)?;
             out = out.index_add(&idx, &y, 0)?;
         }
         Ok(((out + self.shared.forward(x)?)?, routes))
@@ -107,13 +110,7 @@ mod tests {
     use super::*;
 
     fn params(top_k: usize, n_group: usize, topk_group: usize) -> RouterParams {
-        RouterParams {
-            top_k,
-            n_group,
-            topk_group,
-            norm_topk_prob: true,
-            scaling: 2.5,
-        }
+        RouterParams { top_k, n_group, topk_group, norm_topk_prob: true, scaling: 2.5 }
     }
 
     #[test]

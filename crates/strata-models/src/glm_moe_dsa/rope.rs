@@ -18,13 +18,8 @@ pub struct RopeTables {
 
 impl Rope {
     pub fn new(dim: usize, theta: f64, device: &Device) -> Self {
-        let inv_freq = (0..dim / 2)
-            .map(|i| (1.0 / theta.powf((2 * i) as f64 / dim as f64)) as f32)
-            .collect();
-        Self {
-            inv_freq,
-            device: device.clone(),
-        }
+        let inv_freq = (0..dim / 2).map(|i| (1.0 / theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
+        Self { inv_freq, device: device.clone() }
     }
 
     pub fn tables(&self, start: usize, len: usize) -> Result<RopeTables> {
@@ -67,20 +62,15 @@ mod tests {
     fn matches_plain_rotation() {
         let dev = Device::Cpu;
         let (n, heads, dim) = (3usize, 2usize, 6usize);
-        let x: Vec<f32> = (0..n * heads * dim)
-            .map(|i| ((i * 7919) % 13) as f32 / 5.0 - 1.1)
-            .collect();
+        let x: Vec<f32> = (0..n * heads * dim).map(|i| ((i * 7919) % 13) as f32 / 5.0 - 1.1).collect();
         let rope = Rope::new(dim, 10000.0, &dev);
         let t = rope.tables(5, n).unwrap();
-        let got = apply_interleaved(
-            &Tensor::from_vec(x.clone(), (n, heads, dim), &dev).unwrap(),
-            &t,
-        )
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+        let got = apply_interleaved(&Tensor::from_vec(x.clone(), (n, heads, dim), &dev).unwrap(), &t)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         for p in 0..n {
             for h in 0..heads {
                 for i in 0..dim / 2 {
