@@ -61,12 +61,51 @@ pub struct GenerationOutput {
     pub stats: GenerationStats,
 }
 
+/// Prompts are prefilled in forwards of at most this many tokens: a bound on
+/// activation memory that the residency plan counts.
+pub const PREFILL_CHUNK: usize = 256;
+
 /// A session plus the tokens it holds, so a later prompt that extends an earlier
 /// conversation reuses the cached prefix (multi-turn chat).
 pub struct Generator<'m> {
     model: &'m dyn CausalLm,
     session: Box<dyn Session + 'm>,
     tokens: Vec<u32>,
+    trace: Option<RouteTrace>,
+}
+
+/// Writes every routing decision: `segment forward row layer e1,e2,...` per line.
+pub struct RouteTrace {
+    out: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    /// A segment is one generate call (a turn).
+    pub segment: u32,
+    pub forward: u64,
+}
+
+impl RouteTrace {
+    pub fn create(path: &std::path::Path) -> Result<Self> {
+        let f = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("{}: cannot create trace: {e}", path.display()))?;
+        Ok(Self { out: std::io::BufWriter::new(f), path: path.to_path_buf(), segment: 0, forward: 0 })
+    }
+
+    fn record(&mut self, routes: &[(usize, Vec<strata_models::Routing>)]) -> Result<()> {
+        use std::io::Write;
+        for (layer, rows) in routes {
+            for (row, r) in rows.iter().enumerate() {
+                let ids: Vec<String> = r.experts.iter().map(|e| e.to_string()).collect();
+                writeln!(self.out, "{} {} {} {} {}", self.segment, self.forward, row, layer, ids.join(","))
+                    .map_err(|e| anyhow::anyhow!("{}: trace write failed: {e}", self.path.display()))?;
+            }
+        }
+        self.forward += 1;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        use std::io::Write;
+        self.out.flush().map_err(|e| anyhow::anyhow!("{}: trace write failed: {e}", self.path.display()))
+    }
 }
 
 /// Where stop strings could still begin: the longest suffix of `text` that is a proper
@@ -90,7 +129,22 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 
 impl<'m> Generator<'m> {
     pub fn new(model: &'m dyn CausalLm) -> Result<Self> {
-        Ok(Self { model, session: model.new_session()?, tokens: Vec::new() })
+        Ok(Self { model, session: model.new_session()?, tokens: Vec::new(), trace: None })
+    }
+
+    /// Records every routing decision of later forwards to `trace`.
+    pub fn set_trace(&mut self, trace: RouteTrace) {
+        self.trace = Some(trace);
+    }
+
+    /// One forward over `ids` appended to the session: the last position's logits.
+    fn forward(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let logits = self.session.forward(ids, false)?.squeeze(0)?.to_vec1::<f32>()?;
+        self.tokens.extend_from_slice(ids);
+        if let Some(trace) = self.trace.as_mut() {
+            trace.record(self.session.last_routes())?;
+        }
+        Ok(logits)
     }
 
     /// Generates for `req`, calling `on_text` with each printable delta; `on_text`
@@ -120,8 +174,10 @@ impl<'m> Generator<'m> {
 
         let t0 = Instant::now();
         let fresh = &req.prompt_ids[keep..];
-        let mut logits = self.session.forward(fresh, false)?.squeeze(0)?.to_vec1::<f32>()?;
-        self.tokens.extend_from_slice(fresh);
+        let mut logits = Vec::new();
+        for chunk in fresh.chunks(PREFILL_CHUNK) {
+            logits = self.forward(chunk)?;
+        }
         let prefill_s = t0.elapsed().as_secs_f64();
 
         let mut stats = GenerationStats {
@@ -138,14 +194,15 @@ impl<'m> Generator<'m> {
         let mut text = String::new();
         let mut finish = FinishReason::Length;
         let t_decode = Instant::now();
-        while out.len() < req.max_tokens && self.tokens.len() < max_ctx {
+        // `self.tokens` is what the cache holds: the prompt and every generated token but
+        // the last (which needs no forward).
+        while out.len() < req.max_tokens {
             let next = sampler.sample(&mut logits, &self.tokens);
             if req.eos_token_ids.contains(&next) {
                 finish = FinishReason::Stop;
                 break;
             }
             out.push(next);
-            self.tokens.push(next);
             if let Some(tok) = tok {
                 let (full, _) = decoder.push(tok, next, req.skip_special_tokens)?;
                 text = full;
@@ -170,7 +227,7 @@ impl<'m> Generator<'m> {
             if out.len() == req.max_tokens || self.tokens.len() >= max_ctx {
                 break;
             }
-            logits = self.session.forward(&[next], false)?.squeeze(0)?.to_vec1::<f32>()?;
+            logits = self.forward(&[next])?;
         }
         if finish == FinishReason::Length && tok.is_some() && text.len() > streamed {
             on_text(&text[streamed..]);
@@ -181,6 +238,10 @@ impl<'m> Generator<'m> {
         stats.decode_tokens_per_s = if out.len() > 1 { (out.len() - 1) as f64 / decode_s.max(1e-9) } else { 0.0 };
         stats.peak_rss_bytes = peak_rss_bytes();
         stats.finish_reason = finish.as_str().to_string();
+        if let Some(trace) = self.trace.as_mut() {
+            trace.flush()?;
+            trace.segment += 1;
+        }
         Ok(GenerationOutput { tokens: out, text, finish_reason: finish, stats })
     }
 

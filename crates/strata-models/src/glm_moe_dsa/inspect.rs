@@ -101,3 +101,60 @@ pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
         total_bytes,
     }
 }
+
+/// Memory the model itself needs at run time, for the residency plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryNeeds {
+    /// Non-routed weights as held (f32).
+    pub resident_weight_bytes: u64,
+    /// Non-routed weights as stored (the load transient: their mmapped pages).
+    pub resident_stored_bytes: u64,
+    /// Latent KV cache for the reserved context (capacity grows by doubling).
+    pub kv_cache_bytes: u64,
+    /// Activations of one prefill chunk at the full context.
+    pub activation_bytes: u64,
+}
+
+/// `prefill_chunk`: the most tokens one forward carries (bounds activation memory).
+pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, prefill_chunk: usize) -> MemoryNeeds {
+    let mut resident_params = 0u64;
+    let mut resident_stored = 0u64;
+    for name in store.names() {
+        let Some((_, t)) = store.get(name) else { continue };
+        let group = classify(name, cfg);
+        if matches!(group, TensorGroup::RoutedExperts | TensorGroup::Mtp) {
+            continue;
+        }
+        resident_stored += t.byte_len() as u64;
+        if !name.ends_with("_scale_inv") {
+            resident_params += t.numel() as u64;
+        }
+    }
+    // kv_b_proj is also held split per head (w_uk, w_uv): count it twice.
+    let kv_b = (cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank) as u64;
+    resident_params += kv_b * cfg.num_hidden_layers as u64;
+    let full_layers = cfg.indexer_types.iter().filter(|k| **k == super::IndexerKind::Full).count();
+    let per_token = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + full_layers * cfg.index_head_dim)
+        as u64
+        * 4;
+    let positions = context.max(1).next_power_of_two().max(16) as u64;
+    let chunk = prefill_chunk.min(context.max(1)) as u64;
+    let l = context.max(1) as u64;
+    let h = cfg.hidden_size as u64;
+    let heads = cfg.num_attention_heads as u64;
+    // Attention scores + probabilities over the latent, per-head latent queries and
+    // outputs, MoE/MLP hidden activations, the indexer's scores, logits.
+    let activation = 4
+        * (2 * heads * chunk * l
+            + 2 * heads * chunk * cfg.kv_lora_rank as u64
+            + chunk * h * 16
+            + chunk * (cfg.intermediate_size.max(cfg.moe_intermediate_size * cfg.num_experts_per_tok) as u64) * 3
+            + cfg.index_n_heads as u64 * chunk * l * 2
+            + cfg.vocab_size as u64);
+    MemoryNeeds {
+        resident_weight_bytes: resident_params * 4,
+        resident_stored_bytes: resident_stored,
+        kv_cache_bytes: per_token * positions,
+        activation_bytes: activation,
+    }
+}

@@ -15,7 +15,7 @@ mod moe;
 mod rope;
 
 pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
-pub use inspect::{inspect, TensorGroup, WeightSummary};
+pub use inspect::{inspect, memory_needs, MemoryNeeds, TensorGroup, WeightSummary};
 pub use layout::{expected_tensors, TensorRole};
 pub use model::{GlmMoeDsa, GlmSession};
 pub use moe::route;
