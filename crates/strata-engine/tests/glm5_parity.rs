@@ -106,3 +106,72 @@ fn every_fixture_matches_transformers() {
         check_fixture(&d);
     }
 }
+
+/// transformers' runtime layout (fused `gate_up_proj` / `down_proj` per layer) loads to the
+/// same model as the per-expert layout of the Hub checkpoints.
+#[test]
+fn fused_expert_layout_matches_per_expert() {
+    use strata_storage::{SafetensorsWriter, TensorSpec, WeightStore};
+    let src = repo_root().join("fixtures/glm5/dsa-sparse");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let (n, inter, h) = (
+        cfg["n_routed_experts"].as_u64().unwrap() as usize,
+        cfg["moe_intermediate_size"].as_u64().unwrap() as usize,
+        cfg["hidden_size"].as_u64().unwrap() as usize,
+    );
+    let store = WeightStore::open_dir(&src).unwrap();
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut fused_layers = std::collections::BTreeSet::new();
+    for name in store.names() {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            if let Some((layer, _)) = rest.split_once(".mlp.experts.") {
+                fused_layers.insert(layer.parse::<usize>().unwrap());
+                continue;
+            }
+        }
+        let shape = store.shape(name).unwrap();
+        tensors.push((name.to_string(), shape.clone(), f32_bytes(&store.load_f32(name, &shape, None).unwrap())));
+    }
+    for l in fused_layers {
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for e in 0..n {
+            let p = format!("model.layers.{l}.mlp.experts.{e}");
+            gate_up.extend(store.load_f32(&format!("{p}.gate_proj.weight"), &[inter, h], None).unwrap());
+            gate_up.extend(store.load_f32(&format!("{p}.up_proj.weight"), &[inter, h], None).unwrap());
+            down.extend(store.load_f32(&format!("{p}.down_proj.weight"), &[h, inter], None).unwrap());
+        }
+        tensors.push((
+            format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+            vec![n, 2 * inter, h],
+            f32_bytes(&gate_up),
+        ));
+        tensors.push((format!("model.layers.{l}.mlp.experts.down_proj"), vec![n, h, inter], f32_bytes(&down)));
+    }
+    let specs = tensors
+        .iter()
+        .map(|(name, shape, _)| TensorSpec {
+            name: name.clone(),
+            dtype: strata_storage::ElementType::F32,
+            shape: shape.clone(),
+        })
+        .collect();
+    let mut w = SafetensorsWriter::create(&dir.path().join("model.safetensors"), specs).unwrap();
+    for (_, _, bytes) in &tensors {
+        w.write_next(bytes).unwrap();
+    }
+    w.finish().unwrap();
+
+    let ids: Vec<u32> = (0..20).map(|i| (i * 37 % 400) as u32).collect();
+    let logits = |d: &Path| {
+        let m = LoadedModel::open(d, &Device::Cpu).unwrap();
+        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        g.logits(&ids, true).unwrap()
+    };
+    assert_eq!(logits(&src), logits(dir.path()));
+}
