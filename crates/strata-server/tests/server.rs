@@ -1,0 +1,323 @@
+//! The server's routes against a small real model (fixtures/glm5/dsa-sparse, random
+//! weights: its text is gibberish, its protocol is not).
+
+use axum::body::{to_bytes, Body};
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use strata_engine::{ChatTemplate, GenerateRequest, LoadedModel, SamplingParams};
+use strata_server::common::Shared;
+use strata_server::worker::Event;
+use tower::ServiceExt;
+
+const KEY: &str = "sekrit";
+
+fn fixture() -> LoadedModel {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5/dsa-sparse");
+    LoadedModel::open(&dir, &candle_core::Device::Cpu).expect("open the fixture model")
+}
+
+fn server(key: Option<&str>, queue: usize) -> (Shared, Router) {
+    let st = strata_server::state(fixture(), key.map(String::from), queue);
+    (st.clone(), strata_server::router(st))
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// SSE events as (event name, data).
+    fn events(&self) -> Vec<(Option<String>, String)> {
+        self.body
+            .split("\n\n")
+            .filter(|b| !b.trim().is_empty() && !b.starts_with(':'))
+            .map(|block| {
+                let mut name = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(n) = line.strip_prefix("event: ") {
+                        name = Some(n.to_string());
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push_str(d);
+                    }
+                }
+                (name, data)
+            })
+            .collect()
+    }
+}
+
+async fn call(app: &Router, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = app.clone().oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    Reply { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+}
+
+async fn post(app: &Router, path: &str, body: Value) -> Reply {
+    call(app, "POST", path, &[("content-type", "application/json")], &body.to_string()).await
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+#[test]
+fn auth_guards_everything_but_health() {
+    let (_, app) = server(Some(KEY), 4);
+    block_on(async {
+        assert_eq!(call(&app, "GET", "/health", &[], "").await.status, 200);
+        let r = call(&app, "GET", "/v1/models", &[], "").await;
+        assert_eq!(r.status, 401);
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+        let wrong = call(&app, "GET", "/v1/models", &[("authorization", "Bearer nope")], "").await;
+        assert_eq!(wrong.status, 401);
+        let bearer = format!("Bearer {KEY}");
+        assert_eq!(call(&app, "GET", "/v1/models", &[("authorization", &bearer)], "").await.status, 200);
+        assert_eq!(call(&app, "GET", "/v1/models", &[("x-api-key", KEY)], "").await.status, 200);
+        assert_eq!(call(&app, "GET", "/metrics", &[("x-api-key", "sekri")], "").await.status, 401);
+        let r = call(&app, "POST", "/v1/messages", &[], "{}").await;
+        assert_eq!(r.status, 401);
+        assert_eq!(
+            r.json(),
+            json!({"type": "error", "error": {"type": "authentication_error",
+            "message": r.json()["error"]["message"]}})
+        );
+    });
+}
+
+#[test]
+fn bad_requests_are_400_in_each_api_shape() {
+    let (st, app) = server(None, 4);
+    block_on(async {
+        let cases = [
+            ("/v1/chat/completions", "{\"messages\": ["),
+            ("/v1/chat/completions", "[]"),
+            ("/v1/chat/completions", "{\"messages\": \"hi\"}"),
+            ("/v1/chat/completions", "{\"messages\": []}"),
+            (
+                "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"model\": \"other\"}",
+            ),
+            ("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_p\": 0}"),
+            ("/v1/completions", "{\"prompt\": {}}"),
+            ("/v1/completions", "{\"prompt\": [1, 99999]}"),
+            ("/v1/responses", "{\"input\": 5}"),
+            ("/v1/responses", "{\"input\": \"x\", \"previous_response_id\": \"resp_1\"}"),
+            ("/tokenize", "{}"),
+        ];
+        for (path, body) in cases {
+            let r = call(&app, "POST", path, &[], body).await;
+            assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+            let e = &r.json()["error"];
+            assert_eq!(e["type"], "invalid_request_error", "{path} {body}");
+            assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+        for body in [
+            "{\"messages\": [",
+            "{\"max_tokens\": 5, \"messages\": []}",
+            "{\"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}",
+        ] {
+            let r = call(&app, "POST", "/v1/messages", &[], body).await;
+            assert_eq!(r.status, 400, "{body}: {}", r.body);
+            assert_eq!(r.json()["type"], "error");
+            assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+        }
+        // A prompt the context cannot hold.
+        let long = "hello ".repeat(st.max_context() + 10);
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user(&long)})).await;
+        assert_eq!(r.status, 400);
+        assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+        let r = post(&app, "/v1/messages", json!({"max_tokens": 5, "messages": user(&long)})).await;
+        assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (400, json!("invalid_request_error")));
+        assert_eq!(call(&app, "GET", "/nope", &[], "").await.status, 404);
+        // Nothing above reached the worker.
+        assert_eq!(st.metrics.generations.load(Ordering::SeqCst), 0);
+    });
+}
+
+#[test]
+fn chat_whole_and_streamed_agree() {
+    let (_, app) = server(None, 4);
+    block_on(async {
+        let req = json!({"messages": user("Hello"), "max_tokens": 12, "temperature": 0});
+        let whole = post(&app, "/v1/chat/completions", req.clone()).await;
+        assert_eq!(whole.status, 200, "{}", whole.body);
+        let w = whole.json();
+        let text = w["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        assert!(w["usage"]["completion_tokens"].as_u64().unwrap() <= 12);
+
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        sreq["stream_options"] = json!({"include_usage": true});
+        let s = post(&app, "/v1/chat/completions", sreq).await;
+        assert_eq!(s.headers["content-type"], "text/event-stream");
+        let events = s.events();
+        assert_eq!(events.last().unwrap().1, "[DONE]");
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|e| serde_json::from_str(&e.1).unwrap()).collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(streamed, text);
+        let usage_chunk = chunks.last().unwrap();
+        assert_eq!(usage_chunk["choices"], json!([]));
+        assert_eq!(usage_chunk["usage"]["completion_tokens"], w["usage"]["completion_tokens"]);
+        let finish = &chunks[chunks.len() - 2]["choices"][0]["finish_reason"];
+        assert_eq!(finish, &w["choices"][0]["finish_reason"]);
+    });
+}
+
+#[test]
+fn anthropic_stream_follows_the_event_grammar() {
+    let (_, app) = server(None, 4);
+    block_on(async {
+        let req = json!({"system": "Be terse.", "messages": user("Hi"), "max_tokens": 8, "temperature": 0,
+                         "stream": true});
+        let r = post(&app, "/v1/messages", req).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let events = r.events();
+        let names: Vec<&str> = events.iter().map(|e| e.0.as_deref().unwrap()).collect();
+        assert_eq!(names[..2], ["message_start", "ping"]);
+        assert_eq!(names[2], "content_block_start");
+        assert!(names[3..names.len() - 3].iter().all(|n| *n == "content_block_delta"), "{names:?}");
+        assert_eq!(names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"]);
+        for (name, data) in &events {
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(v["type"], name.as_deref().unwrap(), "the event name repeats the data's type");
+        }
+        let delta: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+        assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+        assert_eq!(delta["usage"]["output_tokens"], 8);
+    });
+}
+
+#[test]
+fn responses_stream_numbers_its_events() {
+    let (_, app) = server(None, 4);
+    block_on(async {
+        let req = json!({"input": "Hi", "instructions": "Be terse.", "max_output_tokens": 6, "stream": true});
+        let r = post(&app, "/v1/responses", req).await;
+        let events = r.events();
+        let datas: Vec<Value> = events.iter().map(|e| serde_json::from_str(&e.1).unwrap()).collect();
+        for (i, d) in datas.iter().enumerate() {
+            assert_eq!(d["sequence_number"], i);
+            assert_eq!(d["type"], events[i].0.as_deref().unwrap());
+        }
+        assert_eq!(datas[0]["type"], "response.created");
+        let last = datas.last().unwrap();
+        assert_eq!(last["type"], "response.incomplete");
+        assert_eq!(last["response"]["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(last["response"]["usage"]["output_tokens"], 6);
+        let deltas: String = datas.iter().filter_map(|d| d["delta"].as_str()).collect();
+        assert_eq!(last["response"]["output"][0]["content"][0]["text"], deltas);
+    });
+}
+
+/// A GLM-style template that renders tool schemas, the assistant's tool calls and the
+/// tool results, to show that each reaches the template.
+const TOOL_TEMPLATE: &str = "[gMASK]<sop>{% if tools %}<|system|>\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>\n{{ m.content }}{% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments | items %}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}{% elif m.role == 'tool' %}<|observation|><tool_response>{{ m.tool_call_id }}: {{ m.content }}</tool_response>{% else %}<|{{ m.role }}|>\n{{ m.content }}{% endif %}{% endfor %}<|assistant|>";
+
+#[test]
+fn tools_calls_and_results_reach_the_template() {
+    let mut model = fixture();
+    model.chat_template = Some(ChatTemplate::new(TOOL_TEMPLATE, String::new(), String::new()).unwrap());
+    let st = strata_server::state(model, None, 4);
+    let app = strata_server::router(st);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "sunny"},
+    ]);
+    block_on(async {
+        let t = post(&app, "/tokenize", json!({"messages": messages, "tools": tools})).await.json();
+        let p = t["prompt"].as_str().unwrap();
+        assert!(p.contains("\"name\": \"get_weather\"") && p.contains("Weather now"), "{p}");
+        assert!(
+            p.contains("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"),
+            "{p}"
+        );
+        assert!(p.contains("<tool_response>call_7: sunny</tool_response>"), "{p}");
+        let r =
+            post(&app, "/v1/chat/completions", json!({"messages": messages, "tools": tools, "max_tokens": 4})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["usage"]["prompt_tokens"], t["count"]);
+        // The same conversation through Anthropic's blocks renders to the same prompt.
+        let anthropic = json!({"max_tokens": 4, "tools": [{"name": "get_weather", "description": "Weather now",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_7", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_7", "content": "sunny"}]},
+        ]});
+        let n = post(&app, "/v1/messages/count_tokens", anthropic).await.json();
+        assert_eq!(n["input_tokens"], t["count"]);
+    });
+}
+
+fn long_request(st: &Shared) -> GenerateRequest {
+    let ids = st.tokenize("a", true).unwrap();
+    let room = st.max_context() - ids.len();
+    GenerateRequest { eos_token_ids: vec![], ..GenerateRequest::new(ids, room, SamplingParams::default()) }
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let (st, app) = server(None, 1);
+    block_on(async {
+        // One running (its first delta has arrived), one waiting: the queue is full.
+        let mut running = st.worker.submit(long_request(&st)).unwrap();
+        assert!(matches!(running.recv().await, Some(Event::Delta(_))));
+        let _waiting = st.worker.submit(long_request(&st)).unwrap();
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user("x"), "max_tokens": 2})).await;
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert_eq!(r.headers["retry-after"], "1");
+        assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
+        let r = post(&app, "/v1/messages", json!({"messages": user("x"), "max_tokens": 2})).await;
+        assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (429, json!("rate_limit_error")));
+        assert_eq!(st.metrics.rejected.load(Ordering::SeqCst), 2);
+        let metrics = call(&app, "GET", "/metrics", &[], "").await.body;
+        assert!(metrics.contains("strata_requests_rejected_total 2"), "{metrics}");
+        assert!(metrics.contains("strata_queue_depth 1"), "{metrics}");
+    });
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_its_generation() {
+    let (st, _) = server(None, 4);
+    block_on(async {
+        let mut rx = st.worker.submit(long_request(&st)).unwrap();
+        assert!(matches!(rx.recv().await, Some(Event::Delta(_))));
+        drop(rx);
+        let t0 = Instant::now();
+        while st.metrics.cancelled.load(Ordering::SeqCst) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the generation was not cancelled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let last = st.metrics.last.lock().unwrap().clone().unwrap();
+        assert_eq!(last.finish_reason, "cancelled");
+        assert!(last.generated_tokens < st.max_context() - 2);
+    });
+}
