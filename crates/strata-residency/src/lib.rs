@@ -1,0 +1,58 @@
+//! Expert residency policy for streamed Mixture-of-Experts weights.
+//!
+//! Pure policy, no tensors and no I/O except the usage-ledger file. The runtime
+//! (strata-engine) composes these pieces with the I/O pool and the slab:
+//!
+//! - [`plan`]: how many slots a byte budget affords, refusing impossible budgets with
+//!   every number, plus the `fit` report and the `--budget` size parser.
+//! - [`SlotTable`]: which expert lives in which slab slot; roles, phases, generation
+//!   tags, LRU victims, role-swap promotion, pins, pressure decommit.
+//! - [`UsageLedger`]: the persistent `.coli_usage` selection counts (C-engine text
+//!   format v1), session heat and the LFRU score.
+//! - [`policy`]: auto-pin planning and live-repin selection.
+//! - [`trace`] and [`replay`]: route traces and offline replay of LRU, LFRU,
+//!   pinned+LRU and the Belady optimum.
+//!
+//! Spec: `shared/reference/residency.md`; interfaces: `docs/design/residency.md`.
+
+// pub mod ledger;
+pub mod plan;
+// pub mod policy;
+// pub mod replay;
+pub mod slots;
+// pub mod trace;
+
+// pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
+pub use plan::{
+    format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,
+};
+// pub use policy::{plan_auto_pins, repin_candidate, select_repins, AutoPinPlan, RepinCandidate};
+// pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
+pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
+// pub use trace::{parse_trace, write_trace, TraceError, TraceRecord};
+
+/// One routed expert: (model layer id, expert id within the layer).
+pub type ExpertKey = (usize, usize);
+
+/// A tiny deterministic generator for randomized tests (no extra dependency).
+#[cfg(test)]
+pub(crate) struct TestRng(u64);
+
+#[cfg(test)]
+impl TestRng {
+    pub(crate) fn new(seed: u64) -> Self {
+        TestRng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    /// SplitMix64.
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
