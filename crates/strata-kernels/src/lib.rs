@@ -1,13 +1,16 @@
 //! Numeric kernels with no tensor-library dependency.
 //!
-//! Today: decoding the on-disk element types of HF checkpoints (bf16, f16, f32, FP8 e4m3
+//! Decoding the on-disk element types of HF checkpoints (bf16, f16, f32, FP8 e4m3
 //! with DeepSeek-style 128x128 block scales) into f32. Each kernel has a plain reference
-//! in its tests, checked on random inputs.
+//! in its tests, checked on random inputs. Quantized expert encodings (`quant`) and the
+//! CPU kernels that compute on them (`expert`: matmul and SwiGLU, AVX2 + threads).
 
 pub mod dtype;
+pub mod expert;
 pub mod fp8;
 pub mod quant;
 
 pub use dtype::{decode_to_f32, ElementType};
+pub use expert::{qmatmul, qmatmul_with, swiglu_expert, swiglu_expert_with, KernelPath, QMatrix};
 pub use fp8::{dequantize_fp8_blocks, fp8_e4m3_to_f32};
 pub use quant::{dequantize, quantize, QuantKind};

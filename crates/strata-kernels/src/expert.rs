@@ -1,0 +1,970 @@
+//! Matrix products and SwiGLU experts computed directly on quantized weights (encodings in
+//! [`crate::quant`]), for one row (decode: a memory-bound matvec) or a few rows (prefill
+//! chunks, MTP verify: each weight block is read once and applied to every row).
+//!
+//! Two code paths, chosen by [`KernelPath::best`] at run time: AVX2 + FMA
+//! (`std::arch::x86_64`, behind `is_x86_feature_detected!`) and a portable scalar path
+//! (also used on other architectures). Both split the output rows of `W` over rayon's
+//! threads (the current pool: wrap a call in `ThreadPool::install` to choose one).
+//!
+//! Determinism: every output element `y[r, o]` is accumulated by one thread, in a fixed
+//! order that depends only on `o`, `x[r, ..]`, `W[o, ..]`, the matrix shape and the code
+//! path — never on the thread count, on how outputs are split into blocks, or on the other
+//! rows in the batch. A token's result is therefore identical computed alone or inside a
+//! batch, and between runs. The scalar and AVX2 paths sum in different orders and agree
+//! within rounding (about 1e-6 relative), not bit for bit.
+//!
+//! Errors: shapes are checked up front and a mismatch panics with a message naming the
+//! sizes (these are programming errors, not data errors).
+
+use crate::quant::QuantKind;
+use rayon::prelude::*;
+
+/// A quantized matrix `W[rows = out, cols = in]` borrowed from a slot, laid out as
+/// [`crate::quantize`] writes it.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub kind: QuantKind,
+    pub rows: usize,
+    pub cols: usize,
+    pub payload: &'a [u8],
+    pub scales: &'a [f32],
+}
+
+impl<'a> QMatrix<'a> {
+    /// Builds and [validates](Self::validate) a matrix view.
+    pub fn new(kind: QuantKind, rows: usize, cols: usize, payload: &'a [u8], scales: &'a [f32]) -> Self {
+        let m = Self { kind, rows, cols, payload, scales };
+        m.validate();
+        m
+    }
+
+    /// Panics unless the payload and scale lengths match `kind` at `rows x cols` and an
+    /// int4 group is even and non-zero.
+    pub fn validate(&self) {
+        if let QuantKind::Int4Group { group } = self.kind {
+            assert!(group >= 2 && group % 2 == 0, "QMatrix: int4 group must be even and >= 2, got {group}");
+        }
+        let want = self.kind.payload_bytes(self.rows, self.cols);
+        assert_eq!(
+            self.payload.len(),
+            want,
+            "QMatrix {} {}x{}: payload is {} bytes, expected {want}",
+            self.kind.name(),
+            self.rows,
+            self.cols,
+            self.payload.len()
+        );
+        let want = self.kind.scale_count(self.rows, self.cols);
+        assert_eq!(
+            self.scales.len(),
+            want,
+            "QMatrix {} {}x{}: {} scales, expected {want}",
+            self.kind.name(),
+            self.rows,
+            self.cols,
+            self.scales.len()
+        );
+    }
+
+    /// Bytes a product reads from this matrix: payload plus scales.
+    pub fn weight_bytes(&self) -> usize {
+        self.payload.len() + 4 * self.scales.len()
+    }
+}
+
+/// Which implementation computes a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelPath {
+    /// Portable Rust, any CPU.
+    Scalar,
+    /// x86-64 AVX2 + FMA intrinsics.
+    Avx2Fma,
+}
+
+impl KernelPath {
+    /// The fastest path this CPU supports.
+    pub fn best() -> Self {
+        if Self::Avx2Fma.is_available() {
+            Self::Avx2Fma
+        } else {
+            Self::Scalar
+        }
+    }
+
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx2Fma => false,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx2Fma => "avx2+fma",
+        }
+    }
+}
+
+/// `y[r, o] = sum_i x[r, i] * W[o, i]` (x: `rows x w.cols`, y: `rows x w.rows`, row-major),
+/// on [`KernelPath::best`]. Panics on mismatched shapes.
+pub fn qmatmul(x: &[f32], rows: usize, w: &QMatrix, y: &mut [f32]) {
+    qmatmul_with(KernelPath::best(), x, rows, w, y)
+}
+
+/// [`qmatmul`] on an explicit path (panics if `path` is not available on this CPU).
+pub fn qmatmul_with(path: KernelPath, x: &[f32], rows: usize, w: &QMatrix, y: &mut [f32]) {
+    check_path(path);
+    w.validate();
+    assert_eq!(x.len(), rows * w.cols, "qmatmul: x has {} values, expected {rows} rows x {} cols", x.len(), w.cols);
+    assert_eq!(y.len(), rows * w.rows, "qmatmul: y has {} values, expected {rows} rows x {} outputs", y.len(), w.rows);
+    if rows == 0 || w.rows == 0 {
+        return;
+    }
+    let job = MatJob::new(path, x, rows, w);
+    let out = OutPtr { ptr: y.as_mut_ptr(), stride: w.rows };
+    for_blocks(w.rows, block_size(w), |o0, o1| job.run(o0, o1, &out));
+}
+
+/// One SwiGLU expert over `rows` rows: `y = down(silu(gate x) * up x)` with
+/// `silu(g) = g / (1 + e^-g)`; x and y are `rows x hidden`, gate/up are
+/// `[inter, hidden]`, down is `[hidden, inter]`. Panics on mismatched shapes.
+pub fn swiglu_expert(x: &[f32], rows: usize, gate: &QMatrix, up: &QMatrix, down: &QMatrix, y: &mut [f32]) {
+    swiglu_expert_with(KernelPath::best(), x, rows, gate, up, down, y)
+}
+
+/// [`swiglu_expert`] on an explicit path. Gate and up are computed in one parallel pass
+/// (each block of intermediate outputs by one task, silu-product applied there), then down.
+pub fn swiglu_expert_with(
+    path: KernelPath,
+    x: &[f32],
+    rows: usize,
+    gate: &QMatrix,
+    up: &QMatrix,
+    down: &QMatrix,
+    y: &mut [f32],
+) {
+    check_path(path);
+    for m in [gate, up, down] {
+        m.validate();
+    }
+    let (inter, hidden) = (gate.rows, gate.cols);
+    assert!(
+        up.rows == inter && up.cols == hidden && down.rows == hidden && down.cols == inter,
+        "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter]",
+        gate.rows,
+        gate.cols,
+        up.rows,
+        up.cols,
+        down.rows,
+        down.cols
+    );
+    assert_eq!(x.len(), rows * hidden, "swiglu_expert: x has {} values, expected {rows} rows x {hidden}", x.len());
+    assert_eq!(y.len(), rows * hidden, "swiglu_expert: y has {} values, expected {rows} rows x {hidden}", y.len());
+    if rows == 0 || hidden == 0 {
+        return;
+    }
+    let mut g = vec![0f32; rows * inter];
+    let mut h = vec![0f32; rows * inter];
+    if inter > 0 {
+        let (gj, uj) = (MatJob::new(path, x, rows, gate), MatJob::new(path, x, rows, up));
+        let g_out = OutPtr { ptr: g.as_mut_ptr(), stride: inter };
+        let h_out = OutPtr { ptr: h.as_mut_ptr(), stride: inter };
+        for_blocks(inter, block_size(gate), |o0, o1| {
+            gj.run(o0, o1, &g_out);
+            uj.run(o0, o1, &h_out);
+            for r in 0..rows {
+                for o in o0..o1 {
+                    // SAFETY: this task owns outputs o0..o1 of every row in both buffers.
+                    unsafe {
+                        let gv = *g_out.ptr.add(r * inter + o);
+                        let hp = h_out.ptr.add(r * inter + o);
+                        *hp *= silu(gv);
+                    }
+                }
+            }
+        });
+    }
+    qmatmul_with(path, &h, rows, down, y);
+}
+
+#[inline]
+fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+fn check_path(path: KernelPath) {
+    assert!(path.is_available(), "kernel path {} is not available on this CPU", path.name());
+}
+
+/// Raw output pointer shared by the tasks; each task writes a disjoint set of columns.
+struct OutPtr {
+    ptr: *mut f32,
+    stride: usize,
+}
+// SAFETY: tasks write disjoint elements (distinct output columns), see `for_blocks`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// # Safety
+    /// `r, o` in bounds of the buffer and owned by the calling task.
+    #[inline(always)]
+    unsafe fn write(&self, r: usize, o: usize, v: f32) {
+        *self.ptr.add(r * self.stride + o) = v;
+    }
+}
+
+/// Outputs per task: a multiple of 8, about 64 KiB of weights, at least 4 tasks a thread.
+/// (Results do not depend on this split.)
+fn block_size(w: &QMatrix) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let row_bytes = w.kind.payload_bytes(1, w.cols).max(1);
+    let by_bytes = (64 * 1024) / row_bytes;
+    let by_threads = w.rows.div_ceil(threads * 4);
+    by_bytes.min(by_threads).max(8).next_multiple_of(8)
+}
+
+fn for_blocks(out: usize, block: usize, f: impl Fn(usize, usize) + Sync) {
+    let n = out.div_ceil(block);
+    if n <= 1 {
+        f(0, out);
+    } else {
+        (0..n).into_par_iter().for_each(|b| f(b * block, ((b + 1) * block).min(out)));
+    }
+}
+
+/// One product prepared for block-wise evaluation.
+struct MatJob<'a> {
+    path: KernelPath,
+    x: &'a [f32],
+    rows: usize,
+    w: QMatrix<'a>,
+    /// Int4 on the AVX2 path: x with each 16-column chunk reordered as 8 even then 8 odd
+    /// columns (the order nibbles unpack in).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    xperm: Vec<f32>,
+}
+
+impl<'a> MatJob<'a> {
+    fn new(path: KernelPath, x: &'a [f32], rows: usize, w: &QMatrix<'a>) -> Self {
+        let mut xperm = Vec::new();
+        if path == KernelPath::Avx2Fma && matches!(w.kind, QuantKind::Int4Group { .. }) {
+            let (cols, nfull) = (w.cols, w.cols / 16);
+            xperm.reserve_exact(rows * nfull * 16);
+            for r in 0..rows {
+                let xr = &x[r * cols..r * cols + nfull * 16];
+                for c in xr.chunks_exact(16) {
+                    xperm.extend((0..8).map(|j| c[2 * j]));
+                    xperm.extend((0..8).map(|j| c[2 * j + 1]));
+                }
+            }
+        }
+        Self { path, x, rows, w: *w, xperm }
+    }
+
+    /// Computes outputs `o0..o1` of every row into `out`.
+    fn run(&self, o0: usize, o1: usize, out: &OutPtr) {
+        match self.path {
+            KernelPath::Scalar => scalar_block(&self.w, self.x, self.rows, o0, o1, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the path was checked available; shapes were validated.
+            KernelPath::Avx2Fma => unsafe { avx2::block(self, o0, o1, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            KernelPath::Avx2Fma => unreachable!(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scalar path
+
+/// Decodes row `o` of `w` into `dst[..w.cols]` (same values as [`crate::dequantize`]).
+fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
+    let cols = w.cols;
+    let dst = &mut dst[..cols];
+    match w.kind {
+        QuantKind::F32 => {
+            let src = &w.payload[o * cols * 4..(o + 1) * cols * 4];
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        QuantKind::Bf16 => {
+            let src = &w.payload[o * cols * 2..(o + 1) * cols * 2];
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            }
+        }
+        QuantKind::Int8Row => {
+            let s = w.scales[o];
+            for (d, &q) in dst.iter_mut().zip(&w.payload[o * cols..(o + 1) * cols]) {
+                *d = q as i8 as f32 * s;
+            }
+        }
+        QuantKind::Int4Group { group } => {
+            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+            let src = &w.payload[o * half..(o + 1) * half];
+            let sc = &w.scales[o * groups..(o + 1) * groups];
+            for (g, (dchunk, s)) in dst.chunks_mut(group).zip(sc).enumerate() {
+                let c0 = g * group; // even, so each group starts on a byte
+                for (j, d) in dchunk.iter_mut().enumerate() {
+                    let byte = src[(c0 + j) / 2];
+                    let nib = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    *d = (nib as i32 - 8) as f32 * s;
+                }
+            }
+        }
+    }
+}
+
+/// Dot product in a fixed order: 8 interleaved partial sums, a fixed tree, then the tail.
+#[inline]
+fn dot_scalar(w: &[f32], x: &[f32]) -> f32 {
+    let n8 = w.len() / 8 * 8;
+    let mut acc = [0f32; 8];
+    for (wc, xc) in w[..n8].chunks_exact(8).zip(x[..n8].chunks_exact(8)) {
+        for j in 0..8 {
+            acc[j] += wc[j] * xc[j];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (a, b) in w[n8..].iter().zip(&x[n8..]) {
+        s += a * b;
+    }
+    s
+}
+
+fn scalar_block(w: &QMatrix, x: &[f32], rows: usize, o0: usize, o1: usize, out: &OutPtr) {
+    let cols = w.cols;
+    let mut wrow = vec![0f32; cols];
+    for o in o0..o1 {
+        dequant_row(w, o, &mut wrow);
+        for r in 0..rows {
+            let v = dot_scalar(&wrow, &x[r * cols..(r + 1) * cols]);
+            // SAFETY: o in this task's block, r < rows.
+            unsafe { out.write(r, o, v) };
+        }
+    }
+}
+
+// ---------------------------------------------------------------- AVX2 path
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! Register tiles of OT outputs x RT rows (OT * RT <= 8, one accumulator each). Columns
+    //! go in chunks of 16: a chunk's weights decode to two 8-lane vectors `a`, `b` and each
+    //! (output, row) pair does `acc = fma(a, xa, acc); acc = fma(b, xb, acc)`, chunks in
+    //! order; then a fixed horizontal sum, then the `cols % 16` tail in scalar. The pair's
+    //! arithmetic is the same in every tile shape, which is what makes results independent
+    //! of the batch. For int4, `a` holds the chunk's even columns and `b` its odd columns
+    //! (x is pre-permuted to match); otherwise `a` = columns 0..8 and `b` = 8..16.
+
+    use super::{MatJob, OutPtr, QuantKind};
+    use std::arch::x86_64::*;
+
+    pub(super) trait Decode {
+        /// Chunks per segment (the int4 group): segment `s` covers chunks
+        /// `s * seg_chunks ..`; `usize::MAX` for one segment.
+        fn seg_chunks(&self) -> usize;
+        /// The two weight vectors of chunk `k` (in segment `s`) of output `o`.
+        unsafe fn chunk(&self, o: usize, s: usize, k: usize) -> (__m256, __m256);
+        /// Adds the scalar tail (columns `16 * nfull ..`) and any per-row scale to `simd`.
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32;
+    }
+
+    struct F32Dec<'a> {
+        p: &'a [u8],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for F32Dec<'_> {
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+            let p = self.p.as_ptr().add((o * self.cols + k * 16) * 4) as *const f32;
+            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 16) {
+                let b = &self.p[(o * self.cols + c) * 4..][..4];
+                s += f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * xv;
+            }
+            s
+        }
+    }
+
+    struct Bf16Dec<'a> {
+        p: &'a [u8],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for Bf16Dec<'_> {
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+            let p = self.p.as_ptr().add((o * self.cols + k * 16) * 2);
+            let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
+            (_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 16) {
+                let b = &self.p[(o * self.cols + c) * 2..][..2];
+                s += f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16) * xv;
+            }
+            s
+        }
+    }
+
+    /// int8-row: accumulates q * x and applies the row scale once at the end.
+    struct I8Dec<'a> {
+        p: &'a [u8],
+        scales: &'a [f32],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for I8Dec<'_> {
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+            let p = self.p.as_ptr().add(o * self.cols + k * 16);
+            let a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
+            let b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8) as *const __m128i));
+            (_mm256_cvtepi32_ps(a), _mm256_cvtepi32_ps(b))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 16) {
+                s += self.p[o * self.cols + c] as i8 as f32 * xv;
+            }
+            s * self.scales[o]
+        }
+    }
+
+    /// int4 with `group % 16 == 0`: one scale per segment; `w = (n - 8) * s` computed as
+    /// `fma(n, s, -8 s)` (the same single rounding as the scalar decode).
+    struct I4Dec<'a> {
+        p: &'a [u8],
+        scales: &'a [f32],
+        cols: usize,
+        half: usize,
+        group: usize,
+        groups: usize,
+        nfull: usize,
+    }
+    impl Decode for I4Dec<'_> {
+        fn seg_chunks(&self) -> usize {
+            self.group / 16
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, s: usize, k: usize) -> (__m256, __m256) {
+            let p = self.p.as_ptr().add(o * self.half + k * 8);
+            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+            let lo = _mm256_and_si256(v, _mm256_set1_epi32(0x0f));
+            let hi = _mm256_srli_epi32(v, 4);
+            let sv = _mm256_broadcast_ss(self.scales.get_unchecked(o * self.groups + s));
+            let m = _mm256_mul_ps(sv, _mm256_set1_ps(-8.0));
+            (_mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), sv, m), _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), sv, m))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
+        }
+    }
+
+    /// int4 with any even group: per-lane scales gathered in scalar (slow, uncommon).
+    struct I4AnyDec<'a> {
+        p: &'a [u8],
+        scales: &'a [f32],
+        cols: usize,
+        half: usize,
+        group: usize,
+        groups: usize,
+        nfull: usize,
+    }
+    impl Decode for I4AnyDec<'_> {
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+            let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+            let row = &self.p[o * self.half..];
+            let sc = &self.scales[o * self.groups..];
+            for j in 0..8 {
+                let c = k * 16 + 2 * j;
+                let byte = row[c / 2];
+                a[j] = ((byte & 0x0f) as i32 - 8) as f32 * sc[c / self.group];
+                b[j] = ((byte >> 4) as i32 - 8) as f32 * sc[(c + 1) / self.group];
+            }
+            (_mm256_loadu_ps(a.as_ptr()), _mm256_loadu_ps(b.as_ptr()))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn i4_tail(
+        p: &[u8],
+        scales: &[f32],
+        half: usize,
+        group: usize,
+        groups: usize,
+        nfull: usize,
+        cols: usize,
+        o: usize,
+        simd: f32,
+        x: &[f32],
+    ) -> f32 {
+        let mut s = simd;
+        for c in nfull * 16..cols {
+            let byte = p[o * half + c / 2];
+            let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            s += (nib as i32 - 8) as f32 * scales[o * groups + c / group] * x[c];
+        }
+        s
+    }
+
+    /// x as the kernels read it: row `r`, chunk `k` at `ptr + r * stride + 16 k`.
+    struct XRows {
+        ptr: *const f32,
+        stride: usize,
+    }
+
+    struct Ctx<'a, D> {
+        d: D,
+        xs: XRows,
+        x: &'a [f32],
+        cols: usize,
+        nfull: usize,
+    }
+
+    /// # Safety
+    /// AVX2 and FMA available; `job` validated; `o0..o1` owned by the caller.
+    pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
+        let w = &job.w;
+        let (cols, nfull) = (w.cols, w.cols / 16);
+        let plain = XRows { ptr: job.x.as_ptr(), stride: cols };
+        match w.kind {
+            QuantKind::F32 => {
+                let d = F32Dec { p: w.payload, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Bf16 => {
+                let d = Bf16Dec { p: w.payload, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Int8Row => {
+                let d = I8Dec { p: w.payload, scales: w.scales, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Int4Group { group } => {
+                let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+                let xs = XRows { ptr: job.xperm.as_ptr(), stride: nfull * 16 };
+                if group % 16 == 0 {
+                    let d = I4Dec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
+                    rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+                } else {
+                    let d = I4AnyDec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
+                    rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+                }
+            }
+        }
+    }
+
+    /// Row tiles of up to 8 rows; within a tile, output groups of OT (8 / rows).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
+        let mut r0 = 0;
+        while r0 < rows {
+            let rt = (rows - r0).min(8);
+            match rt {
+                1 => outs::<D, 8, 1>(c, r0, o0, o1, out),
+                2 => outs::<D, 4, 2>(c, r0, o0, o1, out),
+                3 => outs::<D, 2, 3>(c, r0, o0, o1, out),
+                4 => outs::<D, 2, 4>(c, r0, o0, o1, out),
+                5 => outs::<D, 1, 5>(c, r0, o0, o1, out),
+                6 => outs::<D, 1, 6>(c, r0, o0, o1, out),
+                7 => outs::<D, 1, 7>(c, r0, o0, o1, out),
+                _ => outs::<D, 1, 8>(c, r0, o0, o1, out),
+            }
+            r0 += rt;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn outs<D: Decode, const OT: usize, const RT: usize>(
+        c: &Ctx<D>,
+        r0: usize,
+        o0: usize,
+        o1: usize,
+        out: &OutPtr,
+    ) {
+        let mut o = o0;
+        while o + OT <= o1 {
+            tile::<D, OT, RT>(c, r0, o, out);
+            o += OT;
+        }
+        while o < o1 {
+            tile::<D, 1, RT>(c, r0, o, out);
+            o += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(c: &Ctx<D>, r0: usize, o0: usize, out: &OutPtr) {
+        let mut acc = [[_mm256_setzero_ps(); RT]; OT];
+        let (nfull, spc) = (c.nfull, c.d.seg_chunks());
+        let mut k = 0;
+        let mut s = 0;
+        while k < nfull {
+            let kend = nfull.min(k.saturating_add(spc));
+            while k < kend {
+                for (oi, acc_o) in acc.iter_mut().enumerate() {
+                    let (wa, wb) = c.d.chunk(o0 + oi, s, k);
+                    for (ri, a) in acc_o.iter_mut().enumerate() {
+                        let xp = c.xs.ptr.add((r0 + ri) * c.xs.stride + k * 16);
+                        *a = _mm256_fmadd_ps(wa, _mm256_loadu_ps(xp), *a);
+                        *a = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xp.add(8)), *a);
+                    }
+                }
+                k += 1;
+            }
+            s += 1;
+        }
+        for (oi, acc_o) in acc.iter().enumerate() {
+            for (ri, a) in acc_o.iter().enumerate() {
+                let r = r0 + ri;
+                let v = c.d.finish(o0 + oi, hsum(*a), &c.x[r * c.cols..(r + 1) * c.cols]);
+                out.write(r, o0 + oi, v);
+            }
+        }
+    }
+
+    /// Horizontal sum in a fixed order: (lo128 + hi128), then pairs, then the last two.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+        _mm_cvtss_f32(s1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize, quantize};
+    use rand::{Rng, SeedableRng};
+
+    fn paths() -> Vec<KernelPath> {
+        [KernelPath::Scalar, KernelPath::Avx2Fma].into_iter().filter(|p| p.is_available()).collect()
+    }
+
+    /// Random values in ±[0.05, 1.5] (never zero).
+    fn nonzero(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let m = rng.random_range(0.05f32..1.5);
+                if rng.random_bool(0.5) {
+                    m
+                } else {
+                    -m
+                }
+            })
+            .collect()
+    }
+
+    struct Owned {
+        kind: QuantKind,
+        rows: usize,
+        cols: usize,
+        payload: Vec<u8>,
+        scales: Vec<f32>,
+    }
+    impl Owned {
+        fn new(kind: QuantKind, rows: usize, cols: usize, seed: u64) -> Self {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let w = nonzero(&mut rng, rows * cols);
+            let (payload, scales) = quantize(kind, &w, rows, cols);
+            Self { kind, rows, cols, payload, scales }
+        }
+        fn q(&self) -> QMatrix<'_> {
+            QMatrix::new(self.kind, self.rows, self.cols, &self.payload, &self.scales)
+        }
+        fn dense(&self) -> Vec<f32> {
+            dequantize(self.kind, &self.payload, &self.scales, self.rows, self.cols)
+        }
+    }
+
+    /// f64 reference and the bound sum |w x| for each output.
+    fn reference(w: &[f32], out: usize, cols: usize, x: &[f32], rows: usize) -> (Vec<f64>, Vec<f64>) {
+        let (mut y, mut b) = (vec![0f64; rows * out], vec![0f64; rows * out]);
+        for r in 0..rows {
+            for o in 0..out {
+                for i in 0..cols {
+                    let p = w[o * cols + i] as f64 * x[r * cols + i] as f64;
+                    y[r * out + o] += p;
+                    b[r * out + o] += p.abs();
+                }
+            }
+        }
+        (y, b)
+    }
+
+    fn kinds(cols: usize) -> Vec<QuantKind> {
+        let mut k = vec![QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row];
+        for g in [16, 32, 64, 128, 2, 6, 10, cols + cols % 2] {
+            k.push(QuantKind::Int4Group { group: g });
+        }
+        k
+    }
+
+    const SHAPES: [(usize, usize); 5] = [(37, 150), (19, 200), (9, 7), (16, 64), (24, 1)];
+
+    #[test]
+    fn qmatmul_matches_f64_reference() {
+        for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+            for kind in kinds(cols) {
+                let m = Owned::new(kind, out, cols, 100 + si as u64);
+                let dense = m.dense();
+                for rows in [1usize, 3, 8, 11, 16] {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(7 + rows as u64);
+                    let x = nonzero(&mut rng, rows * cols);
+                    let (want, bound) = reference(&dense, out, cols, &x, rows);
+                    for path in paths() {
+                        let mut y = vec![f32::NAN; rows * out];
+                        qmatmul_with(path, &x, rows, &m.q(), &mut y);
+                        for i in 0..rows * out {
+                            let err = (y[i] as f64 - want[i]).abs();
+                            assert!(
+                                err <= 1e-5 * bound[i],
+                                "{} {path:?} {out}x{cols} rows={rows} [{i}]: got {} want {} (bound {})",
+                                kind.name(),
+                                y[i],
+                                want[i],
+                                bound[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_alone_equals_the_row_in_a_batch_bit_for_bit() {
+        for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+            for kind in kinds(cols) {
+                let m = Owned::new(kind, out, cols, 200 + si as u64);
+                let rows = 13;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+                let x = nonzero(&mut rng, rows * cols);
+                for path in paths() {
+                    let mut batch = vec![0f32; rows * out];
+                    qmatmul_with(path, &x, rows, &m.q(), &mut batch);
+                    for r in 0..rows {
+                        let mut alone = vec![0f32; out];
+                        qmatmul_with(path, &x[r * cols..(r + 1) * cols], 1, &m.q(), &mut alone);
+                        assert_eq!(
+                            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            batch[r * out..(r + 1) * out].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{} {path:?} {out}x{cols} row {r}",
+                            kind.name()
+                        );
+                    }
+                    // Any sub-batch too (different tile shapes).
+                    for (a, b) in [(2usize, 5usize), (4, 7), (0, 9)] {
+                        let mut sub = vec![0f32; (b - a) * out];
+                        qmatmul_with(path, &x[a * cols..b * cols], b - a, &m.q(), &mut sub);
+                        assert_eq!(sub, batch[a * out..b * out], "{} {path:?} rows {a}..{b}", kind.name());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn thread_count_and_repetition_do_not_change_results() {
+        let (out, cols) = (300, 200);
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let many = rayon::ThreadPoolBuilder::new().num_threads(5).build().unwrap();
+        for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::Int4Group { group: 64 }] {
+            let m = Owned::new(kind, out, cols, 5);
+            for rows in [1usize, 3, 8] {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(rows as u64);
+                let x = nonzero(&mut rng, rows * cols);
+                for path in paths() {
+                    let run = |pool: &rayon::ThreadPool| {
+                        let mut y = vec![0f32; rows * out];
+                        pool.install(|| qmatmul_with(path, &x, rows, &m.q(), &mut y));
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    };
+                    let a = run(&one);
+                    assert_eq!(a, run(&many), "{} {path:?} rows={rows}", kind.name());
+                    assert_eq!(a, run(&many), "{} {path:?} rows={rows} (repeat)", kind.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_and_avx2_paths_agree() {
+        if !KernelPath::Avx2Fma.is_available() {
+            eprintln!("AVX2+FMA not available: only the scalar path is tested");
+            return;
+        }
+        for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+            for kind in kinds(cols) {
+                let m = Owned::new(kind, out, cols, 300 + si as u64);
+                let rows = 5;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+                let x = nonzero(&mut rng, rows * cols);
+                let (_, bound) = reference(&m.dense(), out, cols, &x, rows);
+                let (mut a, mut b) = (vec![0f32; rows * out], vec![0f32; rows * out]);
+                qmatmul_with(KernelPath::Scalar, &x, rows, &m.q(), &mut a);
+                qmatmul_with(KernelPath::Avx2Fma, &x, rows, &m.q(), &mut b);
+                for i in 0..rows * out {
+                    assert!(
+                        (a[i] as f64 - b[i] as f64).abs() <= 2e-5 * bound[i],
+                        "{} {out}x{cols} [{i}]: {} vs {}",
+                        kind.name(),
+                        a[i],
+                        b[i]
+                    );
+                }
+            }
+        }
+    }
+
+    fn silu64(g: f64) -> f64 {
+        g / (1.0 + (-g).exp())
+    }
+
+    #[test]
+    fn swiglu_matches_reference_and_composition() {
+        let (hidden, inter) = (150usize, 72usize);
+        for kind in [
+            QuantKind::F32,
+            QuantKind::Bf16,
+            QuantKind::Int8Row,
+            QuantKind::Int4Group { group: 32 },
+            QuantKind::Int4Group { group: 6 },
+            QuantKind::Int4Group { group: 150 },
+        ] {
+            let down_kind = match kind {
+                QuantKind::Int4Group { group: 150 } => QuantKind::Int4Group { group: 72 },
+                k => k,
+            };
+            let g = Owned::new(kind, inter, hidden, 1);
+            let u = Owned::new(kind, inter, hidden, 2);
+            let d = Owned::new(down_kind, hidden, inter, 3);
+            let (gd, ud, dd) = (g.dense(), u.dense(), d.dense());
+            for rows in [1usize, 3, 8] {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(40 + rows as u64);
+                let x = nonzero(&mut rng, rows * hidden);
+                // f64 reference.
+                let (gr, _) = reference(&gd, inter, hidden, &x, rows);
+                let (ur, _) = reference(&ud, inter, hidden, &x, rows);
+                let h: Vec<f64> = gr.iter().zip(&ur).map(|(g, u)| silu64(*g) * u).collect();
+                for path in paths() {
+                    let mut y = vec![0f32; rows * hidden];
+                    swiglu_expert_with(path, &x, rows, &g.q(), &u.q(), &d.q(), &mut y);
+                    for r in 0..rows {
+                        for o in 0..hidden {
+                            let (mut want, mut bound) = (0f64, 0f64);
+                            for i in 0..inter {
+                                let p = dd[o * inter + i] as f64 * h[r * inter + i];
+                                want += p;
+                                bound += p.abs();
+                            }
+                            let got = y[r * hidden + o] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-4 * bound,
+                                "{} {path:?} rows={rows} ({r},{o}): {got} vs {want}",
+                                kind.name()
+                            );
+                        }
+                    }
+                    // Same bits as the unfused composition.
+                    let (mut gy, mut uy, mut y2) =
+                        (vec![0f32; rows * inter], vec![0f32; rows * inter], vec![0f32; rows * hidden]);
+                    qmatmul_with(path, &x, rows, &g.q(), &mut gy);
+                    qmatmul_with(path, &x, rows, &u.q(), &mut uy);
+                    let hh: Vec<f32> = gy.iter().zip(&uy).map(|(g, u)| u * silu(*g)).collect();
+                    qmatmul_with(path, &hh, rows, &d.q(), &mut y2);
+                    assert_eq!(y, y2, "{} {path:?} rows={rows}", kind.name());
+                    // And a row alone equals the row in the batch.
+                    let mut alone = vec![0f32; hidden];
+                    swiglu_expert_with(path, &x[..hidden], 1, &g.q(), &u.q(), &d.q(), &mut alone);
+                    assert_eq!(alone, y[..hidden], "{} {path:?}", kind.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_shapes_are_fine() {
+        let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+        let mut y = vec![];
+        qmatmul(&[], 0, &m.q(), &mut y);
+        let z = QMatrix::new(QuantKind::F32, 0, 10, &[], &[]);
+        qmatmul(&[1.0; 10], 1, &z, &mut y);
+        let e = QMatrix::new(QuantKind::Int4Group { group: 8 }, 3, 0, &[], &[]);
+        let mut y = vec![f32::NAN; 6];
+        qmatmul(&[], 2, &e, &mut y);
+        assert_eq!(y, vec![0.0; 6]);
+    }
+
+    #[test]
+    #[should_panic(expected = "payload is 39 bytes, expected 40")]
+    fn wrong_payload_size_panics() {
+        let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+        QMatrix::new(m.kind, 4, 10, &m.payload[..39], &m.scales);
+    }
+
+    #[test]
+    #[should_panic(expected = "3 scales, expected 4")]
+    fn wrong_scale_count_panics() {
+        let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+        QMatrix::new(m.kind, 4, 10, &m.payload, &m.scales[..3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "x has 9 values, expected 1 rows x 10 cols")]
+    fn wrong_x_len_panics() {
+        let m = Owned::new(QuantKind::Bf16, 4, 10, 1);
+        let mut y = vec![0f32; 4];
+        qmatmul(&[1.0; 9], 1, &m.q(), &mut y);
+    }
+
+    #[test]
+    #[should_panic(expected = "y has 5 values, expected 1 rows x 4 outputs")]
+    fn wrong_y_len_panics() {
+        let m = Owned::new(QuantKind::Bf16, 4, 10, 1);
+        let mut y = vec![0f32; 5];
+        qmatmul(&[1.0; 10], 1, &m.q(), &mut y);
+    }
+
+    #[test]
+    #[should_panic(expected = "expected gate = up = [inter, hidden]")]
+    fn swiglu_shape_mismatch_panics() {
+        let g = Owned::new(QuantKind::F32, 4, 10, 1);
+        let d = Owned::new(QuantKind::F32, 10, 5, 1);
+        let mut y = vec![0f32; 10];
+        swiglu_expert(&[1.0; 10], 1, &g.q(), &g.q(), &d.q(), &mut y);
+    }
+}
