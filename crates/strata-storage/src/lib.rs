@@ -4,10 +4,17 @@
 //! `model.safetensors.index.json`). Opening one reads only the headers; tensor bytes are
 //! touched when a tensor is decoded. Every error names the file and the problem.
 
+pub mod container;
+pub mod io;
 mod safetensors_file;
 mod store;
 mod writer;
 
+pub use container::{
+    ContainerWriter, ExpertLayout, ExpertLocation, ExpertManifest, ExpertRead, MatrixLayout, TierEntry, TierSpec,
+    ALIGN, MANIFEST_FILE,
+};
+pub use io::{AlignedBuf, IoPool, ReadSegment, ReadStats, ReadTicket};
 pub use safetensors_file::{SafetensorsFile, TensorRef};
 pub use store::WeightStore;
 pub use strata_kernels::ElementType;

@@ -55,36 +55,21 @@ impl SafetensorsFile {
         let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
         // SAFETY: the mapping is read-only; a file truncated underneath us is the
         // documented hazard of mmap, which callers accept for model weights.
-        let mmap = unsafe { Mmap::map(&file) }
-            .with_context(|| format!("{}: cannot mmap", path.display()))?;
+        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot mmap", path.display()))?;
         let (header_len, metadata) = SafeTensors::read_metadata(&mmap)
             .map_err(|e| anyhow!("{}: corrupt safetensors header: {e}", path.display()))?;
         let data_start = 8 + header_len;
         let mut tensors = BTreeMap::new();
         for (name, info) in metadata.tensors() {
-            let dtype = element_type(info.dtype).ok_or_else(|| {
-                anyhow!(
-                    "{}: tensor `{name}` has unsupported dtype {:?}",
-                    path.display(),
-                    info.dtype
-                )
-            })?;
+            let dtype = element_type(info.dtype)
+                .ok_or_else(|| anyhow!("{}: tensor `{name}` has unsupported dtype {:?}", path.display(), info.dtype))?;
             let (s, e) = info.data_offsets;
             tensors.insert(
                 name,
-                TensorRef {
-                    dtype,
-                    shape: info.shape.clone(),
-                    start: data_start + s,
-                    end: data_start + e,
-                },
+                TensorRef { dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e },
             );
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            mmap,
-            tensors,
-        })
+        Ok(Self { path: path.to_path_buf(), mmap, tensors })
     }
 
     pub fn path(&self) -> &Path {
@@ -111,14 +96,9 @@ impl SafetensorsFile {
 
 /// Fails with a message naming the file when a header is not a safetensors header.
 pub(crate) fn ensure_nonempty(path: &Path) -> Result<()> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("{}: cannot stat", path.display()))?;
+    let meta = std::fs::metadata(path).with_context(|| format!("{}: cannot stat", path.display()))?;
     if meta.len() < 8 {
-        bail!(
-            "{}: corrupt safetensors header: file is only {} bytes",
-            path.display(),
-            meta.len()
-        );
+        bail!("{}: corrupt safetensors header: file is only {} bytes", path.display(), meta.len());
     }
     Ok(())
 }

@@ -26,10 +26,7 @@ impl WeightStore {
             let file = SafetensorsFile::open(&path)?;
             for name in file.tensors().keys() {
                 if names.insert(name.clone(), files.len()).is_some() {
-                    bail!(
-                        "{}: tensor `{name}` also appears in another shard",
-                        path.display()
-                    );
+                    bail!("{}: tensor `{name}` also appears in another shard", path.display());
                 }
             }
             files.push(file);
@@ -58,10 +55,7 @@ impl WeightStore {
     fn require(&self, name: &str) -> Result<(&SafetensorsFile, &TensorRef)> {
         self.get(name).ok_or_else(|| {
             let first = self.files.first().map(|f| f.path().display().to_string());
-            anyhow!(
-                "{}: missing tensor `{name}`",
-                first.unwrap_or_else(|| "weights".into())
-            )
+            anyhow!("{}: missing tensor `{name}`", first.unwrap_or_else(|| "weights".into()))
         })
     }
 
@@ -71,12 +65,7 @@ impl WeightStore {
 
     /// Decodes `name` to f32, checking its shape. FP8 weights are dequantized with their
     /// `<name>_scale_inv` block scales (`block` = the checkpoint's `weight_block_size`).
-    pub fn load_f32(
-        &self,
-        name: &str,
-        shape: &[usize],
-        block: Option<(usize, usize)>,
-    ) -> Result<Vec<f32>> {
+    pub fn load_f32(&self, name: &str, shape: &[usize], block: Option<(usize, usize)>) -> Result<Vec<f32>> {
         let (file, t) = self.require(name)?;
         if t.shape != shape {
             bail!(
@@ -93,23 +82,12 @@ impl WeightStore {
             let scale_shape = self
                 .get(&scale_name)
                 .map(|(_, s)| s.shape.clone())
-                .ok_or_else(|| {
-                    anyhow!(
-                        "{}: FP8 tensor `{name}` has no `{scale_name}`",
-                        file.path().display()
-                    )
-                })?;
+                .ok_or_else(|| anyhow!("{}: FP8 tensor `{name}` has no `{scale_name}`", file.path().display()))?;
             if shape.len() != 2 || scale_shape.len() != 2 {
-                bail!(
-                    "{}: FP8 tensor `{name}` must be 2-D with a 2-D scale",
-                    file.path().display()
-                );
+                bail!("{}: FP8 tensor `{name}` must be 2-D with a 2-D scale", file.path().display());
             }
             // The block size follows from the scale grid when the config gives none.
-            let block = block.unwrap_or((
-                shape[0].div_ceil(scale_shape[0]),
-                shape[1].div_ceil(scale_shape[1]),
-            ));
+            let block = block.unwrap_or((shape[0].div_ceil(scale_shape[0]), shape[1].div_ceil(scale_shape[1])));
             let scales = self.load_f32(&scale_name, &scale_shape, None)?;
             dequantize_fp8_blocks(bytes, shape[0], shape[1], &scales, block, &mut out)
                 .map_err(|e| anyhow!("{}: tensor `{name}`: {e}", file.path().display()))?;
@@ -123,9 +101,7 @@ impl WeightStore {
     /// Bytes on disk of the named tensor (plus its FP8 scale, if any).
     pub fn stored_bytes(&self, name: &str) -> usize {
         let own = self.get(name).map_or(0, |(_, t)| t.byte_len());
-        let scale = self
-            .get(&format!("{name}_scale_inv"))
-            .map_or(0, |(_, t)| t.byte_len());
+        let scale = self.get(&format!("{name}_scale_inv")).map_or(0, |(_, t)| t.byte_len());
         own + scale
     }
 }
@@ -136,10 +112,9 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     let index = dir.join(INDEX_FILE);
     if index.exists() {
-        let text = std::fs::read_to_string(&index)
-            .with_context(|| format!("{}: cannot read", index.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
+        let text = std::fs::read_to_string(&index).with_context(|| format!("{}: cannot read", index.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", index.display()))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -170,10 +145,7 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     shards.sort();
     if shards.is_empty() {
-        bail!(
-            "{}: no weights (expected {INDEX_FILE}, model.safetensors or model-*.safetensors)",
-            dir.display()
-        );
+        bail!("{}: no weights (expected {INDEX_FILE}, model.safetensors or model-*.safetensors)", dir.display());
     }
     Ok(shards)
 }
@@ -208,20 +180,11 @@ mod tests {
     #[test]
     fn opens_single_file_and_decodes() {
         let dir = tempfile::tempdir().unwrap();
-        write_st(
-            &dir.path().join("model.safetensors"),
-            &[("a", "F32", vec![2, 2], f32_bytes(&[1., 2., 3., 4.]))],
-        );
+        write_st(&dir.path().join("model.safetensors"), &[("a", "F32", vec![2, 2], f32_bytes(&[1., 2., 3., 4.]))]);
         let store = WeightStore::open_dir(dir.path()).unwrap();
-        assert_eq!(
-            store.load_f32("a", &[2, 2], None).unwrap(),
-            vec![1., 2., 3., 4.]
-        );
+        assert_eq!(store.load_f32("a", &[2, 2], None).unwrap(), vec![1., 2., 3., 4.]);
         let err = store.load_f32("a", &[4], None).unwrap_err().to_string();
-        assert!(
-            err.contains("has shape [2, 2] but the config implies [4]"),
-            "{err}"
-        );
+        assert!(err.contains("has shape [2, 2] but the config implies [4]"), "{err}");
         let err = store.load_f32("b", &[4], None).unwrap_err().to_string();
         assert!(err.contains("missing tensor `b`"), "{err}");
     }
@@ -229,14 +192,8 @@ mod tests {
     #[test]
     fn sharded_with_index() {
         let dir = tempfile::tempdir().unwrap();
-        write_st(
-            &dir.path().join("s1.safetensors"),
-            &[("a", "F32", vec![1], f32_bytes(&[1.]))],
-        );
-        write_st(
-            &dir.path().join("s2.safetensors"),
-            &[("b", "F32", vec![1], f32_bytes(&[2.]))],
-        );
+        write_st(&dir.path().join("s1.safetensors"), &[("a", "F32", vec![1], f32_bytes(&[1.]))]);
+        write_st(&dir.path().join("s2.safetensors"), &[("b", "F32", vec![1], f32_bytes(&[2.]))]);
         std::fs::write(
             dir.path().join(INDEX_FILE),
             r#"{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}"#,
@@ -255,10 +212,7 @@ mod tests {
         let p = dir.path().join("model.safetensors");
         std::fs::write(&p, [1u8, 2, 3]).unwrap();
         let err = WeightStore::open_dir(dir.path()).err().unwrap().to_string();
-        assert!(
-            err.contains("model.safetensors: corrupt safetensors header"),
-            "{err}"
-        );
+        assert!(err.contains("model.safetensors: corrupt safetensors header"), "{err}");
         // Header length pointing past the end of the file.
         let mut bytes = 1000u64.to_le_bytes().to_vec();
         bytes.extend_from_slice(b"{}");
@@ -288,12 +242,7 @@ mod tests {
         write_st(
             &dir.path().join("model.safetensors"),
             &[
-                (
-                    "w",
-                    "F8_E4M3",
-                    vec![2, 3],
-                    vec![0x38, 0x40, 0x38, 0x40, 0x38, 0x40],
-                ),
+                ("w", "F8_E4M3", vec![2, 3], vec![0x38, 0x40, 0x38, 0x40, 0x38, 0x40]),
                 ("w_scale_inv", "F32", vec![1, 1], f32_bytes(&[0.5])),
             ],
         );

@@ -44,17 +44,11 @@ impl SafetensorsWriter {
         while (8 + json.len()) % 8 != 0 {
             json.push(b' ');
         }
-        let file =
-            File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
+        let file = File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
         let mut out = BufWriter::with_capacity(1 << 22, file);
         out.write_all(&(json.len() as u64).to_le_bytes())?;
         out.write_all(&json)?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            out,
-            specs,
-            next: 0,
-        })
+        Ok(Self { path: path.to_path_buf(), out, specs, next: 0 })
     }
 
     /// The spec of the next tensor to write, if any.
@@ -65,10 +59,7 @@ impl SafetensorsWriter {
     /// Writes the next tensor's bytes; their length must match its spec.
     pub fn write_next(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(spec) = self.specs.get(self.next) else {
-            bail!(
-                "{}: more tensors written than declared",
-                self.path.display()
-            );
+            bail!("{}: more tensors written than declared", self.path.display());
         };
         if bytes.len() != spec.byte_len() {
             bail!(
@@ -79,29 +70,17 @@ impl SafetensorsWriter {
                 bytes.len()
             );
         }
-        self.out
-            .write_all(bytes)
-            .with_context(|| format!("{}: write failed", self.path.display()))?;
+        self.out.write_all(bytes).with_context(|| format!("{}: write failed", self.path.display()))?;
         self.next += 1;
         Ok(())
     }
 
     pub fn finish(mut self) -> Result<()> {
         if self.next != self.specs.len() {
-            bail!(
-                "{}: {} of {} tensors written",
-                self.path.display(),
-                self.next,
-                self.specs.len()
-            );
+            bail!("{}: {} of {} tensors written", self.path.display(), self.next, self.specs.len());
         }
-        self.out
-            .flush()
-            .with_context(|| format!("{}: flush failed", self.path.display()))?;
-        self.out
-            .get_ref()
-            .sync_all()
-            .with_context(|| format!("{}: fsync failed", self.path.display()))?;
+        self.out.flush().with_context(|| format!("{}: flush failed", self.path.display()))?;
+        self.out.get_ref().sync_all().with_context(|| format!("{}: fsync failed", self.path.display()))?;
         Ok(())
     }
 }
@@ -115,29 +94,16 @@ mod tests {
     fn written_file_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let specs = vec![
-            TensorSpec {
-                name: "a".into(),
-                dtype: ElementType::F32,
-                shape: vec![2],
-            },
-            TensorSpec {
-                name: "b".into(),
-                dtype: ElementType::BF16,
-                shape: vec![3],
-            },
+            TensorSpec { name: "a".into(), dtype: ElementType::F32, shape: vec![2] },
+            TensorSpec { name: "b".into(), dtype: ElementType::BF16, shape: vec![3] },
         ];
-        let mut w =
-            SafetensorsWriter::create(&dir.path().join("model.safetensors"), specs).unwrap();
-        w.write_next(&[1f32.to_le_bytes(), 2f32.to_le_bytes()].concat())
-            .unwrap();
+        let mut w = SafetensorsWriter::create(&dir.path().join("model.safetensors"), specs).unwrap();
+        w.write_next(&[1f32.to_le_bytes(), 2f32.to_le_bytes()].concat()).unwrap();
         assert!(w.write_next(&[0u8; 5]).is_err());
         w.write_next(&[0x80, 0x3f, 0x00, 0x40, 0x40, 0x40]).unwrap();
         w.finish().unwrap();
         let store = WeightStore::open_dir(dir.path()).unwrap();
         assert_eq!(store.load_f32("a", &[2], None).unwrap(), vec![1.0, 2.0]);
-        assert_eq!(
-            store.load_f32("b", &[3], None).unwrap(),
-            vec![1.0, 2.0, 3.0]
-        );
+        assert_eq!(store.load_f32("b", &[3], None).unwrap(), vec![1.0, 2.0, 3.0]);
     }
 }

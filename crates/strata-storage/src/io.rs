@@ -1,0 +1,797 @@
+//! Positioned reads of expert bytes into caller-owned, page-aligned memory.
+//!
+//! [`IoPool`] owns the open files of an expert container and a few worker threads
+//! (default [`DEFAULT_WORKERS`]). A request is at most [`MAX_SEGMENTS`] segments
+//! `(file, offset, len) -> dest[dest_offset..]`; one worker serves it with positioned reads
+//! (`pread`), so requests run in parallel across workers and never share a file cursor.
+//!
+//! Direct I/O (`O_DIRECT`, the default) bypasses the page cache so that the slab, not the
+//! OS, is the cache. It needs the file offset, the length and the destination address to
+//! be multiples of [`ALIGN`]; a segment that is not aligned is read through a second,
+//! buffered descriptor instead (counted in [`ReadStats::buffered_ops`]). Where the
+//! filesystem refuses `O_DIRECT` (`EINVAL`, e.g. tmpfs) the pool falls back to buffered
+//! reads with a one-time warning ([`IoPool::warnings`]).
+//!
+//! Errors fail only their own ticket and name the file, offset and length; the pool stays
+//! usable. A segment may run past the end of the file (as measured when the pool opened)
+//! by less than [`ALIGN`] bytes — the tail of a page-aligned covering read — and that
+//! overhang reads as zeros; any other short read (a file truncated under the reader) is an
+//! error.
+
+use crate::container::ALIGN as ALIGN_U64;
+use anyhow::{anyhow, bail, Context, Result};
+use std::alloc::Layout;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Alignment of direct-I/O offsets, lengths and buffers (bytes).
+pub const ALIGN: usize = ALIGN_U64 as usize;
+/// Most segments one request may carry.
+pub const MAX_SEGMENTS: usize = 8;
+/// Worker threads when the caller has no preference.
+pub const DEFAULT_WORKERS: usize = 2;
+
+/// Zero-initialised heap memory whose address is a multiple of [`ALIGN`] (the allocation
+/// is rounded up to a whole number of pages; [`len`](Self::len) is what was asked for).
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+    locked: bool,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes; fails (rather than aborting) when memory is short.
+    pub fn new(len: usize) -> Result<Self> {
+        let cap = len.div_ceil(ALIGN) * ALIGN;
+        if cap == 0 {
+            // A dangling but aligned pointer: valid for zero-length slices.
+            let ptr = NonNull::new(ALIGN as *mut u8).expect("non-null");
+            return Ok(Self { ptr, len, cap, locked: false });
+        }
+        let layout = Layout::from_size_align(cap, ALIGN).map_err(|e| anyhow!("aligned buffer of {len} bytes: {e}"))?;
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| anyhow!("cannot allocate an aligned buffer of {len} bytes"))?;
+        Ok(Self { ptr, len, cap, locked: false })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len <= cap` bytes are allocated and initialised (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Whether [`mlock`](Self::mlock) succeeded.
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Wires the buffer in RAM (`mlock`) so the OS cannot page it out. Fails, with the
+    /// memlock limit in the message, where `RLIMIT_MEMLOCK` forbids: callers should turn
+    /// that into a warning and run unlocked.
+    pub fn mlock(&mut self) -> Result<()> {
+        if self.locked || self.cap == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range is our own allocation.
+        let rc = unsafe { libc::mlock(self.ptr.as_ptr() as *const libc::c_void, self.cap) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            bail!(
+                "cannot lock {} bytes in memory: {err} (RLIMIT_MEMLOCK soft limit: {})",
+                self.cap,
+                memlock_limit_text()
+            );
+        }
+        self.locked = true;
+        Ok(())
+    }
+}
+
+fn memlock_limit_text() -> String {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return "unknown".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} bytes", lim.rlim_cur)
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.cap == 0 {
+            return;
+        }
+        if self.locked {
+            // SAFETY: the range was locked by us.
+            unsafe { libc::munlock(self.ptr.as_ptr() as *const libc::c_void, self.cap) };
+        }
+        // SAFETY: allocated in `new` with this exact layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, ALIGN)) };
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf").field("len", &self.len).field("locked", &self.locked).finish()
+    }
+}
+
+/// One positioned read: `len` bytes of file `file` (an index into the pool's files) at
+/// `offset`, into `dest[dest_offset..dest_offset + len]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReadSegment {
+    pub file: usize,
+    pub offset: u64,
+    pub len: usize,
+    pub dest_offset: usize,
+}
+
+/// What one request cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Bytes requested by the segments (overhang past the end of file included).
+    pub bytes: u64,
+    /// Positioned read system calls issued.
+    pub ops: u64,
+    /// Of `ops`, those served by the buffered descriptor in a direct pool (unaligned
+    /// segments or the O_DIRECT fallback).
+    pub buffered_ops: u64,
+    /// Time a worker spent reading (disk service time).
+    pub service: Duration,
+    /// Time the request waited in the queue before a worker took it.
+    pub queued: Duration,
+}
+
+impl ReadStats {
+    /// Adds another request's numbers to these.
+    pub fn add(&mut self, other: &ReadStats) {
+        self.bytes += other.bytes;
+        self.ops += other.ops;
+        self.buffered_ops += other.buffered_ops;
+        self.service += other.service;
+        self.queued += other.queued;
+    }
+}
+
+struct PoolFile {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    len_at_open: u64,
+}
+
+struct Shared {
+    files: Vec<PoolFile>,
+    direct_requested: bool,
+    /// Cleared when a direct read is refused (EINVAL): every later read is buffered.
+    direct_ok: AtomicBool,
+    warnings: Mutex<Vec<String>>,
+    warned_fallback: AtomicBool,
+}
+
+impl Shared {
+    fn fallback(&self, what: &str) {
+        self.direct_ok.store(false, Ordering::SeqCst);
+        if !self.warned_fallback.swap(true, Ordering::SeqCst) {
+            let msg = format!("{what}: the filesystem refuses O_DIRECT; expert reads go through the page cache");
+            eprintln!("strata: warning: {msg}");
+            self.warnings.lock().unwrap().push(msg);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: the submitter promises the destination stays valid and untouched until the
+// ticket completes; only the serving worker writes through it.
+unsafe impl Send for SendPtr {}
+
+struct Job {
+    segments: Vec<ReadSegment>,
+    dest: SendPtr,
+    submitted: Instant,
+    reply: mpsc::SyncSender<Result<ReadStats>>,
+}
+
+/// Worker threads doing positioned reads over a fixed set of files.
+pub struct IoPool {
+    shared: Arc<Shared>,
+    tx: Option<mpsc::Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+/// The pending result of [`IoPool::submit`]. Dropping a ticket that has not completed
+/// blocks until its reads are done, so the destination is never written after the ticket
+/// is gone.
+pub struct ReadTicket {
+    rx: Option<mpsc::Receiver<Result<ReadStats>>>,
+    done: Option<Result<ReadStats>>,
+}
+
+impl ReadTicket {
+    fn ready(result: Result<ReadStats>) -> Self {
+        Self { rx: None, done: Some(result) }
+    }
+
+    /// Blocks until the reads are done.
+    pub fn wait(mut self) -> Result<ReadStats> {
+        self.take()
+    }
+
+    /// Whether the reads are done (never blocks).
+    pub fn is_done(&mut self) -> bool {
+        if self.done.is_none() {
+            if let Some(rx) = &self.rx {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        self.done = Some(r);
+                        self.rx = None;
+                    }
+                    Err(mpsc::TryRecvError::Empty) => return false,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.done = Some(Err(anyhow!("I/O worker exited before finishing the read")));
+                        self.rx = None;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn take(&mut self) -> Result<ReadStats> {
+        if let Some(r) = self.done.take() {
+            return r;
+        }
+        match self.rx.take() {
+            Some(rx) => rx.recv().unwrap_or_else(|_| Err(anyhow!("I/O worker exited before finishing the read"))),
+            None => Err(anyhow!("read ticket already consumed")),
+        }
+    }
+}
+
+impl Drop for ReadTicket {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            let _ = rx.recv();
+        }
+    }
+}
+
+impl IoPool {
+    /// Opens `files` for reading (their order gives [`ReadSegment::file`]) and starts
+    /// `workers` threads (at least one). With `direct`, reads bypass the page cache.
+    pub fn open<P: AsRef<Path>>(files: &[P], workers: usize, direct: bool) -> Result<Self> {
+        let mut shared = Shared {
+            files: Vec::with_capacity(files.len()),
+            direct_requested: direct,
+            direct_ok: AtomicBool::new(direct),
+            warnings: Mutex::new(Vec::new()),
+            warned_fallback: AtomicBool::new(false),
+        };
+        for p in files {
+            let path = p.as_ref().to_path_buf();
+            let buffered = File::open(&path).with_context(|| format!("{}: cannot open for reading", path.display()))?;
+            let len_at_open = buffered.metadata().with_context(|| format!("{}: cannot stat", path.display()))?.len();
+            let direct_file = if direct && shared.direct_ok.load(Ordering::SeqCst) {
+                let opened = if simulate_einval() {
+                    Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+                } else {
+                    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path)
+                };
+                match opened {
+                    Ok(f) => Some(f),
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        shared.fallback(&path.display().to_string());
+                        None
+                    }
+                    Err(e) => {
+                        return Err(anyhow!(e))
+                            .with_context(|| format!("{}: cannot open with O_DIRECT", path.display()))
+                    }
+                }
+            } else {
+                None
+            };
+            shared.files.push(PoolFile { path, buffered, direct: direct_file, len_at_open });
+        }
+        let shared = Arc::new(shared);
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let workers = (0..workers.max(1))
+            .map(|i| {
+                let rx = Arc::clone(&rx);
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("strata-io-{i}"))
+                    .spawn(move || worker(&shared, &rx))
+                    .context("cannot start an I/O worker thread")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { shared, tx: Some(tx), workers })
+    }
+
+    /// The files, in [`ReadSegment::file`] order.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shared.files.iter().map(|f| f.path.as_path())
+    }
+
+    /// File sizes as measured when the pool opened.
+    pub fn file_len(&self, file: usize) -> Option<u64> {
+        self.shared.files.get(file).map(|f| f.len_at_open)
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether aligned reads currently bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.shared.direct_requested
+            && self.shared.direct_ok.load(Ordering::SeqCst)
+            && self.shared.files.iter().all(|f| f.direct.is_some())
+    }
+
+    /// Warnings raised so far (the O_DIRECT fallback), each once.
+    pub fn warnings(&self) -> Vec<String> {
+        self.shared.warnings.lock().unwrap().clone()
+    }
+
+    /// Queues a read of `segments` into `dest` (`dest_len` bytes) and returns at once.
+    /// A request that is invalid (too many segments, a segment outside `dest` or naming
+    /// no file) yields a ticket that fails with the reason.
+    ///
+    /// # Safety
+    /// `dest` must be valid for writes of `dest_len` bytes, and neither read nor written
+    /// by anyone else, until the ticket completes (is waited for or dropped).
+    pub unsafe fn submit(&self, segments: Vec<ReadSegment>, dest: *mut u8, dest_len: usize) -> ReadTicket {
+        if let Err(e) = self.validate(&segments, dest, dest_len) {
+            return ReadTicket::ready(Err(e));
+        }
+        let (reply, rx) = mpsc::sync_channel(1);
+        let job = Job { segments, dest: SendPtr(dest), submitted: Instant::now(), reply };
+        match self.tx.as_ref().map(|tx| tx.send(job)) {
+            Some(Ok(())) => ReadTicket { rx: Some(rx), done: None },
+            _ => ReadTicket::ready(Err(anyhow!("I/O pool is shut down"))),
+        }
+    }
+
+    /// Submits and waits: a safe wrapper for callers that own `dest` outright.
+    pub fn read(&self, segments: Vec<ReadSegment>, dest: &mut [u8]) -> Result<ReadStats> {
+        // SAFETY: `dest` is exclusively borrowed until `wait` returns.
+        unsafe { self.submit(segments, dest.as_mut_ptr(), dest.len()) }.wait()
+    }
+
+    fn validate(&self, segments: &[ReadSegment], dest: *mut u8, dest_len: usize) -> Result<()> {
+        if segments.len() > MAX_SEGMENTS {
+            bail!("a read may have at most {MAX_SEGMENTS} segments, this one has {}", segments.len());
+        }
+        if dest.is_null() && segments.iter().any(|s| s.len > 0) {
+            bail!("read into a null destination");
+        }
+        for s in segments {
+            let Some(f) = self.shared.files.get(s.file) else {
+                bail!("read segment names file #{} but the pool has {} files", s.file, self.shared.files.len());
+            };
+            let end = s.dest_offset.checked_add(s.len);
+            if end.is_none_or(|e| e > dest_len) {
+                bail!(
+                    "{}: read of {} bytes at offset {} into destination bytes {}..{} overflows the {dest_len}-byte buffer",
+                    f.path.display(),
+                    s.len,
+                    s.offset,
+                    s.dest_offset,
+                    s.dest_offset.saturating_add(s.len)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Advises the kernel that these ranges will be read soon (`POSIX_FADV_WILLNEED`).
+    /// Purely advisory: no memory of ours is allocated and errors are ignored. Note that
+    /// on Linux direct reads do not use the page cache, so hints pay off for buffered
+    /// reads (a page-cache pool, or unaligned segments). Returns the hints issued.
+    pub fn hint_willneed(&self, segments: &[ReadSegment]) -> usize {
+        let mut issued = 0;
+        for s in segments {
+            let Some(f) = self.shared.files.get(s.file) else { continue };
+            if s.len == 0 || s.offset >= f.len_at_open {
+                continue;
+            }
+            // SAFETY: plain syscall on our own descriptor.
+            let rc = unsafe {
+                libc::posix_fadvise(
+                    f.buffered.as_raw_fd(),
+                    s.offset as libc::off_t,
+                    s.len as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+            if rc == 0 {
+                issued += 1;
+            }
+        }
+        issued
+    }
+}
+
+impl Drop for IoPool {
+    fn drop(&mut self) {
+        // Closing the queue lets workers finish what is queued, then exit.
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: make O_DIRECT opens fail as a filesystem without O_DIRECT would.
+    static SIMULATE_EINVAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+fn simulate_einval() -> bool {
+    SIMULATE_EINVAL.with(|c| c.get())
+}
+
+#[cfg(not(test))]
+fn simulate_einval() -> bool {
+    false
+}
+
+fn worker(shared: &Shared, rx: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        let job = {
+            let guard = match rx.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            match guard.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        let start = Instant::now();
+        let queued = start - job.submitted;
+        let mut stats = ReadStats { queued, ..Default::default() };
+        let mut result = Ok(());
+        for s in &job.segments {
+            // SAFETY: validated against `dest_len` at submit; the submitter keeps `dest`
+            // valid and exclusive until the ticket completes.
+            let dest = unsafe { std::slice::from_raw_parts_mut(job.dest.0.add(s.dest_offset), s.len) };
+            if let Err(e) = read_segment(shared, s, dest, &mut stats) {
+                result = Err(e);
+                break;
+            }
+        }
+        stats.service = start.elapsed();
+        let _ = job.reply.send(result.map(|()| stats));
+    }
+}
+
+fn read_segment(shared: &Shared, s: &ReadSegment, dest: &mut [u8], stats: &mut ReadStats) -> Result<()> {
+    let f = &shared.files[s.file];
+    let name = || f.path.display();
+    let end = s.offset + s.len as u64;
+    // The tail of a page-aligned covering read may pass the end of file by less than a page.
+    if s.len > 0 && (s.offset >= f.len_at_open || end > f.len_at_open.div_ceil(ALIGN_U64) * ALIGN_U64) {
+        bail!(
+            "{}: read of {} bytes at offset {} lies past the end of the file ({} bytes)",
+            name(),
+            s.len,
+            s.offset,
+            f.len_at_open
+        );
+    }
+    let expected = s.len.min(f.len_at_open.saturating_sub(s.offset) as usize);
+    stats.bytes += s.len as u64;
+    let aligned = s.offset.is_multiple_of(ALIGN_U64)
+        && s.len.is_multiple_of(ALIGN)
+        && (dest.as_ptr() as usize).is_multiple_of(ALIGN);
+    let mut done = 0usize;
+    if aligned && shared.direct_ok.load(Ordering::SeqCst) {
+        if let Some(df) = &f.direct {
+            // Direct reads: whole pages; a short count means end of file.
+            while done < s.len {
+                stats.ops += 1;
+                match df.read_at(&mut dest[done..], s.offset + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        done += n;
+                        if !done.is_multiple_of(ALIGN) {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        shared.fallback(&name().to_string());
+                        break;
+                    }
+                    Err(e) => bail!("{}: read of {} bytes at offset {} failed: {e}", name(), s.len, s.offset),
+                }
+            }
+        }
+    }
+    if done < expected {
+        // Buffered path: the whole segment in a non-direct pool, or what is left.
+        let mut short = false;
+        while done < expected {
+            stats.ops += 1;
+            if shared.direct_requested {
+                stats.buffered_ops += 1;
+            }
+            match f.buffered.read_at(&mut dest[done..expected], s.offset + done as u64) {
+                Ok(0) => {
+                    short = true;
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => bail!(
+                    "{}: read of {} bytes at offset {} failed at byte {}: {e}",
+                    name(),
+                    s.len,
+                    s.offset,
+                    s.offset + done as u64
+                ),
+            }
+        }
+        if short || done < expected {
+            bail!(
+                "{}: short read of {} bytes at offset {}: got {done} bytes, the file ended early (it had {} bytes when opened; truncated?)",
+                name(),
+                s.len,
+                s.offset,
+                f.len_at_open
+            );
+        }
+    }
+    if done < s.len {
+        dest[done..].fill(0);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed as u32) as u8 ^ (i >> 12) as u8)
+            .collect()
+    }
+
+    fn temp_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn aligned_buf_is_aligned_and_zeroed() {
+        for len in [0usize, 1, 4095, 4096, 10_000] {
+            let mut b = AlignedBuf::new(len).unwrap();
+            assert_eq!(b.len(), len);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(7);
+            assert_eq!(b.as_mut_ptr() as usize % ALIGN, 0);
+        }
+        // Locking works or fails with the limit named (a large buffer usually exceeds
+        // an unprivileged RLIMIT_MEMLOCK).
+        for len in [4096usize, 256 << 20] {
+            let mut b = AlignedBuf::new(len).unwrap();
+            match b.mlock() {
+                Ok(()) => assert!(b.is_locked()),
+                Err(e) => {
+                    assert!(!b.is_locked());
+                    assert!(e.to_string().contains("RLIMIT_MEMLOCK soft limit"), "{e}");
+                }
+            }
+        }
+    }
+
+    fn reads_back(direct: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let a = pattern(64 * 1024, 1);
+        let b = pattern(3 * 4096 + 100, 2); // last page partial
+        let pa = temp_file(dir.path(), "a.bin", &a);
+        let pb = temp_file(dir.path(), "b.bin", &b);
+        let pool = IoPool::open(&[pa, pb], 2, direct).unwrap();
+        assert_eq!(pool.workers(), 2);
+        let mut buf = AlignedBuf::new(5 * 4096).unwrap();
+        let segs = vec![
+            ReadSegment { file: 0, offset: 8192, len: 8192, dest_offset: 0 },
+            // Covering read of the partial last page: overhang reads as zeros.
+            ReadSegment { file: 1, offset: 8192, len: 8192, dest_offset: 8192 },
+            // Unaligned segment: served buffered in a direct pool.
+            ReadSegment { file: 0, offset: 5, len: 77, dest_offset: 16384 + 3 },
+        ];
+        buf.as_mut_slice().fill(0xee);
+        let stats = pool.read(segs, buf.as_mut_slice()).unwrap();
+        let s = buf.as_slice();
+        assert_eq!(&s[..8192], &a[8192..16384]);
+        assert_eq!(&s[8192..8192 + 4196], &b[8192..]);
+        assert!(s[8192 + 4196..16384].iter().all(|&x| x == 0));
+        assert_eq!(&s[16387..16387 + 77], &a[5..82]);
+        assert_eq!(stats.bytes, 8192 + 8192 + 77);
+        assert!(stats.ops >= 3);
+        if direct && pool.is_direct() {
+            assert_eq!(stats.buffered_ops, 1, "{stats:?}");
+        } else {
+            assert_eq!(stats.buffered_ops, 0);
+        }
+        // Many concurrent tickets.
+        let mut bufs: Vec<AlignedBuf> = (0..16).map(|_| AlignedBuf::new(4096).unwrap()).collect();
+        let tickets: Vec<ReadTicket> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| unsafe {
+                pool.submit(
+                    vec![ReadSegment { file: 0, offset: (i * 4096) as u64, len: 4096, dest_offset: 0 }],
+                    b.as_mut_ptr(),
+                    b.len(),
+                )
+            })
+            .collect();
+        for t in tickets {
+            t.wait().unwrap();
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(b.as_slice(), &a[i * 4096..(i + 1) * 4096]);
+        }
+        assert_eq!(pool.hint_willneed(&[ReadSegment { file: 1, offset: 0, len: 4096, dest_offset: 0 }]), 1);
+    }
+
+    #[test]
+    fn direct_reads() {
+        reads_back(true);
+    }
+
+    #[test]
+    fn buffered_reads() {
+        reads_back(false);
+    }
+
+    #[test]
+    fn invalid_requests_fail_their_ticket_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = temp_file(dir.path(), "a.bin", &pattern(16384, 3));
+        let pool = IoPool::open(&[p], 1, true).unwrap();
+        let mut buf = AlignedBuf::new(8192).unwrap();
+        let nine = vec![ReadSegment { file: 0, offset: 0, len: 16, dest_offset: 0 }; 9];
+        let err = pool.read(nine, buf.as_mut_slice()).unwrap_err().to_string();
+        assert!(err.contains("at most 8 segments"), "{err}");
+        let err = pool
+            .read(vec![ReadSegment { file: 3, offset: 0, len: 16, dest_offset: 0 }], buf.as_mut_slice())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("file #3"), "{err}");
+        let err = pool
+            .read(vec![ReadSegment { file: 0, offset: 0, len: 4096, dest_offset: 8000 }], buf.as_mut_slice())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("overflows the 8192-byte buffer"), "{err}");
+        let err = pool
+            .read(vec![ReadSegment { file: 0, offset: 16384, len: 4096, dest_offset: 0 }], buf.as_mut_slice())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a.bin: read of 4096 bytes at offset 16384 lies past the end"), "{err}");
+        pool.read(vec![ReadSegment { file: 0, offset: 4096, len: 4096, dest_offset: 0 }], buf.as_mut_slice()).unwrap();
+    }
+
+    fn truncated_under_reader(direct: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(64 * 1024, 4);
+        let p = temp_file(dir.path(), "experts.bin", &data);
+        let pool = IoPool::open(std::slice::from_ref(&p), 2, direct).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(16 * 1024).unwrap();
+        let mut buf = AlignedBuf::new(8192).unwrap();
+        let err = pool
+            .read(vec![ReadSegment { file: 0, offset: 32768, len: 8192, dest_offset: 0 }], buf.as_mut_slice())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("experts.bin"), "{err}");
+        assert!(err.contains("short read of 8192 bytes at offset 32768"), "{err}");
+        // Straddling the new end: partial data, still an error.
+        let err = pool
+            .read(vec![ReadSegment { file: 0, offset: 12288, len: 8192, dest_offset: 0 }], buf.as_mut_slice())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("got 4096 bytes"), "{err}");
+        // The pool keeps working.
+        pool.read(vec![ReadSegment { file: 0, offset: 4096, len: 8192, dest_offset: 0 }], buf.as_mut_slice()).unwrap();
+        assert_eq!(buf.as_slice(), &data[4096..12288]);
+    }
+
+    #[test]
+    fn truncated_file_fails_the_ticket_and_the_pool_recovers_direct() {
+        truncated_under_reader(true);
+    }
+
+    #[test]
+    fn truncated_file_fails_the_ticket_and_the_pool_recovers_buffered() {
+        truncated_under_reader(false);
+    }
+
+    #[test]
+    fn refused_o_direct_falls_back_with_one_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(8192, 5);
+        let p1 = temp_file(dir.path(), "a.bin", &data);
+        let p2 = temp_file(dir.path(), "b.bin", &data);
+        SIMULATE_EINVAL.with(|c| c.set(true));
+        let pool = IoPool::open(&[p1, p2], 1, true);
+        SIMULATE_EINVAL.with(|c| c.set(false));
+        let pool = pool.unwrap();
+        assert!(!pool.is_direct());
+        let mut buf = AlignedBuf::new(8192).unwrap();
+        let stats =
+            pool.read(vec![ReadSegment { file: 1, offset: 0, len: 8192, dest_offset: 0 }], buf.as_mut_slice()).unwrap();
+        assert_eq!(buf.as_slice(), &data[..]);
+        assert_eq!(stats.buffered_ops, stats.ops);
+        let w = pool.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("a.bin: the filesystem refuses O_DIRECT"), "{w:?}");
+    }
+
+    #[test]
+    fn dropping_a_ticket_waits_for_the_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(1 << 20, 6);
+        let p = temp_file(dir.path(), "a.bin", &data);
+        let pool = IoPool::open(&[p], 2, false).unwrap();
+        let mut buf = AlignedBuf::new(1 << 20).unwrap();
+        let t = unsafe {
+            pool.submit(
+                vec![ReadSegment { file: 0, offset: 0, len: 1 << 20, dest_offset: 0 }],
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        drop(t);
+        assert_eq!(buf.as_slice(), &data[..]);
+    }
+}
