@@ -15,14 +15,14 @@
 //!
 //! Spec: `shared/reference/residency.md`; interfaces: `docs/design/residency.md`.
 
-// pub mod ledger;
+pub mod ledger;
 pub mod plan;
 // pub mod policy;
 // pub mod replay;
 pub mod slots;
 // pub mod trace;
 
-// pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
+pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
     format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,
 };
