@@ -17,7 +17,7 @@
 
 pub mod ledger;
 pub mod plan;
-// pub mod policy;
+pub mod policy;
 // pub mod replay;
 pub mod slots;
 // pub mod trace;
@@ -26,7 +26,10 @@ pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSI
 pub use plan::{
     format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,
 };
-// pub use policy::{plan_auto_pins, repin_candidate, select_repins, AutoPinPlan, RepinCandidate};
+pub use policy::{
+    plan_auto_pins, repin_candidate, select_repins, AutoPin, AutoPinPlan, RepinCandidate, AUTO_PIN_FULL_CONFIDENCE,
+    AUTO_PIN_MIN_BUDGET, AUTO_PIN_MIN_HISTORY, AUTO_PIN_SHARE, REPIN_MAX_SWAPS,
+};
 // pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
 pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
 // pub use trace::{parse_trace, write_trace, TraceError, TraceRecord};
