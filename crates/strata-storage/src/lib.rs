@@ -4,12 +4,14 @@
 //! `model.safetensors.index.json`). Opening one reads only the headers; tensor bytes are
 //! touched when a tensor is decoded. Every error names the file and the problem.
 
+pub mod colibri;
 pub mod container;
 pub mod io;
 mod safetensors_file;
 mod store;
 mod writer;
 
+pub use colibri::{infer_quant_kind, ColibriContainer, ColibriExpert, ColibriFamily, ColibriTier, GlmDims};
 pub use container::{
     ContainerWriter, ExpertLayout, ExpertLocation, ExpertManifest, ExpertRead, MatrixLayout, TierEntry, TierSpec,
     ALIGN, MANIFEST_FILE,

@@ -1,10 +1,11 @@
 //! A model directory's weights: one or more safetensors shards behind one name space.
 
+use crate::colibri::{infer_quant_kind, QS_SUFFIX};
 use crate::safetensors_file::{ensure_nonempty, SafetensorsFile, TensorRef};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use strata_kernels::{decode_to_f32, dequantize_fp8_blocks, ElementType};
+use strata_kernels::{decode_to_f32, dequantize, dequantize_fp8_blocks, ElementType, QuantKind};
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
@@ -16,14 +17,19 @@ pub struct WeightStore {
 
 impl WeightStore {
     /// Opens every shard of `dir`: those named by `model.safetensors.index.json`, else
-    /// `model.safetensors`, else `model-*.safetensors`. Headers only.
+    /// `model.safetensors`, else `model-*.safetensors`, else the `out-*.safetensors` of a
+    /// Colibri-layout container. Headers only.
     pub fn open_dir(dir: &Path) -> Result<Self> {
-        let paths = shard_paths(dir)?;
+        Self::open_files(&shard_paths(dir)?)
+    }
+
+    /// Opens these safetensors files as one name space (a name in two files is an error).
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
         let mut files = Vec::with_capacity(paths.len());
         let mut names = BTreeMap::new();
         for path in paths {
-            ensure_nonempty(&path)?;
-            let file = SafetensorsFile::open(&path)?;
+            ensure_nonempty(path)?;
+            let file = SafetensorsFile::open(path)?;
             for name in file.tensors().keys() {
                 if names.insert(name.clone(), files.len()).is_some() {
                     bail!("{}: tensor `{name}` also appears in another shard", path.display());
@@ -44,6 +50,13 @@ impl WeightStore {
 
     pub fn contains(&self, name: &str) -> bool {
         self.names.contains_key(name)
+    }
+
+    /// The index (in [`files`](Self::files) order) of the file holding `name`, and its
+    /// header entry (offsets are absolute byte offsets in that file).
+    pub fn locate(&self, name: &str) -> Option<(usize, &TensorRef)> {
+        let i = *self.names.get(name)?;
+        Some((i, &self.files[i].tensors()[name]))
     }
 
     /// The file holding `name` and its header entry.
@@ -67,6 +80,10 @@ impl WeightStore {
     /// `<name>_scale_inv` block scales (`block` = the checkpoint's `weight_block_size`).
     pub fn load_f32(&self, name: &str, shape: &[usize], block: Option<(usize, usize)>) -> Result<Vec<f32>> {
         let (file, t) = self.require(name)?;
+        let qs_name = format!("{name}{QS_SUFFIX}");
+        if matches!(t.dtype, ElementType::U8 | ElementType::I8) && self.contains(&qs_name) {
+            return self.load_qs(name, &qs_name, shape);
+        }
         if t.shape != shape {
             bail!(
                 "{}: tensor `{name}` has shape {:?} but the config implies {:?}",
@@ -98,11 +115,46 @@ impl WeightStore {
         Ok(out)
     }
 
-    /// Bytes on disk of the named tensor (plus its FP8 scale, if any).
+    /// A Colibri-layout tensor: U8 payload `name` plus F32 scales `qs_name`, the encoding
+    /// inferred from the byte counts against the expected `[rows, cols]`.
+    fn load_qs(&self, name: &str, qs_name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (file, t) = self.require(name)?;
+        let (qfile, q) = self.require(qs_name)?;
+        let &[rows, cols] = shape else {
+            bail!(
+                "{}: tensor `{name}` is a quantized payload (with `{qs_name}`) but the config implies shape {shape:?}, not a 2-D matrix",
+                file.path().display()
+            );
+        };
+        if q.dtype != ElementType::F32 {
+            bail!("{}: scale tensor `{qs_name}` is {:?}, expected F32", qfile.path().display(), q.dtype);
+        }
+        let kind = infer_quant_kind(rows, cols, t.byte_len(), q.numel())
+            .map_err(|e| anyhow!("{}: tensor `{name}`: {e}", file.path().display()))?;
+        let mut scales = vec![0f32; q.numel()];
+        decode_to_f32(ElementType::F32, qfile.bytes(q)?, &mut scales)
+            .map_err(|e| anyhow!("{}: tensor `{qs_name}`: {e}", qfile.path().display()))?;
+        Ok(dequantize(kind, file.bytes(t)?, &scales, rows, cols))
+    }
+
+    /// The encoding of a Colibri-layout tensor (`name` + `name.qs`) for the expected
+    /// `[rows, cols]`; `None` when `name` is not such a tensor.
+    pub fn quant_kind(&self, name: &str, rows: usize, cols: usize) -> Option<Result<QuantKind>> {
+        let (file, t) = self.get(name)?;
+        let (_, q) = self.get(&format!("{name}{QS_SUFFIX}"))?;
+        Some(
+            infer_quant_kind(rows, cols, t.byte_len(), q.numel())
+                .map_err(|e| anyhow!("{}: tensor `{name}`: {e}", file.path().display())),
+        )
+    }
+
+    /// Bytes on disk of the named tensor (plus its FP8 `_scale_inv` or Colibri `.qs`
+    /// scales, if any).
     pub fn stored_bytes(&self, name: &str) -> usize {
         let own = self.get(name).map_or(0, |(_, t)| t.byte_len());
         let scale = self.get(&format!("{name}_scale_inv")).map_or(0, |(_, t)| t.byte_len());
-        own + scale
+        let qs = self.get(&format!("{name}{QS_SUFFIX}")).map_or(0, |(_, t)| t.byte_len());
+        own + scale + qs
     }
 }
 
@@ -135,18 +187,30 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     if single.exists() {
         return Ok(vec![single]);
     }
+    let mut shards = list_safetensors(dir, "model-")?;
+    if shards.is_empty() {
+        shards = list_safetensors(dir, "out-")?;
+    }
+    if shards.is_empty() {
+        bail!(
+            "{}: no weights (expected {INDEX_FILE}, model.safetensors, model-*.safetensors or out-*.safetensors)",
+            dir.display()
+        );
+    }
+    Ok(shards)
+}
+
+/// `dir/<prefix>*.safetensors`, sorted.
+pub(crate) fn list_safetensors(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
     let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("{}: cannot list", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("model-") && name.ends_with(".safetensors")
+            name.starts_with(prefix) && name.ends_with(".safetensors") && p.is_file()
         })
         .collect();
     shards.sort();
-    if shards.is_empty() {
-        bail!("{}: no weights (expected {INDEX_FILE}, model.safetensors or model-*.safetensors)", dir.display());
-    }
     Ok(shards)
 }
 
