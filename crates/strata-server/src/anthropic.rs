@@ -7,7 +7,8 @@ use crate::common::{
     StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
-use crate::tools::{from_anthropic_tools, parse_text, Piece, ToolStream};
+use crate::output::OutputParser;
+use crate::tools::{from_anthropic_tools, Piece};
 use crate::worker::Finished;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -83,10 +84,12 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
         };
         if m.role == "assistant" {
             let mut text = String::new();
+            let mut thinking = String::new();
             let mut calls = Vec::new();
             for b in blocks {
                 match block_type(b) {
                     "text" => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                    "thinking" => thinking.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or("")),
                     "tool_use" => {
                         let id = b.get("id").and_then(Value::as_str).unwrap_or("");
                         let name = b.get("name").and_then(Value::as_str).ok_or_else(|| {
@@ -96,7 +99,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
                         let input = b.get("input").cloned().unwrap_or(json!({}));
                         calls.push(template_tool_call(id, name, &input));
                     }
-                    "thinking" | "redacted_thinking" => {}
+                    "redacted_thinking" => {}
                     t => {
                         return Err(ApiError::bad_request(format!(
                             "{param}: content blocks of type `{t}` are not supported in assistant messages"
@@ -108,6 +111,9 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
             let mut extra = Map::new();
             if !calls.is_empty() {
                 extra.insert("tool_calls".into(), Value::Array(calls));
+            }
+            if !thinking.is_empty() {
+                extra.insert("reasoning_content".into(), Value::String(thinking));
             }
             out.push(message("assistant", text, extra));
             continue;
@@ -154,7 +160,7 @@ fn tools_of(req: &MessagesRequest) -> Option<Value> {
     }
 }
 
-fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(Vec<u32>, Option<Value>)> {
+fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u32>, Option<Value>)> {
     st.check_model(req.model.as_deref())?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
@@ -168,8 +174,8 @@ fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(Vec<u32>, Option<Val
     }
     let tools = tools_of(req);
     let messages = template_messages(req.system.as_ref(), &req.messages)?;
-    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
-    Ok((ids, tools))
+    let (text, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    Ok((text, ids, tools))
 }
 
 fn stop_reason(f: &Finished, tool_use: bool) -> &'static str {
@@ -191,49 +197,44 @@ pub async fn messages(State(st): State<Shared>, body: Bytes) -> Response {
 pub async fn count_tokens(State(st): State<Shared>, body: Bytes) -> Response {
     let r = parse_body::<MessagesRequest>(&body).and_then(|req| prompt(&st, &req));
     match r {
-        Ok((ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
+        Ok((_, ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
         Err(e) => e.into_response(Flavor::Anthropic),
     }
 }
 
 async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
     let req: MessagesRequest = parse_body(&body)?;
-    let (ids, tools) = prompt(&st, &req)?;
+    let (text, ids, tools) = prompt(&st, &req)?;
+    let parser = st.output_parser(&text, tools.as_ref());
     let prompt_tokens = ids.len();
     let gen = st.generate_request(
         ids,
         req.max_tokens,
         &req.sampling,
         req.stop_sequences.clone().unwrap_or_default(),
-        tools.is_some(),
+        parser.active(),
     )?;
     let rx = st.worker.submit(gen)?;
     let id = new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let fmt = MessagesStream {
-            id,
-            model: st.model_id.clone(),
-            prompt_tokens,
-            tools: tools.map(|t| ToolStream::new(Some(t))),
-            blocks: 0,
-            text_open: false,
-            calls: 0,
-        };
+        let fmt =
+            MessagesStream { id, model: st.model_id.clone(), prompt_tokens, parser, blocks: 0, open: None, calls: 0 };
         return Ok(sse(rx, fmt));
     }
     let f = collect(rx).await?;
-    let (text, calls) = match &tools {
-        Some(t) => parse_text(&f.output.text, Some(t)),
-        None => (f.output.text.clone(), vec![]),
-    };
+    let p = parser.parse(&f.output.text);
     let mut content = Vec::new();
-    if !text.is_empty() || calls.is_empty() {
-        content.push(json!({"type": "text", "text": text}));
+    if !p.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": p.reasoning, "signature": ""}));
     }
-    for c in &calls {
+    if !p.content.is_empty() || p.calls.is_empty() {
+        content.push(json!({"type": "text", "text": p.content}));
+    }
+    for c in &p.calls {
         content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name,
                             "input": Value::Object(c.arguments.clone())}));
     }
+    let calls = p.calls;
     Ok(Json(json!({
         "id": id,
         "type": "message",
@@ -252,10 +253,11 @@ struct MessagesStream {
     id: String,
     model: String,
     prompt_tokens: usize,
-    tools: Option<ToolStream>,
+    parser: OutputParser,
     /// Content blocks started so far (the next block's index).
     blocks: usize,
-    text_open: bool,
+    /// The kind of the open block (`text` or `thinking`), if one is open.
+    open: Option<&'static str>,
     calls: usize,
 }
 
@@ -264,30 +266,39 @@ fn ev(name: &str, data: Value) -> SseEvent {
 }
 
 impl MessagesStream {
-    fn close_text(&mut self, evs: &mut Vec<SseEvent>) {
-        if self.text_open {
-            self.text_open = false;
+    fn close(&mut self, evs: &mut Vec<SseEvent>) {
+        if self.open.take().is_some() {
             evs.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": self.blocks - 1})));
         }
     }
 
-    fn text(&mut self, evs: &mut Vec<SseEvent>, t: &str) {
+    /// Text or thinking, into a block of that kind (opened as needed).
+    fn text(&mut self, evs: &mut Vec<SseEvent>, kind: &'static str, t: &str) {
         if t.is_empty() {
             return;
         }
-        if !self.text_open {
-            self.text_open = true;
+        if self.open != Some(kind) {
+            self.close(evs);
+            self.open = Some(kind);
             self.blocks += 1;
+            let block = if kind == "thinking" {
+                json!({"type": "thinking", "thinking": "", "signature": ""})
+            } else {
+                json!({"type": "text", "text": ""})
+            };
             evs.push(ev(
                 "content_block_start",
-                json!({"type": "content_block_start", "index": self.blocks - 1,
-                       "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_start", "index": self.blocks - 1, "content_block": block}),
             ));
         }
+        let delta = if kind == "thinking" {
+            json!({"type": "thinking_delta", "thinking": t})
+        } else {
+            json!({"type": "text_delta", "text": t})
+        };
         evs.push(ev(
             "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.blocks - 1,
-                   "delta": {"type": "text_delta", "text": t}}),
+            json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}),
         ));
     }
 
@@ -295,9 +306,10 @@ impl MessagesStream {
         let mut evs = Vec::new();
         for p in pieces {
             match p {
-                Piece::Text(t) => self.text(&mut evs, &t),
+                Piece::Text(t) => self.text(&mut evs, "text", &t),
+                Piece::Reasoning(r) => self.text(&mut evs, "thinking", &r),
                 Piece::Call(c) => {
-                    self.close_text(&mut evs);
+                    self.close(&mut evs);
                     let index = self.blocks;
                     self.blocks += 1;
                     self.calls += 1;
@@ -336,19 +348,16 @@ impl StreamFormat for MessagesStream {
     }
 
     fn delta(&mut self, text: &str) -> Vec<SseEvent> {
-        let pieces = match self.tools.as_mut() {
-            Some(ts) => ts.push(text),
-            None => vec![Piece::Text(text.to_string())],
-        };
+        let pieces = self.parser.push(text);
         self.pieces(pieces)
     }
 
     fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
-        let rest = self.tools.as_mut().map(ToolStream::finish).unwrap_or_default();
+        let rest = self.parser.finish();
         let mut evs = self.pieces(rest);
         if self.blocks == 0 {
             // Every message has at least one content block.
-            self.text_open = true;
+            self.open = Some("text");
             self.blocks = 1;
             evs.push(ev(
                 "content_block_start",
@@ -356,7 +365,7 @@ impl StreamFormat for MessagesStream {
                        "content_block": {"type": "text", "text": ""}}),
             ));
         }
-        self.close_text(&mut evs);
+        self.close(&mut evs);
         evs.push(ev(
             "message_delta",
             json!({"type": "message_delta",

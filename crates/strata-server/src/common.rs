@@ -4,6 +4,7 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
+use crate::output::{OutputParser, THINK_START};
 use crate::worker::{Event, Finished, Worker};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -28,9 +29,11 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     pub created: u64,
-    /// Whether `<tool_call>` and friends are special tokens, which a decode that skips
-    /// special tokens would drop: tool-using requests then keep special tokens.
-    pub tool_markers_special: bool,
+    /// Whether `<tool_call>`, `<think>` and friends are special tokens, which a decode
+    /// that skips special tokens would drop: parsed outputs then keep special tokens.
+    pub markers_special: bool,
+    /// Whether the model reasons in `<think>...</think>` (its tokenizer has the tags).
+    pub reasoning: bool,
 }
 
 pub type Shared = Arc<AppState>;
@@ -188,15 +191,23 @@ impl AppState {
         self.model.model.max_context()
     }
 
+    /// How to parse the answer to a chat prompt: reasoning (for reasoning models; inside
+    /// it from the start when the prompt opened it) and tool calls (when tools were sent).
+    pub fn output_parser(&self, prompt: &str, tools: Option<&Value>) -> OutputParser {
+        let think = self.reasoning.then(|| prompt.trim_end().ends_with(THINK_START));
+        OutputParser::new(think, tools.cloned())
+    }
+
     /// A generation request for `prompt_ids`, refused with 400 when the prompt cannot
     /// fit the context; `max_tokens` is clamped to the room left (default: all of it).
+    /// `parsed`: the answer goes through an [`OutputParser`].
     pub fn generate_request(
         &self,
         prompt_ids: Vec<u32>,
         max_tokens: Option<u64>,
         sampling: &SamplingOptions,
         stop: Vec<String>,
-        tools: bool,
+        parsed: bool,
     ) -> ApiResult<GenerateRequest> {
         let ctx = self.max_context();
         if prompt_ids.is_empty() {
@@ -218,7 +229,7 @@ impl AppState {
         Ok(GenerateRequest {
             stop_strings: stop,
             eos_token_ids: self.model.eos_token_ids.clone(),
-            skip_special_tokens: !(tools && self.tool_markers_special),
+            skip_special_tokens: !(parsed && self.markers_special),
             ..GenerateRequest::new(prompt_ids, max_tokens, sampling)
         })
     }

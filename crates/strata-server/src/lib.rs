@@ -11,6 +11,7 @@ pub mod common;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod output;
 pub mod responses;
 pub mod tools;
 pub mod worker;
@@ -53,9 +54,13 @@ pub struct ServerConfig {
 pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Shared {
     let model = Arc::new(model);
     let metrics = Arc::new(Metrics::default());
-    let tool_markers_special = model.tokenizer.as_ref().is_some_and(|t| {
-        t.token_id(tools::CALL_START).is_some_and(|id| t.decode(&[id], true).is_ok_and(|s| s.is_empty()))
-    });
+    let tok = model.tokenizer.as_ref();
+    // A marker that a decode skipping special tokens would drop.
+    let special = |m: &str| {
+        tok.and_then(|t| t.token_id(m).map(|id| t.decode(&[id], true).is_ok_and(|s| s.is_empty()))).unwrap_or(false)
+    };
+    let markers_special = [tools::CALL_START, output::THINK_START, output::THINK_END].into_iter().any(special);
+    let reasoning = tok.is_some_and(|t| t.token_id(output::THINK_END).is_some());
     Arc::new(AppState {
         model_id: display_name(&model.dir),
         worker: Worker::start(model.clone(), queue, metrics.clone()),
@@ -64,7 +69,8 @@ pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Share
         metrics,
         started: Instant::now(),
         created: common::now_unix(),
-        tool_markers_special,
+        markers_special,
+        reasoning,
     })
 }
 

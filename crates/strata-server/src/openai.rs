@@ -6,7 +6,8 @@ use crate::common::{
     Shared, StopField, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
-use crate::tools::{parse_text, Piece, ToolCall, ToolStream};
+use crate::output::OutputParser;
+use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -44,10 +45,10 @@ pub struct ChatMessage {
     pub content: Value,
     #[serde(default)]
     pub tool_calls: Option<Vec<ToolCallIn>>,
-    #[serde(default)]
-    pub tool_call_id: Option<String>,
-    #[serde(default)]
-    pub name: Option<String>,
+    /// Everything else (`tool_call_id`, `name`, `reasoning_content`, ...) goes to the
+    /// chat template as it came.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -113,7 +114,7 @@ pub fn chat_messages(msgs: Vec<ChatMessage>) -> ApiResult<Vec<Message>> {
             }
         };
         let content = content_text(&m.content, &param)?;
-        let mut extra = Map::new();
+        let mut extra = m.extra;
         if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
             let calls = calls
                 .iter()
@@ -123,12 +124,6 @@ pub fn chat_messages(msgs: Vec<ChatMessage>) -> ApiResult<Vec<Message>> {
                 })
                 .collect();
             extra.insert("tool_calls".into(), Value::Array(calls));
-        }
-        if let Some(id) = m.tool_call_id {
-            extra.insert("tool_call_id".into(), Value::String(id));
-        }
-        if let Some(name) = m.name {
-            extra.insert("name".into(), Value::String(name));
         }
         out.push(message(role, content, extra));
     }
@@ -172,40 +167,35 @@ async fn chat(st: Shared, body: Bytes) -> ApiResult<Response> {
     }
     let tools = tool_schemas(req.tools, req.tool_choice.as_ref())?;
     let messages = chat_messages(req.messages)?;
-    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let (prompt, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let parser = st.output_parser(&prompt, tools.as_ref());
     let gen = st.generate_request(
         ids,
         req.max_completion_tokens.or(req.max_tokens),
         &req.sampling,
         req.stop.map(StopField::into_vec).unwrap_or_default(),
-        tools.is_some(),
+        parser.active(),
     )?;
     let rx = st.worker.submit(gen)?;
     let id = new_id("chatcmpl-");
     let created = now_unix();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let fmt = ChatStream {
-            id,
-            created,
-            model: st.model_id.clone(),
-            include_usage,
-            tools: tools.map(|t| ToolStream::new(Some(t))),
-            calls: 0,
-        };
+        let fmt = ChatStream { id, created, model: st.model_id.clone(), include_usage, parser, calls: 0 };
         return Ok(sse(rx, fmt));
     }
     let f = collect(rx).await?;
-    let (content, calls) = match &tools {
-        Some(t) => parse_text(&f.output.text, Some(t)),
-        None => (f.output.text.clone(), vec![]),
-    };
-    let mut msg = json!({"role": "assistant", "content": content});
-    if !calls.is_empty() {
-        if content.is_empty() {
+    let p = parser.parse(&f.output.text);
+    let mut msg = json!({"role": "assistant", "content": p.content});
+    if !p.reasoning.is_empty() {
+        msg["reasoning_content"] = json!(p.reasoning);
+    }
+    if !p.calls.is_empty() {
+        if p.content.is_empty() {
             msg["content"] = Value::Null;
         }
-        msg["tool_calls"] = calls
+        msg["tool_calls"] = p
+            .calls
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -215,6 +205,7 @@ async fn chat(st: Shared, body: Bytes) -> ApiResult<Response> {
             })
             .collect();
     }
+    let calls = p.calls;
     Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
@@ -233,7 +224,7 @@ struct ChatStream {
     created: u64,
     model: String,
     include_usage: bool,
-    tools: Option<ToolStream>,
+    parser: OutputParser,
     calls: usize,
 }
 
@@ -255,6 +246,7 @@ impl ChatStream {
         for p in pieces {
             match p {
                 Piece::Text(t) => evs.push(self.chunk(json!({"content": t}), None)),
+                Piece::Reasoning(r) => evs.push(self.chunk(json!({"reasoning_content": r}), None)),
                 Piece::Call(c) => {
                     let call = openai_tool_call(self.calls, &c);
                     self.calls += 1;
@@ -272,23 +264,13 @@ impl StreamFormat for ChatStream {
     }
 
     fn delta(&mut self, text: &str) -> Vec<SseEvent> {
-        match self.tools.as_mut() {
-            Some(ts) => {
-                let p = ts.push(text);
-                self.pieces(p)
-            }
-            None => vec![self.chunk(json!({"content": text}), None)],
-        }
+        let p = self.parser.push(text);
+        self.pieces(p)
     }
 
     fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
-        let mut evs = match self.tools.as_mut() {
-            Some(ts) => {
-                let p = ts.finish();
-                self.pieces(p)
-            }
-            None => vec![],
-        };
+        let p = self.parser.finish();
+        let mut evs = self.pieces(p);
         evs.push(self.chunk(json!({}), Some(finish_reason(f, self.calls > 0))));
         if self.include_usage {
             evs.push(json_event(

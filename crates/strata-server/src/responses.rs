@@ -8,7 +8,8 @@ use crate::common::{
     Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
-use crate::tools::{parse_text, Piece, ToolCall, ToolStream};
+use crate::output::OutputParser;
+use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -190,6 +191,11 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
 }
 
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" { json!([{"type": "reasoning_text", "text": text}]) } else { json!([]) };
+    json!({"id": id, "type": "reasoning", "status": status, "summary": [], "content": content})
+}
+
 fn call_item(id: &str, call_id: &str, c: &ToolCall, arguments: &str, status: &str) -> Value {
     json!({"id": id, "type": "function_call", "status": status, "call_id": call_id,
            "name": c.name, "arguments": arguments})
@@ -216,8 +222,9 @@ async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
     if messages.iter().all(|m| m.role == "system") {
         return Err(ApiError::bad_request("`input` must not be empty").with_param("input"));
     }
-    let (_, ids) = st.chat_prompt(&messages, tools.as_ref())?;
-    let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], tools.is_some())?;
+    let (prompt, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let parser = st.output_parser(&prompt, tools.as_ref());
+    let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], parser.active())?;
     let echo = Echo {
         id: new_id("resp_"),
         created_at: now_unix(),
@@ -230,38 +237,38 @@ async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
     };
     let rx = st.worker.submit(gen)?;
     if req.stream.unwrap_or(false) {
-        let fmt = ResponsesStream {
-            echo,
-            seq: 0,
-            tools: tools.map(|t| ToolStream::new(Some(t))),
-            output: Vec::new(),
-            open: None,
-        };
+        let fmt = ResponsesStream { echo, seq: 0, parser, output: Vec::new(), open: None };
         return Ok(sse(rx, fmt));
     }
     let f = collect(rx).await?;
-    let (text, calls) = match &tools {
-        Some(t) => parse_text(&f.output.text, Some(t)),
-        None => (f.output.text.clone(), vec![]),
-    };
+    let p = parser.parse(&f.output.text);
     let mut output = Vec::new();
-    if !text.is_empty() || calls.is_empty() {
-        output.push(message_item(&new_id("msg_"), &text, "completed"));
+    if !p.reasoning.is_empty() {
+        output.push(reasoning_item(&new_id("rs_"), &p.reasoning, "completed"));
     }
-    for c in &calls {
+    if !p.content.is_empty() || p.calls.is_empty() {
+        output.push(message_item(&new_id("msg_"), &p.content, "completed"));
+    }
+    for c in &p.calls {
         output.push(call_item(&new_id("fc_"), &new_id("call_"), c, &c.arguments_json(), "completed"));
     }
     Ok(Json(echo.response("completed", output, Some(&f))).into_response())
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Message,
+    Reasoning,
+}
+
 struct ResponsesStream {
     echo: Echo,
     seq: u64,
-    tools: Option<ToolStream>,
+    parser: OutputParser,
     /// Finished output items.
     output: Vec<Value>,
-    /// The message item being streamed: its id and text so far.
-    open: Option<(String, String)>,
+    /// The item being streamed: its kind, id and text so far.
+    open: Option<(Open, String, String)>,
 }
 
 impl ResponsesStream {
@@ -272,54 +279,84 @@ impl ResponsesStream {
         json_event(Some(kind), &data)
     }
 
-    fn text(&mut self, evs: &mut Vec<SseEvent>, t: &str) {
+    fn text(&mut self, evs: &mut Vec<SseEvent>, kind: Open, t: &str) {
+        if self.open.as_ref().is_some_and(|o| o.0 != kind) {
+            self.close(evs);
+        }
         let index = self.output.len();
         if self.open.is_none() {
-            let id = new_id("msg_");
-            let added = self.ev(
-                "response.output_item.added",
-                json!({"output_index": index, "item": message_item(&id, "", "in_progress")}),
-            );
-            let part = self.ev(
-                "response.content_part.added",
-                json!({"item_id": id,
-                "output_index": index, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": []}}),
-            );
-            evs.extend([added, part]);
-            self.open = Some((id, String::new()));
+            let (id, item) = match kind {
+                Open::Message => {
+                    let id = new_id("msg_");
+                    let item = message_item(&id, "", "in_progress");
+                    (id, item)
+                }
+                Open::Reasoning => {
+                    let id = new_id("rs_");
+                    let item = reasoning_item(&id, "", "in_progress");
+                    (id, item)
+                }
+            };
+            let added = self.ev("response.output_item.added", json!({"output_index": index, "item": item}));
+            evs.push(added);
+            if kind == Open::Message {
+                let part = self.ev(
+                    "response.content_part.added",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "part": {"type": "output_text", "text": "", "annotations": []}}),
+                );
+                evs.push(part);
+            }
+            self.open = Some((kind, id, String::new()));
         }
-        let (id, text) = self.open.as_mut().unwrap();
+        let (_, id, text) = self.open.as_mut().unwrap();
         text.push_str(t);
         let id = id.clone();
-        let d = self.ev(
-            "response.output_text.delta",
-            json!({"item_id": id, "output_index": index,
-            "content_index": 0, "delta": t, "logprobs": []}),
-        );
+        let name = match kind {
+            Open::Message => "response.output_text.delta",
+            Open::Reasoning => "response.reasoning_text.delta",
+        };
+        let mut data = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t});
+        if kind == Open::Message {
+            data["logprobs"] = json!([]);
+        }
+        let d = self.ev(name, data);
         evs.push(d);
     }
 
-    fn close_text(&mut self, evs: &mut Vec<SseEvent>) {
-        let Some((id, text)) = self.open.take() else {
-            return;
-        };
+    fn close(&mut self, evs: &mut Vec<SseEvent>) {
+        let Some((kind, id, text)) = self.open.take() else { return };
         let index = self.output.len();
-        let item = message_item(&id, &text, "completed");
-        let done = [
-            self.ev(
-                "response.output_text.done",
-                json!({"item_id": id, "output_index": index,
-                "content_index": 0, "text": text, "logprobs": []}),
-            ),
-            self.ev(
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": index,
-                "content_index": 0, "part": item["content"][0].clone()}),
-            ),
-            self.ev("response.output_item.done", json!({"output_index": index, "item": item.clone()})),
-        ];
-        evs.extend(done);
+        let item = match kind {
+            Open::Message => {
+                let item = message_item(&id, &text, "completed");
+                let done = [
+                    self.ev(
+                        "response.output_text.done",
+                        json!({"item_id": id, "output_index": index,
+                        "content_index": 0, "text": text, "logprobs": []}),
+                    ),
+                    self.ev(
+                        "response.content_part.done",
+                        json!({"item_id": id, "output_index": index,
+                        "content_index": 0, "part": item["content"][0].clone()}),
+                    ),
+                ];
+                evs.extend(done);
+                item
+            }
+            Open::Reasoning => {
+                let done = self.ev(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id,
+                    "output_index": index, "content_index": 0, "text": text}),
+                );
+                evs.push(done);
+                reasoning_item(&id, &text, "completed")
+            }
+        };
+        let done = self.ev("response.output_item.done", json!({"output_index": index, "item": item.clone()}));
+        evs.push(done);
         self.output.push(item);
     }
 
@@ -327,9 +364,10 @@ impl ResponsesStream {
         let mut evs = Vec::new();
         for p in pieces {
             match p {
-                Piece::Text(t) => self.text(&mut evs, &t),
+                Piece::Text(t) => self.text(&mut evs, Open::Message, &t),
+                Piece::Reasoning(r) => self.text(&mut evs, Open::Reasoning, &r),
                 Piece::Call(c) => {
-                    self.close_text(&mut evs);
+                    self.close(&mut evs);
                     let index = self.output.len();
                     let (id, call_id, args) = (new_id("fc_"), new_id("call_"), c.arguments_json());
                     let item = call_item(&id, &call_id, &c, &args, "completed");
@@ -374,21 +412,20 @@ impl StreamFormat for ResponsesStream {
     }
 
     fn delta(&mut self, text: &str) -> Vec<SseEvent> {
-        let pieces = match self.tools.as_mut() {
-            Some(ts) => ts.push(text),
-            None => vec![Piece::Text(text.to_string())],
-        };
+        let pieces = self.parser.push(text);
         self.pieces(pieces)
     }
 
     fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
-        let rest = self.tools.as_mut().map(ToolStream::finish).unwrap_or_default();
+        let rest = self.parser.finish();
         let mut evs = self.pieces(rest);
-        if self.output.is_empty() && self.open.is_none() {
+        let answered = self.output.iter().any(|i| i["type"] != "reasoning")
+            || self.open.as_ref().is_some_and(|o| o.0 == Open::Message);
+        if !answered {
             // Always answer with a message item, if an empty one.
-            self.text(&mut evs, "");
+            self.text(&mut evs, Open::Message, "");
         }
-        self.close_text(&mut evs);
+        self.close(&mut evs);
         let r = self.echo.response("completed", self.output.clone(), Some(f));
         let kind = if r["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
         evs.push(self.ev(kind, json!({"response": r})));

@@ -8,8 +8,8 @@
 //! </tool_call>
 //! ```
 //!
-//! A value becomes JSON when it parses as JSON, else a string; an argument whose schema
-//! says `"type": "string"` stays a string. [`ToolStream`] splits a stream of text deltas
+//! Values are trimmed; a value becomes JSON when it parses as JSON, else a string; an
+//! argument whose schema says `"type": "string"` stays a string. [`ToolStream`] splits a stream of text deltas
 //! into plain text and whole tool calls, holding back what could still begin a call.
 
 use serde_json::{Map, Value};
@@ -37,6 +37,8 @@ impl ToolCall {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Piece {
     Text(String),
+    /// Reasoning, from [`crate::output`] (never from [`ToolStream`]).
+    Reasoning(String),
     Call(ToolCall),
 }
 
@@ -76,12 +78,13 @@ pub fn parse_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
         let after = after_key[key_end + KEY_END.len()..].trim_start();
         let after_value = after.strip_prefix(VALUE_START)?;
         let value_end = after_value.find(VALUE_END)?;
-        let raw = &after_value[..value_end];
+        // Values are trimmed, as GLM's own parser does.
+        let raw = after_value[..value_end].trim();
         rest = &after_value[value_end + VALUE_END.len()..];
         let value = if declared_type(tools, name, key) == Some("string") {
             Value::String(raw.to_string())
         } else {
-            serde_json::from_str::<Value>(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
+            serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
         };
         arguments.insert(key.to_string(), value);
     }
@@ -89,7 +92,7 @@ pub fn parse_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
 }
 
 /// The length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
         .find(|&k| k <= text.len() && text.is_char_boundary(text.len() - k) && text.ends_with(&marker[..k]))
@@ -195,6 +198,7 @@ pub fn parse_text(text: &str, tools: Option<&Value>) -> (String, Vec<ToolCall>) 
         match p {
             Piece::Text(t) => content.push_str(&t),
             Piece::Call(c) => calls.push(c),
+            Piece::Reasoning(_) => {}
         }
     }
     let content = if calls.is_empty() { content } else { content.trim().to_string() };
@@ -245,6 +249,9 @@ mod tests {
         let (_, calls) = parse_text(CALL, Some(&tools));
         assert_eq!(calls[0].arguments["days"], json!("3"));
         assert_eq!(calls[0].arguments["opts"], json!({"unit": "C"}));
+        let spaced = "<tool_call>get_weather\n<arg_key> days </arg_key>\n<arg_value>\n 4 \n</arg_value></tool_call>";
+        assert_eq!(parse_text(spaced, Some(&tools)).1[0].arguments["days"], json!("4"));
+        assert_eq!(parse_text(spaced, None).1[0].arguments["days"], json!(4));
     }
 
     #[test]
@@ -293,6 +300,7 @@ mod tests {
                         content.push_str(&t)
                     }
                     Piece::Call(c) => calls.push(c),
+                    Piece::Reasoning(_) => unreachable!(),
                 }
             }
             assert_eq!(content.trim(), whole.0, "step {step}");

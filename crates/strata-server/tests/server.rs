@@ -234,7 +234,7 @@ fn responses_stream_numbers_its_events() {
 
 /// A GLM-style template that renders tool schemas, the assistant's tool calls and the
 /// tool results, to show that each reaches the template.
-const TOOL_TEMPLATE: &str = "[gMASK]<sop>{% if tools %}<|system|>\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>\n{{ m.content }}{% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments | items %}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}{% elif m.role == 'tool' %}<|observation|><tool_response>{{ m.tool_call_id }}: {{ m.content }}</tool_response>{% else %}<|{{ m.role }}|>\n{{ m.content }}{% endif %}{% endfor %}<|assistant|>";
+const TOOL_TEMPLATE: &str = "[gMASK]<sop>{% if tools %}<|system|>\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}\n{{ m.content }}{% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments | items %}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}{% elif m.role == 'tool' %}<|observation|><tool_response>{{ m.tool_call_id }}: {{ m.content }}</tool_response>{% else %}<|{{ m.role }}|>\n{{ m.content }}{% endif %}{% endfor %}<|assistant|>{% if think %}<think>{% endif %}";
 
 #[test]
 fn tools_calls_and_results_reach_the_template() {
@@ -246,7 +246,7 @@ fn tools_calls_and_results_reach_the_template() {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
     let messages = json!([
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+        {"role": "assistant", "content": null, "reasoning_content": "Use the tool.", "tool_calls": [{"id": "call_7", "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_7", "content": "sunny"},
     ]);
@@ -259,6 +259,7 @@ fn tools_calls_and_results_reach_the_template() {
             "{p}"
         );
         assert!(p.contains("<tool_response>call_7: sunny</tool_response>"), "{p}");
+        assert!(p.contains("<|assistant|><think>Use the tool.</think>"), "{p}");
         let r =
             post(&app, "/v1/chat/completions", json!({"messages": messages, "tools": tools, "max_tokens": 4})).await;
         assert_eq!(r.status, 200, "{}", r.body);
@@ -268,7 +269,8 @@ fn tools_calls_and_results_reach_the_template() {
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
         "messages": [
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_7", "name": "get_weather",
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use the tool.", "signature": ""},
+                                              {"type": "tool_use", "id": "call_7", "name": "get_weather",
                                                "input": {"city": "Paris"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_7", "content": "sunny"}]},
         ]});
@@ -319,5 +321,89 @@ fn a_client_that_goes_away_cancels_its_generation() {
         let last = st.metrics.last.lock().unwrap().clone().unwrap();
         assert_eq!(last.finish_reason, "cancelled");
         assert!(last.generated_tokens < st.max_context() - 2);
+    });
+}
+
+/// A reasoning model whose prompt opens `<think>`: everything the (random) model says
+/// before a `</think>` is reasoning, in each API's own form.
+#[test]
+fn reasoning_is_reported_apart_from_the_answer() {
+    use std::sync::Arc;
+    use strata_server::common::AppState;
+    use strata_server::metrics::Metrics;
+    use strata_server::worker::Worker;
+    let mut model = fixture();
+    let source = TOOL_TEMPLATE.replace("{% if think %}<think>{% endif %}", "<think>");
+    model.chat_template = Some(ChatTemplate::new(&source, String::new(), String::new()).unwrap());
+    let model = Arc::new(model);
+    let metrics = Arc::new(Metrics::default());
+    let st = Arc::new(AppState {
+        model_id: "m".into(),
+        worker: Worker::start(model.clone(), 4, metrics.clone()),
+        model,
+        api_key: None,
+        metrics,
+        started: Instant::now(),
+        created: 0,
+        markers_special: false,
+        reasoning: true,
+    });
+    let app = strata_server::router(st);
+    block_on(async {
+        let req = json!({"messages": user("Hi"), "max_tokens": 10, "temperature": 0});
+        let r = post(&app, "/v1/chat/completions", req.clone()).await.json();
+        let reasoning = r["choices"][0]["message"]["reasoning_content"].as_str().unwrap().to_string();
+        assert!(!reasoning.is_empty() && !reasoning.contains("</think>"), "{r}");
+        assert_eq!(r["choices"][0]["message"]["content"], "");
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        let s = post(&app, "/v1/chat/completions", sreq).await;
+        let streamed: String = s
+            .events()
+            .iter()
+            .filter(|e| e.1 != "[DONE]")
+            .filter_map(|e| {
+                serde_json::from_str::<Value>(&e.1).unwrap()["choices"][0]["delta"]["reasoning_content"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        assert_eq!(streamed.trim_end(), reasoning);
+
+        let m = post(&app, "/v1/messages", req.clone()).await.json();
+        assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+        assert_eq!(m["content"][0]["thinking"], reasoning.as_str());
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        let events = post(&app, "/v1/messages", sreq).await.events();
+        let start: Value = serde_json::from_str(&events[2].1).unwrap();
+        assert_eq!(start["content_block"]["type"], "thinking");
+        let deltas: Vec<Value> = events
+            .iter()
+            .filter(|e| e.0.as_deref() == Some("content_block_delta"))
+            .map(|e| serde_json::from_str(&e.1).unwrap())
+            .collect();
+        assert!(deltas.iter().all(|d| d["delta"]["type"] == "thinking_delta"));
+
+        let resp =
+            post(&app, "/v1/responses", json!({"input": "Hi", "max_output_tokens": 10, "temperature": 0})).await.json();
+        assert_eq!(resp["output"][0]["type"], "reasoning", "{resp}");
+        assert_eq!(resp["output"][0]["content"][0]["text"], reasoning.as_str());
+        assert_eq!(resp["output"][1]["type"], "message");
+        let events = post(
+            &app,
+            "/v1/responses",
+            json!({"input": "Hi", "max_output_tokens": 10, "temperature": 0, "stream": true}),
+        )
+        .await
+        .events();
+        let names: Vec<&str> = events.iter().map(|e| e.0.as_deref().unwrap()).collect();
+        assert!(
+            names.contains(&"response.reasoning_text.delta") && names.contains(&"response.reasoning_text.done"),
+            "{names:?}"
+        );
+        let last: Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
+        assert_eq!(last["response"]["output"][0]["type"], "reasoning");
+        assert_eq!(last["response"]["output"][1]["type"], "message");
     });
 }
