@@ -27,7 +27,7 @@ save_pretrained writes them) split into part{0,1,2}.safetensors (< 16 MiB each; 
 e_score_correction_bias in F32).  `training/finalize.py` merges the parts into
 models/strata-tiny/model.safetensors and checks it against transformers.
 
-Usage: python3 training/train_tiny.py --data training/data/tok --out OUT [--budget-s 400]
+Usage: python3 training/train_tiny.py --data training/data/tok --out OUT   (defaults = the shipped run)
        python3 training/train_tiny.py --smoke   (tiny config, a few CPU steps)
 """
 import argparse
@@ -302,10 +302,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
 
+    dropout = 0.0  # residual-branch dropout, training only (set by main)
+
     def forward(self, x, cos, sin, sparse, want_index_loss, stats=None):
         a, il = self.self_attn(self.input_layernorm(x), cos, sin, sparse, want_index_loss, stats)
-        x = x + a
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + F.dropout(a, self.dropout, self.training)
+        x = x + F.dropout(self.mlp(self.post_attention_layernorm(x)), self.dropout, self.training)
         return x, il
 
 
@@ -604,7 +606,7 @@ def main():
     ap.add_argument("--data", default=os.path.join(HERE, "data", "tok"))
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/strata-tiny-out"))
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "strata-tiny", "tokenizer.json"))
-    ap.add_argument("--budget-s", type=float, default=400.0, help="wall-clock training budget")
+    ap.add_argument("--budget-s", type=float, default=360.0, help="wall-clock training budget")
     ap.add_argument("--max-steps", type=int, default=10 ** 9)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seq", type=int, default=256)
@@ -614,7 +616,8 @@ def main():
     ap.add_argument("--dense-frac", type=float, default=0.1, help="fraction of the budget with dense attention")
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
-    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-every", type=int, default=250)  # shipped run: defaults throughout
+    ap.add_argument("--dropout", type=float, default=0.25, help="residual dropout (training only)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -631,6 +634,7 @@ def main():
 
     data = Data(args.data, device)
     assert data.meta["vocab_size"] == cfg["vocab_size"], data.meta["vocab_size"]
+    DecoderLayer.dropout = args.dropout
     model = GlmMoeDsaTiny(cfg).to(device)
     model.init_weights()
     n_params, n_buf = param_count(cfg)
@@ -755,7 +759,7 @@ def main():
     metrics = {
         "config": fc, "params": n_params, "weight_bytes": total_bytes, "steps": step, "chosen_step": chosen,
         "tokens": tokens, "train_time_s": train_time, "batch": args.batch, "seq": args.seq, "lr": args.lr,
-        "mtp_weight": args.mtp_weight, "dense_frac": args.dense_frac, "budget_s": args.budget_s,
+        "mtp_weight": args.mtp_weight, "dropout": args.dropout, "warmup": args.warmup, "dense_frac": args.dense_frac, "budget_s": args.budget_s,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "curve": curve, "val_curve": val_curve, "eval": full, "routing": rr,
         "indexer_topk_mass_kept": idx_recall, "samples": samples, "train_tokens_available": len(data.train),
