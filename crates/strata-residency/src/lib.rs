@@ -18,9 +18,9 @@
 pub mod ledger;
 pub mod plan;
 pub mod policy;
-// pub mod replay;
+pub mod replay;
 pub mod slots;
-// pub mod trace;
+pub mod trace;
 
 pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
@@ -30,9 +30,9 @@ pub use policy::{
     plan_auto_pins, repin_candidate, select_repins, AutoPin, AutoPinPlan, RepinCandidate, AUTO_PIN_FULL_CONFIDENCE,
     AUTO_PIN_MIN_BUDGET, AUTO_PIN_MIN_HISTORY, AUTO_PIN_SHARE, REPIN_MAX_SWAPS,
 };
-// pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
+pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
 pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
-// pub use trace::{parse_trace, write_trace, TraceError, TraceRecord};
+pub use trace::{parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, TRACE_HEADER};
 
 /// One routed expert: (model layer id, expert id within the layer).
 pub type ExpertKey = (usize, usize);
@@ -57,5 +57,10 @@ impl TestRng {
     /// Uniform in `0..n` (n > 0).
     pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
+    }
+    /// Skewed towards 0 in `0..n`: uniform below a uniform bound.
+    pub(crate) fn skewed(&mut self, n: usize) -> usize {
+        let bound = 1 + self.below(n);
+        self.below(bound)
     }
 }

@@ -250,9 +250,8 @@ fn decommit_shrinks_to_one_slot_per_layer_oldest_first() {
     let mut t = table(1, 3);
     let pin = t.pin((3, 99)).unwrap();
     assert!(t.finish_load(pin, t.slot(pin).generation));
-    for (i, e) in [1, 2, 3].into_iter().enumerate() {
+    for e in [1, 2, 3] {
         t.tick();
-        let _ = i;
         miss(&mut t, (3, e));
     }
     t.tick();
@@ -270,7 +269,7 @@ fn decommit_shrinks_to_one_slot_per_layer_oldest_first() {
     assert_eq!(t.lookup((3, 3)).map(|s| t.slot(s).role), Some(SlotRole::Layer(3)), "newest survives");
     assert_eq!(t.lookup((3, 1)), None);
     assert_eq!(t.lookup((3, 99)), Some(pin), "pins survive pressure");
-    assert_eq!(t.lookup((5, 1)).is_some(), true);
+    assert!(t.lookup((5, 1)).is_some());
     let snap = t.snapshot();
     assert_eq!((snap.decommitted, snap.pressure_evictions, snap.disabled), (4, 2, 4));
     // Capacity never comes back: later misses still fit in one slot per layer.

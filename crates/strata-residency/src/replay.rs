@@ -1,0 +1,356 @@
+//! Offline replay of a route trace against residency policies, judged against the
+//! offline optimum at the same capacity (`strata replay`).
+//!
+//! Access model (the runtime's): the routes of all rows of one forward at one layer
+//! are deduplicated in stable order; each unique expert is one access, a hit if it is
+//! resident when the forward reaches the layer. Misses load through the working bank
+//! and are then admitted into the layer's `slots_per_layer` LRU slots; an expert used by
+//! the current forward is never the victim, so when a forward needs more experts than
+//! the layer has slots the rest are dropped after use. Policies:
+//!
+//! - **LRU**: the runtime's rule: an empty slot first, else the oldest last use (the
+//!   forward number), ties to the lowest slot.
+//! - **LFRU**: evict the lowest `heat * 256 + max(0, 255 - age)`; heat counts every
+//!   selection (before dedup) and halves at each new segment (turn); age counts
+//!   selections since the expert's last one.
+//! - **pinned+LRU**: the `pinned` most selected (layer, expert) keys of the trace are
+//!   always resident (in `pinned` extra slots), LRU over the rest.
+//! - **Belady**: the offline optimum at `slots_per_layer`: after each forward, keep the
+//!   experts whose next use is soonest. Its hit count bounds LRU and LFRU from above;
+//!   pinned+LRU has `pinned` more slots, so it can exceed it.
+//!
+//! `waves` counts I/O waves: each access group's misses in chunks of `working`.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::trace::TraceRecord;
+use crate::ExpertKey;
+
+/// Capacity to replay at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReplayConfig {
+    pub slots_per_layer: usize,
+    /// Working bank size (wave width); 0 is treated as 1.
+    pub working: usize,
+    /// Pinned slots for pinned+LRU.
+    pub pinned: usize,
+}
+
+/// One policy's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyResult {
+    pub name: String,
+    /// Expert slots the policy keeps (layers x slots per layer, plus pins).
+    pub slots: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// hits / (hits + misses); 0 for an empty trace.
+    pub hit_rate: f64,
+    pub waves: u64,
+}
+
+/// The replay table (`Display`) and its JSON (`Serialize`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    pub config: ReplayConfig,
+    pub records: usize,
+    /// Selections before dedup.
+    pub selections: u64,
+    /// Unique (forward, layer, expert) accesses after dedup.
+    pub accesses: u64,
+    pub forwards: usize,
+    pub segments: usize,
+    pub layers: usize,
+    /// LRU, LFRU, pinned+LRU, Belady, in that order.
+    pub policies: Vec<PolicyResult>,
+}
+
+impl ReplayReport {
+    pub fn policy(&self, name: &str) -> Option<&PolicyResult> {
+        self.policies.iter().find(|p| p.name == name)
+    }
+}
+
+impl fmt::Display for ReplayReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "route trace: {} records, {} forwards, {} segments, {} layers; {} selections, {} accesses after dedup",
+            self.records, self.forwards, self.segments, self.layers, self.selections, self.accesses
+        )?;
+        writeln!(
+            f,
+            "capacity: {} slots per layer, {} working, {} pinned",
+            self.config.slots_per_layer, self.config.working, self.config.pinned
+        )?;
+        writeln!(
+            f,
+            "{:<12} {:>8} {:>12} {:>12} {:>9} {:>10}",
+            "policy", "slots", "hits", "misses", "hit rate", "waves"
+        )?;
+        for p in &self.policies {
+            writeln!(
+                f,
+                "{:<12} {:>8} {:>12} {:>12} {:>8.2}% {:>10}",
+                p.name,
+                p.slots,
+                p.hits,
+                p.misses,
+                p.hit_rate * 100.0,
+                p.waves
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The unique experts one forward needs at one layer.
+struct Access {
+    segment: u32,
+    /// Forward ordinal + 1 (the LRU clock).
+    time: u64,
+    layer_pos: usize,
+    /// Every selection, in row-major router order (LFRU heat).
+    selections: Vec<usize>,
+    /// Deduplicated in stable first-selection order.
+    experts: Vec<usize>,
+}
+
+struct Grouped {
+    accesses: Vec<Access>,
+    layers: Vec<usize>,
+    forwards: usize,
+    segments: usize,
+}
+
+/// Groups records into per-(segment, forward, layer) accesses in first-appearance order.
+fn group(records: &[TraceRecord]) -> Grouped {
+    let mut layers: Vec<usize> = records.iter().map(|r| r.layer).collect();
+    layers.sort_unstable();
+    layers.dedup();
+    let layer_pos: HashMap<usize, usize> = layers.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+    let mut forwards: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut groups: HashMap<(u32, u64, usize), usize> = HashMap::new();
+    let mut seen: HashSet<(usize, usize)> = HashSet::new();
+    let mut segments: Vec<u32> = Vec::new();
+    let mut accesses: Vec<Access> = Vec::new();
+    for r in records {
+        let next = forwards.len() as u64 + 1;
+        let time = *forwards.entry((r.segment, r.forward)).or_insert(next);
+        let index = *groups.entry((r.segment, r.forward, r.layer)).or_insert_with(|| {
+            accesses.push(Access {
+                segment: r.segment,
+                time,
+                layer_pos: layer_pos[&r.layer],
+                selections: Vec::new(),
+                experts: Vec::new(),
+            });
+            accesses.len() - 1
+        });
+        if segments.last() != Some(&r.segment) {
+            segments.push(r.segment);
+        }
+        let access = &mut accesses[index];
+        for &e in &r.experts {
+            access.selections.push(e);
+            if seen.insert((index, e)) {
+                access.experts.push(e);
+            }
+        }
+    }
+    segments.sort_unstable();
+    segments.dedup();
+    Grouped { accesses, layers, forwards: forwards.len(), segments: segments.len() }
+}
+
+#[derive(Default)]
+struct Tally {
+    hits: u64,
+    misses: u64,
+    waves: u64,
+}
+
+impl Tally {
+    fn add(&mut self, hits: usize, misses: usize, working: usize) {
+        self.hits += hits as u64;
+        self.misses += misses as u64;
+        self.waves += misses.div_ceil(working) as u64;
+    }
+
+    fn result(self, name: &str, slots: usize) -> PolicyResult {
+        let total = self.hits + self.misses;
+        PolicyResult {
+            name: name.to_string(),
+            slots,
+            hits: self.hits,
+            misses: self.misses,
+            hit_rate: if total == 0 { 0.0 } else { self.hits as f64 / total as f64 },
+            waves: self.waves,
+        }
+    }
+}
+
+/// Session heat with lazy halving per segment, and selection-clock recency.
+#[derive(Default)]
+struct Lfru {
+    /// key -> (heat, epoch it was last brought up to date, last selection clock)
+    state: HashMap<ExpertKey, (u32, u32, u64)>,
+    clock: u64,
+    epoch: u32,
+}
+
+impl Lfru {
+    fn heat(&self, key: ExpertKey) -> u32 {
+        self.state.get(&key).map_or(0, |&(h, epoch, _)| h.checked_shr(self.epoch - epoch).unwrap_or(0))
+    }
+
+    fn record(&mut self, key: ExpertKey) {
+        let heat = self.heat(key).saturating_add(1);
+        self.clock += 1;
+        self.state.insert(key, (heat, self.epoch, self.clock));
+    }
+
+    fn score(&self, key: ExpertKey) -> u64 {
+        let last = self.state.get(&key).map_or(0, |s| s.2);
+        self.heat(key) as u64 * 256 + 255u64.saturating_sub(self.clock - last)
+    }
+}
+
+enum Victim {
+    Lru,
+    Lfru(Lfru),
+}
+
+/// LRU / LFRU / pinned+LRU over per-layer slot banks.
+fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertKey]) -> Tally {
+    let cap = cfg.slots_per_layer;
+    let working = cfg.working.max(1);
+    let pinned: HashSet<ExpertKey> = pinned.iter().copied().collect();
+    let mut banks: Vec<Vec<Option<usize>>> = vec![vec![None; cap]; g.layers.len()];
+    let mut last_use: Vec<Vec<u64>> = vec![vec![0; cap]; g.layers.len()];
+    let mut protected = vec![false; cap];
+    let mut segment = None;
+    let mut tally = Tally::default();
+    for a in &g.accesses {
+        let layer = g.layers[a.layer_pos];
+        if let Victim::Lfru(lfru) = &mut rule {
+            if segment.is_some_and(|s| s != a.segment) {
+                lfru.epoch += 1; // turn boundary: heat halves
+            }
+            for &e in &a.selections {
+                lfru.record((layer, e));
+            }
+        }
+        segment = Some(a.segment);
+        let (bank, last) = (&mut banks[a.layer_pos], &mut last_use[a.layer_pos]);
+        protected.fill(false);
+        let mut hits = 0;
+        let mut missed = Vec::new();
+        for &e in &a.experts {
+            if pinned.contains(&(layer, e)) {
+                hits += 1;
+            } else if let Some(i) = bank.iter().position(|&s| s == Some(e)) {
+                hits += 1;
+                last[i] = a.time;
+                protected[i] = true;
+            } else {
+                missed.push(e);
+            }
+        }
+        for &e in &missed {
+            let victim = (0..cap).filter(|&i| !protected[i]).min_by_key(|&i| {
+                let rank = match (&rule, bank[i]) {
+                    (_, None) => 0,
+                    (Victim::Lru, Some(_)) => last[i],
+                    (Victim::Lfru(lfru), Some(k)) => lfru.score((layer, k)),
+                };
+                (bank[i].is_some(), rank, i)
+            });
+            if let Some(i) = victim {
+                bank[i] = Some(e);
+                last[i] = a.time;
+                protected[i] = true;
+            }
+        }
+        tally.add(hits, missed.len(), working);
+    }
+    tally
+}
+
+/// Belady's optimum per layer: after each access group keep the `cap` experts (of the
+/// resident set and the group) whose next use is soonest; never-used-again ones go.
+fn belady(g: &Grouped, cfg: &ReplayConfig) -> Tally {
+    const NEVER: usize = usize::MAX;
+    let cap = cfg.slots_per_layer;
+    let working = cfg.working.max(1);
+    // Next use of each (access, expert), as an access index, scanning backwards.
+    let mut next_use: Vec<Vec<usize>> = vec![Vec::new(); g.accesses.len()];
+    let mut upcoming: Vec<HashMap<usize, usize>> = vec![HashMap::new(); g.layers.len()];
+    for (i, a) in g.accesses.iter().enumerate().rev() {
+        let map = &mut upcoming[a.layer_pos];
+        next_use[i] = a.experts.iter().map(|e| map.get(e).copied().unwrap_or(NEVER)).collect();
+        for &e in &a.experts {
+            map.insert(e, i);
+        }
+    }
+    let mut resident: Vec<HashMap<usize, usize>> = vec![HashMap::new(); g.layers.len()];
+    let mut tally = Tally::default();
+    let mut pool: Vec<(usize, usize)> = Vec::new();
+    for (i, a) in g.accesses.iter().enumerate() {
+        let cache = &mut resident[a.layer_pos];
+        let hits = a.experts.iter().filter(|e| cache.contains_key(e)).count();
+        tally.add(hits, a.experts.len() - hits, working);
+        for (&e, &next) in a.experts.iter().zip(&next_use[i]) {
+            cache.insert(e, next);
+        }
+        pool.clear();
+        pool.extend(cache.iter().map(|(&e, &next)| (next, e)).filter(|&(next, _)| next != NEVER));
+        pool.sort_unstable();
+        pool.truncate(cap);
+        cache.clear();
+        cache.extend(pool.iter().map(|&(next, e)| (e, next)));
+    }
+    tally
+}
+
+/// The `n` most selected keys of the trace (ties: layer, then expert).
+fn most_selected(records: &[TraceRecord], n: usize) -> Vec<ExpertKey> {
+    let mut counts: HashMap<ExpertKey, u64> = HashMap::new();
+    for r in records {
+        for &e in &r.experts {
+            *counts.entry((r.layer, e)).or_default() += 1;
+        }
+    }
+    let mut ranked: Vec<(ExpertKey, u64)> = counts.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.into_iter().take(n).map(|(k, _)| k).collect()
+}
+
+/// Replays `records` (in trace order) under every policy at `cfg`'s capacity.
+pub fn replay(records: &[TraceRecord], cfg: &ReplayConfig) -> ReplayReport {
+    let g = group(records);
+    let layer_slots = g.layers.len() * cfg.slots_per_layer;
+    let pins = most_selected(records, cfg.pinned);
+    let policies = vec![
+        simulate(&g, cfg, Victim::Lru, &[]).result("LRU", layer_slots),
+        simulate(&g, cfg, Victim::Lfru(Lfru::default()), &[]).result("LFRU", layer_slots),
+        simulate(&g, cfg, Victim::Lru, &pins).result("pinned+LRU", layer_slots + pins.len()),
+        belady(&g, cfg).result("Belady", layer_slots),
+    ];
+    ReplayReport {
+        config: *cfg,
+        records: records.len(),
+        selections: g.accesses.iter().map(|a| a.selections.len() as u64).sum(),
+        accesses: g.accesses.iter().map(|a| a.experts.len() as u64).sum(),
+        forwards: g.forwards,
+        segments: g.segments,
+        layers: g.layers.len(),
+        policies,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+use super::*;
+use crate::plan::{plan, PlanInput};
+use crate::slots::SlotTable;
+use crate::TestRng;
+
+/// One row per forward, in order, all at `layer`, segment 0.
+fn single_rows(layer: usize, forwards: &[&[usize]]) -> Vec<TraceRecord> {
+    forwards
+        .iter()
+        .enumerate()
+        .map(|(f, experts)| TraceRecord { segment: 0, forward: f as u64, row: 0, layer, experts: experts.to_vec() })
+        .collect()
+}
+
+fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
+    ReplayConfig { slots_per_layer, working, pinned }
+}
+
+fn hits(report: &ReplayReport) -> [u64; 4] {
+    ["LRU", "LFRU", "pinned+LRU", "Belady"].map(|n| report.policy(n).unwrap().hits)
+}
+
+#[test]
+fn cyclic_trace_defeats_lru_but_not_belady() {
+    let trace = single_rows(3, &[&[10], &[11], &[12], &[10], &[11], &[12]]);
+    let r = replay(&trace, &cfg(2, 8, 1));
+    // LRU and LFRU always evict the expert about to return. pinned+LRU pins 3:10 (all
+    // tie at two selections; lowest key) and the rest fits. Belady keeps the two
+    // soonest: 10 and 11 hit on their second use.
+    assert_eq!(hits(&r), [0, 0, 4, 2]);
+    assert_eq!(r.policy("Belady").unwrap().misses, 4);
+    assert_eq!(r.policy("pinned+LRU").unwrap().slots, 3);
+    assert_eq!((r.accesses, r.selections, r.forwards, r.layers, r.segments), (6, 6, 6, 1, 1));
+}
+
+#[test]
+fn batch_union_dedups_rows_and_protects_the_forwards_experts() {
+    // Forward 0: two rows share expert 2 -> 3 unique accesses, 4 selections.
+    let mut trace = vec![
+        TraceRecord { segment: 0, forward: 0, row: 0, layer: 3, experts: vec![1, 2] },
+        TraceRecord { segment: 0, forward: 0, row: 1, layer: 3, experts: vec![2, 3] },
+    ];
+    trace.extend(single_rows(3, &[&[], &[3]]).into_iter().skip(1).map(|mut r| {
+        r.forward = 1;
+        r
+    }));
+    let r = replay(&trace, &cfg(2, 8, 0));
+    assert_eq!((r.selections, r.accesses, r.forwards), (5, 4, 2));
+    // LRU: 1 and 2 fill the bank, 3 finds no victim (both in use) and is dropped, so
+    // forward 1 misses. Belady keeps 3, the only one used again.
+    assert_eq!(hits(&r), [0, 0, 0, 1]);
+}
+
+#[test]
+fn lfru_keeps_heavy_hitters_until_heat_decays() {
+    let seq: &[&[usize]] = &[&[1], &[1], &[1], &[2], &[3], &[1]];
+    let r = replay(&single_rows(3, seq), &cfg(2, 8, 0));
+    // LRU evicts 1 (oldest) for 3; LFRU evicts 2 (heat 1 < heat 3).
+    assert_eq!(hits(&r), [2, 3, 2, 3]);
+    // Same routes, but two turn boundaries before 2: heat 3 -> 1 -> 0, so LFRU now
+    // prefers the recent 2 and evicts 1 like LRU.
+    let mut trace = single_rows(3, seq);
+    for (i, rec) in trace.iter_mut().enumerate() {
+        rec.segment = match i {
+            0..=2 => 0,
+            3 => 1,
+            _ => 2,
+        };
+    }
+    trace.insert(3, TraceRecord { segment: 1, forward: 99, row: 0, layer: 4, experts: vec![7] });
+    let r = replay(&trace, &cfg(2, 8, 0));
+    assert_eq!(r.segments, 3);
+    assert_eq!(r.policy("LFRU").unwrap().hits, 2);
+}
+
+#[test]
+fn records_of_one_forward_and_layer_group_even_when_interleaved() {
+    let rec = |forward, row, layer, experts: &[usize]| TraceRecord {
+        segment: 0,
+        forward,
+        row,
+        layer,
+        experts: experts.to_vec(),
+    };
+    let trace = vec![rec(0, 0, 3, &[1]), rec(0, 0, 4, &[1]), rec(0, 1, 3, &[1, 2]), rec(0, 1, 4, &[5])];
+    let r = replay(&trace, &cfg(4, 1, 0));
+    assert_eq!((r.accesses, r.selections, r.layers), (4, 5, 2));
+    // working 1: layer 3 needs two waves, layer 4 two waves.
+    assert_eq!(r.policy("LRU").unwrap().waves, 4);
+}
+
+#[test]
+fn waves_split_misses_by_the_working_bank() {
+    let trace = single_rows(3, &[&[1, 2, 3, 4, 5]]);
+    let r = replay(&trace, &cfg(8, 2, 0));
+    assert_eq!(r.policy("LRU").unwrap().waves, 3);
+    assert_eq!(replay(&trace, &cfg(8, 0, 0)).policy("LRU").unwrap().waves, 5, "0 is treated as 1");
+}
+
+#[test]
+fn empty_trace_reports_zeroes() {
+    let r = replay(&[], &cfg(4, 64, 2));
+    assert_eq!(r.accesses, 0);
+    assert!(r.policies.iter().all(|p| p.hits == 0 && p.hit_rate == 0.0));
+}
+
+#[test]
+fn report_renders_a_table_and_json() {
+    let trace = single_rows(3, &[&[10], &[11], &[10]]);
+    let r = replay(&trace, &cfg(2, 64, 0));
+    let table = r.to_string();
+    for needle in ["policy", "LRU", "LFRU", "pinned+LRU", "Belady", "33.33%", "2 slots per layer, 64 working, 0 pinned"]
+    {
+        assert!(table.contains(needle), "{needle:?} missing:\n{table}");
+    }
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["policies"][3]["name"], "Belady");
+    assert_eq!(json["policies"][0]["hits"], 1);
+    assert_eq!(json["config"]["slots_per_layer"], 2);
+}
+
+fn random_trace(rng: &mut TestRng) -> Vec<TraceRecord> {
+    let layers = 1 + rng.below(3);
+    let experts = 3 + rng.below(10);
+    let mut trace = Vec::new();
+    let mut segment = 0;
+    for forward in 0..(20 + rng.below(80)) as u64 {
+        if rng.below(10) == 0 {
+            segment += 1;
+        }
+        let rows = 1 + rng.below(3);
+        for layer in 0..layers {
+            for row in 0..rows as u32 {
+                let k = 1 + rng.below(3.min(experts));
+                // Skewed: low ids are hot.
+                let picks = (0..k).map(|_| rng.skewed(experts)).collect();
+                trace.push(TraceRecord { segment, forward, row, layer: layer * 2 + 1, experts: picks });
+            }
+        }
+    }
+    trace
+}
+
+#[test]
+fn belady_bounds_every_online_policy_on_random_traces() {
+    for seed in 0..300 {
+        let mut rng = TestRng::new(seed);
+        let trace = random_trace(&mut rng);
+        let slots = 1 + rng.below(5);
+        let r0 = replay(&trace, &cfg(slots, 4, 0));
+        let [lru, lfru, pinned_lru, opt] = hits(&r0);
+        assert!(opt >= lru && opt >= lfru, "seed {seed}: {r0}");
+        assert_eq!(pinned_lru, lru, "seed {seed}: no pins = LRU");
+        let r = replay(&trace, &cfg(slots, 4, 1 + rng.below(6)));
+        let [lru_p, lfru_p, _, opt_p] = hits(&r);
+        assert_eq!((lru_p, lfru_p, opt_p), (lru, lfru, opt), "pins only affect pinned+LRU");
+        for p in &r.policies {
+            assert_eq!(p.hits + p.misses, r.accesses, "seed {seed}: {}", p.name);
+        }
+    }
+}
+
+/// LRU replay equals driving the runtime's SlotTable with the same accesses (one
+/// expert per forward and layer, so there are no same-time LRU ties whose order would
+/// depend on slot numbering).
+#[test]
+fn lru_replay_matches_the_slot_table() {
+    for seed in 0..100 {
+        let mut rng = TestRng::new(1000 + seed);
+        let layers = [1usize, 3, 5];
+        let slots_per_layer = 1 + rng.below(4);
+        let mut trace = Vec::new();
+        for forward in 0..200u64 {
+            for &layer in &layers {
+                let e = rng.skewed(12);
+                trace.push(TraceRecord { segment: 0, forward, row: 0, layer, experts: vec![e] });
+            }
+        }
+        let report = replay(&trace, &cfg(slots_per_layer, 2, 0));
+        let p = plan(PlanInput {
+            budget_bytes: u64::MAX,
+            fixed_bytes: 0,
+            slot_bytes: 1,
+            sparse_layers: layers.len(),
+            working_slots: 2,
+            pinned_experts: 0,
+            max_slots_per_layer: Some(slots_per_layer),
+        })
+        .unwrap();
+        let mut table = SlotTable::new(&p, &layers);
+        let mut table_hits = 0;
+        for (i, r) in trace.iter().enumerate() {
+            if i % layers.len() == 0 {
+                table.tick();
+            }
+            let key = (r.layer, r.experts[0]);
+            if table.lookup(key).is_some() {
+                table_hits += 1;
+            } else {
+                let (slot, generation) = table.begin_load(key).unwrap();
+                assert!(table.finish_load(slot, generation));
+                table.promote(slot);
+            }
+        }
+        assert_eq!(report.policy("LRU").unwrap().hits, table_hits, "seed {seed}");
+    }
+}
