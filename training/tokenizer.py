@@ -37,7 +37,7 @@ CHAT_TEMPLATE = (
     "{%- elif message['role'] == 'observation' or message['role'] == 'tool' -%}<|observation|>\n{{ message['content'] }}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>\n{% endif -%}"
 )
 
 
