@@ -217,6 +217,16 @@ impl ColibriTier {
         (expert < self.experts_per_layer).then(|| &self.experts[li * self.experts_per_layer + expert])
     }
 
+    /// The reads that fill a slot (from offset 0) with (layer, expert) — the one covering,
+    /// O_DIRECT-safe segment — and where the matrices lie in it. Same signature as
+    /// [`TierEntry::locate`](crate::TierEntry::locate).
+    pub fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
+        let e = self
+            .expert(layer, expert)
+            .ok_or_else(|| anyhow!("tier `{}` has no expert {expert} in layer {layer}", self.name))?;
+        Ok((vec![e.cover_segment(0)], &e.layout))
+    }
+
     /// The encodings (gate, up, down) when every expert of the tier has the same.
     pub fn uniform_kinds(&self) -> Option<[QuantKind; 3]> {
         let first = self.experts.first()?.kinds;
@@ -501,6 +511,8 @@ mod tests {
                 let tier = if *l == 3 { "mtp" } else { "main" };
                 let kind = if *l == 3 { QuantKind::Int8Row } else { g8 };
                 let read = c.expert_read(tier, *l, *e).unwrap();
+                let (segs, lay) = c.tier(tier).unwrap().locate(*l, *e).unwrap();
+                assert_eq!((&segs, lay), (&read.segments, &read.layout));
                 let mut slot = AlignedBuf::new(read.layout.slot_bytes).unwrap();
                 pool.read(read.segments.clone(), slot.as_mut_slice()).unwrap();
                 // The exact (tensor-only) segments land at the same places.

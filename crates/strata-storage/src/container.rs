@@ -273,6 +273,15 @@ impl TierEntry {
         self.index(layer, expert).map(|i| self.locations[i])
     }
 
+    /// The reads that fill a slot (from offset 0) with (layer, expert), and where the
+    /// matrices lie in it. Same signature as [`ColibriTier::locate`](crate::ColibriTier::locate).
+    pub fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
+        let seg = self
+            .read_segment(layer, expert, 0)
+            .ok_or_else(|| anyhow!("tier `{}` has no expert {expert} in layer {layer}", self.name))?;
+        Ok((vec![seg], &self.layout))
+    }
+
     /// The one segment that reads (layer, expert) into a slot starting at `dest_offset`.
     pub fn read_segment(&self, layer: usize, expert: usize, dest_offset: usize) -> Option<ReadSegment> {
         let loc = self.location(layer, expert)?;
@@ -773,7 +782,24 @@ mod tests {
         let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
         assert!(err.contains("manifest version 7 is newer") && err.contains("up to 1"), "{err}");
 
+        let mut bad = m.clone();
+        bad.tiers[0].locations[1].offset += 512;
+        bad.write(dir.path()).unwrap();
+        let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("tier `main` layer 1 expert 1: offset") && err.contains("not 4096-aligned"), "{err}");
+        let mut bad = m.clone();
+        bad.tiers[0].locations[1] = bad.tiers[0].locations[0];
+        bad.write(dir.path()).unwrap();
+        let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("regions of experts #0 and #1 overlap"), "{err}");
+        let mut bad = m.clone();
+        bad.tiers[1].layout.down.scales_len -= 4;
+        bad.write(dir.path()).unwrap();
+        let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("tier `mtp`: layout: down: int8 [96, 40] needs"), "{err}");
+
         std::fs::write(&path, &good).unwrap();
+        ExpertManifest::read(dir.path()).unwrap();
         let f0 = dir.path().join(&m.files[0]);
         let len = std::fs::metadata(&f0).unwrap().len();
         std::fs::OpenOptions::new().write(true).open(&f0).unwrap().set_len(len - 100).unwrap();

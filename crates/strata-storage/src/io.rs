@@ -610,6 +610,15 @@ mod tests {
     }
 
     #[test]
+    fn pool_and_tickets_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<IoPool>();
+        send_sync::<AlignedBuf>();
+        send::<ReadTicket>();
+    }
+
+    #[test]
     fn aligned_buf_is_aligned_and_zeroed() {
         for len in [0usize, 1, 4095, 4096, 10_000] {
             let mut b = AlignedBuf::new(len).unwrap();
