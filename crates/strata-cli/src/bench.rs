@@ -4,12 +4,10 @@
 use anyhow::{bail, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand};
-use half::bf16;
 use std::path::PathBuf;
 use std::time::Instant;
 use strata_engine::{LoadedModel, SamplingParams};
-use strata_models::glm_moe_dsa::{expected_tensors, GlmMoeDsaConfig, TensorRole};
-use strata_storage::{ElementType, SafetensorsWriter, TensorSpec};
+use strata_models::glm_moe_dsa::GlmMoeDsaConfig;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -20,18 +18,57 @@ pub enum BenchCommand {
     Decode(DecodeArgs),
     /// Main-memory read bandwidth (the decode floor's denominator).
     Mem(MemArgs),
+    /// Random whole-expert reads from a container (O_DIRECT by default): the disk's
+    /// bandwidth for this access pattern.
+    Io(IoArgs),
+}
+
+#[derive(Args)]
+pub struct IoArgs {
+    /// A model directory with an expert container.
+    #[arg(long)]
+    model: PathBuf,
+    /// Experts to read.
+    #[arg(long, default_value_t = 256)]
+    reads: usize,
+    /// Reads in flight at once.
+    #[arg(long, default_value_t = 8)]
+    depth: usize,
+    #[arg(long, default_value_t = 2)]
+    io_workers: usize,
+    #[arg(long)]
+    page_cache: bool,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
 pub struct SynthArgs {
     #[arg(long)]
     out: PathBuf,
-    /// Routed experts in the MoE layer (at least 8, the top-k).
+    /// Widths: glm5 (hidden 6144, experts 6144 x 2048) or small (hidden 1024).
+    #[arg(long, default_value = "glm5")]
+    preset: String,
+    /// Decoder layers in all.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Leading dense layers.
+    #[arg(long, default_value_t = 1)]
+    dense_layers: usize,
+    /// Routed experts per MoE layer.
     #[arg(long, default_value_t = 32)]
     experts: usize,
+    #[arg(long, default_value_t = 8)]
+    top_k: usize,
     /// Vocabulary size (GLM-5 has 154880; smaller keeps the slice about experts).
     #[arg(long, default_value_t = 16384)]
     vocab: usize,
+    /// Write an expert container with this encoding (int4-g64, int8, bf16, f32) instead
+    /// of an HF bf16 checkpoint.
+    #[arg(long)]
+    container: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -62,6 +99,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     match c {
         BenchCommand::Synth(a) => synth(a),
         BenchCommand::Decode(a) => decode(a),
+        BenchCommand::Io(a) => io(a),
         BenchCommand::Mem(a) => {
             let gbs = memory_bandwidth(a.mib)?;
             if a.json {
@@ -74,24 +112,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
 }
 
-fn glm5_slice_config(experts: usize, vocab: usize) -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": "glm_moe_dsa",
-        "vocab_size": vocab, "hidden_size": 6144, "intermediate_size": 12288,
-        "moe_intermediate_size": 2048, "num_hidden_layers": 2, "first_k_dense_replace": 1,
-        "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": experts,
-        "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
-        "norm_topk_prob": true, "routed_scaling_factor": 2.5, "q_lora_rank": 2048,
-        "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
-        "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "hidden_act": "silu",
-        "tie_word_embeddings": false, "eos_token_id": [0], "torch_dtype": "bfloat16"
-    })
-}
-
-/// xorshift64*: fast, seeded, good enough for random weights.
+/// xorshift64*: fast, seeded; uniform in [-1, 1).
 struct Rng(u64);
 impl Rng {
     fn next_f32(&mut self) -> f32 {
@@ -99,48 +120,41 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0 // uniform [-1, 1)
+        (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 }
 
 fn synth(a: SynthArgs) -> Result<()> {
-    if a.experts < 8 {
-        bail!("--experts must be at least 8 (GLM-5 routes each token to 8), got {}", a.experts);
-    }
-    std::fs::create_dir_all(&a.out)?;
-    let json = glm5_slice_config(a.experts, a.vocab);
-    let cfg = GlmMoeDsaConfig::from_json(&json)?;
-    let tensors = expected_tensors(&cfg);
-    let specs = tensors
-        .iter()
-        .map(|(n, s, _)| TensorSpec { name: n.clone(), dtype: ElementType::BF16, shape: s.clone() })
-        .collect::<Vec<_>>();
-    let total: usize = specs.iter().map(TensorSpec::byte_len).sum();
-    eprintln!("writing {} tensors, {:.2} GB of bf16, to {}", specs.len(), total as f64 / 1e9, a.out.display());
-    let mut w = SafetensorsWriter::create(&a.out.join("model.safetensors"), specs)?;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for (i, (_, shape, role)) in tensors.iter().enumerate() {
-        let n: usize = shape.iter().product();
-        // Uniform with std ~ 1/sqrt(fan_in) keeps activations O(1) through the layers.
-        let fan_in = *shape.last().unwrap() as f32;
-        let (scale, offset) = match role {
-            TensorRole::Weight => ((3.0 / fan_in).sqrt(), 0.0),
-            TensorRole::NormScale => (0.1, 1.0),
-            TensorRole::NormBias => (0.1, 0.0),
-            TensorRole::RouterBias => (0.01, 0.0),
-        };
-        let mut bytes = Vec::with_capacity(n * 2);
-        for _ in 0..n {
-            bytes.extend_from_slice(&bf16::from_f32(rng.next_f32() * scale + offset).to_bits().to_le_bytes());
-        }
-        w.write_next(&bytes)?;
-        if i % 64 == 0 {
-            eprint!("\r{}/{} tensors", i + 1, tensors.len());
-        }
-    }
-    w.finish()?;
-    eprintln!("\r{} tensors written", tensors.len());
-    std::fs::write(a.out.join("config.json"), serde_json::to_string_pretty(&json)?)?;
+    use strata_models::glm_moe_dsa::{synthesize, Preset, SynthFormat, SynthSpec};
+    let preset = match a.preset.as_str() {
+        "glm5" => Preset::Glm5,
+        "small" => Preset::Small,
+        other => bail!("--preset `{other}`: expected glm5 or small"),
+    };
+    let format = match &a.container {
+        None => SynthFormat::HfBf16,
+        Some(k) => SynthFormat::Container(
+            strata_kernels::QuantKind::parse(k).map_err(|e| anyhow::anyhow!("--container: {e}"))?,
+        ),
+    };
+    let spec = SynthSpec {
+        preset,
+        layers: a.layers,
+        dense_layers: a.dense_layers,
+        experts: a.experts,
+        top_k: a.top_k,
+        vocab: a.vocab,
+        format,
+        seed: a.seed,
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("synth [{bar:40}] {pos}/{len} tensors {elapsed}").unwrap());
+    synthesize(&a.out, &spec, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    eprintln!("wrote {}", a.out.display());
     Ok(())
 }
 
@@ -212,6 +226,66 @@ fn decode(a: DecodeArgs) -> Result<()> {
     } else {
         for (k, v) in report.as_object().unwrap() {
             println!("{k:<34} {v}");
+        }
+    }
+    Ok(())
+}
+
+fn io(a: IoArgs) -> Result<()> {
+    use strata_engine::experts::{ContainerSource, ExpertSource};
+    if a.reads == 0 || a.depth == 0 {
+        bail!("--reads and --depth must be at least 1");
+    }
+    let source = ContainerSource::open(&a.model, "main")?;
+    let pool = strata_storage::IoPool::open(source.files(), a.io_workers, !a.page_cache)?;
+    let slot = source.slot_bytes();
+    let mut bufs: Vec<strata_storage::AlignedBuf> =
+        (0..a.depth).map(|_| strata_storage::AlignedBuf::new(slot)).collect::<Result<_>>()?;
+    let (layers, per) = (source.layers().to_vec(), source.experts_per_layer());
+    let mut rng = Rng(7);
+    let mut pick = || {
+        let l = layers[((rng.next_f32() + 1.0) * 0.5 * layers.len() as f32) as usize % layers.len()];
+        (l, ((rng.next_f32() + 1.0) * 0.5 * per as f32) as usize % per)
+    };
+    let mut latencies = Vec::with_capacity(a.reads);
+    let mut bytes = 0u64;
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < a.reads {
+        let n = a.depth.min(a.reads - done);
+        let mut tickets = Vec::with_capacity(n);
+        for buf in bufs.iter_mut().take(n) {
+            let (l, e) = pick();
+            let (segments, _) = source.locate(l, e)?;
+            // SAFETY: each buffer is used by one read at a time and outlives its ticket.
+            tickets.push(unsafe { pool.submit(segments, buf.as_mut_ptr(), buf.len()) });
+        }
+        for t in tickets {
+            let s = t.wait()?;
+            bytes += s.bytes;
+            latencies.push(s.service.as_secs_f64());
+        }
+        done += n;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let q = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1e3;
+    let report = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "direct_io": pool.is_direct(),
+        "read_bytes_each": slot,
+        "reads": a.reads,
+        "depth": a.depth,
+        "workers": a.io_workers,
+        "gb_per_s": bytes as f64 / secs / 1e9,
+        "latency_ms_p50": q(0.5),
+        "latency_ms_p99": q(0.99),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for (k, v) in report.as_object().unwrap() {
+            println!("{k:<20} {v}");
         }
     }
     Ok(())

@@ -1,10 +1,12 @@
 //! generate, chat, logits, inspect.
 
+use crate::residency::BudgetArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use strata_engine::generate::RouteTrace;
 use strata_engine::model_dir::read_config;
 use strata_engine::{GenerateRequest, Generator, LoadedModel, Message, SamplingParams};
 use strata_models::glm_moe_dsa::{inspect as inspect_weights, GlmMoeDsaConfig};
@@ -63,9 +65,24 @@ pub struct GenerateArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Write generation statistics as JSON to this path.
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    report: ReportArgs,
+}
+
+/// Telemetry outputs of generate and chat.
+#[derive(Args, Clone, Default)]
+pub struct ReportArgs {
+    /// Write generation statistics (and expert telemetry) as JSON to this path.
     #[arg(long)]
     stats_json: Option<PathBuf>,
+    /// Print expert telemetry after each generation (stderr).
+    #[arg(long)]
+    stats: bool,
+    /// Record every routing decision (segment forward row layer experts) to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -76,6 +93,10 @@ pub struct ChatArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
 #[derive(Args)]
@@ -102,13 +123,56 @@ fn open(dir: &Path) -> Result<LoadedModel> {
     LoadedModel::open(dir, &Device::Cpu)
 }
 
+/// After a generation: the turn boundary of the expert runtime, then the reports.
+fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::GenerationStats) -> Result<()> {
+    let mut doc = serde_json::to_value(stats)?;
+    if let Some(experts) = &m.experts {
+        let r = experts.end_turn()?;
+        if report.stats {
+            let d = &r.turn.demand;
+            eprintln!(
+                "experts: {} hits, {} misses ({:.1}% hit), {} loads, {} read ops, {} read; wait p50 {:.2} ms p99 {:.2} ms; disk p50 {:.2} ms; layer p50 {:.2} ms",
+                d.hits,
+                d.misses,
+                d.hit_rate * 100.0,
+                d.loads,
+                d.read_ops,
+                human_bytes(d.read_bytes),
+                d.foreground_wait.p50_s * 1e3,
+                d.foreground_wait.p99_s * 1e3,
+                d.disk_service.p50_s * 1e3,
+                r.turn.layer_forward.p50_s * 1e3,
+            );
+            let s = &r.slots;
+            eprintln!(
+                "slots: {} ({} working, {} layer, {} pinned, {} disabled); {} evictions, {} pressure evictions, {} repin swaps; footprint {} of budget {}",
+                s.total,
+                s.working,
+                s.layer,
+                s.pinned,
+                s.disabled,
+                s.evictions,
+                s.pressure_evictions,
+                s.repin_swaps,
+                human_bytes(r.footprint_bytes),
+                r.budget_bytes.map_or("none".to_string(), human_bytes),
+            );
+        }
+        doc["experts"] = serde_json::to_value(&r)?;
+    }
+    if let Some(path) = &report.stats_json {
+        write_stats(path, &doc)?;
+    }
+    Ok(())
+}
+
 fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
         .with_context(|| format!("{}: cannot write stats", path.display()))
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let m = open(&a.model)?;
+    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &a.budget.load_options()?)?;
     let tok = m.tokenizer()?;
     let prompt_ids = if a.chat {
         let mut msgs = Vec::new();
@@ -127,6 +191,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
     let mut gen = Generator::new(m.model.as_ref())?;
+    if let Some(path) = &a.report.trace {
+        gen.set_trace(RouteTrace::create(path)?);
+    }
     let stdout = std::io::stdout();
     let out = gen.generate(Some(tok), &req, &mut |t| {
         let mut lock = stdout.lock();
@@ -134,18 +201,18 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
     })?;
     println!();
-    if let Some(path) = &a.stats_json {
-        write_stats(path, &serde_json::to_value(&out.stats)?)?;
-    }
-    Ok(())
+    finish_turn(&m, &a.report, &out.stats)
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let m = open(&a.model)?;
+    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &a.budget.load_options()?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
     let sampling = a.sampling.params(&m.generation.sampling)?;
     let mut gen = Generator::new(m.model.as_ref())?;
+    if let Some(path) = &a.report.trace {
+        gen.set_trace(RouteTrace::create(path)?);
+    }
     let mut msgs: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
@@ -169,6 +236,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
         })?;
         println!();
+        finish_turn(&m, &a.report, &out.stats)?;
         msgs.push(Message::new("assistant", &out.text));
     }
     Ok(())

@@ -2,6 +2,7 @@
 
 mod bench;
 mod commands;
+mod residency;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +24,12 @@ enum Command {
     Logits(commands::LogitsArgs),
     /// Architecture, parameters and bytes by kind, from the headers alone.
     Inspect(commands::InspectArgs),
+    /// Convert an HF checkpoint into a model with a streamable expert container.
+    Convert(residency::ConvertArgs),
+    /// The memory plan for a budget, from headers alone.
+    Fit(residency::FitArgs),
+    /// Replay a route trace: hit rates of LRU, LFRU, pinned+LRU and the Belady optimum.
+    Replay(residency::ReplayArgs),
     /// Serve the model over HTTP: OpenAI and Anthropic compatible APIs.
     Serve(serve::ServeArgs),
     /// Benchmarks: synthetic GLM-5-shaped models, decode speed, memory bandwidth.
@@ -37,6 +44,9 @@ fn main() {
         Command::Chat(a) => commands::chat(a),
         Command::Logits(a) => commands::logits(a),
         Command::Inspect(a) => commands::inspect(a),
+        Command::Convert(a) => residency::convert(a),
+        Command::Fit(a) => residency::fit(a),
+        Command::Replay(a) => residency::replay(a),
         Command::Serve(a) => serve::serve(a),
         Command::Bench(b) => bench::run(b),
     };

@@ -74,7 +74,8 @@ pub struct Generator<'m> {
     trace: Option<RouteTrace>,
 }
 
-/// Writes every routing decision: `segment forward row layer e1,e2,...` per line.
+/// Writes every routing decision in strata-residency's trace format (`segment forward
+/// row layer experts...`), which `strata replay` reads.
 pub struct RouteTrace {
     out: std::io::BufWriter<std::fs::File>,
     path: std::path::PathBuf,
@@ -85,16 +86,26 @@ pub struct RouteTrace {
 
 impl RouteTrace {
     pub fn create(path: &std::path::Path) -> Result<Self> {
-        let f = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("{}: cannot create trace: {e}", path.display()))?;
-        Ok(Self { out: std::io::BufWriter::new(f), path: path.to_path_buf(), segment: 0, forward: 0 })
+        use std::io::Write;
+        let f =
+            std::fs::File::create(path).map_err(|e| anyhow::anyhow!("{}: cannot create trace: {e}", path.display()))?;
+        let mut out = std::io::BufWriter::new(f);
+        writeln!(out, "{}", strata_residency::TRACE_HEADER)?;
+        Ok(Self { out, path: path.to_path_buf(), segment: 0, forward: 0 })
     }
 
     fn record(&mut self, routes: &[(usize, Vec<strata_models::Routing>)]) -> Result<()> {
         use std::io::Write;
         for (layer, rows) in routes {
             for (row, r) in rows.iter().enumerate() {
-                let ids: Vec<String> = r.experts.iter().map(|e| e.to_string()).collect();
-                writeln!(self.out, "{} {} {} {} {}", self.segment, self.forward, row, layer, ids.join(","))
+                let rec = strata_residency::TraceRecord {
+                    segment: self.segment,
+                    forward: self.forward,
+                    row: row as u32,
+                    layer: *layer,
+                    experts: r.experts.clone(),
+                };
+                writeln!(self.out, "{}", rec.to_line())
                     .map_err(|e| anyhow::anyhow!("{}: trace write failed: {e}", self.path.display()))?;
             }
         }

@@ -2,6 +2,8 @@
 //! template, generation defaults), sampling, and the prefill/decode loop with telemetry.
 
 pub mod chat;
+pub mod experts;
+pub mod fit;
 pub mod generate;
 pub mod model_dir;
 pub mod sampling;
@@ -10,7 +12,7 @@ pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
 pub use generate::{FinishReason, GenerateRequest, GenerationOutput, Generator};
-pub use model_dir::{GenerationDefaults, LoadedModel};
+pub use model_dir::{GenerationDefaults, LoadOptions, LoadedModel};
 pub use sampling::{Sampler, SamplingParams};
 pub use stats::GenerationStats;
 pub use tokenizer::{StreamDecoder, TextTokenizer};

@@ -2,14 +2,35 @@
 //! weights, tokenizer, chat template and generation defaults.
 
 use crate::chat::ChatTemplate;
+use crate::experts::{ContainerSource, ExpertSource, RuntimeOptions, StreamedExperts, UsageSetting};
+use crate::fit::{fit_dir, Fit, FitOptions};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Device;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use strata_models::glm_moe_dsa::{GlmMoeDsa, GlmMoeDsaConfig};
 use strata_models::CausalLm;
+use strata_residency::UsageLedger;
+use strata_storage::{ExpertManifest, WeightStore};
+
+/// How to load: the memory budget and the expert runtime's options.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Process memory budget; experts stream when the container's experts exceed it.
+    pub budget: Option<u64>,
+    /// Context reserved for the KV cache in the plan.
+    pub context: usize,
+    pub runtime: RuntimeOptions,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { budget: None, context: 4096, runtime: RuntimeOptions::default() }
+    }
+}
 
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[GlmMoeDsaConfig::MODEL_TYPE];
 
@@ -29,6 +50,10 @@ pub struct LoadedModel {
     pub generation: GenerationDefaults,
     /// The union of config.json's and generation_config.json's EOS ids.
     pub eos_token_ids: Vec<u32>,
+    /// The expert runtime, for expert-container directories.
+    pub experts: Option<Arc<StreamedExperts>>,
+    /// The memory plan (expert containers).
+    pub fit: Option<Fit>,
 }
 
 /// Reads `config.json` and returns it with its `model_type`, refusing unknown types.
@@ -85,13 +110,37 @@ impl LoadedModel {
     /// Opens everything in `dir`. The tokenizer is optional here (id-level commands work
     /// without it); [`LoadedModel::tokenizer`] reports its absence when text is needed.
     pub fn open(dir: &Path, device: &Device) -> Result<Self> {
+        Self::open_with(dir, device, &LoadOptions::default())
+    }
+
+    /// Opens `dir` under `opts`. An expert container (see `strata convert`) streams its
+    /// experts through a slab sized by the budget (all resident without one); an HF
+    /// checkpoint loads whole and refuses a budget.
+    pub fn open_with(dir: &Path, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let (json, model_type) = read_config(dir)?;
         let cfg_path = dir.join("config.json");
+        let mut experts = None;
+        let mut fit = None;
         let model: Box<dyn CausalLm> = match model_type.as_str() {
             GlmMoeDsaConfig::MODEL_TYPE => {
                 let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
-                let store = strata_storage::WeightStore::open_dir(dir)?;
-                Box::new(GlmMoeDsa::load(cfg, &store, device)?)
+                let store = WeightStore::open_dir(dir)?;
+                if ExpertManifest::exists(dir) {
+                    let (backend, f) = open_experts(dir, &cfg, &store, opts)?;
+                    fit = Some(f);
+                    let model = GlmMoeDsa::load_with_experts(cfg, &store, device, Some(backend.clone()))?;
+                    experts = Some(backend);
+                    Box::new(model)
+                } else {
+                    if opts.budget.is_some() {
+                        bail!(
+                            "{}: --budget needs an expert container; make one with `strata convert --model {} --out DIR`",
+                            dir.display(),
+                            dir.display()
+                        );
+                    }
+                    Box::new(GlmMoeDsa::load(cfg, &store, device)?)
+                }
             }
             other => unreachable!("read_config refused `{other}`"),
         };
@@ -110,7 +159,17 @@ impl LoadedModel {
                 bail!("{}: eos_token_id {id} is outside the vocabulary ({})", dir.display(), model.vocab_size());
             }
         }
-        Ok(Self { dir: dir.to_path_buf(), model_type, model, tokenizer, chat_template, generation, eos_token_ids })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            model_type,
+            model,
+            tokenizer,
+            chat_template,
+            generation,
+            eos_token_ids,
+            experts,
+            fit,
+        })
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
@@ -127,6 +186,94 @@ impl LoadedModel {
             )
         })
     }
+}
+
+/// Plans the slab, opens the usage ledger, chooses pins and starts the expert runtime.
+fn open_experts(
+    dir: &Path,
+    cfg: &GlmMoeDsaConfig,
+    store: &WeightStore,
+    opts: &LoadOptions,
+) -> Result<(Arc<StreamedExperts>, Fit)> {
+    let rt = &opts.runtime;
+    let source = ContainerSource::open(dir, "main")?;
+    let layers = source.layers().to_vec();
+    for &(l, e) in &rt.pins {
+        if !layers.contains(&l) || e >= source.experts_per_layer() {
+            bail!(
+                "--pin {l}:{e}: no such routed expert (sparse layers {layers:?}, {} experts each)",
+                source.experts_per_layer()
+            );
+        }
+    }
+    let ledger = match &rt.usage {
+        UsageSetting::Off => None,
+        setting => {
+            let (path, explicit) = match setting {
+                UsageSetting::Path(p) => (p.clone(), true),
+                _ => (dir.join(".coli_usage"), false),
+            };
+            // Rows 0..=num_hidden_layers: the last is the MTP layer, kept so its counts
+            // survive our flushes even while strata does not run MTP.
+            let mut rows = layers.clone();
+            if cfg.num_nextn_predict_layers > 0 {
+                rows.push(cfg.num_hidden_layers);
+            }
+            let (ledger, warnings) =
+                UsageLedger::open(&path, cfg.num_hidden_layers, cfg.n_routed_experts, &rows, explicit)
+                    .map_err(|e| anyhow!("{e}"))?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            Some(ledger)
+        }
+    };
+    let mut fit_opts = FitOptions {
+        budget: opts.budget,
+        context: opts.context,
+        working_slots: rt.working_slots,
+        pinned: rt.pins.len(),
+        max_slots_per_layer: rt.max_slots_per_layer,
+    };
+    let mut pins = rt.pins.clone();
+    if rt.auto_pin && pins.is_empty() {
+        if let (Some(ledger), Some(budget)) = (&ledger, opts.budget) {
+            pins = auto_pins(dir, cfg, store, &fit_opts, ledger, budget, &layers)?;
+            fit_opts.pinned = pins.len();
+        }
+    }
+    let fit = fit_dir(dir, cfg, store, &fit_opts)?;
+    let Some(plan) = fit.plan else {
+        bail!("{}: {}\n{}", dir.display(), fit.error.clone().unwrap_or_default(), fit.report);
+    };
+    let resident_all = opts.budget.is_none();
+    let backend = StreamedExperts::new(cfg.hidden_size, Box::new(source), plan, &pins, ledger, rt, opts.budget)?;
+    if resident_all {
+        backend.preload_all()?;
+    }
+    Ok((Arc::new(backend), fit))
+}
+
+/// Auto-pin: the most used experts the budget left after the working bank and one slot
+/// per layer affords (none until the ledger has enough history).
+fn auto_pins(
+    dir: &Path,
+    cfg: &GlmMoeDsaConfig,
+    store: &WeightStore,
+    fit_opts: &FitOptions,
+    ledger: &UsageLedger,
+    budget: u64,
+    layers: &[usize],
+) -> Result<Vec<(usize, usize)>> {
+    let probe = fit_dir(dir, cfg, store, fit_opts)?;
+    let Some(p) = probe.plan else { return Ok(Vec::new()) };
+    let tier_budget = budget.saturating_sub(p.input.fixed_bytes + p.input.working_slots as u64 * p.input.slot_bytes);
+    let mandatory = layers.len() as u64 * p.input.slot_bytes;
+    let plan = strata_residency::plan_auto_pins(ledger, tier_budget, mandatory, layers, |_| p.input.slot_bytes);
+    if let Some(why) = &plan.skipped {
+        eprintln!("auto-pin: no pins ({why})");
+    }
+    Ok(plan.keys())
 }
 
 /// The directory's name, for display.

@@ -134,8 +134,8 @@ pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, 
     let kv_b = (cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank) as u64;
     resident_params += kv_b * cfg.num_hidden_layers as u64;
     let full_layers = cfg.indexer_types.iter().filter(|k| **k == super::IndexerKind::Full).count();
-    let per_token = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + full_layers * cfg.index_head_dim)
-        as u64
+    let per_token = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        + full_layers * cfg.index_head_dim) as u64
         * 4;
     let positions = context.max(1).next_power_of_two().max(16) as u64;
     let chunk = prefill_chunk.min(context.max(1)) as u64;

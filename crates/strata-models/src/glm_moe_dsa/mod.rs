@@ -8,14 +8,18 @@
 
 mod attention;
 mod config;
+mod convert;
 mod inspect;
 mod layout;
 mod model;
 mod moe;
 mod rope;
+mod synth;
 
 pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
+pub use convert::{convert, ConvertOptions, ConvertReport};
 pub use inspect::{inspect, memory_needs, MemoryNeeds, TensorGroup, WeightSummary};
 pub use layout::{expected_tensors, TensorRole};
 pub use model::{GlmMoeDsa, GlmSession};
 pub use moe::route;
+pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthSpec};

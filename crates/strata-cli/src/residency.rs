@@ -1,0 +1,248 @@
+//! convert, fit, replay: the expert-container and residency commands.
+
+use anyhow::{anyhow, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use strata_kernels::QuantKind;
+use strata_models::glm_moe_dsa::{convert as convert_model, ConvertOptions};
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// Source model directory (HF layout).
+    #[arg(long)]
+    model: PathBuf,
+    /// Output directory (a model directory with an expert container).
+    #[arg(long)]
+    out: PathBuf,
+    /// Routed-expert encoding: int4, int8, bf16 or f32.
+    #[arg(long, default_value = "int4")]
+    experts: String,
+    /// int4 scale group (inputs per scale; even, >= 2).
+    #[arg(long, default_value_t = 64)]
+    group: usize,
+    /// MTP-layer expert encoding (int8: int4 drafts are known to be rejected).
+    #[arg(long, default_value = "int8")]
+    mtp_experts: String,
+    #[arg(long)]
+    json: bool,
+}
+
+fn encoding(name: &str, group: usize) -> Result<QuantKind> {
+    match name {
+        "int4" => {
+            if group < 2 || !group.is_multiple_of(2) {
+                return Err(anyhow!("--group must be an even number >= 2, got {group}"));
+            }
+            Ok(QuantKind::Int4Group { group })
+        }
+        other => QuantKind::parse(other).map_err(|e| anyhow!("--experts: {e}")),
+    }
+}
+
+pub fn convert(a: ConvertArgs) -> Result<()> {
+    let experts = encoding(&a.experts, a.group)?;
+    let mtp_experts = encoding(&a.mtp_experts, a.group)?;
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} experts, {elapsed} (eta {eta})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    bar.set_message("converting");
+    let report = convert_model(&a.model, &a.out, &ConvertOptions { experts, mtp_experts }, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    if a.json {
+        crate::commands::emit(&serde_json::to_string_pretty(&report)?)
+    } else {
+        println!(
+            "{}: {} resident tensors ({}), {} main + {} MTP experts ({} each slot, {} in all), {:.1} s",
+            a.out.display(),
+            report.resident_tensors,
+            crate::commands::human_bytes(report.resident_bytes),
+            report.main_experts,
+            report.mtp_experts,
+            crate::commands::human_bytes(report.slot_bytes as u64),
+            crate::commands::human_bytes(report.expert_bytes),
+            report.seconds
+        );
+        Ok(())
+    }
+}
+
+/// Memory budget and expert-runtime options shared by generate, chat and serve.
+#[derive(Args, Clone, Debug, Default)]
+pub struct BudgetArgs {
+    /// Process memory budget (512MiB, 2GiB, 1.5GB or bytes). Needs an expert container
+    /// (`strata convert`); without it everything is resident.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Context to reserve KV cache for in the plan.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Working slots (the miss bank; a forward's wave holds at most this many misses).
+    #[arg(long, default_value_t = 64)]
+    working_slots: usize,
+    /// Pin experts: LAYER:EXPERT,... (overrides --auto-pin).
+    #[arg(long, value_delimiter = ',')]
+    pin: Vec<String>,
+    /// Pin the most used experts from the usage ledger at start.
+    #[arg(long)]
+    auto_pin: bool,
+    /// At turn boundaries, swap hot unpinned experts for cold pins (at most 4 a turn).
+    #[arg(long)]
+    live_repin: bool,
+    /// Usage ledger: a path, or `off` (default: <model>/.coli_usage).
+    #[arg(long)]
+    usage: Option<String>,
+    /// Use the page cache for expert reads instead of O_DIRECT.
+    #[arg(long)]
+    page_cache: bool,
+    /// I/O worker threads.
+    #[arg(long, default_value_t = 2)]
+    io_workers: usize,
+}
+
+impl BudgetArgs {
+    pub fn load_options(&self) -> Result<strata_engine::LoadOptions> {
+        use strata_engine::experts::{RuntimeOptions, UsageSetting};
+        let budget = match &self.budget {
+            Some(b) => Some(strata_residency::parse_size(b).map_err(|e| anyhow!("--budget: {e}"))?),
+            None => None,
+        };
+        let pins = self
+            .pin
+            .iter()
+            .map(|p| {
+                let (l, e) = p.split_once(':').ok_or_else(|| anyhow!("--pin `{p}`: expected LAYER:EXPERT"))?;
+                Ok((
+                    l.trim().parse().map_err(|_| anyhow!("--pin `{p}`: `{l}` is not a layer number"))?,
+                    e.trim().parse().map_err(|_| anyhow!("--pin `{p}`: `{e}` is not an expert number"))?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if self.working_slots == 0 {
+            return Err(anyhow!("--working-slots must be at least 1"));
+        }
+        if self.io_workers == 0 || self.io_workers > 64 {
+            return Err(anyhow!("--io-workers must be in 1..=64, got {}", self.io_workers));
+        }
+        let usage = match self.usage.as_deref() {
+            None => UsageSetting::Default,
+            Some("off") => UsageSetting::Off,
+            Some(p) => UsageSetting::Path(PathBuf::from(p)),
+        };
+        if (self.auto_pin || self.live_repin) && usage == UsageSetting::Off {
+            return Err(anyhow!("--auto-pin and --live-repin learn from the usage ledger; drop --usage off"));
+        }
+        Ok(strata_engine::LoadOptions {
+            budget,
+            context: self.context,
+            runtime: RuntimeOptions {
+                working_slots: self.working_slots,
+                max_slots_per_layer: None,
+                pins,
+                auto_pin: self.auto_pin,
+                live_repin: self.live_repin,
+                usage,
+                direct_io: !self.page_cache,
+                io_workers: self.io_workers,
+            },
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct FitArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+/// `strata fit`: the plan from headers alone; refuses (exit 1) when it cannot fit.
+pub fn fit(a: FitArgs) -> Result<()> {
+    let opts = a.budget.load_options()?;
+    let (json, _) = strata_engine::model_dir::read_config(&a.model)?;
+    let cfg = strata_models::glm_moe_dsa::GlmMoeDsaConfig::from_json(&json)
+        .map_err(|e| anyhow!("{}: {e}", a.model.join("config.json").display()))?;
+    let store = strata_storage::WeightStore::open_dir(&a.model)?;
+    let fit = strata_engine::fit::fit_dir(
+        &a.model,
+        &cfg,
+        &store,
+        &strata_engine::fit::FitOptions {
+            budget: opts.budget,
+            context: opts.context,
+            working_slots: opts.runtime.working_slots,
+            pinned: opts.runtime.pins.len(),
+            max_slots_per_layer: None,
+        },
+    )?;
+    if a.json {
+        let mut v = serde_json::to_value(&fit)?;
+        v["error"] = fit.error.clone().into();
+        crate::commands::emit(&serde_json::to_string_pretty(&v)?)?;
+    } else {
+        println!("{}", fit.report);
+        if let Some(p) = &fit.plan {
+            println!(
+                "plan: {} slots ({} working, {} pinned, {} per layer x {} layers), slot {} bytes; experts {} in all ({:.1}x the slab)",
+                p.total_slots,
+                p.input.working_slots,
+                p.input.pinned_experts,
+                p.slots_per_layer,
+                p.input.sparse_layers,
+                p.input.slot_bytes,
+                crate::commands::human_bytes(fit.expert_bytes_total),
+                fit.expert_bytes_total as f64 / p.slab_bytes.max(1) as f64
+            );
+        }
+    }
+    match (&fit.error, fit.report.fits) {
+        (Some(e), _) => Err(anyhow!("{}: {e}", a.model.display())),
+        (None, false) => Err(anyhow!("{}: does not fit in the budget (see the table above)", a.model.display())),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// A route trace written by `--trace`.
+    #[arg(long)]
+    trace: PathBuf,
+    #[arg(long)]
+    slots_per_layer: usize,
+    #[arg(long, default_value_t = 64)]
+    working: usize,
+    /// Pinned slots for the pinned+LRU policy (the trace's most used experts).
+    #[arg(long, default_value_t = 0)]
+    pinned: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+/// `strata replay`: hit rates of LRU, LFRU, pinned+LRU and the Belady optimum.
+pub fn replay(a: ReplayArgs) -> Result<()> {
+    if a.slots_per_layer == 0 {
+        return Err(anyhow!("--slots-per-layer must be at least 1"));
+    }
+    let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
+    let records = strata_residency::read_trace(std::io::BufReader::new(file))
+        .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
+    let report = strata_residency::replay(
+        &records,
+        &strata_residency::ReplayConfig { slots_per_layer: a.slots_per_layer, working: a.working, pinned: a.pinned },
+    );
+    if a.json {
+        crate::commands::emit(&serde_json::to_string_pretty(&report)?)
+    } else {
+        println!("{report}");
+        Ok(())
+    }
+}

@@ -1,0 +1,11 @@
+//! The streamed-expert runtime: routed experts live in a byte-budgeted slab of slots and
+//! are read from the container on demand. Policy (plan, slot table, ledger) comes from
+//! strata-residency, bytes from strata-storage's I/O pool, arithmetic from
+//! strata-kernels. See docs/design/residency.md.
+
+mod runtime;
+mod source;
+pub mod telemetry;
+
+pub use runtime::{RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
+pub use source::{ContainerSource, ExpertSource};

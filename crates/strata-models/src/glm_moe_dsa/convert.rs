@@ -1,0 +1,181 @@
+//! HF checkpoint -> strata expert container: resident tensors copied as stored into
+//! `model.safetensors`; routed experts re-encoded (int4 / int8 / bf16 / f32) into
+//! aligned regions, one per expert, described by `strata-experts.json`. The MTP layer's
+//! experts form their own tier, int8 by default (int4 drafts are known to fail).
+
+use super::config::{GlmMoeDsaConfig, MlpKind};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+use strata_kernels::{decode_to_f32, quantize, ElementType, QuantKind};
+use strata_storage::{ContainerWriter, ExpertLayout, SafetensorsWriter, TensorSpec, TierSpec, WeightStore};
+
+/// Files copied verbatim next to the weights.
+const SIDE_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
+
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub experts: QuantKind,
+    pub mtp_experts: QuantKind,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConvertReport {
+    pub resident_tensors: usize,
+    pub resident_bytes: u64,
+    pub main_experts: usize,
+    pub mtp_experts: usize,
+    pub expert_bytes: u64,
+    pub slot_bytes: usize,
+    pub seconds: f64,
+}
+
+/// True for routed-expert tensors (per-expert or fused), which leave the resident file.
+fn is_routed_expert(name: &str) -> bool {
+    name.contains(".mlp.experts.")
+}
+
+/// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
+fn expert_f32(
+    store: &WeightStore,
+    layer: usize,
+    e: usize,
+    hidden: usize,
+    inter: usize,
+    fp8: Option<(usize, usize)>,
+) -> Result<[Vec<f32>; 3]> {
+    let p = format!("model.layers.{layer}.mlp.experts");
+    if store.contains(&format!("{p}.{e}.gate_proj.weight")) {
+        return Ok([
+            store.load_f32(&format!("{p}.{e}.gate_proj.weight"), &[inter, hidden], fp8)?,
+            store.load_f32(&format!("{p}.{e}.up_proj.weight"), &[inter, hidden], fp8)?,
+            store.load_f32(&format!("{p}.{e}.down_proj.weight"), &[hidden, inter], fp8)?,
+        ]);
+    }
+    // Fused [E, 2I, H] / [E, H, I]: decode just this expert's rows from the stored bytes.
+    let sub = |name: &str, per: usize| -> Result<Vec<f32>> {
+        let (file, t) =
+            store.get(name).ok_or_else(|| anyhow!("missing tensor `{name}` (and no per-expert tensors)"))?;
+        if t.dtype == ElementType::F8E4M3 {
+            bail!("{}: fused FP8 experts are not supported; convert from per-expert tensors", file.path().display());
+        }
+        let width = per * t.dtype.size_bytes();
+        let bytes = file.bytes(t)?;
+        let chunk = bytes
+            .get(e * width..(e + 1) * width)
+            .ok_or_else(|| anyhow!("{}: `{name}` too small for expert {e}", file.path().display()))?;
+        let mut out = vec![0f32; per];
+        decode_to_f32(t.dtype, chunk, &mut out).map_err(|m| anyhow!("{name}: {m}"))?;
+        Ok(out)
+    };
+    let gate_up = sub(&format!("{p}.gate_up_proj"), 2 * inter * hidden)?;
+    let down = sub(&format!("{p}.down_proj"), hidden * inter)?;
+    let (gate, up) = gate_up.split_at(inter * hidden);
+    Ok([gate.to_vec(), up.to_vec(), down])
+}
+
+/// The MTP layers that carry routed experts in this checkpoint.
+fn mtp_layers(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> Vec<usize> {
+    (cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers)
+        .filter(|l| {
+            store.contains(&format!("model.layers.{l}.mlp.experts.0.gate_proj.weight"))
+                || store.contains(&format!("model.layers.{l}.mlp.experts.gate_up_proj"))
+        })
+        .collect()
+}
+
+pub fn convert(
+    src: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    let cfg_path = src.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("{}: cannot read", cfg_path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
+    let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let store = WeightStore::open_dir(src)?;
+    if src.canonicalize().ok() == out.canonicalize().ok() {
+        bail!("{}: --out must differ from --model", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
+    for f in SIDE_FILES {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), out.join(f))
+                .with_context(|| format!("{}: cannot copy", src.join(f).display()))?;
+        }
+    }
+
+    // Resident tensors, bytes as stored.
+    let resident: Vec<&str> = store.names().filter(|n| !is_routed_expert(n)).collect();
+    let specs = resident
+        .iter()
+        .map(|n| {
+            let (_, t) = store.get(n).unwrap();
+            TensorSpec { name: n.to_string(), dtype: t.dtype, shape: t.shape.clone() }
+        })
+        .collect::<Vec<_>>();
+    let resident_bytes = specs.iter().map(|s| s.byte_len() as u64).sum();
+    let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
+    for n in &resident {
+        let (file, t) = store.get(n).unwrap();
+        w.write_next(file.bytes(t)?)?;
+    }
+    w.finish()?;
+
+    let (h, inter, n) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts);
+    let main_layers: Vec<usize> =
+        (0..cfg.num_hidden_layers).filter(|&l| cfg.mlp_layer_types[l] == MlpKind::Sparse).collect();
+    let mtp = mtp_layers(&cfg, &store);
+    let mut tiers = vec![TierSpec {
+        name: "main".into(),
+        layout: ExpertLayout::new(opts.experts, opts.experts, h, inter),
+        layers: main_layers.clone(),
+        experts_per_layer: n,
+    }];
+    if !mtp.is_empty() {
+        tiers.push(TierSpec {
+            name: "mtp".into(),
+            layout: ExpertLayout::new(opts.mtp_experts, opts.mtp_experts, h, inter),
+            layers: mtp.clone(),
+            experts_per_layer: n,
+        });
+    }
+    let slot_bytes = tiers[0].layout.slot_bytes;
+    let mut writer = ContainerWriter::create(out, tiers)?;
+    let total = ((main_layers.len() + mtp.len()) * n) as u64;
+    let mut done = 0u64;
+    for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
+        for &layer in layers {
+            for e in 0..n {
+                let [g, u, d] = expert_f32(&store, layer, e, h, inter, cfg.fp8_block)?;
+                let (gq, gs) = quantize(kind, &g, inter, h);
+                let (uq, us) = quantize(kind, &u, inter, h);
+                let (dq, ds) = quantize(kind, &d, h, inter);
+                writer.add_expert(tier, layer, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
+                done += 1;
+                progress(done, total);
+            }
+        }
+    }
+    let manifest = writer.finish()?;
+    Ok(ConvertReport {
+        resident_tensors: resident.len(),
+        resident_bytes,
+        main_experts: main_layers.len() * n,
+        mtp_experts: mtp.len() * n,
+        expert_bytes: manifest.total_expert_bytes(),
+        slot_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}

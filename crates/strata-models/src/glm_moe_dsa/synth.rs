@@ -1,0 +1,148 @@
+//! Random-weight checkpoints with real shapes, for benchmarks and memory tests: an HF
+//! directory (bf16 safetensors) or a model with an expert container, written streaming
+//! (never more than one tensor in memory).
+
+use super::config::GlmMoeDsaConfig;
+use super::layout::{expected_tensors, TensorRole};
+use anyhow::{bail, Result};
+use half::bf16;
+use std::path::Path;
+use strata_kernels::{quantize, ElementType, QuantKind};
+use strata_storage::{ContainerWriter, ExpertLayout, SafetensorsWriter, TensorSpec, TierSpec};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// GLM-5's real widths: hidden 6144, MLA 64 heads, experts 6144 x 2048.
+    Glm5,
+    /// Same architecture, narrow: hidden 1024, experts 1024 x 1024 (tests).
+    Small,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// An HF checkpoint in bf16.
+    HfBf16,
+    /// Resident tensors in bf16, routed experts in an expert container.
+    Container(QuantKind),
+}
+
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    pub preset: Preset,
+    pub layers: usize,
+    pub dense_layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub vocab: usize,
+    pub format: SynthFormat,
+    pub seed: u64,
+}
+
+pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
+    let (h, inter, moe, heads, q_lora, kv_lora, nope, rope, v, ih, id) = match s.preset {
+        Preset::Glm5 => (6144, 12288, 2048, 64, 2048, 512, 192, 64, 256, 32, 128),
+        Preset::Small => (1024, 2048, 1024, 8, 256, 128, 64, 32, 64, 4, 64),
+    };
+    serde_json::json!({
+        "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+        "vocab_size": s.vocab, "hidden_size": h, "intermediate_size": inter, "moe_intermediate_size": moe,
+        "num_hidden_layers": s.layers, "first_k_dense_replace": s.dense_layers,
+        "num_attention_heads": heads, "num_key_value_heads": heads, "n_routed_experts": s.experts,
+        "num_experts_per_tok": s.top_k, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": true, "routed_scaling_factor": 2.5, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
+        "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v,
+        "index_topk": 2048, "index_head_dim": id, "index_n_heads": ih,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "hidden_act": "silu",
+        "tie_word_embeddings": false, "eos_token_id": [0], "torch_dtype": "bfloat16"
+    })
+}
+
+/// xorshift64*: fast, seeded; uniform in [-1, 1).
+struct Rng(u64);
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Values with std ~ 1/sqrt(fan_in), so activations stay O(1) through the layers.
+fn fill(rng: &mut Rng, shape: &[usize], role: TensorRole) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    let fan_in = *shape.last().unwrap() as f32;
+    let (scale, offset) = match role {
+        TensorRole::Weight => ((3.0 / fan_in).sqrt(), 0.0),
+        TensorRole::NormScale => (0.1, 1.0),
+        TensorRole::NormBias => (0.1, 0.0),
+        TensorRole::RouterBias => (0.01, 0.0),
+    };
+    (0..n).map(|_| rng.next_f32() * scale + offset).collect()
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes()).collect()
+}
+
+/// Writes the checkpoint; `progress(done, total)` counts tensors.
+pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+    if spec.top_k == 0 || spec.experts < spec.top_k {
+        bail!("synth: need at least top_k ({}) experts, got {}", spec.top_k, spec.experts);
+    }
+    if spec.dense_layers >= spec.layers {
+        bail!("synth: {} dense layers leave no MoE layer of {}", spec.dense_layers, spec.layers);
+    }
+    std::fs::create_dir_all(out)?;
+    let json = synth_config(spec);
+    let cfg = GlmMoeDsaConfig::from_json(&json)?;
+    let tensors = expected_tensors(&cfg);
+    let is_expert = |n: &str| n.contains(".mlp.experts.");
+    let resident: Vec<_> = match spec.format {
+        SynthFormat::HfBf16 => tensors.iter().collect(),
+        SynthFormat::Container(_) => tensors.iter().filter(|t| !is_expert(&t.0)).collect(),
+    };
+    let specs = resident
+        .iter()
+        .map(|(n, s, _)| TensorSpec { name: n.clone(), dtype: ElementType::BF16, shape: s.clone() })
+        .collect::<Vec<_>>();
+    let mut rng = Rng(spec.seed | 1);
+    let total = tensors.len();
+    let mut done = 0;
+    let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
+    for (_, shape, role) in &resident {
+        w.write_next(&bf16_bytes(&fill(&mut rng, shape, *role)))?;
+        done += 1;
+        progress(done, total);
+    }
+    w.finish()?;
+    if let SynthFormat::Container(kind) = spec.format {
+        let (h, inter) = (cfg.hidden_size, cfg.moe_intermediate_size);
+        let layers: Vec<usize> = (spec.dense_layers..spec.layers).collect();
+        let tier = TierSpec {
+            name: "main".into(),
+            layout: ExpertLayout::new(kind, kind, h, inter),
+            layers: layers.clone(),
+            experts_per_layer: spec.experts,
+        };
+        let mut cw = ContainerWriter::create(out, vec![tier])?;
+        for &l in &layers {
+            for e in 0..spec.experts {
+                let g = fill(&mut rng, &[inter, h], TensorRole::Weight);
+                let u = fill(&mut rng, &[inter, h], TensorRole::Weight);
+                let d = fill(&mut rng, &[h, inter], TensorRole::Weight);
+                let (gq, gs) = quantize(kind, &g, inter, h);
+                let (uq, us) = quantize(kind, &u, inter, h);
+                let (dq, ds) = quantize(kind, &d, h, inter);
+                cw.add_expert("main", l, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
+                done += 3;
+                progress(done, total);
+            }
+        }
+        cw.finish()?;
+    }
+    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
