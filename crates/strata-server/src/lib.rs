@@ -233,6 +233,9 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
             st.worker.capacity(),
             if st.api_key.is_some() { "on" } else { "off" },
         );
+        if st.api_key.is_none() && !local.ip().is_loopback() {
+            eprintln!("warning: serving {local} without --api-key: anyone who can reach it can use the model");
+        }
         axum::serve(listener, router(st)).await?;
         Ok(())
     })
