@@ -3,14 +3,13 @@
 //! content_block_start/delta/stop, message_delta, message_stop).
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, parse_body, sse, template_tool_call, SamplingOptions, Shared,
-    StreamFormat,
+    collect, content_text, json_event, message, new_id, parse_body, sse, template_tool_call, Body, SamplingOptions,
+    Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
 use crate::tools::{from_anthropic_tools, Piece};
 use crate::worker::Finished;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -187,14 +186,14 @@ fn stop_reason(f: &Finished, tool_use: bool) -> &'static str {
     }
 }
 
-pub async fn messages(State(st): State<Shared>, body: Bytes) -> Response {
+pub async fn messages(State(st): State<Shared>, body: Body) -> Response {
     match run(st, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(Flavor::Anthropic),
     }
 }
 
-pub async fn count_tokens(State(st): State<Shared>, body: Bytes) -> Response {
+pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
     let r = parse_body::<MessagesRequest>(&body).and_then(|req| prompt(&st, &req));
     match r {
         Ok((_, ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
@@ -202,7 +201,7 @@ pub async fn count_tokens(State(st): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
+async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let req: MessagesRequest = parse_body(&body)?;
     let (text, ids, tools) = prompt(&st, &req)?;
     let parser = st.output_parser(&text, tools.as_ref());

@@ -6,6 +6,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::output::{OutputParser, THINK_START};
 use crate::worker::{Event, Finished, Worker};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
@@ -52,8 +54,12 @@ pub fn new_id(prefix: &str) -> String {
     s
 }
 
-/// Parses a JSON request body into `T`; any failure is a 400 that says what is wrong.
-pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+/// A request body, or why it could not be read (too large, say).
+pub type Body = Result<Bytes, BytesRejection>;
+
+/// Parses a JSON request body into `T`; any failure is a 4xx that says what is wrong.
+pub fn parse_body<T: DeserializeOwned>(body: &Body) -> ApiResult<T> {
+    let body = body.as_ref().map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request body is empty; expected a JSON object")
             .with_code("invalid_request_body"));

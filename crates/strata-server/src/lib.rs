@@ -16,12 +16,11 @@ pub mod responses;
 pub mod tools;
 pub mod worker;
 
-use crate::common::{parse_body, AppState, Shared};
+use crate::common::{parse_body, AppState, Body, Shared};
 use crate::error::{ApiError, Flavor};
 use crate::metrics::Metrics;
 use crate::worker::Worker;
 use anyhow::{Context, Result};
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
@@ -107,6 +106,12 @@ async fn count(State(st): State<Shared>, req: Request, next: Next) -> Response {
     resp
 }
 
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{path} does not take {}", req.method()))
+        .into_response(Flavor::of_path(path))
+}
+
 async fn not_found(req: Request) -> Response {
     let path = req.uri().path();
     ApiError::new(StatusCode::NOT_FOUND, format!("no route for {} {path}", req.method()))
@@ -171,7 +176,7 @@ struct TokenizeRequest {
 
 /// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
 /// template first; answers the text that was tokenized, for checking what the model sees.
-async fn tokenize(State(st): State<Shared>, body: Bytes) -> Response {
+async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
     let run = || -> Result<Value, ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
         let (text, ids) = match (req.prompt, req.messages) {
@@ -208,6 +213,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::responses))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(from_fn_with_state(st.clone(), auth))
         .layer(from_fn_with_state(st.clone(), count))

@@ -2,14 +2,13 @@
 //! (`/v1/completions`) and Models (`/v1/models`).
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, SamplingOptions,
-    Shared, StopField, StreamFormat,
+    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, Body,
+    SamplingOptions, Shared, StopField, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
 use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -149,14 +148,14 @@ fn openai_tool_call(index: usize, c: &ToolCall) -> Value {
            "function": {"name": c.name, "arguments": c.arguments_json()}})
 }
 
-pub async fn chat_completions(State(st): State<Shared>, body: Bytes) -> Response {
+pub async fn chat_completions(State(st): State<Shared>, body: Body) -> Response {
     match chat(st, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }
 
-async fn chat(st: Shared, body: Bytes) -> ApiResult<Response> {
+async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
     let req: ChatRequest = parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     if req.n.unwrap_or(1) != 1 {
@@ -348,14 +347,14 @@ fn completion_prompt(st: &Shared, prompt: &Value) -> ApiResult<(String, Vec<u32>
     }
 }
 
-pub async fn completions(State(st): State<Shared>, body: Bytes) -> Response {
+pub async fn completions(State(st): State<Shared>, body: Body) -> Response {
     match completion(st, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }
 
-async fn completion(st: Shared, body: Bytes) -> ApiResult<Response> {
+async fn completion(st: Shared, body: Body) -> ApiResult<Response> {
     let req: CompletionRequest = parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     if req.n.unwrap_or(1) != 1 {

@@ -4,14 +4,13 @@
 //! `previous_response_id` is refused.
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, SamplingOptions,
-    Shared, StreamFormat,
+    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, Body,
+    SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
 use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -201,14 +200,14 @@ fn call_item(id: &str, call_id: &str, c: &ToolCall, arguments: &str, status: &st
            "name": c.name, "arguments": arguments})
 }
 
-pub async fn responses(State(st): State<Shared>, body: Bytes) -> Response {
+pub async fn responses(State(st): State<Shared>, body: Body) -> Response {
     match run(st, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }
 
-async fn run(st: Shared, body: Bytes) -> ApiResult<Response> {
+async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let req: ResponsesRequest = parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     if req.previous_response_id.is_some() {

@@ -150,6 +150,11 @@ fn bad_requests_are_400_in_each_api_shape() {
         let r = post(&app, "/v1/messages", json!({"max_tokens": 5, "messages": user(&long)})).await;
         assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (400, json!("invalid_request_error")));
         assert_eq!(call(&app, "GET", "/nope", &[], "").await.status, 404);
+        let r = call(&app, "GET", "/v1/chat/completions", &[], "").await;
+        assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (405, json!("invalid_request_error")));
+        let huge = "x".repeat(strata_server::MAX_BODY_BYTES + 1);
+        let r = call(&app, "POST", "/v1/messages", &[], &huge).await;
+        assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (413, json!("request_too_large")));
         // Nothing above reached the worker.
         assert_eq!(st.metrics.generations.load(Ordering::SeqCst), 0);
     });
