@@ -10,6 +10,7 @@
 //! - [`UsageLedger`]: the persistent `.coli_usage` selection counts (C-engine text
 //!   format v1), session heat and the LFRU score.
 //! - [`policy`]: auto-pin planning and live-repin selection.
+//! - [`batch_union`]: one forward's routes deduplicated in stable order.
 //! - [`trace`] and [`replay`]: route traces and offline replay of LRU, LFRU,
 //!   pinned+LRU and the Belady optimum.
 //!
@@ -21,6 +22,7 @@ pub mod policy;
 pub mod replay;
 pub mod slots;
 pub mod trace;
+pub mod union;
 
 pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
@@ -33,6 +35,7 @@ pub use policy::{
 pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
 pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
 pub use trace::{parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, TRACE_HEADER};
+pub use union::{batch_union, UnionEntry};
 
 /// One routed expert: (model layer id, expert id within the layer).
 pub type ExpertKey = (usize, usize);

@@ -35,6 +35,46 @@ pub struct PlanInput {
     pub max_slots_per_layer: Option<usize>,
 }
 
+impl PlanInput {
+    /// The main tier's input with the reference defaults: 64 working slots, no pins,
+    /// no per-layer cap.
+    pub fn new(budget_bytes: u64, fixed_bytes: u64, slot_bytes: u64, sparse_layers: usize) -> Self {
+        PlanInput {
+            budget_bytes,
+            fixed_bytes,
+            slot_bytes,
+            sparse_layers,
+            working_slots: DEFAULT_WORKING_SLOTS,
+            pinned_experts: 0,
+            max_slots_per_layer: None,
+        }
+    }
+
+    /// The MTP tier's own small plan: one layer, `min(n_experts, top_k * draft_tokens)`
+    /// working slots (a verify forward's union), `pinned` pins and exactly one resident
+    /// slot. Its fixed bytes are 0 and its budget the whole budget: the main plan is the
+    /// single source of accounting truth and counts this tier's `slab_bytes` inside its
+    /// own `fixed_bytes`.
+    pub fn mtp(
+        budget_bytes: u64,
+        slot_bytes: u64,
+        n_experts: usize,
+        top_k: usize,
+        draft_tokens: usize,
+        pinned: usize,
+    ) -> Self {
+        PlanInput {
+            budget_bytes,
+            fixed_bytes: 0,
+            slot_bytes,
+            sparse_layers: 1,
+            working_slots: n_experts.min(top_k.saturating_mul(draft_tokens)),
+            pinned_experts: pinned,
+            max_slots_per_layer: Some(1),
+        }
+    }
+}
+
 /// The admissible fixed-capacity layout for a [`PlanInput`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ResidencyPlan {
@@ -210,6 +250,13 @@ impl FitReport {
     }
 }
 
+impl FitReport {
+    /// Pretty JSON for `strata fit --json`.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a fit report always serializes")
+    }
+}
+
 impl fmt::Display for FitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let width = self.items.iter().map(|i| i.name.len()).chain(["headroom".len()]).max().unwrap_or(0);
@@ -363,6 +410,18 @@ mod tests {
     }
 
     #[test]
+    fn constructors_use_the_reference_defaults() {
+        let main = PlanInput::new(10 * GIB, GIB, 8 * MIB, 75);
+        assert_eq!((main.working_slots, main.pinned_experts, main.max_slots_per_layer), (64, 0, None));
+        let mtp = PlanInput::mtp(10 * GIB, 16 * MIB, 256, 8, 3, 2);
+        assert_eq!((mtp.sparse_layers, mtp.working_slots, mtp.pinned_experts), (1, 24, 2));
+        let p = plan(mtp).unwrap();
+        assert_eq!((p.slots_per_layer, p.total_slots), (1, 27));
+        assert_eq!(p.slab_bytes, 27 * 16 * MIB);
+        assert_eq!(PlanInput::mtp(1, 1, 4, 8, 3, 0).working_slots, 4, "capped by the expert count");
+    }
+
+    #[test]
     fn plan_refuses_one_byte_short_with_every_number() {
         let err = plan(input(239, 100, 10, 4, 8, 2)).unwrap_err();
         assert_eq!(err, PlanError::DoesNotFit { input: input(239, 100, 10, 4, 8, 2), required_bytes: 240 });
@@ -423,7 +482,7 @@ mod tests {
         assert!(table.contains("512.00 MiB"), "{table}");
         assert!(table.contains(&(2 * GIB).to_string()), "{table}");
         assert!(table.contains("fits: yes"), "{table}");
-        let json = serde_json::to_value(&report).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["budget"], 10 * GIB);
         assert_eq!(json["items"][0]["name"], "resident weights");
         assert_eq!(json["fits"], true);

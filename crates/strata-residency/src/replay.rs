@@ -74,6 +74,13 @@ impl ReplayReport {
     }
 }
 
+impl ReplayReport {
+    /// Pretty JSON for `strata replay --json`.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a replay report always serializes")
+    }
+}
+
 impl fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -193,29 +200,43 @@ impl Tally {
     }
 }
 
-/// Session heat with lazy halving per segment, and selection-clock recency.
+/// Session heat with lazy halving per segment, and selection-clock recency, in dense
+/// per-layer tables (the victim scan reads them for every resident slot).
 #[derive(Default)]
 struct Lfru {
-    /// key -> (heat, epoch it was last brought up to date, last selection clock)
-    state: HashMap<ExpertKey, (u32, u32, u64)>,
+    /// [layer position][expert] -> (heat, epoch it was last brought up to date, last
+    /// selection clock)
+    state: Vec<Vec<(u32, u32, u64)>>,
     clock: u64,
     epoch: u32,
 }
 
 impl Lfru {
-    fn heat(&self, key: ExpertKey) -> u32 {
-        self.state.get(&key).map_or(0, |&(h, epoch, _)| h.checked_shr(self.epoch - epoch).unwrap_or(0))
+    fn entry(&self, layer_pos: usize, expert: usize) -> (u32, u32, u64) {
+        self.state.get(layer_pos).and_then(|row| row.get(expert)).copied().unwrap_or((0, 0, 0))
     }
 
-    fn record(&mut self, key: ExpertKey) {
-        let heat = self.heat(key).saturating_add(1);
+    fn heat(&self, layer_pos: usize, expert: usize) -> u32 {
+        let (h, epoch, _) = self.entry(layer_pos, expert);
+        h.checked_shr(self.epoch - epoch).unwrap_or(0)
+    }
+
+    fn record(&mut self, layer_pos: usize, expert: usize) {
+        let heat = self.heat(layer_pos, expert).saturating_add(1);
         self.clock += 1;
-        self.state.insert(key, (heat, self.epoch, self.clock));
+        if self.state.len() <= layer_pos {
+            self.state.resize(layer_pos + 1, Vec::new());
+        }
+        let row = &mut self.state[layer_pos];
+        if row.len() <= expert {
+            row.resize(expert + 1, (0, 0, 0));
+        }
+        row[expert] = (heat, self.epoch, self.clock);
     }
 
-    fn score(&self, key: ExpertKey) -> u64 {
-        let last = self.state.get(&key).map_or(0, |s| s.2);
-        self.heat(key) as u64 * 256 + 255u64.saturating_sub(self.clock - last)
+    fn score(&self, layer_pos: usize, expert: usize) -> u64 {
+        let last = self.entry(layer_pos, expert).2;
+        self.heat(layer_pos, expert) as u64 * 256 + 255u64.saturating_sub(self.clock - last)
     }
 }
 
@@ -241,7 +262,7 @@ fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertK
                 lfru.epoch += 1; // turn boundary: heat halves
             }
             for &e in &a.selections {
-                lfru.record((layer, e));
+                lfru.record(a.layer_pos, e);
             }
         }
         segment = Some(a.segment);
@@ -265,7 +286,7 @@ fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertK
                 let rank = match (&rule, bank[i]) {
                     (_, None) => 0,
                     (Victim::Lru, Some(_)) => last[i],
-                    (Victim::Lfru(lfru), Some(k)) => lfru.score((layer, k)),
+                    (Victim::Lfru(lfru), Some(k)) => lfru.score(a.layer_pos, k),
                 };
                 (bank[i].is_some(), rank, i)
             });

@@ -141,6 +141,8 @@ pub struct SlotTable {
     layer_pos: HashMap<usize, usize>,
     /// Slot ids with role `Layer(layers[i])`, per layer position `i`.
     layer_slots: Vec<Vec<usize>>,
+    /// Slot ids with role `Working` (so a miss scans the bank, not the slab).
+    working: Vec<usize>,
     /// Every slot that holds a key, in any phase.
     index: HashMap<ExpertKey, usize>,
     planned_working: usize,
@@ -183,6 +185,7 @@ impl SlotTable {
             layers: sparse_layers.to_vec(),
             layer_pos,
             layer_slots,
+            working: (0..input.working_slots).collect(),
             index: HashMap::new(),
             planned_working: input.working_slots,
             planned_pinned: input.pinned_experts,
@@ -288,12 +291,11 @@ impl SlotTable {
     }
 
     fn free_working_slot(&self) -> Option<usize> {
-        self.slots
+        self.working
             .iter()
-            .enumerate()
-            .filter(|(_, s)| s.role == SlotRole::Working)
+            .map(|&i| (i, &self.slots[i]))
             .filter(|(_, s)| matches!(s.phase, SlotPhase::Idle | SlotPhase::Ready))
-            .min_by_key(|(i, s)| (s.phase != SlotPhase::Idle, s.last_use, *i))
+            .min_by_key(|&(i, s)| (s.phase != SlotPhase::Idle, s.last_use, i))
             .map(|(i, _)| i)
     }
 
@@ -392,9 +394,8 @@ impl SlotTable {
         self.slots[victim].role = SlotRole::Working;
         self.slots[slot].role = SlotRole::Layer(layer);
         self.slots[slot].last_use = self.clock;
-        let bank = &mut self.layer_slots[pos];
-        let at = bank.iter().position(|&i| i == victim).expect("victim is in its bank");
-        bank[at] = slot;
+        self.replace_in_bank(SlotRole::Layer(layer), victim, slot);
+        self.replace_in_bank(SlotRole::Working, slot, victim);
         match evicted {
             Some(key) => Promotion::Evicted(key),
             None => Promotion::Filled,
@@ -456,12 +457,15 @@ impl SlotTable {
         self.replace_in_bank(role, occupied, pinned);
     }
 
+    /// `new` takes `old`'s place in the list of slots with `role`.
     fn replace_in_bank(&mut self, role: SlotRole, old: usize, new: usize) {
-        if let SlotRole::Layer(l) = role {
-            let bank = &mut self.layer_slots[self.layer_pos[&l]];
-            let at = bank.iter().position(|&i| i == old).expect("slot is in its bank");
-            bank[at] = new;
-        }
+        let bank = match role {
+            SlotRole::Layer(l) => &mut self.layer_slots[self.layer_pos[&l]],
+            SlotRole::Working => &mut self.working,
+            SlotRole::Pinned | SlotRole::Disabled => return,
+        };
+        let at = bank.iter().position(|&i| i == old).expect("slot is in its bank");
+        bank[at] = new;
     }
 
     /// Drops a pin: its slot is emptied (the expert leaves the table). Refused while
@@ -636,6 +640,12 @@ impl SlotTable {
             if bank.iter().any(|&i| self.slots[i].role != SlotRole::Layer(l)) {
                 return Err(format!("layer {l}'s bank lists a slot of another role"));
             }
+        }
+        let mut working = self.working.clone();
+        working.sort_unstable();
+        let expected: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].role == SlotRole::Working).collect();
+        if working != expected {
+            return Err(format!("working list {working:?} != working slots {expected:?}"));
         }
         if roles[0] != self.planned_working || roles[1] != self.planned_pinned {
             return Err(format!("banks changed size: {} working, {} pinned", roles[0], roles[1]));

@@ -113,7 +113,7 @@ fn report_renders_a_table_and_json() {
     {
         assert!(table.contains(needle), "{needle:?} missing:\n{table}");
     }
-    let json = serde_json::to_value(&r).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     assert_eq!(json["policies"][3]["name"], "Belady");
     assert_eq!(json["policies"][0]["hits"], 1);
     assert_eq!(json["config"]["slots_per_layer"], 2);
