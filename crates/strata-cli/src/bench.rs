@@ -79,11 +79,13 @@ pub struct DecodeArgs {
     prompt_tokens: usize,
     #[arg(long, default_value_t = 16)]
     decode_tokens: usize,
-    /// Also measure memory bandwidth and report measured / floor.
+    /// Also measure memory (and, for containers, disk) bandwidth and report measured / floor.
     #[arg(long)]
     floor: bool,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    budget: crate::residency::BudgetArgs,
 }
 
 #[derive(Args)]
@@ -182,8 +184,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("--prompt-tokens must be >= 1 and --decode-tokens >= 2");
     }
+    let opts = a.budget.load_options()?;
     let t_load = Instant::now();
-    let m = LoadedModel::open(&a.model, &Device::Cpu)?;
+    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &opts)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let vocab = m.model.vocab_size() as u32;
     let mut rng = Rng(42);
@@ -194,15 +197,31 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut gen = strata_engine::Generator::new(m.model.as_ref())?;
     let out = gen.generate(None, &req, &mut |_| true)?;
     let s = &out.stats;
-    // Bytes a decode token must read, as weights are held (f32): the dense part, the
-    // top-k experts of each sparse layer, one embedding row.
+    let experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
+
+    // Bytes a decode token must read: the resident part as held (f32) from RAM (one
+    // embedding row), and the top-k routed experts of each sparse layer as stored.
     let (json, _) = strata_engine::model_dir::read_config(&a.model)?;
     let cfg = GlmMoeDsaConfig::from_json(&json)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
     let summary = strata_models::glm_moe_dsa::inspect(&cfg, &store);
+    use strata_models::glm_moe_dsa::TensorGroup as G;
+    let params = |g: G| summary.groups.get(&g).map_or(0, |x| x.parameters);
     let embed = (cfg.vocab_size * cfg.hidden_size) as u64;
-    let token_params = summary.active_parameters - embed + cfg.hidden_size as u64;
-    let token_bytes = token_params * 4;
+    let resident_params = summary
+        .groups
+        .iter()
+        .filter(|(g, _)| !matches!(g, G::RoutedExperts | G::Mtp))
+        .map(|(_, x)| x.parameters)
+        .sum::<u64>()
+        - embed
+        + cfg.hidden_size as u64;
+    let active_experts = (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64;
+    let expert_bytes_per_token = match &m.fit {
+        Some(f) if f.streamed => active_experts * f.slot_bytes,
+        _ => active_experts * params(G::RoutedExperts) / (cfg.sparse_layers() * cfg.n_routed_experts).max(1) as u64 * 4,
+    };
+    let token_bytes = resident_params * 4 + expert_bytes_per_token;
     let mut report = serde_json::json!({
         "model": a.model.display().to_string(),
         "load_seconds": load_s,
@@ -211,48 +230,75 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "prefill_tokens_per_s": s.prefill_tokens_per_s,
         "decode_tokens_per_s": s.decode_tokens_per_s,
         "peak_rss_bytes": s.peak_rss_bytes,
-        "decode_params_read_per_token": token_params,
-        "decode_bytes_read_per_token_f32": token_bytes,
+        "budget_bytes": opts.budget,
+        "resident_bytes_read_per_token": resident_params * 4,
+        "expert_bytes_used_per_token": expert_bytes_per_token,
+        "decode_bytes_read_per_token": token_bytes,
     });
+    if let Some(r) = &experts {
+        let d = &r.turn.demand;
+        let tokens = (s.prompt_tokens + s.generated_tokens).max(1) as f64;
+        report["expert_hit_rate"] = d.hit_rate.into();
+        report["expert_read_bytes"] = d.read_bytes.into();
+        report["expert_read_bytes_per_token_all_forwards"] = (d.read_bytes as f64 / tokens).into();
+        report["expert_read_gb_per_s_in_service"] =
+            (d.read_bytes as f64 / d.disk_service.total_s.max(1e-9) / 1e9).into();
+        report["expert_foreground_wait_s"] = d.foreground_wait.total_s.into();
+        report["expert_slab_bytes"] = r.plan.slab_bytes.into();
+        report["expert_total_bytes"] = m.fit.as_ref().map_or(0, |f| f.expert_bytes_total).into();
+        report["experts"] = serde_json::to_value(&r.turn)?;
+    }
     if a.floor {
         let gbs = memory_bandwidth(1024)?;
         let floor_tps = gbs * 1e9 / token_bytes as f64;
         report["memory_read_gb_per_s"] = gbs.into();
-        report["decode_floor_tokens_per_s"] = floor_tps.into();
-        report["decode_fraction_of_floor"] = (s.decode_tokens_per_s / floor_tps).into();
+        report["decode_floor_tokens_per_s_memory"] = floor_tps.into();
+        report["decode_fraction_of_memory_floor"] = (s.decode_tokens_per_s / floor_tps).into();
+        if let Some(f) = m.fit.as_ref().filter(|f| f.streamed) {
+            let dir = m.experts_dir.clone().unwrap_or_else(|| a.model.clone());
+            let io = io_bandwidth(&dir, 128, 8, 2, !a.budget.page_cache())?;
+            report["disk_random_read_gb_per_s"] = io.0.into();
+            report["disk_read_bytes_each"] = f.slot_bytes.into();
+        }
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for (k, v) in report.as_object().unwrap() {
-            println!("{k:<34} {v}");
+            if k != "experts" {
+                println!("{k:<42} {v}");
+            }
         }
     }
     Ok(())
 }
 
-fn io(a: IoArgs) -> Result<()> {
-    use strata_engine::experts::{ContainerSource, ExpertSource};
-    if a.reads == 0 || a.depth == 0 {
-        bail!("--reads and --depth must be at least 1");
-    }
-    let source = ContainerSource::open(&a.model, "main")?;
-    let pool = strata_storage::IoPool::open(source.files(), a.io_workers, !a.page_cache)?;
+/// Random whole-expert reads from a container: (GB/s, p50 ms, p99 ms).
+fn io_bandwidth(
+    dir: &std::path::Path,
+    reads: usize,
+    depth: usize,
+    workers: usize,
+    direct: bool,
+) -> Result<(f64, f64, f64)> {
+    let source = strata_engine::experts::open_source(dir)?
+        .ok_or_else(|| anyhow::anyhow!("{}: no expert container (see `strata convert`)", dir.display()))?;
+    let pool = strata_storage::IoPool::open(source.files(), workers, direct)?;
     let slot = source.slot_bytes();
     let mut bufs: Vec<strata_storage::AlignedBuf> =
-        (0..a.depth).map(|_| strata_storage::AlignedBuf::new(slot)).collect::<Result<_>>()?;
+        (0..depth).map(|_| strata_storage::AlignedBuf::new(slot)).collect::<Result<_>>()?;
     let (layers, per) = (source.layers().to_vec(), source.experts_per_layer());
     let mut rng = Rng(7);
     let mut pick = || {
         let l = layers[((rng.next_f32() + 1.0) * 0.5 * layers.len() as f32) as usize % layers.len()];
         (l, ((rng.next_f32() + 1.0) * 0.5 * per as f32) as usize % per)
     };
-    let mut latencies = Vec::with_capacity(a.reads);
+    let mut latencies = Vec::with_capacity(reads);
     let mut bytes = 0u64;
     let t0 = Instant::now();
     let mut done = 0;
-    while done < a.reads {
-        let n = a.depth.min(a.reads - done);
+    while done < reads {
+        let n = depth.min(reads - done);
         let mut tickets = Vec::with_capacity(n);
         for buf in bufs.iter_mut().take(n) {
             let (l, e) = pick();
@@ -270,16 +316,27 @@ fn io(a: IoArgs) -> Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     latencies.sort_by(f64::total_cmp);
     let q = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1e3;
+    Ok((bytes as f64 / secs / 1e9, q(0.5), q(0.99)))
+}
+
+fn io(a: IoArgs) -> Result<()> {
+    if a.reads == 0 || a.depth == 0 {
+        bail!("--reads and --depth must be at least 1");
+    }
+    let slot = strata_engine::experts::open_source(&a.model)?
+        .ok_or_else(|| anyhow::anyhow!("{}: no expert container (see `strata convert`)", a.model.display()))?
+        .slot_bytes();
+    let (gbs, p50, p99) = io_bandwidth(&a.model, a.reads, a.depth, a.io_workers, !a.page_cache)?;
     let report = serde_json::json!({
         "model": a.model.display().to_string(),
-        "direct_io": pool.is_direct(),
+        "direct_io": !a.page_cache,
         "read_bytes_each": slot,
         "reads": a.reads,
         "depth": a.depth,
         "workers": a.io_workers,
-        "gb_per_s": bytes as f64 / secs / 1e9,
-        "latency_ms_p50": q(0.5),
-        "latency_ms_p99": q(0.99),
+        "gb_per_s": gbs,
+        "latency_ms_p50": p50,
+        "latency_ms_p99": p99,
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -107,6 +107,10 @@ pub struct BudgetArgs {
 }
 
 impl BudgetArgs {
+    pub fn page_cache(&self) -> bool {
+        self.page_cache
+    }
+
     pub fn load_options(&self) -> Result<strata_engine::LoadOptions> {
         use strata_engine::experts::{RuntimeOptions, UsageSetting};
         let budget = match &self.budget {

@@ -1,6 +1,7 @@
 //! The generation engine: a model directory opened as a whole (model, tokenizer, chat
 //! template, generation defaults), sampling, and the prefill/decode loop with telemetry.
 
+pub mod autoconvert;
 pub mod chat;
 pub mod experts;
 pub mod fit;

@@ -2,7 +2,7 @@
 //! weights, tokenizer, chat template and generation defaults.
 
 use crate::chat::ChatTemplate;
-use crate::experts::{ContainerSource, ExpertSource, RuntimeOptions, StreamedExperts, UsageSetting};
+use crate::experts::{open_source, RuntimeOptions, StreamedExperts, UsageSetting};
 use crate::fit::{fit_dir, Fit, FitOptions};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use strata_models::glm_moe_dsa::{GlmMoeDsa, GlmMoeDsaConfig};
 use strata_models::CausalLm;
 use strata_residency::UsageLedger;
-use strata_storage::{ExpertManifest, WeightStore};
+use strata_storage::WeightStore;
 
 /// How to load: the memory budget and the expert runtime's options.
 #[derive(Clone, Debug)]
@@ -54,6 +54,8 @@ pub struct LoadedModel {
     pub experts: Option<Arc<StreamedExperts>>,
     /// The memory plan (expert containers).
     pub fit: Option<Fit>,
+    /// Where the expert container is (the model dir, or its `.strata/` conversion).
+    pub experts_dir: Option<PathBuf>,
 }
 
 /// Reads `config.json` and returns it with its `model_type`, refusing unknown types.
@@ -121,25 +123,25 @@ impl LoadedModel {
         let cfg_path = dir.join("config.json");
         let mut experts = None;
         let mut fit = None;
+        let mut experts_dir = None;
         let model: Box<dyn CausalLm> = match model_type.as_str() {
             GlmMoeDsaConfig::MODEL_TYPE => {
                 let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
-                let store = WeightStore::open_dir(dir)?;
-                if ExpertManifest::exists(dir) {
-                    let (backend, f) = open_experts(dir, &cfg, &store, opts)?;
-                    fit = Some(f);
-                    let model = GlmMoeDsa::load_with_experts(cfg, &store, device, Some(backend.clone()))?;
-                    experts = Some(backend);
-                    Box::new(model)
-                } else {
-                    if opts.budget.is_some() {
-                        bail!(
-                            "{}: --budget needs an expert container; make one with `strata convert --model {} --out DIR`",
-                            dir.display(),
-                            dir.display()
-                        );
+                let weights_dir = match (opts.budget, open_source(dir)?.is_some()) {
+                    (Some(_), false) => crate::autoconvert::container_for(dir)?,
+                    _ => dir.to_path_buf(),
+                };
+                let store = WeightStore::open_dir(&weights_dir)?;
+                match open_source(&weights_dir)? {
+                    Some(source) => {
+                        let (backend, f) = open_experts(&weights_dir, source, &cfg, &store, opts)?;
+                        fit = Some(f);
+                        let model = GlmMoeDsa::load_with_experts(cfg, &store, device, Some(backend.clone()))?;
+                        experts = Some(backend);
+                        experts_dir = Some(weights_dir.clone());
+                        Box::new(model)
                     }
-                    Box::new(GlmMoeDsa::load(cfg, &store, device)?)
+                    None => Box::new(GlmMoeDsa::load(cfg, &store, device)?),
                 }
             }
             other => unreachable!("read_config refused `{other}`"),
@@ -169,6 +171,7 @@ impl LoadedModel {
             eos_token_ids,
             experts,
             fit,
+            experts_dir,
         })
     }
 
@@ -191,12 +194,12 @@ impl LoadedModel {
 /// Plans the slab, opens the usage ledger, chooses pins and starts the expert runtime.
 fn open_experts(
     dir: &Path,
+    source: Box<dyn crate::experts::ExpertSource>,
     cfg: &GlmMoeDsaConfig,
     store: &WeightStore,
     opts: &LoadOptions,
 ) -> Result<(Arc<StreamedExperts>, Fit)> {
     let rt = &opts.runtime;
-    let source = ContainerSource::open(dir, "main")?;
     let layers = source.layers().to_vec();
     for &(l, e) in &rt.pins {
         if !layers.contains(&l) || e >= source.experts_per_layer() {
@@ -244,10 +247,10 @@ fn open_experts(
     }
     let fit = fit_dir(dir, cfg, store, &fit_opts)?;
     let Some(plan) = fit.plan else {
-        bail!("{}: {}\n{}", dir.display(), fit.error.clone().unwrap_or_default(), fit.report);
+        bail!("{}: {} (see `strata fit`)", dir.display(), fit.error.clone().unwrap_or_default());
     };
     let resident_all = opts.budget.is_none();
-    let backend = StreamedExperts::new(cfg.hidden_size, Box::new(source), plan, &pins, ledger, rt, opts.budget)?;
+    let backend = StreamedExperts::new(cfg.hidden_size, source, plan, &pins, ledger, rt, opts.budget)?;
     if resident_all {
         backend.preload_all()?;
     }

@@ -12,7 +12,8 @@ fn strata_tiny_matches_transformers() {
     let m = LoadedModel::open(&root.join("models/strata-tiny"), &Device::Cpu).unwrap();
     let reference = SafetensorsFile::open(&root.join("fixtures/strata-tiny/reference.safetensors")).unwrap();
     let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("fixtures/strata-tiny/reference.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(root.join("fixtures/strata-tiny/reference.json")).unwrap())
+            .unwrap();
     let prompts = meta["prompts"].as_array().unwrap();
     assert!(prompts.len() >= 3);
     for p in prompts {
@@ -29,8 +30,12 @@ fn strata_tiny_matches_transformers() {
         let text = p["text"].as_str().unwrap();
         assert_eq!(m.tokenizer().unwrap().encode(text, true).unwrap(), ids, "prompt {i}: tokenization");
         let want_t = &reference.tensors()[&format!("prompt_logits_{i}")];
-        let want: Vec<f32> =
-            reference.bytes(want_t).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let want: Vec<f32> = reference
+            .bytes(want_t)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         let got: Vec<f32> = Generator::new(m.model.as_ref()).unwrap().logits(&ids, true).unwrap().concat();
         assert_eq!(got.len(), want.len());
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -113,7 +113,7 @@ fn io_fault_fails_one_request_and_the_next_succeeds() {
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
     let mut g = Generator::new(m.model.as_ref()).unwrap();
-    let err = g.logits(&prompt, true).err().expect("a short read must fail the request");
+    let err = g.logits(&prompt, true).expect_err("a short read must fail the request");
     let msg = format!("{err:#}");
     assert!(msg.contains("experts-00000.bin"), "the error names the file: {msg}");
     // Restore the file: the same runtime serves the next request.

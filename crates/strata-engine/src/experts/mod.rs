@@ -8,4 +8,4 @@ mod source;
 pub mod telemetry;
 
 pub use runtime::{RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
-pub use source::{ContainerSource, ExpertSource};
+pub use source::{open_source, ColibriSource, ContainerSource, ExpertSource};

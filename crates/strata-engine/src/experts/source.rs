@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
-use strata_storage::{ExpertLayout, ExpertManifest, ReadSegment, TierEntry};
+use strata_storage::{ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadSegment, TierEntry};
 
 pub trait ExpertSource: Send + Sync {
     /// Bytes of one slot (identical for every expert of the tier).
@@ -62,4 +62,52 @@ impl ExpertSource for ContainerSource {
         let seg = ReadSegment { file: loc.file, offset: loc.offset, len: self.tier.layout.slot_bytes, dest_offset: 0 };
         Ok((vec![seg], &self.tier.layout))
     }
+}
+
+/// The public GLM-5.2 container (`out-*.safetensors`, U8 payloads + `.qs` scales), read
+/// in place: each expert's tensors are adjacent, so one 4096-aligned covering read fills
+/// a slot, and each expert carries its own layout inside that read.
+pub struct ColibriSource {
+    files: Vec<PathBuf>,
+    tier: ColibriTier,
+}
+
+impl ColibriSource {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let container = ColibriContainer::open(dir, &GlmDims::from_dir(dir)?)?;
+        let Some(tier) = container.tier("main").cloned() else {
+            bail!("{}: Colibri container has no main experts", dir.display());
+        };
+        Ok(Self { files: container.file_paths(), tier })
+    }
+}
+
+impl ExpertSource for ColibriSource {
+    fn slot_bytes(&self) -> usize {
+        self.tier.slot_bytes
+    }
+    fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+    fn layers(&self) -> &[usize] {
+        &self.tier.layers
+    }
+    fn experts_per_layer(&self) -> usize {
+        self.tier.experts_per_layer
+    }
+    fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
+        self.tier.locate(layer, expert)
+    }
+}
+
+/// The expert source of a model directory: strata's container or a Colibri one; None for
+/// an HF checkpoint.
+pub fn open_source(dir: &Path) -> Result<Option<Box<dyn ExpertSource>>> {
+    if ExpertManifest::exists(dir) {
+        return Ok(Some(Box::new(ContainerSource::open(dir, "main")?)));
+    }
+    if ColibriContainer::detect(dir) {
+        return Ok(Some(Box::new(ColibriSource::open(dir)?)));
+    }
+    Ok(None)
 }
