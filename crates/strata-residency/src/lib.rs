@@ -3,7 +3,7 @@
 //! Pure policy, no tensors and no I/O except the usage-ledger file. The runtime
 //! (strata-engine) composes these pieces with the I/O pool and the slab:
 //!
-//! - [`plan`]: how many slots a byte budget affords, refusing impossible budgets with
+//! - [`plan()`]: how many slots a byte budget affords, refusing impossible budgets with
 //!   every number, plus the `fit` report and the `--budget` size parser.
 //! - [`SlotTable`]: which expert lives in which slab slot; roles, phases, generation
 //!   tags, LRU victims, role-swap promotion, pins, pressure decommit.
@@ -11,10 +11,30 @@
 //!   format v1), session heat and the LFRU score.
 //! - [`policy`]: auto-pin planning and live-repin selection.
 //! - [`batch_union`]: one forward's routes deduplicated in stable order.
-//! - [`trace`] and [`replay`]: route traces and offline replay of LRU, LFRU,
+//! - [`trace`] and [`replay()`]: route traces and offline replay of LRU, LFRU,
 //!   pinned+LRU and the Belady optimum.
 //!
 //! Spec: `shared/reference/residency.md`; interfaces: `docs/design/residency.md`.
+//!
+//! # Wiring (what the runtime does with these pieces)
+//!
+//! - Start-up: `plan(input)?` (print `plan.fit_report(items)` for `strata fit`); an
+//!   MTP tier gets its own `plan(PlanInput::mtp(..))` whose `slab_bytes` go into the
+//!   main plan's `fixed_bytes`. Allocate `total_slots * slot_bytes`;
+//!   `SlotTable::new(&plan, &sparse_layer_ids)`. Pins: explicit `--pin` list, else
+//!   `plan_auto_pins(..).keys()` (size `pinned_experts` from it before planning); for
+//!   each, `table.pin(key)` then load and `finish_load(slot, table.slot(slot).generation)`.
+//! - Every forward: `table.tick()`. At each MoE layer: `ledger.record(layer, &ids)`
+//!   and the trace first (every selection), then `batch_union(&ids, top_k)`; look up
+//!   each unique expert and `lease` the hits; misses in chunks of `working_slots`:
+//!   `begin_load` -> read -> `finish_load` (false: discard the bytes) -> `lease` ->
+//!   compute -> `promote` each miss (hits still leased, so they cannot be victims) ->
+//!   `release` everything.
+//! - Safe points: while the footprint exceeds the budget, `decommit_one()` and release
+//!   that slot's bytes (e.g. `madvise(DONTNEED)`).
+//! - Turn boundary: `repin_candidate` per layer -> `select_repins(.., REPIN_MAX_SWAPS)`
+//!   -> `table.repin(cold, hot)` when hot is resident, else `unpin(cold)` + `pin(hot)`
+//!   + load; then `ledger.decay_heat()` and `ledger.flush()`.
 
 pub mod ledger;
 pub mod plan;

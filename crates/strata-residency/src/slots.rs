@@ -111,8 +111,10 @@ pub struct SlotSnapshot {
     pub ready: usize,
     pub leased: usize,
     pub hits: u64,
-    /// Loads begun (= demand misses, plus pin loads).
-    pub loads: u64,
+    /// Demand loads begun ([`SlotTable::begin_load`]).
+    pub misses: u64,
+    /// Pin loads begun ([`SlotTable::pin`] of a non-resident expert).
+    pub pin_loads: u64,
     pub evictions: u64,
     pub pressure_evictions: u64,
     /// Slots decommitted by pressure correction (with or without an expert in them).
@@ -286,7 +288,7 @@ impl SlotTable {
         s.phase = SlotPhase::Loading;
         s.generation = generation;
         self.index.insert(key, slot);
-        self.counters.loads += 1;
+        self.counters.misses += 1;
         Some((slot, generation))
     }
 
@@ -441,7 +443,7 @@ impl SlotTable {
                 s.phase = SlotPhase::Loading;
                 s.generation = generation;
                 self.index.insert(key, free);
-                self.counters.loads += 1;
+                self.counters.pin_loads += 1;
                 Ok(free)
             }
         }

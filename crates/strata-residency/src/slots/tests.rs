@@ -59,7 +59,7 @@ fn misses_fill_empty_slots_then_evict_the_least_recently_used() {
     // The other layer is untouched.
     assert_eq!(miss(&mut t, (5, 1)).1, Promotion::Filled);
     let snap = t.snapshot();
-    assert_eq!((snap.hits, snap.loads, snap.evictions), (1, 5, 2));
+    assert_eq!((snap.hits, snap.misses, snap.pin_loads, snap.evictions), (1, 5, 0, 2));
 }
 
 #[test]
@@ -287,7 +287,7 @@ fn snapshot_and_residency_map_describe_every_occupied_slot() {
     let snap = t.snapshot();
     assert_eq!((snap.total, snap.working, snap.pinned, snap.layer, snap.disabled), (7, 2, 1, 4, 0));
     assert_eq!((snap.loading, snap.leased, snap.ready, snap.idle), (1, 1, 0, 5));
-    assert_eq!(snap.clock, 1);
+    assert_eq!((snap.clock, snap.misses, snap.pin_loads), (1, 1, 1));
     let map = t.residency_map();
     assert_eq!(
         map,
