@@ -244,27 +244,47 @@ struct MatJob<'a> {
     x: &'a [f32],
     rows: usize,
     w: QMatrix<'a>,
-    /// Int4 on the AVX2 path: x with each 16-column chunk reordered as 8 even then 8 odd
-    /// columns (the order nibbles unpack in).
+    /// AVX2 path: the full 16-column chunks of x, row `r` at `r * xstride`, the stride
+    /// padded so rows do not alias in L1 (4 KiB apart); for int4 each chunk is reordered
+    /// as 8 even then 8 odd columns (the order nibbles unpack in).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    xperm: Vec<f32>,
+    xs: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    xstride: usize,
+    /// Int4 with a group multiple of 16 on the AVX2 path: see `avx2::int4_x8`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    x8: Vec<f32>,
 }
 
 impl<'a> MatJob<'a> {
     fn new(path: KernelPath, x: &'a [f32], rows: usize, w: &QMatrix<'a>) -> Self {
-        let mut xperm = Vec::new();
-        if path == KernelPath::Avx2Fma && matches!(w.kind, QuantKind::Int4Group { .. }) {
+        let (mut xs, mut xstride, mut x8) = (Vec::new(), 0, Vec::new());
+        if path == KernelPath::Avx2Fma {
             let (cols, nfull) = (w.cols, w.cols / 16);
-            xperm.reserve_exact(rows * nfull * 16);
+            xstride = nfull * 16 + 16;
+            xs = vec![0f32; rows * xstride];
             for r in 0..rows {
-                let xr = &x[r * cols..r * cols + nfull * 16];
-                for c in xr.chunks_exact(16) {
-                    xperm.extend((0..8).map(|j| c[2 * j]));
-                    xperm.extend((0..8).map(|j| c[2 * j + 1]));
+                let src = &x[r * cols..r * cols + nfull * 16];
+                let dst = &mut xs[r * xstride..r * xstride + nfull * 16];
+                if let QuantKind::Int4Group { .. } = w.kind {
+                    for (d, c) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
+                        for j in 0..8 {
+                            d[j] = c[2 * j];
+                            d[8 + j] = c[2 * j + 1];
+                        }
+                    }
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if let QuantKind::Int4Group { group } = w.kind {
+                if group % 16 == 0 {
+                    x8 = avx2::int4_x8(&xs, xstride, rows, w.cols, group);
                 }
             }
         }
-        Self { path, x, rows, w: *w, xperm }
+        Self { path, x, rows, w: *w, xs, xstride, x8 }
     }
 
     /// Computes outputs `o0..o1` of every row into `out`.
@@ -355,23 +375,41 @@ fn scalar_block(w: &QMatrix, x: &[f32], rows: usize, o0: usize, o1: usize, out: 
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! Register tiles of OT outputs x RT rows (OT * RT <= 8, one accumulator each). Columns
-    //! go in chunks of 16: a chunk's weights decode to two 8-lane vectors `a`, `b` and each
-    //! (output, row) pair does `acc = fma(a, xa, acc); acc = fma(b, xb, acc)`, chunks in
-    //! order; then a fixed horizontal sum, then the `cols % 16` tail in scalar. The pair's
-    //! arithmetic is the same in every tile shape, which is what makes results independent
-    //! of the batch. For int4, `a` holds the chunk's even columns and `b` its odd columns
-    //! (x is pre-permuted to match); otherwise `a` = columns 0..8 and `b` = 8..16.
+    //! Register tiles of OT outputs x RT rows. Columns go in chunks of 16: a chunk's weights
+    //! decode to two 8-lane vectors `a`, `b`, and each (output, row) pair does
+    //! `g = fma(a, xa, g); g = fma(b, xb, g)`, chunks in order. For int4 (group a multiple
+    //! of 16) `a`, `b` are the raw nibbles `n` (0..15) and at the end of each group the pair
+    //! folds `acc = fma(g - 8 * xsum_group, scale, acc)` (lane-wise), then resets `g`; int8
+    //! accumulates `q` and multiplies by the row scale at the end. Then a fixed horizontal
+    //! sum and the `cols % 16` tail in scalar.
+    //!
+    //! The pair's arithmetic is the same whatever the tile shape, the column blocking (the
+    //! pair's vectors are stored and reloaded exactly between column blocks) or the output
+    //! block, which is what makes results independent of the batch and of the threads.
+    //! For int4, `a` holds a chunk's even columns and `b` its odd columns (x is
+    //! pre-permuted to match); otherwise `a` = columns 0..8 and `b` = 8..16.
 
     use super::{MatJob, OutPtr, QuantKind};
     use std::arch::x86_64::*;
 
     pub(super) trait Decode {
-        /// Chunks per segment (the int4 group): segment `s` covers chunks
-        /// `s * seg_chunks ..`; `usize::MAX` for one segment.
-        fn seg_chunks(&self) -> usize;
-        /// The two weight vectors of chunk `k` (in segment `s`) of output `o`.
-        unsafe fn chunk(&self, o: usize, s: usize, k: usize) -> (__m256, __m256);
+        /// Outputs per tile for a one-row tile (fewer where a pair needs more registers).
+        const WIDE: usize = 8;
+        /// Whether the pair folds `g` into `acc` at segment ends (see `seg_end`).
+        const SEGMENTED: bool = false;
+        /// Chunks per segment (the int4 group / 16) when SEGMENTED.
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        /// The two weight vectors of chunk `k` of output `o`.
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256);
+        /// Address of chunk `k` of output `o` (for prefetching).
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8;
+        /// Folds a finished segment `s` of output `o`, row `r`.
+        #[inline(always)]
+        unsafe fn seg_end(&self, _o: usize, _s: usize, _r: usize, _g: __m256, acc: __m256) -> __m256 {
+            acc
+        }
         /// Adds the scalar tail (columns `16 * nfull ..`) and any per-row scale to `simd`.
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32;
     }
@@ -382,11 +420,12 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for F32Dec<'_> {
-        fn seg_chunks(&self) -> usize {
-            usize::MAX
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add((o * self.cols + k * 16) * 4)
         }
         #[inline(always)]
-        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
             let p = self.p.as_ptr().add((o * self.cols + k * 16) * 4) as *const f32;
             (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
         }
@@ -406,11 +445,12 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for Bf16Dec<'_> {
-        fn seg_chunks(&self) -> usize {
-            usize::MAX
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add((o * self.cols + k * 16) * 2)
         }
         #[inline(always)]
-        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
             let p = self.p.as_ptr().add((o * self.cols + k * 16) * 2);
             let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
             let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
@@ -434,11 +474,12 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I8Dec<'_> {
-        fn seg_chunks(&self) -> usize {
-            usize::MAX
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add(o * self.cols + k * 16)
         }
         #[inline(always)]
-        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
             let p = self.p.as_ptr().add(o * self.cols + k * 16);
             let a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
             let b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8) as *const __m128i));
@@ -453,11 +494,13 @@ mod avx2 {
         }
     }
 
-    /// int4 with `group % 16 == 0`: one scale per segment; `w = (n - 8) * s` computed as
-    /// `fma(n, s, -8 s)` (the same single rounding as the scalar decode).
+    /// int4 with `group % 16 == 0`: chunks decode to raw nibbles; a segment (group) ends
+    /// with `acc = fma(g - x8[r, s], scale[o, s], acc)` where `x8` is 8 times the lane-wise
+    /// sum of the group's (permuted) x, so the `- 8` offset costs nothing per weight.
     struct I4Dec<'a> {
         p: &'a [u8],
         scales: &'a [f32],
+        x8: &'a [f32],
         cols: usize,
         half: usize,
         group: usize,
@@ -465,18 +508,28 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I4Dec<'_> {
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add(o * self.half + k * 8)
+        }
+        const WIDE: usize = 4;
+        const SEGMENTED: bool = true;
         fn seg_chunks(&self) -> usize {
             self.group / 16
         }
         #[inline(always)]
-        unsafe fn chunk(&self, o: usize, s: usize, k: usize) -> (__m256, __m256) {
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
             let p = self.p.as_ptr().add(o * self.half + k * 8);
             let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
             let lo = _mm256_and_si256(v, _mm256_set1_epi32(0x0f));
             let hi = _mm256_srli_epi32(v, 4);
+            (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi))
+        }
+        #[inline(always)]
+        unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m256, acc: __m256) -> __m256 {
             let sv = _mm256_broadcast_ss(self.scales.get_unchecked(o * self.groups + s));
-            let m = _mm256_mul_ps(sv, _mm256_set1_ps(-8.0));
-            (_mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), sv, m), _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), sv, m))
+            let x8 = _mm256_loadu_ps(self.x8.as_ptr().add((r * self.groups + s) * 8));
+            _mm256_fmadd_ps(_mm256_sub_ps(g, x8), sv, acc)
         }
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
             i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
@@ -494,11 +547,12 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I4AnyDec<'_> {
-        fn seg_chunks(&self) -> usize {
-            usize::MAX
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add(o * self.half + k * 8)
         }
         #[inline(always)]
-        unsafe fn chunk(&self, o: usize, _s: usize, k: usize) -> (__m256, __m256) {
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
             let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
             let row = &self.p[o * self.half..];
             let sc = &self.scales[o * self.groups..];
@@ -552,12 +606,31 @@ mod avx2 {
         nfull: usize,
     }
 
+    /// Lane-wise `8 * sum` of the permuted x over each group's full chunks:
+    /// `rows x groups x 8`, summed chunk by chunk (`a` then `b`) in order.
+    pub(super) fn int4_x8(xperm: &[f32], xstride: usize, rows: usize, cols: usize, group: usize) -> Vec<f32> {
+        let (nfull, groups, spc) = (cols / 16, cols.div_ceil(group), group / 16);
+        let mut x8 = vec![0f32; rows * groups * 8];
+        for r in 0..rows {
+            for k in 0..nfull {
+                let xc = &xperm[r * xstride + k * 16..][..16];
+                let d = &mut x8[(r * groups + k / spc) * 8..][..8];
+                for j in 0..8 {
+                    d[j] += xc[j];
+                    d[j] += xc[8 + j];
+                }
+            }
+        }
+        x8.iter_mut().for_each(|v| *v *= 8.0);
+        x8
+    }
+
     /// # Safety
     /// AVX2 and FMA available; `job` validated; `o0..o1` owned by the caller.
     pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
         let w = &job.w;
         let (cols, nfull) = (w.cols, w.cols / 16);
-        let plain = XRows { ptr: job.x.as_ptr(), stride: cols };
+        let plain = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
         match w.kind {
             QuantKind::F32 => {
                 let d = F32Dec { p: w.payload, cols, nfull };
@@ -573,9 +646,10 @@ mod avx2 {
             }
             QuantKind::Int4Group { group } => {
                 let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
-                let xs = XRows { ptr: job.xperm.as_ptr(), stride: nfull * 16 };
+                let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
                 if group % 16 == 0 {
-                    let d = I4Dec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
+                    let (p, scales, x8) = (w.payload, w.scales, &job.x8[..]);
+                    let d = I4Dec { p, scales, x8, cols, half, group, groups, nfull };
                     rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
                 } else {
                     let d = I4AnyDec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
@@ -585,71 +659,142 @@ mod avx2 {
         }
     }
 
-    /// Row tiles of up to 8 rows; within a tile, output groups of OT (8 / rows).
+    /// Row tiles of up to 8 rows; within a tile, output groups of OT and column blocks
+    /// that keep the tile's x in L1.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
+        // Per output: 2 * RT vectors (g then acc) carried between column blocks.
+        let mut state = vec![_mm256_setzero_ps(); (o1 - o0) * 2 * 8];
         let mut r0 = 0;
         while r0 < rows {
             let rt = (rows - r0).min(8);
-            match rt {
-                1 => outs::<D, 8, 1>(c, r0, o0, o1, out),
-                2 => outs::<D, 4, 2>(c, r0, o0, o1, out),
-                3 => outs::<D, 2, 3>(c, r0, o0, o1, out),
-                4 => outs::<D, 2, 4>(c, r0, o0, o1, out),
-                5 => outs::<D, 1, 5>(c, r0, o0, o1, out),
-                6 => outs::<D, 1, 6>(c, r0, o0, o1, out),
-                7 => outs::<D, 1, 7>(c, r0, o0, o1, out),
-                _ => outs::<D, 1, 8>(c, r0, o0, o1, out),
+            let mut kb = ((16 << 10) / (rt * 64)).max(1);
+            if D::SEGMENTED {
+                kb = kb.next_multiple_of(c.d.seg_chunks());
+            }
+            let st = &mut state[..];
+            match (rt, D::WIDE) {
+                (1, 8) => outs::<D, 8, 1>(c, r0, o0, o1, kb, st, out),
+                (1, 4) => outs::<D, 4, 1>(c, r0, o0, o1, kb, st, out),
+                (1, _) => outs::<D, 2, 1>(c, r0, o0, o1, kb, st, out),
+                (2, 8) => outs::<D, 4, 2>(c, r0, o0, o1, kb, st, out),
+                (2, _) => outs::<D, 2, 2>(c, r0, o0, o1, kb, st, out),
+                (3, 8) => outs::<D, 2, 3>(c, r0, o0, o1, kb, st, out),
+                (4, 8) => outs::<D, 2, 4>(c, r0, o0, o1, kb, st, out),
+                (3, _) => outs::<D, 1, 3>(c, r0, o0, o1, kb, st, out),
+                (4, _) => outs::<D, 1, 4>(c, r0, o0, o1, kb, st, out),
+                (5, _) => outs::<D, 1, 5>(c, r0, o0, o1, kb, st, out),
+                (6, _) => outs::<D, 1, 6>(c, r0, o0, o1, kb, st, out),
+                (7, _) => outs::<D, 1, 7>(c, r0, o0, o1, kb, st, out),
+                _ => outs::<D, 1, 8>(c, r0, o0, o1, kb, st, out),
             }
             r0 += rt;
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn outs<D: Decode, const OT: usize, const RT: usize>(
         c: &Ctx<D>,
         r0: usize,
         o0: usize,
         o1: usize,
+        kb: usize,
+        state: &mut [__m256],
         out: &OutPtr,
     ) {
-        let mut o = o0;
-        while o + OT <= o1 {
-            tile::<D, OT, RT>(c, r0, o, out);
-            o += OT;
-        }
-        while o < o1 {
-            tile::<D, 1, RT>(c, r0, o, out);
-            o += 1;
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + kb).min(c.nfull);
+            let last = k1 == c.nfull;
+            let mut o = o0;
+            while o + OT <= o1 {
+                let st = &mut state[(o - o0) * 2 * RT..][..OT * 2 * RT];
+                tile::<D, OT, RT>(c, r0, o, k0, k1, st, last, out);
+                o += OT;
+            }
+            while o < o1 {
+                let st = &mut state[(o - o0) * 2 * RT..][..2 * RT];
+                tile::<D, 1, RT>(c, r0, o, k0, k1, st, last, out);
+                o += 1;
+            }
+            if last {
+                break;
+            }
+            k0 = k1;
         }
     }
 
+    /// Chunks `k0..k1` of a tile; resumes from `state` unless `k0 == 0`, and writes the
+    /// results if `last`, else saves `state` (per output: RT `g` vectors, then RT `acc`).
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(c: &Ctx<D>, r0: usize, o0: usize, out: &OutPtr) {
+    unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
+        c: &Ctx<D>,
+        r0: usize,
+        o0: usize,
+        k0: usize,
+        k1: usize,
+        state: &mut [__m256],
+        last: bool,
+        out: &OutPtr,
+    ) {
+        let mut g = [[_mm256_setzero_ps(); RT]; OT];
         let mut acc = [[_mm256_setzero_ps(); RT]; OT];
-        let (nfull, spc) = (c.nfull, c.d.seg_chunks());
-        let mut k = 0;
-        let mut s = 0;
-        while k < nfull {
-            let kend = nfull.min(k.saturating_add(spc));
+        if k0 > 0 {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    g[oi][ri] = state[oi * 2 * RT + ri];
+                    acc[oi][ri] = state[oi * 2 * RT + RT + ri];
+                }
+            }
+        }
+        let spc = c.d.seg_chunks();
+        let mut k = k0;
+        // Segment of chunk k and where it ends.
+        let (mut s, mut seg_end) = if D::SEGMENTED { (k0 / spc, (k0 / spc + 1) * spc) } else { (0, usize::MAX) };
+        while k < k1 {
+            let kend = k1.min(seg_end);
             while k < kend {
-                for (oi, acc_o) in acc.iter_mut().enumerate() {
-                    let (wa, wb) = c.d.chunk(o0 + oi, s, k);
-                    for (ri, a) in acc_o.iter_mut().enumerate() {
+                // The next tile's weights (same chunk, next outputs): rows of W are read in
+                // short column blocks, too short for the hardware prefetcher to ramp up.
+                _mm_prefetch::<_MM_HINT_T0>(c.d.chunk_ptr(o0 + OT, k) as *const i8);
+                for (oi, g_o) in g.iter_mut().enumerate() {
+                    let (wa, wb) = c.d.chunk(o0 + oi, k);
+                    for (ri, gv) in g_o.iter_mut().enumerate() {
                         let xp = c.xs.ptr.add((r0 + ri) * c.xs.stride + k * 16);
-                        *a = _mm256_fmadd_ps(wa, _mm256_loadu_ps(xp), *a);
-                        *a = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xp.add(8)), *a);
+                        *gv = _mm256_fmadd_ps(wa, _mm256_loadu_ps(xp), *gv);
+                        *gv = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xp.add(8)), *gv);
                     }
                 }
                 k += 1;
             }
-            s += 1;
+            if D::SEGMENTED && (k == seg_end || k == c.nfull) {
+                for oi in 0..OT {
+                    for ri in 0..RT {
+                        acc[oi][ri] = c.d.seg_end(o0 + oi, s, r0 + ri, g[oi][ri], acc[oi][ri]);
+                        g[oi][ri] = _mm256_setzero_ps();
+                    }
+                }
+                s += 1;
+                seg_end += spc;
+            }
         }
-        for (oi, acc_o) in acc.iter().enumerate() {
-            for (ri, a) in acc_o.iter().enumerate() {
-                let r = r0 + ri;
-                let v = c.d.finish(o0 + oi, hsum(*a), &c.x[r * c.cols..(r + 1) * c.cols]);
-                out.write(r, o0 + oi, v);
+        if last {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    let r = r0 + ri;
+                    let v = if D::SEGMENTED { acc[oi][ri] } else { g[oi][ri] };
+                    let v = c.d.finish(o0 + oi, hsum(v), &c.x[r * c.cols..(r + 1) * c.cols]);
+                    out.write(r, o0 + oi, v);
+                }
+            }
+        } else {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    state[oi * 2 * RT + ri] = g[oi][ri];
+                    state[oi * 2 * RT + RT + ri] = acc[oi][ri];
+                }
             }
         }
     }
@@ -759,6 +904,43 @@ mod tests {
                                 bound[i]
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wide rows: several column blocks per tile (blocks are 1024 columns at 8 rows, 8192
+    /// at one row), groups larger than a block, and a tail.
+    #[test]
+    fn long_rows_with_column_blocks() {
+        for &(out, cols) in &[(10usize, 2100usize), (5, 8300)] {
+            for kind in [
+                QuantKind::F32,
+                QuantKind::Bf16,
+                QuantKind::Int8Row,
+                QuantKind::Int4Group { group: 16 },
+                QuantKind::Int4Group { group: 64 },
+                QuantKind::Int4Group { group: 2048 },
+                QuantKind::Int4Group { group: cols },
+            ] {
+                let m = Owned::new(kind, out, cols, 17);
+                let dense = m.dense();
+                let rows = 16;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+                let x = nonzero(&mut rng, rows * cols);
+                let (want, bound) = reference(&dense, out, cols, &x, rows);
+                for path in paths() {
+                    let mut y = vec![f32::NAN; rows * out];
+                    qmatmul_with(path, &x, rows, &m.q(), &mut y);
+                    for i in 0..rows * out {
+                        let err = (y[i] as f64 - want[i]).abs();
+                        assert!(err <= 1e-5 * bound[i], "{} {path:?} {out}x{cols} [{i}]", kind.name());
+                    }
+                    for (a, b) in [(0usize, 1usize), (5, 6), (3, 6), (1, 9)] {
+                        let mut sub = vec![0f32; (b - a) * out];
+                        qmatmul_with(path, &x[a * cols..b * cols], b - a, &m.q(), &mut sub);
+                        assert_eq!(sub, y[a * out..b * out], "{} {path:?} {out}x{cols} rows {a}..{b}", kind.name());
                     }
                 }
             }
