@@ -51,8 +51,8 @@ pub fn fixed_items(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize) -
         FitItem::new("resident weights (f32)", needs.resident_weight_bytes),
         FitItem::new(format!("KV cache ({context} positions)"), needs.kv_cache_bytes),
         FitItem::new(
-            "transients (prefill chunk activations, or weight pages while loading)",
-            needs.activation_bytes.max(needs.resident_stored_bytes),
+            "transients (prefill chunk activations, or one tensor's pages while loading)",
+            needs.activation_bytes.max(needs.largest_tensor_stored_bytes),
         ),
         FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE),
     ]

@@ -80,6 +80,21 @@ impl SafetensorsFile {
         &self.tensors
     }
 
+    /// Drops this mapping's resident pages for the tensor (those wholly inside it), so a
+    /// tensor decoded into its own buffer stops counting twice in the process footprint.
+    /// Advisory: the bytes stay readable (they fault back in from the file).
+    pub fn release(&self, t: &TensorRef) {
+        const PAGE: usize = 4096;
+        let base = self.mmap.as_ptr() as usize;
+        let start = (base + t.start).div_ceil(PAGE) * PAGE;
+        let end = ((base + t.end) / PAGE) * PAGE;
+        if end > start {
+            // SAFETY: the range lies inside our read-only private mapping; MADV_DONTNEED
+            // on it only discards cached pages, which later reads fault back in.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+
     /// The raw little-endian bytes of a tensor.
     pub fn bytes(&self, t: &TensorRef) -> Result<&[u8]> {
         self.mmap.get(t.start..t.end).ok_or_else(|| {

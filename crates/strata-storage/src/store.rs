@@ -112,6 +112,7 @@ impl WeightStore {
             decode_to_f32(t.dtype, bytes, &mut out)
                 .map_err(|e| anyhow!("{}: tensor `{name}`: {e}", file.path().display()))?;
         }
+        file.release(t);
         Ok(out)
     }
 

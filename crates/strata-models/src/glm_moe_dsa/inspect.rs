@@ -107,8 +107,11 @@ pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
 pub struct MemoryNeeds {
     /// Non-routed weights as held (f32).
     pub resident_weight_bytes: u64,
-    /// Non-routed weights as stored (the load transient: their mmapped pages).
+    /// Non-routed weights as stored.
     pub resident_stored_bytes: u64,
+    /// The largest non-routed tensor as stored: the load transient (a tensor's mapped
+    /// pages are released once it is decoded).
+    pub largest_tensor_stored_bytes: u64,
     /// Latent KV cache for the reserved context (capacity grows by doubling).
     pub kv_cache_bytes: u64,
     /// Activations of one prefill chunk at the full context.
@@ -119,6 +122,7 @@ pub struct MemoryNeeds {
 pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, prefill_chunk: usize) -> MemoryNeeds {
     let mut resident_params = 0u64;
     let mut resident_stored = 0u64;
+    let mut largest = 0u64;
     for name in store.names() {
         let Some((_, t)) = store.get(name) else { continue };
         let group = classify(name, cfg);
@@ -126,6 +130,7 @@ pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, 
             continue;
         }
         resident_stored += t.byte_len() as u64;
+        largest = largest.max(t.byte_len() as u64);
         if !name.ends_with("_scale_inv") {
             resident_params += t.numel() as u64;
         }
@@ -154,6 +159,7 @@ pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, 
     MemoryNeeds {
         resident_weight_bytes: resident_params * 4,
         resident_stored_bytes: resident_stored,
+        largest_tensor_stored_bytes: largest,
         kv_cache_bytes: per_token * positions,
         activation_bytes: activation,
     }
