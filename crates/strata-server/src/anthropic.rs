@@ -3,8 +3,8 @@
 //! content_block_start/delta/stop, message_delta, message_stop).
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, parse_body, sse, template_tool_call, Body, SamplingOptions,
-    Shared, StreamFormat,
+    collect, content_text, json_event, message, new_id, parse_body, render_prompt, sse, template_tool_call, Body,
+    SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -159,7 +159,7 @@ fn tools_of(req: &MessagesRequest) -> Option<Value> {
     }
 }
 
-fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u32>, Option<Value>)> {
+async fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u32>, Option<Value>)> {
     st.check_model(req.model.as_deref())?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
@@ -173,7 +173,7 @@ fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u32>, Op
     }
     let tools = tools_of(req);
     let messages = template_messages(req.system.as_ref(), &req.messages)?;
-    let (text, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let (text, ids) = render_prompt(st, messages, tools.clone()).await?;
     Ok((text, ids, tools))
 }
 
@@ -194,7 +194,10 @@ pub async fn messages(State(st): State<Shared>, body: Body) -> Response {
 }
 
 pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
-    let r = parse_body::<MessagesRequest>(&body).and_then(|req| prompt(&st, &req));
+    let r = match parse_body::<MessagesRequest>(&body) {
+        Ok(req) => prompt(&st, &req).await,
+        Err(e) => Err(e),
+    };
     match r {
         Ok((_, ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
         Err(e) => e.into_response(Flavor::Anthropic),
@@ -203,7 +206,7 @@ pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
 
 async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let req: MessagesRequest = parse_body(&body)?;
-    let (text, ids, tools) = prompt(&st, &req)?;
+    let (text, ids, tools) = prompt(&st, &req).await?;
     let parser = st.output_parser(&text, tools.as_ref());
     let prompt_tokens = ids.len();
     let gen = st.generate_request(

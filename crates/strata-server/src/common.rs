@@ -241,6 +241,18 @@ impl AppState {
     }
 }
 
+/// Runs `f` on tokio's blocking pool: rendering and tokenizing a long prompt would
+/// otherwise hold up an async worker (and every stream it serves).
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
+}
+
+/// [`AppState::chat_prompt`] on the blocking pool.
+pub async fn render_prompt(st: &Shared, messages: Vec<Message>, tools: Option<Value>) -> ApiResult<(String, Vec<u32>)> {
+    let st = st.clone();
+    blocking(move || st.chat_prompt(&messages, tools.as_ref())).await
+}
+
 /// Waits for the whole generation.
 pub async fn collect(mut rx: UnboundedReceiver<Event>) -> ApiResult<Finished> {
     while let Some(ev) = rx.recv().await {

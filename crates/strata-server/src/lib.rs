@@ -177,7 +177,7 @@ struct TokenizeRequest {
 /// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
 /// template first; answers the text that was tokenized, for checking what the model sees.
 async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
-    let run = || -> Result<Value, ApiError> {
+    let run = move || -> Result<Value, ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
         let (text, ids) = match (req.prompt, req.messages) {
             (Some(p), None) => {
@@ -193,7 +193,7 @@ async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
                   "prompt": text}))
     };
-    match run() {
+    match common::blocking(run).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(Flavor::OpenAi),
     }

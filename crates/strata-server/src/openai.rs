@@ -2,8 +2,8 @@
 //! (`/v1/completions`) and Models (`/v1/models`).
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, Body,
-    SamplingOptions, Shared, StopField, StreamFormat,
+    blocking, collect, content_text, json_event, message, new_id, now_unix, parse_body, render_prompt, sse,
+    template_tool_call, Body, SamplingOptions, Shared, StopField, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -166,7 +166,7 @@ async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
     }
     let tools = tool_schemas(req.tools, req.tool_choice.as_ref())?;
     let messages = chat_messages(req.messages)?;
-    let (prompt, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let (prompt, ids) = render_prompt(&st, messages, tools.clone()).await?;
     let parser = st.output_parser(&prompt, tools.as_ref());
     let gen = st.generate_request(
         ids,
@@ -355,7 +355,7 @@ pub async fn completions(State(st): State<Shared>, body: Body) -> Response {
 }
 
 async fn completion(st: Shared, body: Body) -> ApiResult<Response> {
-    let req: CompletionRequest = parse_body(&body)?;
+    let mut req: CompletionRequest = parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     if req.n.unwrap_or(1) != 1 {
         return Err(ApiError::bad_request("only n=1 is supported").with_param("n"));
@@ -363,7 +363,11 @@ async fn completion(st: Shared, body: Body) -> ApiResult<Response> {
     if req.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(ApiError::bad_request("logprobs are not supported").with_param("logprobs"));
     }
-    let (prompt_text, ids) = completion_prompt(&st, &req.prompt)?;
+    let prompt = std::mem::take(&mut req.prompt);
+    let (prompt_text, ids) = {
+        let st = st.clone();
+        blocking(move || completion_prompt(&st, &prompt)).await?
+    };
     let gen = st.generate_request(
         ids,
         Some(req.max_tokens.unwrap_or(16)),

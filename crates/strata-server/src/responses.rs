@@ -4,8 +4,8 @@
 //! `previous_response_id` is refused.
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, now_unix, parse_body, sse, template_tool_call, Body,
-    SamplingOptions, Shared, StreamFormat,
+    collect, content_text, json_event, message, new_id, now_unix, parse_body, render_prompt, sse, template_tool_call,
+    Body, SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -221,7 +221,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     if messages.iter().all(|m| m.role == "system") {
         return Err(ApiError::bad_request("`input` must not be empty").with_param("input"));
     }
-    let (prompt, ids) = st.chat_prompt(&messages, tools.as_ref())?;
+    let (prompt, ids) = render_prompt(&st, messages, tools.clone()).await?;
     let parser = st.output_parser(&prompt, tools.as_ref());
     let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], parser.active())?;
     let echo = Echo {
