@@ -180,21 +180,32 @@ EOF
 
 # --- bounded load test: 100 concurrent requests against a queue of 16 ----------------
 "$PY" - "$BASE" "$KEY" "$MODEL_ID" <<'EOF' && pass "load: 100 concurrent requests, each 200 or 429" || fail "load: 100 concurrent requests, each 200 or 429"
-import json, sys, threading, urllib.error, urllib.request
+import json, re, sys, threading, urllib.error, urllib.request
 from collections import Counter
 base, key, model = sys.argv[1:4]
 N = 100
+auth = {"Authorization": f"Bearer {key}"}
+def metric(name):
+    text = urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=auth), timeout=30).read().decode()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+before = {m: metric(m) for m in ("strata_generations_total", "strata_requests_rejected_total")}
 codes, retry_after, errors = [], [], []
 lock = threading.Lock()
 start = threading.Barrier(N)
 def one(i):
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 24}).encode()
+    stream = i % 5 == 0  # every fifth request streams
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"request {i}"}],
+                       "max_tokens": 24, "stream": stream}).encode()
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+                                 headers={**auth, "Content-Type": "application/json"})
     start.wait()
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            ok = json.loads(r.read())["choices"][0]["message"]["role"] == "assistant"
+            text = r.read().decode()
+            if stream:
+                ok = text.rstrip().endswith("data: [DONE]") and '"finish_reason":"' in text
+            else:
+                ok = json.loads(text)["choices"][0]["message"]["role"] == "assistant"
             with lock:
                 codes.append(r.status if ok else -1)
     except urllib.error.HTTPError as e:
@@ -214,6 +225,10 @@ assert not errors and len(codes) == N, "lost requests"
 assert set(count) <= {200, 429}, count
 assert count[200] >= 1, count
 assert all(ra and int(ra) >= 1 for ra in retry_after), retry_after
+# The server's own counts agree: one generation per 200, one rejection per 429.
+assert metric("strata_generations_total") - before["strata_generations_total"] == count[200]
+assert metric("strata_requests_rejected_total") - before["strata_requests_rejected_total"] == count[429]
+assert metric("strata_queue_depth") == 0 and metric("strata_generation_active") == 0
 EOF
 expect "healthy after the load" 200 'b["status"] == "ok"' -- "$BASE/health"
 expect "serves after the load" 200 'b["choices"][0]["finish_reason"] in ("stop", "length")' -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 4}' "$CHAT"
