@@ -167,3 +167,42 @@ fn colibri_container_streams_in_place() {
         resident.0.iter().flatten().zip(dequant.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "Colibri path differs from its dequantized weights by {worst}");
 }
+
+/// Pins, the usage ledger and live repin through the runtime: after a turn, the ledger
+/// file holds the routing counts, and a hot unpinned expert replaces a cold pin.
+#[test]
+fn ledger_and_live_repin_across_turns() {
+    let dir = container("dsa-sparse", QuantKind::Int8Row);
+    let ledger = dir.path().join("usage.txt");
+    let cold = (1, 15); // pinned whatever the routing
+    let mut opts = options(Some(min_budget(dir.path(), 2) + (64 << 10)), 2);
+    opts.runtime.usage = UsageSetting::Path(ledger.clone());
+    opts.runtime.pins = vec![cold];
+    opts.runtime.live_repin = true;
+    let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
+    let experts = m.experts.as_ref().unwrap();
+    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut swaps = Vec::new();
+    for turn in 0..4u32 {
+        let prompt: Vec<u32> = (0..40).map(|i| ((i * 31 + turn * 7) % 440) as u32).collect();
+        g.generate(None, &GenerateRequest::new(prompt, 16, SamplingParams::default()), &mut |_| true).unwrap();
+        let report = experts.end_turn().unwrap();
+        assert!(report.turn.demand.hits + report.turn.demand.misses > 0);
+        swaps.extend(report.repins);
+    }
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(text.starts_with("-1 5 16\n-2 1 "), "C-engine header records: {text}");
+    let counted: u64 = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<i64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0] >= 0).then_some(f[2] as u64)
+        })
+        .sum();
+    // 4 turns x (40 prompt + 15 decoded forwards' rows) x 4 sparse layers x top-4.
+    assert_eq!(counted, 4 * (40 + 15) * 4 * 4);
+    assert!(
+        swaps.iter().any(|&(layer, c, _)| (layer, c) == cold),
+        "the cold pin {cold:?} should have been swapped for a hot expert: {swaps:?}"
+    );
+}
