@@ -219,7 +219,7 @@ impl OutPtr {
     }
 }
 
-/// Outputs per task: a multiple of 8, about 64 KiB of weights, at least 4 tasks a thread.
+/// Outputs per task: a multiple of 8, about 256 KiB of weights, at least 4 tasks a thread.
 /// (Results do not depend on this split.)
 fn block_size(w: &QMatrix) -> usize {
     let threads = rayon::current_num_threads().max(1);
@@ -266,11 +266,18 @@ impl<'a> MatJob<'a> {
             for r in 0..rows {
                 let src = &x[r * cols..r * cols + nfull * 16];
                 let dst = &mut xs[r * xstride..r * xstride + nfull * 16];
-                if let QuantKind::Int4Group { .. } = w.kind {
+                if let QuantKind::Int4Group { group } = w.kind {
                     for (d, c) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
                         for j in 0..8 {
-                            d[j] = c[2 * j];
-                            d[8 + j] = c[2 * j + 1];
+                            let (xa, xb) = (c[2 * j], c[2 * j + 1]);
+                            if group % 16 == 0 {
+                                // See `avx2::I4Dec`: lo * (xa - xb/16) + byte * (xb/16).
+                                d[j] = xa - xb / 16.0;
+                                d[8 + j] = xb / 16.0;
+                            } else {
+                                d[j] = xa;
+                                d[8 + j] = xb;
+                            }
                         }
                     }
                 } else {
@@ -280,7 +287,7 @@ impl<'a> MatJob<'a> {
             #[cfg(target_arch = "x86_64")]
             if let QuantKind::Int4Group { group } = w.kind {
                 if group % 16 == 0 {
-                    x8 = avx2::int4_x8(&xs, xstride, rows, w.cols, group);
+                    x8 = avx2::int4_x8(x, rows, w.cols, group);
                 }
             }
         }
@@ -387,7 +394,7 @@ mod avx2 {
     //! pair's vectors are stored and reloaded exactly between column blocks) or the output
     //! block, which is what makes results independent of the batch and of the threads.
     //! For int4, `a` holds a chunk's even columns and `b` its odd columns (x is
-    //! pre-permuted to match); otherwise `a` = columns 0..8 and `b` = 8..16.
+    //! pre-permuted to match, see `I4Dec`); otherwise `a` = columns 0..8 and `b` = 8..16.
 
     use super::{MatJob, OutPtr, QuantKind};
     use std::arch::x86_64::*;
@@ -494,9 +501,12 @@ mod avx2 {
         }
     }
 
-    /// int4 with `group % 16 == 0`: chunks decode to raw nibbles; a segment (group) ends
+    /// int4 with `group % 16 == 0`. A chunk is 8 bytes `v = lo + 16 hi` (lo = even column,
+    /// hi = odd column); it decodes to `a = lo`, `b = v` (no shift, one convert each), and
+    /// x is staged as `xa' = xa - xb/16`, `xb' = xb/16`, so that
+    /// `a xa' + b xb' = lo xa + hi xb` (the raw nibbles, 0..15). A segment (group) ends
     /// with `acc = fma(g - x8[r, s], scale[o, s], acc)` where `x8` is 8 times the lane-wise
-    /// sum of the group's (permuted) x, so the `- 8` offset costs nothing per weight.
+    /// sum of the group's x, so the `- 8` offset and the scale cost nothing per weight.
     struct I4Dec<'a> {
         p: &'a [u8],
         scales: &'a [f32],
@@ -522,8 +532,7 @@ mod avx2 {
             let p = self.p.as_ptr().add(o * self.half + k * 8);
             let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
             let lo = _mm256_and_si256(v, _mm256_set1_epi32(0x0f));
-            let hi = _mm256_srli_epi32(v, 4);
-            (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi))
+            (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(v))
         }
         #[inline(always)]
         unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m256, acc: __m256) -> __m256 {
@@ -606,18 +615,19 @@ mod avx2 {
         nfull: usize,
     }
 
-    /// Lane-wise `8 * sum` of the permuted x over each group's full chunks:
-    /// `rows x groups x 8`, summed chunk by chunk (`a` then `b`) in order.
-    pub(super) fn int4_x8(xperm: &[f32], xstride: usize, rows: usize, cols: usize, group: usize) -> Vec<f32> {
+    /// Lane-wise `8 * sum` of x over each group's full chunks, lane `j` of chunk `k`
+    /// covering columns `16 k + 2 j` and `16 k + 2 j + 1`: `rows x groups x 8`, summed in
+    /// column order.
+    pub(super) fn int4_x8(x: &[f32], rows: usize, cols: usize, group: usize) -> Vec<f32> {
         let (nfull, groups, spc) = (cols / 16, cols.div_ceil(group), group / 16);
         let mut x8 = vec![0f32; rows * groups * 8];
         for r in 0..rows {
             for k in 0..nfull {
-                let xc = &xperm[r * xstride + k * 16..][..16];
+                let xc = &x[r * cols + k * 16..][..16];
                 let d = &mut x8[(r * groups + k / spc) * 8..][..8];
                 for j in 0..8 {
-                    d[j] += xc[j];
-                    d[j] += xc[8 + j];
+                    d[j] += xc[2 * j];
+                    d[j] += xc[2 * j + 1];
                 }
             }
         }
@@ -664,13 +674,17 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
         // Per output: 2 * RT vectors (g then acc) carried between column blocks.
-        let mut state = vec![_mm256_setzero_ps(); (o1 - o0) * 2 * 8];
+        let mut state = Vec::new();
         let mut r0 = 0;
         while r0 < rows {
             let rt = (rows - r0).min(8);
-            let mut kb = ((16 << 10) / (rt * 64)).max(1);
+            // Column blocks keep a multi-row tile's x (16 KiB) in L1; one row is not split.
+            let mut kb = if rt == 1 { c.nfull.max(1) } else { ((16 << 10) / (rt * 64)).max(1) };
             if D::SEGMENTED {
                 kb = kb.next_multiple_of(c.d.seg_chunks());
+            }
+            if kb < c.nfull && state.is_empty() {
+                state = vec![_mm256_setzero_ps(); (o1 - o0) * 2 * 8];
             }
             let st = &mut state[..];
             match (rt, D::WIDE) {
@@ -709,12 +723,13 @@ mod avx2 {
             let last = k1 == c.nfull;
             let mut o = o0;
             while o + OT <= o1 {
-                let st = &mut state[(o - o0) * 2 * RT..][..OT * 2 * RT];
+                // (Empty with a single column block: `tile` then never touches it.)
+                let st = state.get_mut((o - o0) * 2 * RT..(o - o0 + OT) * 2 * RT).unwrap_or_default();
                 tile::<D, OT, RT>(c, r0, o, k0, k1, st, last, out);
                 o += OT;
             }
             while o < o1 {
-                let st = &mut state[(o - o0) * 2 * RT..][..2 * RT];
+                let st = state.get_mut((o - o0) * 2 * RT..(o - o0 + 1) * 2 * RT).unwrap_or_default();
                 tile::<D, 1, RT>(c, r0, o, k0, k1, st, last, out);
                 o += 1;
             }
@@ -757,7 +772,8 @@ mod avx2 {
             let kend = k1.min(seg_end);
             while k < kend {
                 // The next tile's weights (same chunk, next outputs): rows of W are read in
-                // short column blocks, too short for the hardware prefetcher to ramp up.
+                // pieces (a tile's rows in parallel, column blocks) that the hardware
+                // prefetcher does not follow well.
                 _mm_prefetch::<_MM_HINT_T0>(c.d.chunk_ptr(o0 + OT, k) as *const i8);
                 for (oi, g_o) in g.iter_mut().enumerate() {
                     let (wa, wb) = c.d.chunk(o0 + oi, k);
