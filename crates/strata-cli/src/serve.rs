@@ -21,6 +21,10 @@ pub struct ServeArgs {
     /// Requests that may wait while one generates; beyond them, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
+    /// --context tokens.
+    #[command(flatten)]
+    budget: crate::residency::BudgetArgs,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -33,5 +37,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         port: a.port,
         api_key: a.api_key,
         queue: a.queue,
+        load: a.budget.load_options()?,
     })
 }

@@ -36,6 +36,9 @@ pub struct AppState {
     pub markers_special: bool,
     /// Whether the model reasons in `<think>...</think>` (its tokenizer has the tags).
     pub reasoning: bool,
+    /// Longest prompt plus answer served: the model's context, or less under a memory
+    /// budget (the KV cache its plan reserved).
+    pub context: usize,
 }
 
 pub type Shared = Arc<AppState>;
@@ -193,8 +196,9 @@ impl AppState {
         Ok(tok.encode(text, add_special_tokens)?)
     }
 
+    /// Longest prompt plus answer served.
     pub fn max_context(&self) -> usize {
-        self.model.model.max_context()
+        self.context
     }
 
     /// How to parse the answer to a chat prompt: reasoning (for reasoning models; inside

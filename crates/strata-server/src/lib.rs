@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_engine::model_dir::display_name;
-use strata_engine::LoadedModel;
+use strata_engine::{LoadOptions, LoadedModel};
 
 /// Largest request body accepted (long prompts are large).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
@@ -47,11 +47,19 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Requests that may wait while one generates.
     pub queue: usize,
+    /// Memory budget and expert-runtime options.
+    pub load: LoadOptions,
 }
 
 /// The server's state around an opened model; starts the generation worker.
 pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Shared {
+    state_with(model, api_key, queue, None)
+}
+
+/// [`state`], serving at most `context_limit` tokens of prompt and answer.
+pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, context_limit: Option<usize>) -> Shared {
     let model = Arc::new(model);
+    let context = context_limit.map_or(model.model.max_context(), |c| c.min(model.model.max_context()));
     let metrics = Arc::new(Metrics::default());
     let tok = model.tokenizer.as_ref();
     // A marker that a decode skipping special tokens would drop.
@@ -70,6 +78,7 @@ pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Share
         created: common::now_unix(),
         markers_special,
         reasoning,
+        context,
     })
 }
 
@@ -141,7 +150,12 @@ async fn stats(State(st): State<Shared>) -> Response {
             "chat_template": st.model.chat_template.is_some(),
             "default_sampling": st.model.generation.sampling,
         },
-        "plan": {"device": "cpu", "weights": "resident", "expert_streaming": false},
+        "plan": match &st.model.fit {
+            Some(fit) => json!({"device": "cpu", "expert_streaming": fit.streamed, "fit": fit,
+                                "experts_dir": st.model.experts_dir}),
+            None => json!({"device": "cpu", "expert_streaming": false}),
+        },
+        "experts": *m.last_experts.lock().unwrap(),
         "queue": {
             "capacity": st.worker.capacity(),
             "depth": m.queue_depth.load(Ordering::Relaxed),
@@ -222,17 +236,25 @@ pub fn router(st: Shared) -> Router {
 
 /// Opens the model, binds, and serves until the process is stopped.
 pub fn serve(cfg: ServerConfig) -> Result<()> {
-    let model = LoadedModel::open(&cfg.model_dir, &candle_core::Device::Cpu)?;
+    let model = LoadedModel::open_with(&cfg.model_dir, &candle_core::Device::Cpu, &cfg.load)?;
     model.tokenizer()?;
-    let st = state(model, cfg.api_key.clone(), cfg.queue);
+    // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
+    let limit = cfg.load.budget.map(|_| cfg.load.context);
+    let st = state_with(model, cfg.api_key.clone(), cfg.queue, limit);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        let experts = match &st.model.fit {
+            Some(f) if f.streamed => {
+                format!(", experts streamed ({} slots)", f.plan.as_ref().map_or(0, |p| p.total_slots))
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "strata serve: {} ({}, context {}), queue {}, auth {}; listening on http://{local}",
+            "strata serve: {} ({}, context {}{experts}), queue {}, auth {}; listening on http://{local}",
             st.model_id,
             st.model.model_type,
             st.max_context(),

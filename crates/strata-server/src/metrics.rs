@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use strata_engine::experts::RuntimeReport;
 use strata_engine::GenerationStats;
 
 const BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -58,6 +59,23 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub generation_time: Histogram,
     pub last: Mutex<Option<GenerationStats>>,
+    /// Expert-runtime totals; None unless experts stream.
+    pub experts: Mutex<Option<ExpertTotals>>,
+    /// The expert runtime's last turn report, for `/stats`.
+    pub last_experts: Mutex<Option<RuntimeReport>>,
+}
+
+/// Sums of the expert runtime's per-turn counters (demand: routing; policy: pins and
+/// repins).
+#[derive(Clone, Debug, Default)]
+pub struct ExpertTotals {
+    pub turns: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// [demand, policy]
+    pub loads: [u64; 2],
+    pub read_ops: [u64; 2],
+    pub read_bytes: [u64; 2],
 }
 
 /// Routes known to the server; anything else is counted as `other`, so that random paths
@@ -97,6 +115,57 @@ impl Metrics {
         self.ttft.observe(queue_wait_s + s.time_to_first_token_s);
         self.generation_time.observe(total_s);
         *self.last.lock().unwrap() = Some(s.clone());
+    }
+
+    /// Adds one turn of the expert runtime.
+    pub fn record_experts(&self, r: &RuntimeReport) {
+        let mut t = self.experts.lock().unwrap();
+        let t = t.get_or_insert_with(ExpertTotals::default);
+        let (d, p) = (&r.turn.demand, &r.turn.policy);
+        t.turns += 1;
+        t.hits += d.hits;
+        t.misses += d.misses;
+        for (i, x) in [d, p].into_iter().enumerate() {
+            t.loads[i] += x.loads;
+            t.read_ops[i] += x.read_ops;
+            t.read_bytes[i] += x.read_bytes;
+        }
+        *self.last_experts.lock().unwrap() = Some(r.clone());
+    }
+
+    fn render_experts(&self, out: &mut String) {
+        let Some(t) = self.experts.lock().unwrap().clone() else { return };
+        let counters: [(&str, &str, u64); 3] = [
+            ("strata_expert_turns_total", "Generations the expert runtime has ended.", t.turns),
+            ("strata_expert_hits_total", "Routed experts found resident.", t.hits),
+            ("strata_expert_misses_total", "Routed experts that had to be read.", t.misses),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let by_cause: [(&str, &str, [u64; 2]); 3] = [
+            ("strata_expert_loads_total", "Expert loads, by cause (demand: routing; policy: pins, repins).", t.loads),
+            ("strata_expert_read_ops_total", "Expert read operations, by cause.", t.read_ops),
+            ("strata_expert_read_bytes_total", "Expert bytes read, by cause.", t.read_bytes),
+        ];
+        for (name, help, v) in by_cause {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name}{{cause=\"demand\"}} {}\n{name}{{cause=\"policy\"}} {}", v[0], v[1]);
+        }
+        if let Some(r) = self.last_experts.lock().unwrap().as_ref() {
+            let s = &r.slots;
+            let _ = writeln!(out, "# HELP strata_expert_slots Slab slots by role.\n# TYPE strata_expert_slots gauge");
+            for (role, n) in
+                [("working", s.working), ("layer", s.layer), ("pinned", s.pinned), ("disabled", s.disabled)]
+            {
+                let _ = writeln!(out, "strata_expert_slots{{role=\"{role}\"}} {n}");
+            }
+            let _ = writeln!(out, "# HELP strata_expert_evictions_total Experts evicted from the slab.\n# TYPE strata_expert_evictions_total counter\nstrata_expert_evictions_total {}", s.evictions);
+            let _ = writeln!(out, "# HELP strata_footprint_bytes Process resident memory after the last turn.\n# TYPE strata_footprint_bytes gauge\nstrata_footprint_bytes {}", r.footprint_bytes);
+            if let Some(b) = r.budget_bytes {
+                let _ = writeln!(out, "# HELP strata_budget_bytes The memory budget.\n# TYPE strata_budget_bytes gauge\nstrata_budget_bytes {b}");
+            }
+        }
     }
 
     pub fn render(&self, queue_capacity: usize) -> String {
@@ -165,6 +234,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP strata_last_prefill_tokens_per_second Prefill speed of the last generation.\n# TYPE strata_last_prefill_tokens_per_second gauge\nstrata_last_prefill_tokens_per_second {}", s.prefill_tokens_per_s);
             let _ = writeln!(out, "# HELP strata_peak_rss_bytes Peak resident memory of the process.\n# TYPE strata_peak_rss_bytes gauge\nstrata_peak_rss_bytes {}", s.peak_rss_bytes);
         }
+        self.render_experts(&mut out);
         self.queue_wait.render(
             &mut out,
             "strata_queue_wait_seconds",

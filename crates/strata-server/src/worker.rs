@@ -133,5 +133,14 @@ fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>) {
             }
         };
         let _ = job.events.send(Event::Done(done));
+        // The expert runtime's turn boundary (repins, ledger flush, pressure correction),
+        // after the answer is on its way and before the next generation.
+        if let Some(experts) = &model.experts {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| experts.end_turn())) {
+                Ok(Ok(report)) => metrics.record_experts(&report),
+                Ok(Err(e)) => eprintln!("warning: expert runtime: end of turn: {e:#}"),
+                Err(_) => eprintln!("warning: expert runtime: end of turn panicked"),
+            }
+        }
     }
 }

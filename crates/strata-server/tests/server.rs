@@ -352,6 +352,7 @@ fn reasoning_is_reported_apart_from_the_answer() {
         created: 0,
         markers_special: false,
         reasoning: true,
+        context: 256,
     });
     let app = strata_server::router(st);
     block_on(async {
@@ -410,5 +411,53 @@ fn reasoning_is_reported_apart_from_the_answer() {
         let last: Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
         assert_eq!(last["response"]["output"][0]["type"], "reasoning");
         assert_eq!(last["response"]["output"][1]["type"], "message");
+    });
+}
+
+/// Under a memory budget the experts stream: each generation ends an expert-runtime
+/// turn, whose counters reach `/metrics` and whose plan and report reach `/stats`.
+#[test]
+fn streamed_experts_report_their_traffic() {
+    use strata_engine::experts::{RuntimeOptions, UsageSetting};
+    use strata_engine::LoadOptions;
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5/dsa-sparse");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let opts = LoadOptions {
+        budget: Some(u64::MAX / 4),
+        context: 128,
+        runtime: RuntimeOptions { working_slots: 4, usage: UsageSetting::Off, ..Default::default() },
+    };
+    let model = LoadedModel::open_with(dir.path(), &candle_core::Device::Cpu, &opts).unwrap();
+    assert!(model.experts.is_some());
+    let st = strata_server::state_with(model, None, 4, Some(opts.context));
+    let app = strata_server::router(st.clone());
+    block_on(async {
+        assert_eq!(st.max_context(), 128);
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user("Hi"), "max_tokens": 8})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let t0 = Instant::now();
+        while st.metrics.experts.lock().unwrap().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no expert turn recorded");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let metrics = call(&app, "GET", "/metrics", &[], "").await.body;
+        let value = |name: &str| -> f64 {
+            let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {metrics}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(value("strata_expert_turns_total "), 1.0);
+        assert!(value("strata_expert_hits_total ") + value("strata_expert_misses_total ") > 0.0, "{metrics}");
+        assert!(value("strata_expert_read_bytes_total{cause=\"demand\"}") > 0.0, "{metrics}");
+        let stats = call(&app, "GET", "/stats", &[], "").await.json();
+        assert!(stats["plan"]["fit"]["report"]["fits"].as_bool().unwrap(), "{stats}");
+        assert!(stats["experts"]["turn"]["demand"]["misses"].as_u64().is_some(), "{stats}");
+        // The plan reserved KV cache for 128 positions: longer prompts are refused.
+        let long = "hello ".repeat(200);
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user(&long)})).await;
+        assert_eq!(r.status, 400);
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains("128"), "{}", r.body);
     });
 }
