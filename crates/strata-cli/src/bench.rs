@@ -86,6 +86,9 @@ pub struct DecodeArgs {
     json: bool,
     #[command(flatten)]
     budget: crate::residency::BudgetArgs,
+    /// Record every routing decision to this file (for `strata replay`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -195,6 +198,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
     // No EOS ids: run the full length.
     let req = strata_engine::GenerateRequest::new(prompt, a.decode_tokens, SamplingParams::default());
     let mut gen = strata_engine::Generator::new(m.model.as_ref())?;
+    if let Some(path) = &a.trace {
+        gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
+    }
     let out = gen.generate(None, &req, &mut |_| true)?;
     let s = &out.stats;
     let experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;

@@ -48,7 +48,7 @@ pub fn current_rss_bytes() -> u64 {
 pub fn fixed_items(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize) -> Vec<FitItem> {
     let needs = memory_needs(cfg, store, context, crate::generate::PREFILL_CHUNK);
     vec![
-        FitItem::new("resident weights (f32)", needs.resident_weight_bytes),
+        FitItem::new("resident weights (as held: bf16 or f32)", needs.resident_weight_bytes),
         FitItem::new(format!("KV cache ({context} positions)"), needs.kv_cache_bytes),
         FitItem::new(
             "transients (prefill chunk activations, or one tensor's pages while loading)",

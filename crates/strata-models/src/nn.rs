@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
+use strata_kernels::{qmatmul, ElementType, QMatrix, QuantKind};
 use strata_storage::WeightStore;
 
 /// Loads a tensor as f32 on `device`, checking its shape against the config.
@@ -16,14 +17,76 @@ pub fn load(
     Ok(Tensor::from_vec(data, shape, device)?)
 }
 
-/// `x @ w^T` for a weight stored `[out, in]`; `x` is `[.., in]`.
-pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+/// A linear layer's weight `[out, in]`: f32 in a tensor, or bf16 kept as stored (half
+/// the memory and the bytes a decode step reads; exact, since bf16 -> f32 is) and
+/// multiplied by strata-kernels.
+pub enum Weight {
+    Dense(Tensor),
+    Bf16 { rows: usize, cols: usize, payload: Vec<u8> },
+}
+
+impl Weight {
+    /// bf16 checkpoints stay bf16; everything else (f32, f16, FP8, quantized) decodes
+    /// to f32.
+    pub fn load(
+        store: &WeightStore,
+        name: &str,
+        shape: &[usize],
+        fp8: Option<(usize, usize)>,
+        device: &Device,
+    ) -> Result<Self> {
+        if let (Some((file, t)), [rows, cols]) = (store.get(name), shape) {
+            if t.dtype == ElementType::BF16 && t.shape == shape {
+                let payload = file.bytes(t)?.to_vec();
+                file.release(t);
+                return Ok(Self::Bf16 { rows: *rows, cols: *cols, payload });
+            }
+        }
+        Ok(Self::Dense(load(store, name, shape, fp8, device)?))
+    }
+
+    pub fn out_dim(&self) -> usize {
+        match self {
+            Self::Dense(t) => t.dims()[0],
+            Self::Bf16 { rows, .. } => *rows,
+        }
+    }
+
+    /// Rows `ids` of the matrix as an f32 tensor `[ids.len(), cols]` (embedding lookup).
+    pub fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        match self {
+            Self::Dense(t) => Ok(t.index_select(&Tensor::from_vec(ids.to_vec(), ids.len(), device)?, 0)?),
+            Self::Bf16 { rows, cols, payload } => {
+                let mut out = vec![0f32; ids.len() * cols];
+                for (dst, &id) in out.chunks_exact_mut(*cols).zip(ids) {
+                    anyhow::ensure!((id as usize) < *rows, "row {id} out of range ({rows} rows)");
+                    let src = &payload[id as usize * cols * 2..(id as usize + 1) * cols * 2];
+                    strata_kernels::decode_to_f32(ElementType::BF16, src, dst).map_err(anyhow::Error::msg)?;
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), *cols), device)?)
+            }
+        }
+    }
+}
+
+/// `x @ w^T` for a weight `[out, in]`; `x` is `[.., in]`.
+pub fn linear(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let inner = *dims.last().unwrap();
     let rows = x.elem_count() / inner.max(1);
-    let y = x.reshape((rows, inner))?.matmul(&w.t()?)?;
+    let y = match w {
+        Weight::Dense(t) => x.reshape((rows, inner))?.matmul(&t.t()?)?,
+        Weight::Bf16 { rows: out, cols, payload } => {
+            anyhow::ensure!(*cols == inner, "linear: input width {inner}, weight expects {cols}");
+            let xs = x.flatten_all()?.to_vec1::<f32>()?;
+            let mut y = vec![0f32; rows * out];
+            let m = QMatrix { kind: QuantKind::Bf16, rows: *out, cols: *cols, payload, scales: &[] };
+            qmatmul(&xs, rows, &m, &mut y);
+            Tensor::from_vec(y, (rows, *out), x.device())?
+        }
+    };
     let mut out_dims = dims;
-    *out_dims.last_mut().unwrap() = w.dim(0)?;
+    *out_dims.last_mut().unwrap() = w.out_dim();
     Ok(y.reshape(out_dims)?)
 }
 
@@ -60,9 +123,9 @@ impl LayerNorm {
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, weights `[out, in]`.
 pub struct SwiGlu {
-    pub gate: Tensor,
-    pub up: Tensor,
-    pub down: Tensor,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
 }
 
 impl SwiGlu {
@@ -129,9 +192,9 @@ mod tests {
         }
         let (g, u, d) = (rand_vec(hid * n, 4), rand_vec(hid * n, 5), rand_vec(n * hid, 6));
         let mlp = SwiGlu {
-            gate: Tensor::from_vec(g.clone(), (hid, n), &dev).unwrap(),
-            up: Tensor::from_vec(u.clone(), (hid, n), &dev).unwrap(),
-            down: Tensor::from_vec(d.clone(), (n, hid), &dev).unwrap(),
+            gate: Weight::Dense(Tensor::from_vec(g.clone(), (hid, n), &dev).unwrap()),
+            up: Weight::Dense(Tensor::from_vec(u.clone(), (hid, n), &dev).unwrap()),
+            down: Weight::Dense(Tensor::from_vec(d.clone(), (n, hid), &dev).unwrap()),
         };
         let got = mlp.forward(&xt).unwrap().to_vec2::<f32>().unwrap();
         for r in 0..rows {

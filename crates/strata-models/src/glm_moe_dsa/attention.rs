@@ -8,7 +8,7 @@
 
 use super::config::GlmMoeDsaConfig;
 use super::rope::{apply_interleaved, RopeTables};
-use crate::nn::{linear, softmax_last, LayerNorm, RmsNorm};
+use crate::nn::{linear, softmax_last, LayerNorm, RmsNorm, Weight};
 use anyhow::Result;
 use candle_core::{Device, Tensor, D};
 
@@ -51,25 +51,25 @@ pub struct LayerCache {
 
 /// The lightning indexer of one "full" layer.
 pub struct Indexer {
-    pub wq_b: Tensor,
-    pub wk: Tensor,
+    pub wq_b: Weight,
+    pub wk: Weight,
     pub k_norm: LayerNorm,
-    pub weights_proj: Tensor,
+    pub weights_proj: Weight,
     pub n_heads: usize,
     pub head_dim: usize,
 }
 
 pub struct Attention {
-    pub q_a: Tensor,
+    pub q_a: Weight,
     pub q_a_norm: RmsNorm,
-    pub q_b: Tensor,
-    pub kv_a: Tensor,
+    pub q_b: Weight,
+    pub kv_a: Weight,
     pub kv_a_norm: RmsNorm,
     /// `[heads, nope, kv_lora]`: the key half of `kv_b_proj`, per head.
     pub w_uk: Tensor,
     /// `[heads, kv_lora, v]`: the value half of `kv_b_proj`, transposed, per head.
     pub w_uv_t: Tensor,
-    pub o: Tensor,
+    pub o: Weight,
     pub indexer: Option<Indexer>,
     pub heads: usize,
     pub nope: usize,

@@ -105,7 +105,7 @@ pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
 /// Memory the model itself needs at run time, for the residency plan.
 #[derive(Clone, Debug, Serialize)]
 pub struct MemoryNeeds {
-    /// Non-routed weights as held (f32).
+    /// Non-routed weights as held (bf16 linear weights stay bf16, the rest f32).
     pub resident_weight_bytes: u64,
     /// Non-routed weights as stored.
     pub resident_stored_bytes: u64,
@@ -120,7 +120,9 @@ pub struct MemoryNeeds {
 
 /// `prefill_chunk`: the most tokens one forward carries (bounds activation memory).
 pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, prefill_chunk: usize) -> MemoryNeeds {
-    let mut resident_params = 0u64;
+    // Held bytes: linear weights stored bf16 stay bf16 (nn::Weight); the rest is f32.
+    // kv_b_proj is split into w_uk / w_uv: the same number of f32 values.
+    let mut resident_held = 0u64;
     let mut resident_stored = 0u64;
     let mut largest = 0u64;
     for name in store.names() {
@@ -131,13 +133,15 @@ pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, 
         }
         resident_stored += t.byte_len() as u64;
         largest = largest.max(t.byte_len() as u64);
-        if !name.ends_with("_scale_inv") {
-            resident_params += t.numel() as u64;
+        if name.ends_with("_scale_inv") || name.ends_with(".qs") {
+            continue;
         }
+        let packed = t.dtype == strata_storage::ElementType::BF16
+            && t.shape.len() == 2
+            && !name.contains("kv_b_proj")
+            && !name.ends_with("mlp.gate.weight");
+        resident_held += t.numel() as u64 * if packed { 2 } else { 4 };
     }
-    // kv_b_proj is also held split per head (w_uk, w_uv): count it twice.
-    let kv_b = (cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank) as u64;
-    resident_params += kv_b * cfg.num_hidden_layers as u64;
     let full_layers = cfg.indexer_types.iter().filter(|k| **k == super::IndexerKind::Full).count();
     let per_token = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
         + full_layers * cfg.index_head_dim) as u64
@@ -157,7 +161,7 @@ pub fn memory_needs(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize, 
             + cfg.index_n_heads as u64 * chunk * l * 2
             + cfg.vocab_size as u64);
     MemoryNeeds {
-        resident_weight_bytes: resident_params * 4,
+        resident_weight_bytes: resident_held,
         resident_stored_bytes: resident_stored,
         largest_tensor_stored_bytes: largest,
         kv_cache_bytes: per_token * positions,

@@ -7,7 +7,7 @@ use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
 use super::moe::{Experts, MoeBlock, RouterParams};
 use super::rope::Rope;
 use crate::experts::{ExpertBackend, Routing};
-use crate::nn::{linear, load, LayerNorm, RmsNorm, SwiGlu};
+use crate::nn::{linear, load, LayerNorm, RmsNorm, SwiGlu, Weight};
 use crate::{CausalLm, Session};
 use anyhow::{anyhow, Context, Result};
 use candle_core::{Device, Tensor};
@@ -34,10 +34,10 @@ struct DecoderLayer {
 
 pub struct GlmMoeDsa {
     pub cfg: GlmMoeDsaConfig,
-    embed: Tensor,
+    embed: Arc<Weight>,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Tensor,
+    lm_head: Arc<Weight>,
     rope: Rope,
     device: Device,
 }
@@ -52,14 +52,17 @@ impl Loader<'_> {
     fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         load(self.store, name, shape, self.fp8, self.device)
     }
+    fn weight(&self, name: &str, shape: &[usize]) -> Result<Weight> {
+        Weight::load(self.store, name, shape, self.fp8, self.device)
+    }
     fn rms(&self, name: &str, dim: usize, eps: f64) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: self.get(name, &[dim])?, eps })
     }
     fn swiglu(&self, prefix: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
         Ok(SwiGlu {
-            gate: self.get(&format!("{prefix}.gate_proj.weight"), &[inter, hidden])?,
-            up: self.get(&format!("{prefix}.up_proj.weight"), &[inter, hidden])?,
-            down: self.get(&format!("{prefix}.down_proj.weight"), &[hidden, inter])?,
+            gate: self.weight(&format!("{prefix}.gate_proj.weight"), &[inter, hidden])?,
+            up: self.weight(&format!("{prefix}.up_proj.weight"), &[inter, hidden])?,
+            down: self.weight(&format!("{prefix}.down_proj.weight"), &[hidden, inter])?,
         })
     }
 }
@@ -91,9 +94,9 @@ impl GlmMoeDsa {
     ) -> Result<Self> {
         let ld = Loader { store, fp8: cfg.fp8_block, device };
         let h = cfg.hidden_size;
-        let embed = ld.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let embed = Arc::new(ld.weight("model.embed_tokens.weight", &[cfg.vocab_size, h])?);
         let lm_head =
-            if cfg.tie_word_embeddings { embed.clone() } else { ld.get("lm_head.weight", &[cfg.vocab_size, h])? };
+            if cfg.tie_word_embeddings { embed.clone() } else { Arc::new(ld.weight("lm_head.weight", &[cfg.vocab_size, h])?) };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -140,28 +143,28 @@ fn load_attention(ld: &Loader, cfg: &GlmMoeDsaConfig, i: usize) -> Result<Attent
         IndexerKind::Full => {
             let (ih, id) = (cfg.index_n_heads, cfg.index_head_dim);
             Some(Indexer {
-                wq_b: ld.get(&format!("{p}.indexer.wq_b.weight"), &[ih * id, cfg.q_lora_rank])?,
-                wk: ld.get(&format!("{p}.indexer.wk.weight"), &[id, h])?,
+                wq_b: ld.weight(&format!("{p}.indexer.wq_b.weight"), &[ih * id, cfg.q_lora_rank])?,
+                wk: ld.weight(&format!("{p}.indexer.wk.weight"), &[id, h])?,
                 k_norm: LayerNorm {
                     weight: ld.get(&format!("{p}.indexer.k_norm.weight"), &[id])?,
                     bias: ld.get(&format!("{p}.indexer.k_norm.bias"), &[id])?,
                     eps: INDEX_NORM_EPS,
                 },
-                weights_proj: ld.get(&format!("{p}.indexer.weights_proj.weight"), &[ih, h])?,
+                weights_proj: ld.weight(&format!("{p}.indexer.weights_proj.weight"), &[ih, h])?,
                 n_heads: ih,
                 head_dim: id,
             })
         }
     };
     Ok(Attention {
-        q_a: ld.get(&format!("{p}.q_a_proj.weight"), &[cfg.q_lora_rank, h])?,
+        q_a: ld.weight(&format!("{p}.q_a_proj.weight"), &[cfg.q_lora_rank, h])?,
         q_a_norm: ld.rms(&format!("{p}.q_a_layernorm.weight"), cfg.q_lora_rank, LORA_NORM_EPS)?,
-        q_b: ld.get(&format!("{p}.q_b_proj.weight"), &[heads * (nope + rope), cfg.q_lora_rank])?,
-        kv_a: ld.get(&format!("{p}.kv_a_proj_with_mqa.weight"), &[kv_lora + rope, h])?,
+        q_b: ld.weight(&format!("{p}.q_b_proj.weight"), &[heads * (nope + rope), cfg.q_lora_rank])?,
+        kv_a: ld.weight(&format!("{p}.kv_a_proj_with_mqa.weight"), &[kv_lora + rope, h])?,
         kv_a_norm: ld.rms(&format!("{p}.kv_a_layernorm.weight"), kv_lora, LORA_NORM_EPS)?,
         w_uk,
         w_uv_t,
-        o: ld.get(&format!("{p}.o_proj.weight"), &[h, heads * v])?,
+        o: ld.weight(&format!("{p}.o_proj.weight"), &[h, heads * v])?,
         indexer,
         heads,
         nope,
@@ -195,9 +198,9 @@ fn load_moe(
             .map(|e| {
                 let gu = gate_up.get(e)?;
                 Ok(SwiGlu {
-                    gate: gu.narrow(0, 0, inter)?.contiguous()?,
-                    up: gu.narrow(0, inter, inter)?.contiguous()?,
-                    down: down.get(e)?.contiguous()?,
+                    gate: Weight::Dense(gu.narrow(0, 0, inter)?.contiguous()?),
+                    up: Weight::Dense(gu.narrow(0, inter, inter)?.contiguous()?),
+                    down: Weight::Dense(down.get(e)?.contiguous()?),
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -241,8 +244,7 @@ impl Session for GlmSession<'_> {
         }
         let t = ids.len();
         let start = self.len;
-        let idx = Tensor::from_vec(ids.to_vec(), t, &m.device)?;
-        let mut x = m.embed.index_select(&idx, 0)?;
+        let mut x = m.embed.rows(ids, &m.device)?;
         let tables = m.rope.tables(start, t)?;
         let mut selection: Option<Selection> = None;
         self.routes.clear();

@@ -1,7 +1,7 @@
 //! DeepSeek-V3 `noaux_tc` routing and the MoE block (routed experts + shared expert).
 
 use crate::experts::{ExpertBackend, Routing};
-use crate::nn::{linear, SwiGlu};
+use crate::nn::SwiGlu;
 use anyhow::Result;
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -72,7 +72,7 @@ impl MoeBlock {
     /// `x`: `[T, hidden]`. Each routed expert runs once over all rows that chose it
     /// (batch union), in ascending expert order; then the shared expert is added.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Routing>)> {
-        let logits = linear(x, &self.gate)?.to_vec2::<f32>()?;
+        let logits = x.matmul(&self.gate.t()?)?.to_vec2::<f32>()?;
         let routes: Vec<Routing> = logits.iter().map(|l| route(l, &self.bias, &self.params)).collect();
         let experts = match &self.experts {
             Experts::Tensors(e) => e,
