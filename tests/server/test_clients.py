@@ -65,6 +65,7 @@ def models_list():
     ids = [m.id for m in oa.models.list()]
     assert ids == [MODEL], ids
     assert oa.models.retrieve(MODEL).id == MODEL
+    assert [m.id for m in an.models.list()] == [MODEL]
 
 
 @check

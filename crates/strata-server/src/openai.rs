@@ -448,13 +448,46 @@ impl StreamFormat for CompletionStream {
     }
 }
 
+/// Unix seconds as RFC 3339 UTC (`2026-01-01T00:00:00Z`).
+pub fn rfc3339(unix: u64) -> String {
+    let (days, rem) = (unix / 86_400, unix % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// The served model, in a shape both SDKs read: OpenAI's (`object`, `created`,
+/// `owned_by`) and Anthropic's (`type`, `display_name`, `created_at`).
 fn model_object(st: &Shared) -> Value {
     json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata",
+           "type": "model", "display_name": st.model_id, "created_at": rfc3339(st.created),
            "max_model_len": st.max_context()})
 }
 
 pub async fn list_models(State(st): State<Shared>) -> Response {
-    Json(json!({"object": "list", "data": [model_object(&st)]})).into_response()
+    Json(json!({"object": "list", "data": [model_object(&st)], "has_more": false,
+                "first_id": st.model_id, "last_id": st.model_id}))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_031_708), "2026-11-30T09:41:48Z");
+    }
 }
 
 pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Response {
