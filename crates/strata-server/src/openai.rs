@@ -478,18 +478,6 @@ pub async fn list_models(State(st): State<Shared>) -> Response {
     .into_response()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::rfc3339;
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_796_031_708), "2026-11-30T09:41:48Z");
-    }
-}
-
 pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Response {
     if id == st.model_id {
         Json(model_object(&st)).into_response()
@@ -500,5 +488,17 @@ pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Resp
         )
         .with_code("model_not_found")
         .into_response(Flavor::OpenAi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_031_708), "2026-11-30T09:41:48Z");
     }
 }
