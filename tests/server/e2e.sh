@@ -24,11 +24,13 @@ PASSED=0
 FAILED=0
 SERVER=
 
+DOCS_SERVER=
+
 cleanup() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null
-    wait "$SERVER" 2>/dev/null
-  fi
+  for pid in $SERVER $DOCS_SERVER; do
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -233,6 +235,36 @@ EOF
 expect "healthy after the load" 200 'b["status"] == "ok"' -- "$BASE/health"
 expect "serves after the load" 200 'b["choices"][0]["finish_reason"] in ("stop", "length")' -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 4}' "$CHAT"
 if kill -0 "$SERVER" 2>/dev/null; then pass "server still running"; else fail "server still running"; fi
+
+kill "$SERVER" 2>/dev/null
+wait "$SERVER" 2>/dev/null
+SERVER=
+
+# --- the examples of docs/server.md, as written (the fixture model, port 8080) ----------
+if python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 8080))' 2>/dev/null; then
+  "$BIN" serve --model "$ROOT/fixtures/glm5/dsa-sparse" --port 8080 2>"$WORK/docs-server.log" &
+  DOCS_SERVER=$!
+  for _ in $(seq 1 300); do
+    curl -sf http://127.0.0.1:8080/health >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$PY" - "$ROOT/docs/server.md" "$WORK" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+examples = text[text.index("## Examples"):text.index("## Routes")]
+blocks = re.findall(r"```(bash|python)\n(.*?)```", examples, re.S)
+for i, (lang, code) in enumerate(blocks):
+    open(f"{sys.argv[2]}/doc_example_{i}.{'sh' if lang == 'bash' else 'py'}", "w").write(code)
+EOF
+  for f in "$WORK"/doc_example_*; do
+    case "$f" in
+      *.sh) out=$(bash "$f" 2>&1) && echo "$out" | "$PY" -c 'import json,sys; assert json.load(sys.stdin)["choices"][0]["message"]["role"] == "assistant"' 2>/dev/null ;;
+      *.py) out=$("$PY" "$f" 2>&1) ;;
+    esac && pass "docs/server.md example $(basename "$f")" || fail "docs/server.md example $(basename "$f"): $out"
+  done
+else
+  echo "SKIP docs/server.md examples: port 8080 is taken"
+fi
 
 echo "e2e took $(($(date +%s) - T0)) s"
 finish
