@@ -213,21 +213,28 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let summary = strata_models::glm_moe_dsa::inspect(&cfg, &store);
     use strata_models::glm_moe_dsa::TensorGroup as G;
     let params = |g: G| summary.groups.get(&g).map_or(0, |x| x.parameters);
-    let embed = (cfg.vocab_size * cfg.hidden_size) as u64;
-    let resident_params = summary
-        .groups
-        .iter()
-        .filter(|(g, _)| !matches!(g, G::RoutedExperts | G::Mtp))
-        .map(|(_, x)| x.parameters)
-        .sum::<u64>()
-        - embed
-        + cfg.hidden_size as u64;
+    // Resident weights as held (bf16 linears stay bf16), less the embedding table of
+    // which a token reads one row.
+    let needs = strata_models::glm_moe_dsa::memory_needs(&cfg, &store, opts.context, 1);
+    let embed_held = store.get("model.embed_tokens.weight").map_or(0, |(_, t)| {
+        t.numel() as u64 * if t.dtype == strata_storage::ElementType::BF16 { 2 } else { 4 }
+    });
+    let resident_bytes = needs.resident_weight_bytes - embed_held + cfg.hidden_size as u64 * 4;
     let active_experts = (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64;
     let expert_bytes_per_token = match &m.fit {
         Some(f) if f.streamed => active_experts * f.slot_bytes,
-        _ => active_experts * params(G::RoutedExperts) / (cfg.sparse_layers() * cfg.n_routed_experts).max(1) as u64 * 4,
+        _ => {
+            // Held as stored when bf16 (nn::Weight), else f32.
+            let bf16 = store
+                .names()
+                .find(|n| n.contains(".mlp.experts."))
+                .and_then(|n| store.get(n))
+                .is_some_and(|(_, t)| t.dtype == strata_storage::ElementType::BF16);
+            let per_expert = params(G::RoutedExperts) / (cfg.sparse_layers() * cfg.n_routed_experts).max(1) as u64;
+            active_experts * per_expert * if bf16 { 2 } else { 4 }
+        }
     };
-    let token_bytes = resident_params * 4 + expert_bytes_per_token;
+    let token_bytes = resident_bytes + expert_bytes_per_token;
     let mut report = serde_json::json!({
         "model": a.model.display().to_string(),
         "load_seconds": load_s,
@@ -237,7 +244,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "decode_tokens_per_s": s.decode_tokens_per_s,
         "peak_rss_bytes": s.peak_rss_bytes,
         "budget_bytes": opts.budget,
-        "resident_bytes_read_per_token": resident_params * 4,
+        "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,
         "decode_bytes_read_per_token": token_bytes,
     });
@@ -265,6 +272,19 @@ fn decode(a: DecodeArgs) -> Result<()> {
             let io = io_bandwidth(&dir, 128, 8, 2, !a.budget.page_cache())?;
             report["disk_random_read_gb_per_s"] = io.0.into();
             report["disk_read_bytes_each"] = f.slot_bytes.into();
+            // Decode floor when misses are read at the disk's rate, overlapped with the
+            // resident work at memory speed (the larger of the two bounds).
+            if let Some(r) = &experts {
+                let miss = 1.0 - r.turn.demand.hit_rate;
+                let disk_s = miss * expert_bytes_per_token as f64 / (io.0 * 1e9);
+                let mem_s = token_bytes as f64 / (gbs * 1e9);
+                let floor = 1.0 / disk_s.max(mem_s);
+                report["decode_floor_tokens_per_s_disk_at_this_hit_rate"] = (1.0 / disk_s.max(1e-12)).into();
+                report["decode_floor_tokens_per_s"] = floor.into();
+                report["decode_fraction_of_floor"] = (s.decode_tokens_per_s / floor).into();
+                let secs = s.prefill_seconds + s.decode_seconds;
+                report["expert_read_gb_per_s_achieved"] = (r.turn.demand.read_bytes as f64 / secs.max(1e-9) / 1e9).into();
+            }
         }
     }
     if a.json {
