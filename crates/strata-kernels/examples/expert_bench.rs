@@ -136,6 +136,15 @@ fn main() {
     let path = if args.iter().any(|a| a == "--scalar") { KernelPath::Scalar } else { KernelPath::best() };
 
     let threads = rayon::current_num_threads();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    println!("cpu: {cpu}, {} logical cpus", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     println!("strata expert_bench: path {}, {threads} rayon threads, working set {mib} MiB", path.name());
     let bw = if hot_only { 1.0 } else { read_bandwidth(mib, 5) };
     let bw1 = if hot_only {
@@ -144,6 +153,17 @@ fn main() {
         rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| read_bandwidth(mib, 3))
     };
     println!("memory read bandwidth: {bw:.1} GB/s ({threads} threads), {bw1:.1} GB/s (1 thread)");
+    // What one parallel region costs here (a SwiGLU expert runs two).
+    let fork: Vec<Duration> = (0..2000)
+        .map(|_| {
+            let t = Instant::now();
+            (0..96usize).into_par_iter().for_each(|i| {
+                std::hint::black_box(i);
+            });
+            t.elapsed()
+        })
+        .collect();
+    println!("rayon fork-join of 96 empty tasks: {:.1} us (median)", median(fork).as_secs_f64() * 1e6);
     println!(
         "{:<9} {:>4} {:>5} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}",
         "kind", "rows", "MB", "cold ms", "cold GB/s", "/floor", "hot ms", "hot GB/s", "floor ms"

@@ -410,6 +410,8 @@ mod avx2 {
         }
         /// The two weight vectors of chunk `k` of output `o`.
         unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256);
+        /// Payload bytes of one chunk of one output.
+        const CHUNK_BYTES: usize;
         /// Address of chunk `k` of output `o` (for prefetching).
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8;
         /// Folds a finished segment `s` of output `o`, row `r`.
@@ -427,6 +429,7 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for F32Dec<'_> {
+        const CHUNK_BYTES: usize = 64;
         #[inline(always)]
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
             self.p.as_ptr().wrapping_add((o * self.cols + k * 16) * 4)
@@ -452,6 +455,7 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for Bf16Dec<'_> {
+        const CHUNK_BYTES: usize = 32;
         #[inline(always)]
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
             self.p.as_ptr().wrapping_add((o * self.cols + k * 16) * 2)
@@ -481,6 +485,7 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I8Dec<'_> {
+        const CHUNK_BYTES: usize = 16;
         #[inline(always)]
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
             self.p.as_ptr().wrapping_add(o * self.cols + k * 16)
@@ -518,6 +523,7 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I4Dec<'_> {
+        const CHUNK_BYTES: usize = 8;
         #[inline(always)]
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
             self.p.as_ptr().wrapping_add(o * self.half + k * 8)
@@ -556,6 +562,7 @@ mod avx2 {
         nfull: usize,
     }
     impl Decode for I4AnyDec<'_> {
+        const CHUNK_BYTES: usize = 8;
         #[inline(always)]
         fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
             self.p.as_ptr().wrapping_add(o * self.half + k * 8)
@@ -771,10 +778,14 @@ mod avx2 {
         while k < k1 {
             let kend = k1.min(seg_end);
             while k < kend {
-                // The next tile's weights (same chunk, next outputs): rows of W are read in
-                // pieces (a tile's rows in parallel, column blocks) that the hardware
-                // prefetcher does not follow well.
-                _mm_prefetch::<_MM_HINT_T0>(c.d.chunk_ptr(o0 + OT, k) as *const i8);
+                // The next tile's weights (same chunks, next outputs), a line at a time:
+                // rows of W are read in short pieces (a tile's rows in parallel, column
+                // blocks) that the hardware prefetcher does not run ahead of.
+                if k % (64 / D::CHUNK_BYTES).max(1) == 0 {
+                    for oi in 0..OT {
+                        _mm_prefetch::<PF_HINT>(c.d.chunk_ptr(o0 + OT + oi, k) as *const i8);
+                    }
+                }
                 for (oi, g_o) in g.iter_mut().enumerate() {
                     let (wa, wb) = c.d.chunk(o0 + oi, k);
                     for (ri, gv) in g_o.iter_mut().enumerate() {
@@ -814,6 +825,8 @@ mod avx2 {
             }
         }
     }
+
+    const PF_HINT: i32 = _MM_HINT_T0;
 
     /// Horizontal sum in a fixed order: (lo128 + hi128), then pairs, then the last two.
     #[target_feature(enable = "avx2,fma")]
