@@ -781,7 +781,7 @@ mod avx2 {
                 // The next tile's weights (same chunks, next outputs), a line at a time:
                 // rows of W are read in short pieces (a tile's rows in parallel, column
                 // blocks) that the hardware prefetcher does not run ahead of.
-                if k % (64 / D::CHUNK_BYTES).max(1) == 0 {
+                if k & ((64 / D::CHUNK_BYTES).max(1) - 1) == 0 {
                     for oi in 0..OT {
                         _mm_prefetch::<PF_HINT>(c.d.chunk_ptr(o0 + OT + oi, k) as *const i8);
                     }
