@@ -117,17 +117,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
 }
 
-/// xorshift64*: fast, seeded; uniform in [-1, 1).
-struct Rng(u64);
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
+use strata_models::glm_moe_dsa::SynthRng as Rng;
 
 fn synth(a: SynthArgs) -> Result<()> {
     use strata_models::glm_moe_dsa::{synthesize, Preset, SynthFormat, SynthSpec};

@@ -211,11 +211,7 @@ impl StreamedExperts {
                             return Err(err);
                         }
                     };
-                    st.policy.loads += 1;
-                    st.policy.read_ops += stats.ops;
-                    st.policy.read_bytes += stats.bytes;
-                    st.policy.disk_service.push(stats.service);
-                    st.policy.foreground_wait.push(t.elapsed());
+                    st.policy.record_load(&stats, t.elapsed());
                     st.table.finish_load(slot, generation);
                     st.table.promote(slot);
                 }
@@ -237,11 +233,7 @@ impl StreamedExperts {
         let t = Instant::now();
         match self.submit(slot, key).and_then(|t| t.wait()) {
             Ok(stats) => {
-                st.policy.loads += 1;
-                st.policy.read_ops += stats.ops;
-                st.policy.read_bytes += stats.bytes;
-                st.policy.disk_service.push(stats.service);
-                st.policy.foreground_wait.push(t.elapsed());
+                st.policy.record_load(&stats, t.elapsed());
                 st.table.finish_load(slot, generation);
                 Ok(())
             }
@@ -416,11 +408,7 @@ impl ExpertBackend for StreamedExperts {
                     let t_wait = Instant::now();
                     match ticket.wait() {
                         Ok(stats) => {
-                            st.demand.foreground_wait.push(t_wait.elapsed());
-                            st.demand.disk_service.push(stats.service);
-                            st.demand.loads += 1;
-                            st.demand.read_ops += stats.ops;
-                            st.demand.read_bytes += stats.bytes;
+                            st.demand.record_load(&stats, t_wait.elapsed());
                             if failure.is_some() || !st.table.finish_load(slot, generation) {
                                 st.table.fail_load(slot, generation);
                                 continue;

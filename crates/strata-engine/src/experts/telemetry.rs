@@ -65,6 +65,15 @@ pub struct TrafficReport {
 }
 
 impl Traffic {
+    /// Counts one completed expert read and how long the caller waited for it.
+    pub fn record_load(&mut self, stats: &strata_storage::ReadStats, waited: Duration) {
+        self.loads += 1;
+        self.read_ops += stats.ops;
+        self.read_bytes += stats.bytes;
+        self.disk_service.push(stats.service);
+        self.foreground_wait.push(waited);
+    }
+
     pub fn report(&self) -> TrafficReport {
         let total = self.hits + self.misses;
         TrafficReport {

@@ -22,4 +22,4 @@ pub use inspect::{inspect, memory_needs, MemoryNeeds, TensorGroup, WeightSummary
 pub use layout::{expected_tensors, TensorRole};
 pub use model::{GlmMoeDsa, GlmSession};
 pub use moe::route;
-pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthSpec};
+pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthRng, SynthSpec};

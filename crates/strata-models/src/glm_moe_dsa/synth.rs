@@ -58,10 +58,10 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
     })
 }
 
-/// xorshift64*: fast, seeded; uniform in [-1, 1).
-struct Rng(u64);
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
+/// xorshift64*: fast, seeded; uniform in [-1, 1). For synthetic weights and inputs.
+pub struct SynthRng(pub u64);
+impl SynthRng {
+    pub fn next_f32(&mut self) -> f32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -71,7 +71,7 @@ impl Rng {
 }
 
 /// Values with std ~ 1/sqrt(fan_in), so activations stay O(1) through the layers.
-fn fill(rng: &mut Rng, shape: &[usize], role: TensorRole) -> Vec<f32> {
+fn fill(rng: &mut SynthRng, shape: &[usize], role: TensorRole) -> Vec<f32> {
     let n: usize = shape.iter().product();
     let fan_in = *shape.last().unwrap() as f32;
     let (scale, offset) = match role {
@@ -108,7 +108,7 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
         .iter()
         .map(|(n, s, _)| TensorSpec { name: n.clone(), dtype: ElementType::BF16, shape: s.clone() })
         .collect::<Vec<_>>();
-    let mut rng = Rng(spec.seed | 1);
+    let mut rng = SynthRng(spec.seed | 1);
     let total = tensors.len();
     let mut done = 0;
     let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
