@@ -200,3 +200,22 @@ fn missing_model_dir_and_bad_sampling() {
     let out = strata(&["generate", "--model", m.to_str().unwrap(), "--prompt", "x", "--top-p", "0"]);
     assert_one_line_error(&out, &["top_p must be in (0, 1]"]);
 }
+
+#[test]
+fn chat_runs_two_turns_from_stdin() {
+    use std::io::Write;
+    let m = fixture();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["chat", "--model", m.to_str().unwrap(), "--max-tokens", "6", "--stats-json"])
+        .arg(std::env::temp_dir().join(format!("strata-chat-{}.json", std::process::id())))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\nand again\n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("> ").count(), 3, "two turns then the empty line that ends the chat: {text}");
+}
