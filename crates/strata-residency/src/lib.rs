@@ -14,7 +14,7 @@
 //! - [`trace`] and [`replay()`]: route traces and offline replay of LRU, LFRU,
 //!   pinned+LRU and the Belady optimum.
 //!
-//! Spec: `shared/reference/residency.md`; interfaces: `docs/design/residency.md`.
+//! Spec: `shared/reference/residency.md`; how it is composed: `ARCHITECTURE.md`.
 //!
 //! # Wiring (what the runtime does with these pieces)
 //!

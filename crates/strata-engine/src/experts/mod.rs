@@ -1,7 +1,7 @@
 //! The streamed-expert runtime: routed experts live in a byte-budgeted slab of slots and
 //! are read from the container on demand. Policy (plan, slot table, ledger) comes from
 //! strata-residency, bytes from strata-storage's I/O pool, arithmetic from
-//! strata-kernels. See docs/design/residency.md.
+//! strata-kernels. See ARCHITECTURE.md ("A token's path", "Streaming invariants").
 
 mod runtime;
 mod source;
