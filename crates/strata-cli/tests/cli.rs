@@ -219,3 +219,69 @@ fn chat_runs_two_turns_from_stdin() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("> ").count(), 3, "two turns then the empty line that ends the chat: {text}");
 }
+
+#[test]
+fn streaming_flags_and_their_errors() {
+    let d = copy_fixture();
+    let m = d.path().to_str().unwrap();
+    // --budget on an HF checkpoint converts its experts once (f32 here: lossless).
+    let out = strata(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "The river",
+        "--max-tokens",
+        "6",
+        "--budget",
+        "200MiB",
+        "--context",
+        "256",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(d.path().join(".strata/experts-f32/strata-experts.json").exists());
+    let common = ["--prompt", "x", "--max-tokens", "2", "--context", "256"];
+    let run = |extra: &[&str]| {
+        let mut a = vec!["generate", "--model", m];
+        a.extend(common);
+        a.extend(extra);
+        strata(&a)
+    };
+    assert_one_line_error(&run(&["--budget", "lots"]), &["--budget"]);
+    assert_one_line_error(&run(&["--budget", "1MiB"]), &["does not fit the smallest expert plan", "short by"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "1:99"]), &["--pin 1:99", "no such routed expert"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "one"]), &["--pin `one`", "LAYER:EXPERT"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--auto-pin", "--usage", "off"]), &["--usage off"]);
+
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = out_dir.path().join("c");
+    let bad = strata(&["convert", "--model", m, "--out", o.to_str().unwrap(), "--experts", "int3"]);
+    assert_one_line_error(&bad, &["--experts", "unknown expert encoding `int3`"]);
+    let bad = strata(&["convert", "--model", m, "--out", o.to_str().unwrap(), "--experts", "int4", "--group", "3"]);
+    assert_one_line_error(&bad, &["--group must be an even number"]);
+    let ok = strata(&[
+        "convert",
+        "--model",
+        m,
+        "--out",
+        o.to_str().unwrap(),
+        "--experts",
+        "int4",
+        "--group",
+        "16",
+        "--json",
+    ]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let fit: serde_json::Value = serde_json::from_slice(
+        &strata(&["fit", "--model", o.to_str().unwrap(), "--budget", "200MiB", "--context", "256", "--json"]).stdout,
+    )
+    .unwrap();
+    assert!(fit["plan"]["slots_per_layer"].as_u64().unwrap() >= 1, "{fit}");
+    let refused = strata(&["fit", "--model", o.to_str().unwrap(), "--budget", "10MiB", "--context", "256"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("fits: NO"));
+    assert_one_line_error(
+        &strata(&["replay", "--trace", "/nonexistent/t", "--slots-per-layer", "2"]),
+        &["/nonexistent/t"],
+    );
+}
