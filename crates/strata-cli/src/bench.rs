@@ -206,9 +206,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
     // Resident weights as held (bf16 linears stay bf16), less the embedding table of
     // which a token reads one row.
     let needs = strata_models::glm_moe_dsa::memory_needs(&cfg, &store, opts.context, 1);
-    let embed_held = store.get("model.embed_tokens.weight").map_or(0, |(_, t)| {
-        t.numel() as u64 * if t.dtype == strata_storage::ElementType::BF16 { 2 } else { 4 }
-    });
+    let embed_held = store
+        .get("model.embed_tokens.weight")
+        .map_or(0, |(_, t)| t.numel() as u64 * if t.dtype == strata_storage::ElementType::BF16 { 2 } else { 4 });
     let resident_bytes = needs.resident_weight_bytes - embed_held + cfg.hidden_size as u64 * 4;
     let active_experts = (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64;
     let expert_bytes_per_token = match &m.fit {
@@ -273,7 +273,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
                 report["decode_floor_tokens_per_s"] = floor.into();
                 report["decode_fraction_of_floor"] = (s.decode_tokens_per_s / floor).into();
                 let secs = s.prefill_seconds + s.decode_seconds;
-                report["expert_read_gb_per_s_achieved"] = (r.turn.demand.read_bytes as f64 / secs.max(1e-9) / 1e9).into();
+                report["expert_read_gb_per_s_achieved"] =
+                    (r.turn.demand.read_bytes as f64 / secs.max(1e-9) / 1e9).into();
             }
         }
     }
