@@ -213,4 +213,37 @@ fn main() {
         }
     }
     println!("(GB/s = expert weight bytes incl. scales / median time; /floor = cold time over bytes / read bandwidth)");
+
+    if args.iter().any(|a| a == "--scaling") {
+        // Hot int4-g64 expert against the thread count.
+        let e = Expert::new(QuantKind::Int4Group { group: 64 }, 1);
+        let max = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        println!("scaling, hot int4-g64 expert (ms per expert; speed-up over 1 thread):");
+        let mut base = [0f64; 2];
+        let mut t = 1;
+        while t <= max {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap();
+            let mut line = format!("  {t:>3} threads:");
+            for (i, rows) in [1usize, 8].into_iter().enumerate() {
+                let x: Vec<f32> = (0..rows * HIDDEN).map(|i| ((i % 97) as f32 - 48.0) / 100.0 + 1e-3).collect();
+                let mut y = vec![0f32; rows * HIDDEN];
+                let times: Vec<Duration> = (0..iters + 5)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        pool.install(|| {
+                            swiglu_expert_with(path, &x, rows, &e.gate.q(), &e.up.q(), &e.down.q(), &mut y)
+                        });
+                        t0.elapsed()
+                    })
+                    .collect();
+                let ms = median(times[5..].to_vec()).as_secs_f64() * 1e3;
+                if t == 1 {
+                    base[i] = ms;
+                }
+                line += &format!("  rows={rows}: {ms:.3} ms ({:.1}x)", base[i] / ms);
+            }
+            println!("{line}");
+            t = if t == max { t + 1 } else { (t * 2).min(max) };
+        }
+    }
 }
