@@ -262,7 +262,12 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     let cfg_path = a.model.join("config.json");
     let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
     let store = WeightStore::open_dir(&a.model)?;
-    let summary = inspect_weights(&cfg, &store);
+    let summary = if strata_storage::ExpertManifest::exists(&a.model) {
+        let manifest = strata_storage::ExpertManifest::read(&a.model)?;
+        strata_models::glm_moe_dsa::inspect_with_container(&cfg, &store, &manifest)
+    } else {
+        inspect_weights(&cfg, &store)
+    };
     let architecture = serde_json::json!({
         "model_type": GlmMoeDsaConfig::MODEL_TYPE,
         "hidden_size": cfg.hidden_size,

@@ -3,7 +3,7 @@
 use super::config::GlmMoeDsaConfig;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use strata_storage::WeightStore;
+use strata_storage::{ExpertManifest, WeightStore};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,20 +69,50 @@ fn classify(name: &str, cfg: &GlmMoeDsaConfig) -> TensorGroup {
     }
 }
 
-/// Sums parameters and stored bytes per group. Scale tensors count as bytes, not params.
+/// Sums parameters and stored bytes per group, from the headers (and, for an expert
+/// container, its manifest). Scale tensors (`_scale_inv`, `.qs`) count as bytes, not
+/// parameters; a quantized payload counts the parameters of the shape it encodes.
 pub fn inspect(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> WeightSummary {
+    let shapes: std::collections::HashMap<String, u64> = super::layout::expected_tensors(cfg)
+        .into_iter()
+        .map(|(n, s, _)| (n, s.iter().product::<usize>() as u64))
+        .collect();
     let mut groups: BTreeMap<TensorGroup, GroupSize> = BTreeMap::new();
     for name in store.names() {
         let Some((_, t)) = store.get(name) else {
             continue;
         };
-        let g = groups.entry(classify(name, cfg)).or_default();
+        let g = groups.entry(classify(name.trim_end_matches(".qs"), cfg)).or_default();
         g.tensors += 1;
         g.bytes += t.byte_len() as u64;
-        if !name.ends_with("_scale_inv") {
-            g.parameters += t.numel() as u64;
+        if name.ends_with("_scale_inv") || name.ends_with(".qs") {
+            continue;
         }
+        let quantized = store.contains(&format!("{name}.qs"));
+        g.parameters += match (quantized, shapes.get(name)) {
+            (true, Some(&n)) => n,
+            _ => t.numel() as u64,
+        };
     }
+    summarize(cfg, groups)
+}
+
+/// [`inspect`] plus the routed experts of an expert container, from its manifest.
+pub fn inspect_with_container(cfg: &GlmMoeDsaConfig, store: &WeightStore, manifest: &ExpertManifest) -> WeightSummary {
+    let mut summary = inspect(cfg, store);
+    let per_expert = 3 * (cfg.hidden_size * cfg.moe_intermediate_size) as u64;
+    for tier in &manifest.tiers {
+        let group = if tier.name == "mtp" { TensorGroup::Mtp } else { TensorGroup::RoutedExperts };
+        let g = summary.groups.entry(group).or_default();
+        let n = tier.expert_count() as u64;
+        g.tensors += 3 * n as usize;
+        g.parameters += n * per_expert;
+        g.bytes += n * tier.slot_bytes() as u64;
+    }
+    summarize(cfg, summary.groups)
+}
+
+fn summarize(cfg: &GlmMoeDsaConfig, groups: BTreeMap<TensorGroup, GroupSize>) -> WeightSummary {
     let total_parameters = groups.values().map(|g| g.parameters).sum();
     let total_bytes = groups.values().map(|g| g.bytes).sum();
     let routed = groups.get(&TensorGroup::RoutedExperts).cloned().unwrap_or_default();

@@ -18,7 +18,7 @@ mod synth;
 
 pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
 pub use convert::{convert, ConvertOptions, ConvertReport};
-pub use inspect::{inspect, memory_needs, MemoryNeeds, TensorGroup, WeightSummary};
+pub use inspect::{inspect, inspect_with_container, memory_needs, MemoryNeeds, TensorGroup, WeightSummary};
 pub use layout::{expected_tensors, TensorRole};
 pub use model::{GlmMoeDsa, GlmSession};
 pub use moe::route;

@@ -95,8 +95,11 @@ impl GlmMoeDsa {
         let ld = Loader { store, fp8: cfg.fp8_block, device };
         let h = cfg.hidden_size;
         let embed = Arc::new(ld.weight("model.embed_tokens.weight", &[cfg.vocab_size, h])?);
-        let lm_head =
-            if cfg.tie_word_embeddings { embed.clone() } else { Arc::new(ld.weight("lm_head.weight", &[cfg.vocab_size, h])?) };
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            Arc::new(ld.weight("lm_head.weight", &[cfg.vocab_size, h])?)
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
