@@ -7,7 +7,8 @@
 //! (working set `--mib`, default 1024), so weights stream from DRAM — the streamed-expert
 //! case. "hot": the same expert every call (it stays in L2/L3).
 //!
-//! cargo run --release -p strata-kernels --example expert_bench -- [--mib N] [--iters N] [--scalar]
+//! cargo run --release -p strata-kernels --example expert_bench -- [--mib N] [--iters N]
+//!     [--path scalar|avx2|avx512]
 //!     [--kind int4-g64|int8|bf16] [--rows N]
 
 use std::time::{Duration, Instant};
@@ -133,7 +134,14 @@ fn main() {
     let only_rows =
         args.iter().position(|a| a == "--rows").and_then(|i| args.get(i + 1)).map(|r| r.parse::<usize>().unwrap());
     let hot_only = args.iter().any(|a| a == "--hot-only");
-    let path = if args.iter().any(|a| a == "--scalar") { KernelPath::Scalar } else { KernelPath::best() };
+    let path = match args.iter().position(|a| a == "--path").and_then(|i| args.get(i + 1)).map(|s| s.as_str()) {
+        Some("scalar") => KernelPath::Scalar,
+        Some("avx2") => KernelPath::Avx2Fma,
+        Some("avx512") => KernelPath::Avx512,
+        Some(p) => panic!("--path scalar|avx2|avx512, not {p}"),
+        None => KernelPath::best(),
+    };
+    assert!(path.is_available(), "{} is not available on this CPU", path.name());
 
     let threads = rayon::current_num_threads();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

@@ -91,16 +91,15 @@ pub enum KernelPath {
     Scalar,
     /// x86-64 AVX2 + FMA intrinsics.
     Avx2Fma,
+    /// x86-64 AVX-512F intrinsics (32-column chunks; int4 groups that are not a multiple
+    /// of 32 run the AVX2 code).
+    Avx512,
 }
 
 impl KernelPath {
     /// The fastest path this CPU supports.
     pub fn best() -> Self {
-        if Self::Avx2Fma.is_available() {
-            Self::Avx2Fma
-        } else {
-            Self::Scalar
-        }
+        [Self::Avx512, Self::Avx2Fma].into_iter().find(|p| p.is_available()).unwrap_or(Self::Scalar)
     }
 
     pub fn is_available(self) -> bool {
@@ -108,8 +107,10 @@ impl KernelPath {
             Self::Scalar => true,
             #[cfg(target_arch = "x86_64")]
             Self::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => Self::Avx2Fma.is_available() && is_x86_feature_detected!("avx512f"),
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx2Fma => false,
+            Self::Avx2Fma | Self::Avx512 => false,
         }
     }
 
@@ -117,6 +118,7 @@ impl KernelPath {
         match self {
             Self::Scalar => "scalar",
             Self::Avx2Fma => "avx2+fma",
+            Self::Avx512 => "avx512f",
         }
     }
 }
@@ -230,7 +232,7 @@ impl OutPtr {
     }
 }
 
-/// Outputs per task: a multiple of 8, about 256 KiB of weights, at least 4 tasks a thread.
+/// Outputs per task: a multiple of 8, about 64 KiB of weights, at least 4 tasks a thread.
 /// (Results do not depend on this split.)
 fn block_size(w: &QMatrix) -> usize {
     let threads = rayon::current_num_threads().max(1);
@@ -255,39 +257,49 @@ struct MatJob<'a> {
     x: &'a [f32],
     rows: usize,
     w: QMatrix<'a>,
-    /// AVX2 path: the full 16-column chunks of x, row `r` at `r * xstride`, the stride
-    /// padded so rows do not alias in L1 (4 KiB apart); for int4 each chunk is reordered
-    /// as 8 even then 8 odd columns (the order nibbles unpack in).
+    /// SIMD paths: chunk width in columns (16 for the AVX2 code, 32 for AVX-512, 0 for the
+    /// scalar path); decides which code runs.
+    cw: usize,
+    /// SIMD paths: the full chunks of x, row `r` at `r * xstride`, the stride padded so
+    /// rows do not alias in L1 (4 KiB apart); for int4 each chunk is reordered as its even
+    /// then its odd columns (the order nibbles unpack in), see `stage_int4`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     xs: Vec<f32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     xstride: usize,
-    /// Int4 with a group multiple of 16 on the AVX2 path: see `int4_x8`.
+    /// Int4 with a group multiple of `cw` on a SIMD path: see `int4_x8`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     x8: Vec<f32>,
 }
 
 impl<'a> MatJob<'a> {
     fn new(path: KernelPath, x: &'a [f32], rows: usize, w: &QMatrix<'a>) -> Self {
+        let cw = match (path, w.kind) {
+            (KernelPath::Scalar, _) => 0,
+            (KernelPath::Avx512, QuantKind::Int4Group { group }) if group % 32 != 0 => 16,
+            (KernelPath::Avx512, _) => 32,
+            (KernelPath::Avx2Fma, _) => 16,
+        };
         let (mut xs, mut xstride, mut x8) = (Vec::new(), 0, Vec::new());
-        if path == KernelPath::Avx2Fma {
-            let (cols, nfull) = (w.cols, w.cols / 16);
-            xstride = nfull * 16 + 16;
+        if let Some(nfull) = w.cols.checked_div(cw) {
+            let cols = w.cols;
+            xstride = nfull * cw + cw;
             xs = vec![0f32; rows * xstride];
+            let half = cw / 2;
             for r in 0..rows {
-                let src = &x[r * cols..r * cols + nfull * 16];
-                let dst = &mut xs[r * xstride..r * xstride + nfull * 16];
+                let src = &x[r * cols..r * cols + nfull * cw];
+                let dst = &mut xs[r * xstride..r * xstride + nfull * cw];
                 if let QuantKind::Int4Group { group } = w.kind {
-                    for (d, c) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
-                        for j in 0..8 {
+                    for (d, c) in dst.chunks_exact_mut(cw).zip(src.chunks_exact(cw)) {
+                        for j in 0..half {
                             let (xa, xb) = (c[2 * j], c[2 * j + 1]);
-                            if group % 16 == 0 {
+                            if group % cw == 0 {
                                 // See `avx2::I4Dec`: lo * (xa - xb/16) + byte * (xb/16).
                                 d[j] = xa - xb / 16.0;
-                                d[8 + j] = xb / 16.0;
+                                d[half + j] = xb / 16.0;
                             } else {
                                 d[j] = xa;
-                                d[8 + j] = xb;
+                                d[half + j] = xb;
                             }
                         }
                     }
@@ -296,12 +308,12 @@ impl<'a> MatJob<'a> {
                 }
             }
             if let QuantKind::Int4Group { group } = w.kind {
-                if group % 16 == 0 {
-                    x8 = int4_x8(x, rows, w.cols, group);
+                if group % cw == 0 {
+                    x8 = int4_x8(x, rows, w.cols, group, cw);
                 }
             }
         }
-        Self { path, x, rows, w: *w, xs, xstride, x8 }
+        Self { path, x, rows, w: *w, cw, xs, xstride, x8 }
     }
 
     /// Computes outputs `o0..o1` of every row into `out`.
@@ -311,23 +323,32 @@ impl<'a> MatJob<'a> {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the path was checked available; shapes were validated.
             KernelPath::Avx2Fma => unsafe { avx2::block(self, o0, o1, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (AVX-512 availability implies AVX2 + FMA).
+            KernelPath::Avx512 => unsafe {
+                if self.cw == 32 {
+                    avx512::block(self, o0, o1, out)
+                } else {
+                    avx2::block(self, o0, o1, out)
+                }
+            },
             #[cfg(not(target_arch = "x86_64"))]
-            KernelPath::Avx2Fma => unreachable!(),
+            KernelPath::Avx2Fma | KernelPath::Avx512 => unreachable!(),
         }
     }
 }
 
-/// Lane-wise `8 * sum` of x over each group's full chunks, lane `j` of chunk `k`
-/// covering columns `16 k + 2 j` and `16 k + 2 j + 1`: `rows x groups x 8`, summed in
-/// column order.
-fn int4_x8(x: &[f32], rows: usize, cols: usize, group: usize) -> Vec<f32> {
-    let (nfull, groups, spc) = (cols / 16, cols.div_ceil(group), group / 16);
-    let mut x8 = vec![0f32; rows * groups * 8];
+/// Lane-wise `8 * sum` of x over each group's full chunks of `cw` columns, lane `j` of
+/// chunk `k` covering columns `cw k + 2 j` and `cw k + 2 j + 1`: `rows x groups x cw/2`,
+/// summed in column order.
+fn int4_x8(x: &[f32], rows: usize, cols: usize, group: usize, cw: usize) -> Vec<f32> {
+    let (nfull, groups, spc, lanes) = (cols / cw, cols.div_ceil(group), group / cw, cw / 2);
+    let mut x8 = vec![0f32; rows * groups * lanes];
     for r in 0..rows {
         for k in 0..nfull {
-            let xc = &x[r * cols + k * 16..][..16];
-            let d = &mut x8[(r * groups + k / spc) * 8..][..8];
-            for j in 0..8 {
+            let xc = &x[r * cols + k * cw..][..cw];
+            let d = &mut x8[(r * groups + k / spc) * lanes..][..lanes];
+            for j in 0..lanes {
                 d[j] += xc[2 * j];
                 d[j] += xc[2 * j + 1];
             }
@@ -848,6 +869,403 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The AVX2 scheme (see `avx2`) at twice the width: chunks of 32 columns decode to two
+    //! 16-lane vectors `a`, `b` (int4: 16 even and 16 odd columns), 32 vector registers
+    //! allow more accumulators per tile. Int4 with a group that is not a multiple of 32
+    //! runs the AVX2 code instead (see `MatJob::new`). Same determinism argument: a pair's
+    //! arithmetic does not depend on the tile shape, the column blocks or the other rows.
+
+    use super::{MatJob, OutPtr, QuantKind};
+    use std::arch::x86_64::*;
+
+    pub(super) trait Decode {
+        /// Accumulator registers per pair (int4: 2).
+        const REGS: usize = 1;
+        /// Whether the pair folds `g` into `acc` at segment ends (see `seg_end`).
+        const SEGMENTED: bool = false;
+        /// Chunks per segment (the int4 group / 32) when SEGMENTED.
+        fn seg_chunks(&self) -> usize {
+            usize::MAX
+        }
+        /// The two weight vectors of chunk `k` of output `o`.
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512);
+        /// Payload bytes of one chunk of one output.
+        const CHUNK_BYTES: usize;
+        /// Address of chunk `k` of output `o` (for prefetching).
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8;
+        /// Folds a finished segment `s` of output `o`, row `r`.
+        #[inline(always)]
+        unsafe fn seg_end(&self, _o: usize, _s: usize, _r: usize, _g: __m512, acc: __m512) -> __m512 {
+            acc
+        }
+        /// Adds the scalar tail (columns `32 * nfull ..`) and any per-row scale to `simd`.
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32;
+    }
+
+    struct F32Dec<'a> {
+        p: &'a [u8],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for F32Dec<'_> {
+        const CHUNK_BYTES: usize = 128;
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add((o * self.cols + k * 32) * 4)
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512) {
+            let p = self.p.as_ptr().add((o * self.cols + k * 32) * 4) as *const f32;
+            (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 32) {
+                let b = &self.p[(o * self.cols + c) * 4..][..4];
+                s += f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * xv;
+            }
+            s
+        }
+    }
+
+    struct Bf16Dec<'a> {
+        p: &'a [u8],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for Bf16Dec<'_> {
+        const CHUNK_BYTES: usize = 64;
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add((o * self.cols + k * 32) * 2)
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512) {
+            let p = self.p.as_ptr().add((o * self.cols + k * 32) * 2);
+            let a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            let b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(32) as *const __m256i));
+            (_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 32) {
+                let b = &self.p[(o * self.cols + c) * 2..][..2];
+                s += f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16) * xv;
+            }
+            s
+        }
+    }
+
+    /// int8-row: accumulates q * x and applies the row scale once at the end.
+    struct I8Dec<'a> {
+        p: &'a [u8],
+        scales: &'a [f32],
+        cols: usize,
+        nfull: usize,
+    }
+    impl Decode for I8Dec<'_> {
+        const CHUNK_BYTES: usize = 32;
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add(o * self.cols + k * 32)
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512) {
+            let p = self.p.as_ptr().add(o * self.cols + k * 32);
+            let a = _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let b = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
+            (_mm512_cvtepi32_ps(a), _mm512_cvtepi32_ps(b))
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            let mut s = simd;
+            for (c, xv) in x.iter().enumerate().skip(self.nfull * 32) {
+                s += self.p[o * self.cols + c] as i8 as f32 * xv;
+            }
+            s * self.scales[o]
+        }
+    }
+
+    /// int4 with `group % 32 == 0`: 16 bytes a chunk, otherwise as `avx2::I4Dec`.
+    struct I4Dec<'a> {
+        p: &'a [u8],
+        scales: &'a [f32],
+        x8: &'a [f32],
+        cols: usize,
+        half: usize,
+        group: usize,
+        groups: usize,
+        nfull: usize,
+    }
+    impl Decode for I4Dec<'_> {
+        const CHUNK_BYTES: usize = 16;
+        #[inline(always)]
+        fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+            self.p.as_ptr().wrapping_add(o * self.half + k * 16)
+        }
+        const REGS: usize = 2;
+        const SEGMENTED: bool = true;
+        fn seg_chunks(&self) -> usize {
+            self.group / 32
+        }
+        #[inline(always)]
+        unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512) {
+            let p = self.p.as_ptr().add(o * self.half + k * 16);
+            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
+            (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m512, acc: __m512) -> __m512 {
+            let sv = _mm512_set1_ps(*self.scales.get_unchecked(o * self.groups + s));
+            let x8 = _mm512_loadu_ps(self.x8.as_ptr().add((r * self.groups + s) * 16));
+            _mm512_fmadd_ps(_mm512_sub_ps(g, x8), sv, acc)
+        }
+        fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+            i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn i4_tail(
+        p: &[u8],
+        scales: &[f32],
+        half: usize,
+        group: usize,
+        groups: usize,
+        nfull: usize,
+        cols: usize,
+        o: usize,
+        simd: f32,
+        x: &[f32],
+    ) -> f32 {
+        let mut s = simd;
+        for c in nfull * 32..cols {
+            let byte = p[o * half + c / 2];
+            let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            s += (nib as i32 - 8) as f32 * scales[o * groups + c / group] * x[c];
+        }
+        s
+    }
+
+    /// x as the kernels read it: row `r`, chunk `k` at `ptr + r * stride + 32 k`.
+    struct XRows {
+        ptr: *const f32,
+        stride: usize,
+    }
+
+    struct Ctx<'a, D> {
+        d: D,
+        xs: XRows,
+        x: &'a [f32],
+        cols: usize,
+        nfull: usize,
+    }
+
+    /// # Safety
+    /// AVX2 and FMA available; `job` validated; `o0..o1` owned by the caller.
+    pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
+        let w = &job.w;
+        let (cols, nfull) = (w.cols, w.cols / 32);
+        let plain = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
+        match w.kind {
+            QuantKind::F32 => {
+                let d = F32Dec { p: w.payload, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Bf16 => {
+                let d = Bf16Dec { p: w.payload, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Int8Row => {
+                let d = I8Dec { p: w.payload, scales: w.scales, cols, nfull };
+                rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+            QuantKind::Int4Group { group } => {
+                let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+                let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
+                debug_assert_eq!(group % 32, 0, "int4 groups not a multiple of 32 run on the AVX2 code");
+                let (p, scales, x8) = (w.payload, w.scales, &job.x8[..]);
+                let d = I4Dec { p, scales, x8, cols, half, group, groups, nfull };
+                rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+            }
+        }
+    }
+
+    /// Row tiles of up to 8 rows; within a tile, output groups of OT and column blocks
+    /// that keep the tile's x in L1.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
+        // Per output: 2 * RT vectors (g then acc) carried between column blocks.
+        let mut state = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let rt = (rows - r0).min(8);
+            // Column blocks keep a multi-row tile's x (16 KiB) in L1; one row is not split.
+            let mut kb = if rt == 1 { c.nfull.max(1) } else { ((16 << 10) / (rt * 128)).max(1) };
+            if D::SEGMENTED {
+                kb = kb.next_multiple_of(c.d.seg_chunks());
+            }
+            if kb < c.nfull && state.is_empty() {
+                state = vec![_mm512_setzero_ps(); (o1 - o0) * 2 * 8];
+            }
+            let st = &mut state[..];
+            // Up to 16 accumulators (8 pairs for int4, which carry two).
+            match (rt, D::REGS) {
+                (1, _) => outs::<D, 8, 1>(c, r0, o0, o1, kb, st, out),
+                (2, 1) => outs::<D, 8, 2>(c, r0, o0, o1, kb, st, out),
+                (2, _) => outs::<D, 4, 2>(c, r0, o0, o1, kb, st, out),
+                (3, 1) => outs::<D, 4, 3>(c, r0, o0, o1, kb, st, out),
+                (4, 1) => outs::<D, 4, 4>(c, r0, o0, o1, kb, st, out),
+                (3, _) => outs::<D, 2, 3>(c, r0, o0, o1, kb, st, out),
+                (4, _) => outs::<D, 2, 4>(c, r0, o0, o1, kb, st, out),
+                (5, 1) => outs::<D, 2, 5>(c, r0, o0, o1, kb, st, out),
+                (6, 1) => outs::<D, 2, 6>(c, r0, o0, o1, kb, st, out),
+                (7, 1) => outs::<D, 2, 7>(c, r0, o0, o1, kb, st, out),
+                (_, 1) => outs::<D, 2, 8>(c, r0, o0, o1, kb, st, out),
+                (5, _) => outs::<D, 1, 5>(c, r0, o0, o1, kb, st, out),
+                (6, _) => outs::<D, 1, 6>(c, r0, o0, o1, kb, st, out),
+                (7, _) => outs::<D, 1, 7>(c, r0, o0, o1, kb, st, out),
+                _ => outs::<D, 1, 8>(c, r0, o0, o1, kb, st, out),
+            }
+            r0 += rt;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn outs<D: Decode, const OT: usize, const RT: usize>(
+        c: &Ctx<D>,
+        r0: usize,
+        o0: usize,
+        o1: usize,
+        kb: usize,
+        state: &mut [__m512],
+        out: &OutPtr,
+    ) {
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + kb).min(c.nfull);
+            let last = k1 == c.nfull;
+            let mut o = o0;
+            while o + OT <= o1 {
+                // (Empty with a single column block: `tile` then never touches it.)
+                let st = state.get_mut((o - o0) * 2 * RT..(o - o0 + OT) * 2 * RT).unwrap_or_default();
+                tile::<D, OT, RT>(c, r0, o, k0, k1, st, last, out);
+                o += OT;
+            }
+            while o < o1 {
+                let st = state.get_mut((o - o0) * 2 * RT..(o - o0 + 1) * 2 * RT).unwrap_or_default();
+                tile::<D, 1, RT>(c, r0, o, k0, k1, st, last, out);
+                o += 1;
+            }
+            if last {
+                break;
+            }
+            k0 = k1;
+        }
+    }
+
+    /// Chunks `k0..k1` of a tile; resumes from `state` unless `k0 == 0`, and writes the
+    /// results if `last`, else saves `state` (per output: RT `g` vectors, then RT `acc`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
+        c: &Ctx<D>,
+        r0: usize,
+        o0: usize,
+        k0: usize,
+        k1: usize,
+        state: &mut [__m512],
+        last: bool,
+        out: &OutPtr,
+    ) {
+        let mut g = [[_mm512_setzero_ps(); RT]; OT];
+        let mut acc = [[_mm512_setzero_ps(); RT]; OT];
+        if k0 > 0 {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    g[oi][ri] = state[oi * 2 * RT + ri];
+                    acc[oi][ri] = state[oi * 2 * RT + RT + ri];
+                }
+            }
+        }
+        let spc = c.d.seg_chunks();
+        let mut k = k0;
+        // Segment of chunk k and where it ends.
+        let (mut s, mut seg_end) = if D::SEGMENTED { (k0 / spc, (k0 / spc + 1) * spc) } else { (0, usize::MAX) };
+        while k < k1 {
+            let kend = k1.min(seg_end);
+            while k < kend {
+                // The next tile's weights (same chunks, next outputs), a line at a time:
+                // rows of W are read in short pieces (a tile's rows in parallel, column
+                // blocks) that the hardware prefetcher does not run ahead of.
+                if k & ((64 / D::CHUNK_BYTES).max(1) - 1) == 0 {
+                    for oi in 0..OT {
+                        let p = c.d.chunk_ptr(o0 + OT + oi, k) as *const i8;
+                        _mm_prefetch::<PF_HINT>(p);
+                        if D::CHUNK_BYTES > 64 {
+                            _mm_prefetch::<PF_HINT>(p.wrapping_add(64));
+                        }
+                    }
+                }
+                for (oi, g_o) in g.iter_mut().enumerate() {
+                    let (wa, wb) = c.d.chunk(o0 + oi, k);
+                    for (ri, gv) in g_o.iter_mut().enumerate() {
+                        let xp = c.xs.ptr.add((r0 + ri) * c.xs.stride + k * 32);
+                        *gv = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xp), *gv);
+                        *gv = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xp.add(16)), *gv);
+                    }
+                }
+                k += 1;
+            }
+            if D::SEGMENTED && (k == seg_end || k == c.nfull) {
+                for oi in 0..OT {
+                    for ri in 0..RT {
+                        acc[oi][ri] = c.d.seg_end(o0 + oi, s, r0 + ri, g[oi][ri], acc[oi][ri]);
+                        g[oi][ri] = _mm512_setzero_ps();
+                    }
+                }
+                s += 1;
+                seg_end += spc;
+            }
+        }
+        if last {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    let r = r0 + ri;
+                    let v = if D::SEGMENTED { acc[oi][ri] } else { g[oi][ri] };
+                    let v = c.d.finish(o0 + oi, hsum(v), &c.x[r * c.cols..(r + 1) * c.cols]);
+                    out.write(r, o0 + oi, v);
+                }
+            }
+        } else {
+            for oi in 0..OT {
+                for ri in 0..RT {
+                    state[oi * 2 * RT + ri] = g[oi][ri];
+                    state[oi * 2 * RT + RT + ri] = acc[oi][ri];
+                }
+            }
+        }
+    }
+
+    const PF_HINT: i32 = _MM_HINT_T0;
+
+    /// Horizontal sum in a fixed order: (lo256 + hi256), then as `avx2::hsum`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        let v8 = _mm256_add_ps(lo, hi);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+        _mm_cvtss_f32(s1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -855,7 +1273,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn paths() -> Vec<KernelPath> {
-        [KernelPath::Scalar, KernelPath::Avx2Fma].into_iter().filter(|p| p.is_available()).collect()
+        [KernelPath::Scalar, KernelPath::Avx2Fma, KernelPath::Avx512].into_iter().filter(|p| p.is_available()).collect()
     }
 
     /// Random values in ±[0.05, 1.5] (never zero).
@@ -1043,29 +1461,32 @@ mod tests {
     }
 
     #[test]
-    fn scalar_and_avx2_paths_agree() {
-        if !KernelPath::Avx2Fma.is_available() {
-            eprintln!("AVX2+FMA not available: only the scalar path is tested");
-            return;
+    fn scalar_and_simd_paths_agree() {
+        let simd: Vec<KernelPath> = paths().into_iter().filter(|p| *p != KernelPath::Scalar).collect();
+        if simd.is_empty() {
+            eprintln!("no SIMD path available: only the scalar path is tested");
         }
-        for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+        for (si, &(out, cols)) in SHAPES.iter().chain(&[(12, 2100), (40, 96)]).enumerate() {
             for kind in kinds(cols) {
                 let m = Owned::new(kind, out, cols, 300 + si as u64);
                 let rows = 5;
                 let mut rng = rand::rngs::StdRng::seed_from_u64(3);
                 let x = nonzero(&mut rng, rows * cols);
                 let (_, bound) = reference(&m.dense(), out, cols, &x, rows);
-                let (mut a, mut b) = (vec![0f32; rows * out], vec![0f32; rows * out]);
+                let mut a = vec![0f32; rows * out];
                 qmatmul_with(KernelPath::Scalar, &x, rows, &m.q(), &mut a);
-                qmatmul_with(KernelPath::Avx2Fma, &x, rows, &m.q(), &mut b);
-                for i in 0..rows * out {
-                    assert!(
-                        (a[i] as f64 - b[i] as f64).abs() <= 2e-5 * bound[i],
-                        "{} {out}x{cols} [{i}]: {} vs {}",
-                        kind.name(),
-                        a[i],
-                        b[i]
-                    );
+                for &path in &simd {
+                    let mut b = vec![0f32; rows * out];
+                    qmatmul_with(path, &x, rows, &m.q(), &mut b);
+                    for i in 0..rows * out {
+                        assert!(
+                            (a[i] as f64 - b[i] as f64).abs() <= 2e-5 * bound[i],
+                            "{} {path:?} {out}x{cols} [{i}]: {} vs {}",
+                            kind.name(),
+                            a[i],
+                            b[i]
+                        );
+                    }
                 }
             }
         }
