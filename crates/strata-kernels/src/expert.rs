@@ -267,9 +267,9 @@ struct MatJob<'a> {
     xs: Vec<f32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     xstride: usize,
-    /// Int4 with a group multiple of `cw` on a SIMD path: see `int4_x8`.
+    /// Int4 with a group multiple of `cw` on a SIMD path: see `int4_xg`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    x8: Vec<f32>,
+    xg: Vec<f32>,
 }
 
 impl<'a> MatJob<'a> {
@@ -280,7 +280,7 @@ impl<'a> MatJob<'a> {
             (KernelPath::Avx512, _) => 32,
             (KernelPath::Avx2Fma, _) => 16,
         };
-        let (mut xs, mut xstride, mut x8) = (Vec::new(), 0, Vec::new());
+        let (mut xs, mut xstride, mut xg) = (Vec::new(), 0, Vec::new());
         if let Some(nfull) = w.cols.checked_div(cw) {
             let cols = w.cols;
             xstride = nfull * cw + cw;
@@ -309,11 +309,11 @@ impl<'a> MatJob<'a> {
             }
             if let QuantKind::Int4Group { group } = w.kind {
                 if group % cw == 0 {
-                    x8 = int4_x8(x, rows, w.cols, group, cw);
+                    xg = int4_xg(x, rows, w.cols, group, cw);
                 }
             }
         }
-        Self { path, x, rows, w: *w, cw, xs, xstride, x8 }
+        Self { path, x, rows, w: *w, cw, xs, xstride, xg }
     }
 
     /// Computes outputs `o0..o1` of every row into `out`.
@@ -338,24 +338,19 @@ impl<'a> MatJob<'a> {
     }
 }
 
-/// Lane-wise `8 * sum` of x over each group's full chunks of `cw` columns, lane `j` of
-/// chunk `k` covering columns `cw k + 2 j` and `cw k + 2 j + 1`: `rows x groups x cw/2`,
-/// summed in column order.
-fn int4_x8(x: &[f32], rows: usize, cols: usize, group: usize, cw: usize) -> Vec<f32> {
-    let (nfull, groups, spc, lanes) = (cols / cw, cols.div_ceil(group), group / cw, cw / 2);
-    let mut x8 = vec![0f32; rows * groups * lanes];
+/// `8 * sum` of x over each group's columns that lie in full chunks of `cw` columns
+/// (`rows x groups`, summed in column order; 0 for a group with none): the `- 8` part of
+/// the int4 weights, subtracted once per output (see `avx2::I4Dec`).
+fn int4_xg(x: &[f32], rows: usize, cols: usize, group: usize, cw: usize) -> Vec<f32> {
+    let (nfull, groups) = (cols / cw, cols.div_ceil(group));
+    let mut xg = vec![0f32; rows * groups];
     for r in 0..rows {
-        for k in 0..nfull {
-            let xc = &x[r * cols + k * cw..][..cw];
-            let d = &mut x8[(r * groups + k / spc) * lanes..][..lanes];
-            for j in 0..lanes {
-                d[j] += xc[2 * j];
-                d[j] += xc[2 * j + 1];
-            }
+        for (c, v) in x[r * cols..r * cols + nfull * cw].iter().enumerate() {
+            xg[r * groups + c / group] += v;
         }
     }
-    x8.iter_mut().for_each(|v| *v *= 8.0);
-    x8
+    xg.iter_mut().for_each(|v| *v *= 8.0);
+    xg
 }
 
 // ---------------------------------------------------------------- scalar path
@@ -437,7 +432,8 @@ mod avx2 {
     //! decode to two 8-lane vectors `a`, `b`, and each (output, row) pair does
     //! `g = fma(a, xa, g); g = fma(b, xb, g)`, chunks in order. For int4 (group a multiple
     //! of 16) `a`, `b` are the raw nibbles `n` (0..15) and at the end of each group the pair
-    //! folds `acc = fma(g - 8 * xsum_group, scale, acc)` (lane-wise), then resets `g`; int8
+    //! folds `acc = fma(g, scale, acc)`, then resets `g` (the `- 8` is subtracted once per
+    //! output, see `I4Dec`); int8
     //! accumulates `q` and multiplies by the row scale at the end. Then a fixed horizontal
     //! sum and the `cols % 16` tail in scalar.
     //!
@@ -469,6 +465,11 @@ mod avx2 {
         #[inline(always)]
         unsafe fn seg_end(&self, _o: usize, _s: usize, _r: usize, _g: __m256, acc: __m256) -> __m256 {
             acc
+        }
+        /// SEGMENTED: what to subtract from output `o`, row `r` after the horizontal sum.
+        #[inline(always)]
+        unsafe fn corr(&self, _o: usize, _r: usize) -> f32 {
+            0.0
         }
         /// Adds the scalar tail (columns `16 * nfull ..`) and any per-row scale to `simd`.
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32;
@@ -561,12 +562,13 @@ mod avx2 {
     /// hi = odd column); it decodes to `a = lo`, `b = v` (no shift, one convert each), and
     /// x is staged as `xa' = xa - xb/16`, `xb' = xb/16`, so that
     /// `a xa' + b xb' = lo xa + hi xb` (the raw nibbles, 0..15). A segment (group) ends
-    /// with `acc = fma(g - x8[r, s], scale[o, s], acc)` where `x8` is 8 times the lane-wise
-    /// sum of the group's x, so the `- 8` offset and the scale cost nothing per weight.
+    /// with `acc = fma(g, scale[o, s], acc)`; after the horizontal sum the output subtracts
+    /// `sum_s scale[o, s] * xg[r, s]` (`xg` = 8 times the group sums of x, see `int4_xg`),
+    /// so the `- 8` offset and the scale cost nothing per weight.
     struct I4Dec<'a> {
         p: &'a [u8],
         scales: &'a [f32],
-        x8: &'a [f32],
+        xg: &'a [f32],
         cols: usize,
         half: usize,
         group: usize,
@@ -593,9 +595,22 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m256, acc: __m256) -> __m256 {
-            let sv = _mm256_broadcast_ss(self.scales.get_unchecked(o * self.groups + s));
-            let x8 = _mm256_loadu_ps(self.x8.as_ptr().add((r * self.groups + s) * 8));
-            _mm256_fmadd_ps(_mm256_sub_ps(g, x8), sv, acc)
+            let _ = r;
+            _mm256_fmadd_ps(g, _mm256_broadcast_ss(self.scales.get_unchecked(o * self.groups + s)), acc)
+        }
+        #[inline(always)]
+        unsafe fn corr(&self, o: usize, r: usize) -> f32 {
+            let (sp, xp) = (self.scales.as_ptr().add(o * self.groups), self.xg.as_ptr().add(r * self.groups));
+            let n8 = self.groups / 8 * 8;
+            let mut v = _mm256_setzero_ps();
+            for i in (0..n8).step_by(8) {
+                v = _mm256_fmadd_ps(_mm256_loadu_ps(sp.add(i)), _mm256_loadu_ps(xp.add(i)), v);
+            }
+            let mut c = hsum(v);
+            for i in n8..self.groups {
+                c += *sp.add(i) * *xp.add(i);
+            }
+            c
         }
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
             i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
@@ -696,8 +711,8 @@ mod avx2 {
                 let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
                 let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
                 if group % 16 == 0 {
-                    let (p, scales, x8) = (w.payload, w.scales, &job.x8[..]);
-                    let d = I4Dec { p, scales, x8, cols, half, group, groups, nfull };
+                    let (p, scales, xg) = (w.payload, w.scales, &job.xg[..]);
+                    let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
                     rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
                 } else {
                     let d = I4AnyDec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
@@ -843,7 +858,11 @@ mod avx2 {
                 for ri in 0..RT {
                     let r = r0 + ri;
                     let v = if D::SEGMENTED { acc[oi][ri] } else { g[oi][ri] };
-                    let v = c.d.finish(o0 + oi, hsum(v), &c.x[r * c.cols..(r + 1) * c.cols]);
+                    let mut v = hsum(v);
+                    if D::SEGMENTED {
+                        v -= c.d.corr(o0 + oi, r);
+                    }
+                    let v = c.d.finish(o0 + oi, v, &c.x[r * c.cols..(r + 1) * c.cols]);
                     out.write(r, o0 + oi, v);
                 }
             }
@@ -899,6 +918,11 @@ mod avx512 {
         #[inline(always)]
         unsafe fn seg_end(&self, _o: usize, _s: usize, _r: usize, _g: __m512, acc: __m512) -> __m512 {
             acc
+        }
+        /// SEGMENTED: what to subtract from output `o`, row `r` after the horizontal sum.
+        #[inline(always)]
+        unsafe fn corr(&self, _o: usize, _r: usize) -> f32 {
+            0.0
         }
         /// Adds the scalar tail (columns `32 * nfull ..`) and any per-row scale to `simd`.
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32;
@@ -991,7 +1015,7 @@ mod avx512 {
     struct I4Dec<'a> {
         p: &'a [u8],
         scales: &'a [f32],
-        x8: &'a [f32],
+        xg: &'a [f32],
         cols: usize,
         half: usize,
         group: usize,
@@ -1018,9 +1042,22 @@ mod avx512 {
         }
         #[inline(always)]
         unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m512, acc: __m512) -> __m512 {
-            let sv = _mm512_set1_ps(*self.scales.get_unchecked(o * self.groups + s));
-            let x8 = _mm512_loadu_ps(self.x8.as_ptr().add((r * self.groups + s) * 16));
-            _mm512_fmadd_ps(_mm512_sub_ps(g, x8), sv, acc)
+            let _ = r;
+            _mm512_fmadd_ps(g, _mm512_set1_ps(*self.scales.get_unchecked(o * self.groups + s)), acc)
+        }
+        #[inline(always)]
+        unsafe fn corr(&self, o: usize, r: usize) -> f32 {
+            let (sp, xp) = (self.scales.as_ptr().add(o * self.groups), self.xg.as_ptr().add(r * self.groups));
+            let n16 = self.groups / 16 * 16;
+            let mut v = _mm512_setzero_ps();
+            for i in (0..n16).step_by(16) {
+                v = _mm512_fmadd_ps(_mm512_loadu_ps(sp.add(i)), _mm512_loadu_ps(xp.add(i)), v);
+            }
+            let mut c = hsum(v);
+            for i in n16..self.groups {
+                c += *sp.add(i) * *xp.add(i);
+            }
+            c
         }
         fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
             i4_tail(self.p, self.scales, self.half, self.group, self.groups, self.nfull, self.cols, o, simd, x)
@@ -1087,8 +1124,8 @@ mod avx512 {
                 let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
                 let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
                 debug_assert_eq!(group % 32, 0, "int4 groups not a multiple of 32 run on the AVX2 code");
-                let (p, scales, x8) = (w.payload, w.scales, &job.x8[..]);
-                let d = I4Dec { p, scales, x8, cols, half, group, groups, nfull };
+                let (p, scales, xg) = (w.payload, w.scales, &job.xg[..]);
+                let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
                 rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
             }
         }
@@ -1237,7 +1274,11 @@ mod avx512 {
                 for ri in 0..RT {
                     let r = r0 + ri;
                     let v = if D::SEGMENTED { acc[oi][ri] } else { g[oi][ri] };
-                    let v = c.d.finish(o0 + oi, hsum(v), &c.x[r * c.cols..(r + 1) * c.cols]);
+                    let mut v = hsum(v);
+                    if D::SEGMENTED {
+                        v -= c.d.corr(o0 + oi, r);
+                    }
+                    let v = c.d.finish(o0 + oi, v, &c.x[r * c.cols..(r + 1) * c.cols]);
                     out.write(r, o0 + oi, v);
                 }
             }
