@@ -134,6 +134,7 @@ fn main() {
     let only_rows =
         args.iter().position(|a| a == "--rows").and_then(|i| args.get(i + 1)).map(|r| r.parse::<usize>().unwrap());
     let hot_only = args.iter().any(|a| a == "--hot-only");
+    let inside = args.iter().any(|a| a == "--inside");
     let path = match args.iter().position(|a| a == "--path").and_then(|i| args.get(i + 1)).map(|s| s.as_str()) {
         Some("scalar") => KernelPath::Scalar,
         Some("avx2") => KernelPath::Avx2Fma,
@@ -171,7 +172,23 @@ fn main() {
             t.elapsed()
         })
         .collect();
-    println!("rayon fork-join of 96 empty tasks: {:.1} us (median)", median(fork).as_secs_f64() * 1e6);
+    // The same from inside the pool (a caller that is itself a rayon task).
+    let fork_in: Vec<Duration> = rayon::ThreadPoolBuilder::new().build().unwrap().install(|| {
+        (0..2000)
+            .map(|_| {
+                let t = Instant::now();
+                (0..96usize).into_par_iter().for_each(|i| {
+                    std::hint::black_box(i);
+                });
+                t.elapsed()
+            })
+            .collect()
+    });
+    println!(
+        "rayon fork-join of 96 empty tasks: {:.1} us from outside the pool, {:.1} us from inside (median)",
+        median(fork).as_secs_f64() * 1e6,
+        median(fork_in).as_secs_f64() * 1e6
+    );
     println!(
         "{:<9} {:>4} {:>5} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}",
         "kind", "rows", "MB", "cold ms", "cold GB/s", "/floor", "hot ms", "hot GB/s", "floor ms"
@@ -201,7 +218,16 @@ fn main() {
             }
             let cold_iters = if hot_only { 1 } else { iters.max(n) };
             let cold: Vec<Duration> = (0..cold_iters).map(|i| call(&experts[i % n])).collect();
-            let hot: Vec<Duration> = (0..iters).map(|_| call(&experts[0])).collect();
+            let hot: Vec<Duration> = if inside {
+                // Caller inside the pool (what an engine running its forward in
+                // `pool.install` gets): no injection / wake-up of the calling thread.
+                rayon::ThreadPoolBuilder::new()
+                    .build()
+                    .unwrap()
+                    .install(|| (0..iters).map(|_| call(&experts[0])).collect())
+            } else {
+                (0..iters).map(|_| call(&experts[0])).collect()
+            };
             let (cold, hot) = (median(cold).as_secs_f64(), median(hot).as_secs_f64());
             let gbs = |t: f64| one as f64 / t / 1e9;
             let floor = one as f64 / (bw * 1e9);

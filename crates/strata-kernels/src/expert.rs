@@ -2,17 +2,20 @@
 //! [`crate::quant`]), for one row (decode: a memory-bound matvec) or a few rows (prefill
 //! chunks, MTP verify: each weight block is read once and applied to every row).
 //!
-//! Two code paths, chosen by [`KernelPath::best`] at run time: AVX2 + FMA
+//! Three code paths, chosen by [`KernelPath::best`] at run time: AVX-512F, AVX2 + FMA
 //! (`std::arch::x86_64`, behind `is_x86_feature_detected!`) and a portable scalar path
-//! (also used on other architectures). Both split the output rows of `W` over rayon's
-//! threads (the current pool: wrap a call in `ThreadPool::install` to choose one).
+//! (also used on other architectures). All split the output rows of `W` over rayon's
+//! threads (the current pool: wrap a call in `ThreadPool::install` to choose one; calling
+//! from inside the pool also saves the injection and wake-up of the calling thread).
 //!
 //! Determinism: every output element `y[r, o]` is accumulated by one thread, in a fixed
 //! order that depends only on `o`, `x[r, ..]`, `W[o, ..]`, the matrix shape and the code
 //! path — never on the thread count, on how outputs are split into blocks, or on the other
 //! rows in the batch. A token's result is therefore identical computed alone or inside a
-//! batch, and between runs. The scalar and AVX2 paths sum in different orders and agree
-//! within rounding (about 1e-6 relative), not bit for bit.
+//! batch, and between runs. The three paths sum in different orders and agree within
+//! rounding (about 1e-6 relative), not bit for bit: bit-equality between two computations
+//! (e.g. streamed vs resident experts) needs the same path, i.e. the same machine and
+//! these kernels on both sides.
 //!
 //! Errors: shapes are checked up front and a mismatch panics with a message naming the
 //! sizes (these are programming errors, not data errors).
@@ -23,10 +26,10 @@
 //! run several experts in parallel, each calling these.
 //!
 //! Speed (`examples/expert_bench.rs`, one GLM-5 expert = gate/up [2048, 6144] + down
-//! [6144, 2048], weights streamed from DRAM, 16-core Xeon with 108 GB/s read bandwidth):
-//! one row int4-g64 0.36-0.43 ms (50-60 GB/s, 1.6-2x the bandwidth floor: compute-bound
-//! on AVX2), int8 0.43-0.51 ms (1.2-1.4x), bf16 0.72 ms (1.03x); 8 rows 1.4-2.1 ms
-//! (FMA-bound).
+//! [6144, 2048] streamed from DRAM, 16-core Xeon, 117 GB/s read bandwidth, AVX-512):
+//! one row int4-g64 0.41 ms (52 GB/s, 2.3x the bandwidth floor: compute- and
+//! scaling-bound), int8 0.43 ms (1.3x), bf16 0.74 ms (1.15x); 8 rows int4 1.9 ms,
+//! int8 1.2 ms, bf16 1.6 ms (FMA-bound). Numbers vary by about 20% from run to run.
 
 use crate::quant::QuantKind;
 use rayon::prelude::*;

@@ -3,7 +3,7 @@
 //! Decoding the on-disk element types of HF checkpoints (bf16, f16, f32, FP8 e4m3
 //! with DeepSeek-style 128x128 block scales) into f32. Each kernel has a plain reference
 //! in its tests, checked on random inputs. Quantized expert encodings (`quant`) and the
-//! CPU kernels that compute on them (`expert`: matmul and SwiGLU, AVX2 + threads).
+//! CPU kernels that compute on them (`expert`: matmul and SwiGLU, AVX-512/AVX2 + threads).
 
 pub mod dtype;
 pub mod expert;
