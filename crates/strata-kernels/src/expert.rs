@@ -143,7 +143,7 @@ pub fn qmatmul_with(path: KernelPath, x: &[f32], rows: usize, w: &QMatrix, y: &m
     }
     let job = MatJob::new(path, x, rows, w);
     let out = OutPtr { ptr: y.as_mut_ptr(), stride: w.rows };
-    for_blocks(w.rows, block_size(w), |o0, o1| job.run(o0, o1, &out));
+    for_blocks(w.rows, block_size(w, rows), |o0, o1| job.run(o0, o1, &out));
 }
 
 /// One SwiGLU expert over `rows` rows: `y = down(silu(gate x) * up x)` with
@@ -190,7 +190,7 @@ pub fn swiglu_expert_with(
         let (gj, uj) = (MatJob::new(path, x, rows, gate), MatJob::new(path, x, rows, up));
         let g_out = OutPtr { ptr: g.as_mut_ptr(), stride: inter };
         let h_out = OutPtr { ptr: h.as_mut_ptr(), stride: inter };
-        for_blocks(inter, block_size(gate), |o0, o1| {
+        for_blocks(inter, block_size(gate, rows), |o0, o1| {
             gj.run(o0, o1, &g_out);
             uj.run(o0, o1, &h_out);
             for r in 0..rows {
@@ -235,12 +235,13 @@ impl OutPtr {
     }
 }
 
-/// Outputs per task: a multiple of 8, about 64 KiB of weights, at least 4 tasks a thread.
-/// (Results do not depend on this split.)
-fn block_size(w: &QMatrix) -> usize {
+/// Outputs per task: a multiple of 8, about 64 KiB of weights (up to 1 MiB for many rows,
+/// since each task reads all of x), at least 4 tasks a thread. (Results do not depend on
+/// this split.)
+fn block_size(w: &QMatrix, rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let row_bytes = w.kind.payload_bytes(1, w.cols).max(1);
-    let by_bytes = (64 * 1024) / row_bytes;
+    let by_bytes = (64 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
     let by_threads = w.rows.div_ceil(threads * 4);
     by_bytes.min(by_threads).max(8).next_multiple_of(8)
 }
