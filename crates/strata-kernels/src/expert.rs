@@ -1252,12 +1252,18 @@ mod avx512 {
                         }
                     }
                 }
-                for (oi, g_o) in g.iter_mut().enumerate() {
-                    let (wa, wb) = c.d.chunk(o0 + oi, k);
-                    for (ri, gv) in g_o.iter_mut().enumerate() {
-                        let xp = c.xs.ptr.add((r0 + ri) * c.xs.stride + k * 32);
-                        *gv = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xp), *gv);
-                        *gv = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xp.add(16)), *gv);
+                // Decode the tile's weights once, then each row's x once (32 registers
+                // hold them); the pair's arithmetic is unchanged.
+                let mut w = [(_mm512_setzero_ps(), _mm512_setzero_ps()); OT];
+                for (oi, wo) in w.iter_mut().enumerate() {
+                    *wo = c.d.chunk(o0 + oi, k);
+                }
+                for ri in 0..RT {
+                    let xp = c.xs.ptr.add((r0 + ri) * c.xs.stride + k * 32);
+                    let (xa, xb) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                    for (oi, &(wa, wb)) in w.iter().enumerate() {
+                        g[oi][ri] = _mm512_fmadd_ps(wa, xa, g[oi][ri]);
+                        g[oi][ri] = _mm512_fmadd_ps(wb, xb, g[oi][ri]);
                     }
                 }
                 k += 1;
