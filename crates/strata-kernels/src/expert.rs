@@ -1153,7 +1153,8 @@ mod avx512 {
                 state = vec![_mm512_setzero_ps(); (o1 - o0) * 2 * 8];
             }
             let st = &mut state[..];
-            // Up to 16 accumulators (8 pairs for int4, which carry two).
+            // Up to 16 accumulators (8 pairs for int4, which carry two; 16 pairs from 5 rows,
+            // their `acc` vectors spill, touched once a group).
             match (rt, D::REGS) {
                 (1, _) => outs::<D, 8, 1>(c, r0, o0, o1, kb, st, out),
                 (2, 1) => outs::<D, 8, 2>(c, r0, o0, o1, kb, st, out),
@@ -1166,10 +1167,10 @@ mod avx512 {
                 (6, 1) => outs::<D, 2, 6>(c, r0, o0, o1, kb, st, out),
                 (7, 1) => outs::<D, 2, 7>(c, r0, o0, o1, kb, st, out),
                 (_, 1) => outs::<D, 2, 8>(c, r0, o0, o1, kb, st, out),
-                (5, _) => outs::<D, 1, 5>(c, r0, o0, o1, kb, st, out),
-                (6, _) => outs::<D, 1, 6>(c, r0, o0, o1, kb, st, out),
-                (7, _) => outs::<D, 1, 7>(c, r0, o0, o1, kb, st, out),
-                _ => outs::<D, 1, 8>(c, r0, o0, o1, kb, st, out),
+                (5, _) => outs::<D, 2, 5>(c, r0, o0, o1, kb, st, out),
+                (6, _) => outs::<D, 2, 6>(c, r0, o0, o1, kb, st, out),
+                (7, _) => outs::<D, 2, 7>(c, r0, o0, o1, kb, st, out),
+                _ => outs::<D, 2, 8>(c, r0, o0, o1, kb, st, out),
             }
             r0 += rt;
         }
@@ -1211,7 +1212,7 @@ mod avx512 {
 
     /// Chunks `k0..k1` of a tile; resumes from `state` unless `k0 == 0`, and writes the
     /// results if `last`, else saves `state` (per output: RT `g` vectors, then RT `acc`).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
         c: &Ctx<D>,
