@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use strata_kernels::{swiglu_expert_with, KernelPath, QMatrix, QuantKind};
+use strata_kernels::{swiglu_expert_with, swiglu_experts_with, ExpertCall, KernelPath, QMatrix, QuantKind};
 
 const HIDDEN: usize = 6144;
 const INTER: usize = 2048;
@@ -244,6 +244,34 @@ fn main() {
                 floor * 1e3
             );
             std::hint::black_box(&y);
+        }
+        if n >= 16 && only_rows.is_none_or(|r| r == 1) {
+            // A layer's 8 routed experts for one token: 8 calls vs one batched call.
+            let x: Vec<f32> = (0..HIDDEN).map(|i| ((i % 97) as f32 - 48.0) / 100.0 + 1e-3).collect();
+            let mut ys = vec![vec![0f32; HIDDEN]; 8];
+            let (mut single, mut batched) = (Vec::new(), Vec::new());
+            for it in 0..iters.max(n / 8) {
+                let set: Vec<&Expert> = (0..8).map(|j| &experts[(it * 8 + j) % n]).collect();
+                let t = Instant::now();
+                for (e, y) in set.iter().zip(ys.iter_mut()) {
+                    swiglu_expert_with(path, &x, 1, &e.gate.q(), &e.up.q(), &e.down.q(), y);
+                }
+                single.push(t.elapsed());
+                let set: Vec<&Expert> = (0..8).map(|j| &experts[(it * 8 + j + n / 2) % n]).collect();
+                let mut calls: Vec<ExpertCall> = set
+                    .iter()
+                    .zip(ys.iter_mut())
+                    .map(|(e, y)| ExpertCall { x: &x, rows: 1, gate: e.gate.q(), up: e.up.q(), down: e.down.q(), y })
+                    .collect();
+                let t = Instant::now();
+                swiglu_experts_with(path, &mut calls);
+                batched.push(t.elapsed());
+            }
+            let (a, b) = (median(single).as_secs_f64() * 1e3, median(batched).as_secs_f64() * 1e3);
+            println!(
+                "{:<9}    1  8 experts, cold: {a:.3} ms as 8 calls, {b:.3} ms as one swiglu_experts call",
+                kind.name()
+            );
         }
     }
     println!("(GB/s = expert weight bytes incl. scales / median time; /floor = cold time over bytes / read bandwidth)");

@@ -11,6 +11,9 @@ pub mod fp8;
 pub mod quant;
 
 pub use dtype::{decode_to_f32, ElementType};
-pub use expert::{qmatmul, qmatmul_with, swiglu_expert, swiglu_expert_with, KernelPath, QMatrix};
+pub use expert::{
+    qmatmul, qmatmul_with, swiglu_expert, swiglu_expert_with, swiglu_experts, swiglu_experts_with, ExpertCall,
+    KernelPath, QMatrix,
+};
 pub use fp8::{dequantize_fp8_blocks, fp8_e4m3_to_f32};
 pub use quant::{dequantize, quantize, QuantKind};
