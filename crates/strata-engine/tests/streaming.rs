@@ -184,7 +184,7 @@ fn ledger_and_live_repin_across_turns() {
     let mut g = Generator::new(m.model.as_ref()).unwrap();
     let mut swaps = Vec::new();
     for turn in 0..4u32 {
-        let prompt: Vec<u32> = (0..40).map(|i| ((i * 31 + turn * 7) % 440) as u32).collect();
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 31 + turn * 7) % 440).collect();
         g.generate(None, &GenerateRequest::new(prompt, 16, SamplingParams::default()), &mut |_| true).unwrap();
         let report = experts.end_turn().unwrap();
         assert!(report.turn.demand.hits + report.turn.demand.misses > 0);

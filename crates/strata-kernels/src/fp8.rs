@@ -130,8 +130,7 @@ mod tests {
         dequantize_fp8_blocks(&bytes, rows, cols, &scales, block, &mut out).unwrap();
         for r in 0..rows {
             for c in 0..cols {
-                let want = reference(bytes[r * cols + c])
-                    * scales[(r / block.0) * si + c / block.1] as f64;
+                let want = reference(bytes[r * cols + c]) * scales[(r / block.0) * si + c / block.1] as f64;
                 assert_eq!(out[r * cols + c] as f64, (want as f32) as f64, "({r},{c})");
             }
         }
@@ -140,8 +139,7 @@ mod tests {
     #[test]
     fn block_dequant_rejects_wrong_scale_count() {
         let mut out = vec![0.0; 4];
-        let err =
-            dequantize_fp8_blocks(&[0; 4], 2, 2, &[1.0, 1.0], (128, 128), &mut out).unwrap_err();
+        let err = dequantize_fp8_blocks(&[0; 4], 2, 2, &[1.0, 1.0], (128, 128), &mut out).unwrap_err();
         assert!(err.contains("needs 1x1"), "{err}");
     }
 }

@@ -1,0 +1,384 @@
+use super::*;
+use crate::quant::{dequantize, quantize};
+use rand::{Rng, SeedableRng};
+
+fn paths() -> Vec<KernelPath> {
+    [KernelPath::Scalar, KernelPath::Avx2Fma, KernelPath::Avx512].into_iter().filter(|p| p.is_available()).collect()
+}
+
+/// Random values in ±[0.05, 1.5] (never zero).
+fn nonzero(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let m = rng.random_range(0.05f32..1.5);
+            if rng.random_bool(0.5) {
+                m
+            } else {
+                -m
+            }
+        })
+        .collect()
+}
+
+struct Owned {
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    payload: Vec<u8>,
+    scales: Vec<f32>,
+}
+impl Owned {
+    fn new(kind: QuantKind, rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let w = nonzero(&mut rng, rows * cols);
+        let (payload, scales) = quantize(kind, &w, rows, cols);
+        Self { kind, rows, cols, payload, scales }
+    }
+    fn q(&self) -> QMatrix<'_> {
+        QMatrix::new(self.kind, self.rows, self.cols, &self.payload, &self.scales)
+    }
+    fn dense(&self) -> Vec<f32> {
+        dequantize(self.kind, &self.payload, &self.scales, self.rows, self.cols)
+    }
+}
+
+/// f64 reference and the bound sum |w x| for each output.
+fn reference(w: &[f32], out: usize, cols: usize, x: &[f32], rows: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut y, mut b) = (vec![0f64; rows * out], vec![0f64; rows * out]);
+    for r in 0..rows {
+        for o in 0..out {
+            for i in 0..cols {
+                let p = w[o * cols + i] as f64 * x[r * cols + i] as f64;
+                y[r * out + o] += p;
+                b[r * out + o] += p.abs();
+            }
+        }
+    }
+    (y, b)
+}
+
+fn kinds(cols: usize) -> Vec<QuantKind> {
+    let mut k = vec![QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row];
+    for g in [16, 32, 64, 128, 2, 6, 10, cols + cols % 2] {
+        k.push(QuantKind::Int4Group { group: g });
+    }
+    k
+}
+
+const SHAPES: [(usize, usize); 5] = [(37, 150), (19, 200), (9, 7), (16, 64), (24, 1)];
+
+#[test]
+fn qmatmul_matches_f64_reference() {
+    for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+        for kind in kinds(cols) {
+            let m = Owned::new(kind, out, cols, 100 + si as u64);
+            let dense = m.dense();
+            for rows in [1usize, 3, 8, 11, 16] {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(7 + rows as u64);
+                let x = nonzero(&mut rng, rows * cols);
+                let (want, bound) = reference(&dense, out, cols, &x, rows);
+                for path in paths() {
+                    let mut y = vec![f32::NAN; rows * out];
+                    qmatmul_with(path, &x, rows, &m.q(), &mut y);
+                    for i in 0..rows * out {
+                        let err = (y[i] as f64 - want[i]).abs();
+                        assert!(
+                            err <= 1e-5 * bound[i],
+                            "{} {path:?} {out}x{cols} rows={rows} [{i}]: got {} want {} (bound {})",
+                            kind.name(),
+                            y[i],
+                            want[i],
+                            bound[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Wide rows: several column blocks per tile (blocks are 1024 columns at 8 rows, 8192
+/// at one row), groups larger than a block, and a tail.
+#[test]
+fn long_rows_with_column_blocks() {
+    for &(out, cols) in &[(10usize, 2100usize), (5, 8300)] {
+        for kind in [
+            QuantKind::F32,
+            QuantKind::Bf16,
+            QuantKind::Int8Row,
+            QuantKind::Int4Group { group: 16 },
+            QuantKind::Int4Group { group: 64 },
+            QuantKind::Int4Group { group: 2048 },
+            QuantKind::Int4Group { group: cols },
+        ] {
+            let m = Owned::new(kind, out, cols, 17);
+            let dense = m.dense();
+            let rows = 16;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+            let x = nonzero(&mut rng, rows * cols);
+            let (want, bound) = reference(&dense, out, cols, &x, rows);
+            for path in paths() {
+                let mut y = vec![f32::NAN; rows * out];
+                qmatmul_with(path, &x, rows, &m.q(), &mut y);
+                for i in 0..rows * out {
+                    let err = (y[i] as f64 - want[i]).abs();
+                    assert!(err <= 1e-5 * bound[i], "{} {path:?} {out}x{cols} [{i}]", kind.name());
+                }
+                for (a, b) in [(0usize, 1usize), (5, 6), (3, 6), (1, 9)] {
+                    let mut sub = vec![0f32; (b - a) * out];
+                    qmatmul_with(path, &x[a * cols..b * cols], b - a, &m.q(), &mut sub);
+                    assert_eq!(sub, y[a * out..b * out], "{} {path:?} {out}x{cols} rows {a}..{b}", kind.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_alone_equals_the_row_in_a_batch_bit_for_bit() {
+    for (si, &(out, cols)) in SHAPES.iter().enumerate() {
+        for kind in kinds(cols) {
+            let m = Owned::new(kind, out, cols, 200 + si as u64);
+            let rows = 13;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+            let x = nonzero(&mut rng, rows * cols);
+            for path in paths() {
+                let mut batch = vec![0f32; rows * out];
+                qmatmul_with(path, &x, rows, &m.q(), &mut batch);
+                for r in 0..rows {
+                    let mut alone = vec![0f32; out];
+                    qmatmul_with(path, &x[r * cols..(r + 1) * cols], 1, &m.q(), &mut alone);
+                    assert_eq!(
+                        alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        batch[r * out..(r + 1) * out].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{} {path:?} {out}x{cols} row {r}",
+                        kind.name()
+                    );
+                }
+                // Any sub-batch too (different tile shapes).
+                for (a, b) in [(2usize, 5usize), (4, 7), (0, 9)] {
+                    let mut sub = vec![0f32; (b - a) * out];
+                    qmatmul_with(path, &x[a * cols..b * cols], b - a, &m.q(), &mut sub);
+                    assert_eq!(sub, batch[a * out..b * out], "{} {path:?} rows {a}..{b}", kind.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn thread_count_and_repetition_do_not_change_results() {
+    let (out, cols) = (300, 200);
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let many = rayon::ThreadPoolBuilder::new().num_threads(5).build().unwrap();
+    for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::Int4Group { group: 64 }] {
+        let m = Owned::new(kind, out, cols, 5);
+        for rows in [1usize, 3, 8] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(rows as u64);
+            let x = nonzero(&mut rng, rows * cols);
+            for path in paths() {
+                let run = |pool: &rayon::ThreadPool| {
+                    let mut y = vec![0f32; rows * out];
+                    pool.install(|| qmatmul_with(path, &x, rows, &m.q(), &mut y));
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let a = run(&one);
+                assert_eq!(a, run(&many), "{} {path:?} rows={rows}", kind.name());
+                assert_eq!(a, run(&many), "{} {path:?} rows={rows} (repeat)", kind.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_and_simd_paths_agree() {
+    let simd: Vec<KernelPath> = paths().into_iter().filter(|p| *p != KernelPath::Scalar).collect();
+    if simd.is_empty() {
+        eprintln!("no SIMD path available: only the scalar path is tested");
+    }
+    for (si, &(out, cols)) in SHAPES.iter().chain(&[(12, 2100), (40, 96)]).enumerate() {
+        for kind in kinds(cols) {
+            let m = Owned::new(kind, out, cols, 300 + si as u64);
+            let rows = 5;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+            let x = nonzero(&mut rng, rows * cols);
+            let (_, bound) = reference(&m.dense(), out, cols, &x, rows);
+            let mut a = vec![0f32; rows * out];
+            qmatmul_with(KernelPath::Scalar, &x, rows, &m.q(), &mut a);
+            for &path in &simd {
+                let mut b = vec![0f32; rows * out];
+                qmatmul_with(path, &x, rows, &m.q(), &mut b);
+                for i in 0..rows * out {
+                    assert!(
+                        (a[i] as f64 - b[i] as f64).abs() <= 2e-5 * bound[i],
+                        "{} {path:?} {out}x{cols} [{i}]: {} vs {}",
+                        kind.name(),
+                        a[i],
+                        b[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn silu64(g: f64) -> f64 {
+    g / (1.0 + (-g).exp())
+}
+
+#[test]
+fn swiglu_matches_reference_and_composition() {
+    let (hidden, inter) = (150usize, 72usize);
+    for kind in [
+        QuantKind::F32,
+        QuantKind::Bf16,
+        QuantKind::Int8Row,
+        QuantKind::Int4Group { group: 32 },
+        QuantKind::Int4Group { group: 6 },
+        QuantKind::Int4Group { group: 150 },
+    ] {
+        let down_kind = match kind {
+            QuantKind::Int4Group { group: 150 } => QuantKind::Int4Group { group: 72 },
+            k => k,
+        };
+        let g = Owned::new(kind, inter, hidden, 1);
+        let u = Owned::new(kind, inter, hidden, 2);
+        let d = Owned::new(down_kind, hidden, inter, 3);
+        let (gd, ud, dd) = (g.dense(), u.dense(), d.dense());
+        for rows in [1usize, 3, 8] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(40 + rows as u64);
+            let x = nonzero(&mut rng, rows * hidden);
+            // f64 reference.
+            let (gr, _) = reference(&gd, inter, hidden, &x, rows);
+            let (ur, _) = reference(&ud, inter, hidden, &x, rows);
+            let h: Vec<f64> = gr.iter().zip(&ur).map(|(g, u)| silu64(*g) * u).collect();
+            for path in paths() {
+                let mut y = vec![0f32; rows * hidden];
+                swiglu_expert_with(path, &x, rows, &g.q(), &u.q(), &d.q(), &mut y);
+                for r in 0..rows {
+                    for o in 0..hidden {
+                        let (mut want, mut bound) = (0f64, 0f64);
+                        for i in 0..inter {
+                            let p = dd[o * inter + i] as f64 * h[r * inter + i];
+                            want += p;
+                            bound += p.abs();
+                        }
+                        let got = y[r * hidden + o] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-4 * bound,
+                            "{} {path:?} rows={rows} ({r},{o}): {got} vs {want}",
+                            kind.name()
+                        );
+                    }
+                }
+                // Same bits as the unfused composition.
+                let (mut gy, mut uy, mut y2) =
+                    (vec![0f32; rows * inter], vec![0f32; rows * inter], vec![0f32; rows * hidden]);
+                qmatmul_with(path, &x, rows, &g.q(), &mut gy);
+                qmatmul_with(path, &x, rows, &u.q(), &mut uy);
+                let hh: Vec<f32> = gy.iter().zip(&uy).map(|(g, u)| u * silu(*g)).collect();
+                qmatmul_with(path, &hh, rows, &d.q(), &mut y2);
+                assert_eq!(y, y2, "{} {path:?} rows={rows}", kind.name());
+                // And a row alone equals the row in the batch.
+                let mut alone = vec![0f32; hidden];
+                swiglu_expert_with(path, &x[..hidden], 1, &g.q(), &u.q(), &d.q(), &mut alone);
+                assert_eq!(alone, y[..hidden], "{} {path:?}", kind.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_experts_equal_single_calls_bit_for_bit() {
+    let (hidden, inter) = (150usize, 72usize);
+    let kinds =
+        [QuantKind::Int4Group { group: 32 }, QuantKind::Int8Row, QuantKind::Bf16, QuantKind::Int4Group { group: 6 }];
+    let experts: Vec<(Owned, Owned, Owned)> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let dk = if matches!(k, QuantKind::Int4Group { .. }) { QuantKind::Int4Group { group: 24 } } else { k };
+            let s = 10 * i as u64;
+            (Owned::new(k, inter, hidden, s), Owned::new(k, inter, hidden, s + 1), Owned::new(dk, hidden, inter, s + 2))
+        })
+        .collect();
+    let rows = [1usize, 3, 0, 8];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(77);
+    let xs: Vec<Vec<f32>> = rows.iter().map(|&r| nonzero(&mut rng, r * hidden)).collect();
+    let pools = [1usize, 4].map(|n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap());
+    for path in paths() {
+        let single: Vec<Vec<f32>> = (0..4)
+            .map(|i| {
+                let (g, u, d) = &experts[i];
+                let mut y = vec![0f32; rows[i] * hidden];
+                swiglu_expert_with(path, &xs[i], rows[i], &g.q(), &u.q(), &d.q(), &mut y);
+                y
+            })
+            .collect();
+        for pool in &pools {
+            let mut ys: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r * hidden]).collect();
+            let mut calls: Vec<ExpertCall> = ys
+                .iter_mut()
+                .enumerate()
+                .map(|(i, y)| {
+                    let (g, u, d) = &experts[i];
+                    ExpertCall { x: &xs[i], rows: rows[i], gate: g.q(), up: u.q(), down: d.q(), y }
+                })
+                .collect();
+            pool.install(|| swiglu_experts_with(path, &mut calls));
+            assert_eq!(ys, single, "{path:?}");
+        }
+    }
+}
+
+#[test]
+fn empty_shapes_are_fine() {
+    let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+    let mut y = vec![];
+    qmatmul(&[], 0, &m.q(), &mut y);
+    let z = QMatrix::new(QuantKind::F32, 0, 10, &[], &[]);
+    qmatmul(&[1.0; 10], 1, &z, &mut y);
+    let e = QMatrix::new(QuantKind::Int4Group { group: 8 }, 3, 0, &[], &[]);
+    let mut y = vec![f32::NAN; 6];
+    qmatmul(&[], 2, &e, &mut y);
+    assert_eq!(y, vec![0.0; 6]);
+}
+
+#[test]
+#[should_panic(expected = "payload is 39 bytes, expected 40")]
+fn wrong_payload_size_panics() {
+    let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+    QMatrix::new(m.kind, 4, 10, &m.payload[..39], &m.scales);
+}
+
+#[test]
+#[should_panic(expected = "3 scales, expected 4")]
+fn wrong_scale_count_panics() {
+    let m = Owned::new(QuantKind::Int8Row, 4, 10, 1);
+    QMatrix::new(m.kind, 4, 10, &m.payload, &m.scales[..3]);
+}
+
+#[test]
+#[should_panic(expected = "x has 9 values, expected 1 rows x 10 cols")]
+fn wrong_x_len_panics() {
+    let m = Owned::new(QuantKind::Bf16, 4, 10, 1);
+    let mut y = vec![0f32; 4];
+    qmatmul(&[1.0; 9], 1, &m.q(), &mut y);
+}
+
+#[test]
+#[should_panic(expected = "y has 5 values, expected 1 rows x 4 outputs")]
+fn wrong_y_len_panics() {
+    let m = Owned::new(QuantKind::Bf16, 4, 10, 1);
+    let mut y = vec![0f32; 5];
+    qmatmul(&[1.0; 10], 1, &m.q(), &mut y);
+}
+
+#[test]
+#[should_panic(expected = "expected gate = up = [inter, hidden]")]
+fn swiglu_shape_mismatch_panics() {
+    let g = Owned::new(QuantKind::F32, 4, 10, 1);
+    let d = Owned::new(QuantKind::F32, 10, 5, 1);
+    let mut y = vec![0f32; 10];
+    swiglu_expert(&[1.0; 10], 1, &g.q(), &g.q(), &d.q(), &mut y);
+}
