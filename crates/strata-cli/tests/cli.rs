@@ -274,7 +274,8 @@ fn streaming_flags_and_their_errors() {
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     // The container holds the same parameters as the checkpoint it came from.
     let total = |dir: &str| -> u64 {
-        let v: serde_json::Value = serde_json::from_slice(&strata(&["inspect", "--model", dir, "--json"]).stdout).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&strata(&["inspect", "--model", dir, "--json"]).stdout).unwrap();
         v["weights"]["total_parameters"].as_u64().unwrap()
     };
     assert_eq!(total(o.to_str().unwrap()), total(m));
