@@ -1,0 +1,160 @@
+use super::*;
+use crate::io::{AlignedBuf, IoPool};
+use strata_kernels::quantize;
+
+fn weights(n: usize, seed: u32) -> Vec<f32> {
+    (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+}
+
+type Mats = [(Vec<u8>, Vec<f32>); 3];
+type Written = Vec<((String, usize, usize), Mats)>;
+
+fn expert_mats(layout: &ExpertLayout, seed: u32) -> Mats {
+    layout.matrices().map(|m| quantize(m.kind, &weights(m.rows * m.cols, seed + m.rows as u32), m.rows, m.cols))
+}
+
+fn as_refs(m: &Mats) -> [(&[u8], &[f32]); 3] {
+    [(&m[0].0, &m[0].1), (&m[1].0, &m[1].1), (&m[2].0, &m[2].1)]
+}
+
+fn build(dir: &Path) -> (ExpertManifest, Written) {
+    let main = ExpertLayout::new(QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 32 }, 96, 40);
+    let mtp = ExpertLayout::new(QuantKind::Int8Row, QuantKind::Int8Row, 96, 40);
+    let mut w = ContainerWriter::create(
+        dir,
+        vec![
+            TierSpec { name: "main".into(), layout: main, layers: vec![1, 2, 3], experts_per_layer: 5 },
+            TierSpec { name: "mtp".into(), layout: mtp, layers: vec![4], experts_per_layer: 5 },
+        ],
+    )
+    .unwrap();
+    w.set_max_file_bytes(4 * main.slot_bytes as u64);
+    let mut written = Vec::new();
+    // Out of order on purpose.
+    for e in (0..5).rev() {
+        for l in [3, 1, 2] {
+            let m = expert_mats(&main, (l * 10 + e) as u32);
+            w.add_expert("main", l, e, as_refs(&m)).unwrap();
+            written.push((("main".to_string(), l, e), m));
+        }
+        let m = expert_mats(&mtp, (100 + e) as u32);
+        w.add_expert("mtp", 4, e, as_refs(&m)).unwrap();
+        written.push((("mtp".to_string(), 4, e), m));
+    }
+    (w.finish().unwrap(), written)
+}
+
+#[test]
+fn layout_is_packed_and_aligned() {
+    let l = ExpertLayout::new(QuantKind::Int4Group { group: 64 }, QuantKind::Int4Group { group: 64 }, 6144, 2048);
+    l.check_packed().unwrap();
+    assert_eq!(l.gate.payload_len, 2048 * 3072);
+    assert_eq!(l.gate.scales_len, 2048 * 96 * 4);
+    assert_eq!(l.down.payload_len, 6144 * 1024);
+    assert_eq!(l.down.scales_len, 6144 * 32 * 4);
+    assert_eq!(l.slot_bytes % 4096, 0);
+    assert!(l.slot_bytes - l.used_bytes() < 4096 + 6 * 64);
+    for m in l.matrices() {
+        assert_eq!(m.payload_offset % 64, 0);
+        assert_eq!(m.scales_offset % 64, 0);
+    }
+}
+
+#[test]
+fn round_trip_through_files_and_io_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, written) = build(dir.path());
+    let back = ExpertManifest::read(dir.path()).unwrap();
+    assert_eq!(back, m);
+    assert!(m.files.len() > 2, "{:?}", m.files); // split by max_file_bytes
+    assert!(m.files.iter().any(|f| f.starts_with("experts/experts-mtp-")));
+    let main = m.tier("main").unwrap();
+    assert_eq!(main.expert_count(), 15);
+    for direct in [true, false] {
+        let pool = IoPool::open(&m.file_paths(dir.path()), 2, direct).unwrap();
+        for ((tier, l, e), mats) in &written {
+            let read = m.expert_read(tier, *l, *e).unwrap();
+            assert_eq!(read.segments.len(), 1);
+            let mut slot = AlignedBuf::new(read.layout.slot_bytes).unwrap();
+            let stats = pool.read(read.segments.clone(), slot.as_mut_slice()).unwrap();
+            assert_eq!(stats.bytes as usize, read.layout.slot_bytes);
+            for (ml, (payload, scales)) in read.layout.matrices().iter().zip(mats) {
+                assert_eq!(ml.payload(slot.as_slice()).unwrap(), &payload[..]);
+                assert_eq!(ml.scales(slot.as_slice()).unwrap(), &scales[..]);
+            }
+        }
+    }
+    assert!(m.expert_read("main", 4, 0).is_err());
+    assert!(m.expert_read("none", 1, 0).is_err());
+}
+
+#[test]
+fn manifest_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("strata-experts.json: missing"), "{err}");
+    let (m, _) = build(dir.path());
+    let path = dir.path().join(MANIFEST_FILE);
+    let good = std::fs::read_to_string(&path).unwrap();
+
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("corrupt manifest"), "{err}");
+
+    std::fs::write(&path, good.replace("\"version\":1", "\"version\":7")).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("manifest version 7 is newer") && err.contains("up to 1"), "{err}");
+
+    let mut bad = m.clone();
+    bad.tiers[0].locations[1].offset += 512;
+    bad.write(dir.path()).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("tier `main` layer 1 expert 1: offset") && err.contains("not 4096-aligned"), "{err}");
+    let mut bad = m.clone();
+    bad.tiers[0].locations[1] = bad.tiers[0].locations[0];
+    bad.write(dir.path()).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("regions of experts #0 and #1 overlap"), "{err}");
+    let mut bad = m.clone();
+    bad.tiers[1].layout.down.scales_len -= 4;
+    bad.write(dir.path()).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("tier `mtp`: layout: down: int8 [96, 40] needs"), "{err}");
+
+    std::fs::write(&path, &good).unwrap();
+    ExpertManifest::read(dir.path()).unwrap();
+    let f0 = dir.path().join(&m.files[0]);
+    let len = std::fs::metadata(&f0).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&f0).unwrap().set_len(len - 100).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("experts-00000.bin is too short"), "{err}");
+    assert!(err.contains(&format!("{} bytes, but its regions extend to byte {len}", len - 100)), "{err}");
+
+    std::fs::remove_file(&f0).unwrap();
+    let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("experts-00000.bin is missing"), "{err}");
+}
+
+#[test]
+fn writer_rejects_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = ExpertLayout::new(QuantKind::Int8Row, QuantKind::Int8Row, 8, 4);
+    let mut w = ContainerWriter::create(
+        dir.path(),
+        vec![TierSpec { name: "main".into(), layout, layers: vec![1], experts_per_layer: 2 }],
+    )
+    .unwrap();
+    let m = expert_mats(&layout, 1);
+    let err = w
+        .add_expert("main", 1, 0, [(&m[0].0, &m[0].1), (&m[1].0, &m[1].1), (&m[2].0[1..], &m[2].1)])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("down: 31 payload bytes"), "{err}");
+    assert!(w.add_expert("main", 2, 0, as_refs(&m)).is_err());
+    assert!(w.add_expert("main", 1, 2, as_refs(&m)).is_err());
+    w.add_expert("main", 1, 0, as_refs(&m)).unwrap();
+    assert!(w.add_expert("main", 1, 0, as_refs(&m)).unwrap_err().to_string().contains("written twice"));
+    let err = w.finish().err().unwrap().to_string();
+    assert!(err.contains("1 of 2 experts never written (first: layer 1 expert 1)"), "{err}");
+    assert!(!ExpertManifest::exists(dir.path()));
+}
