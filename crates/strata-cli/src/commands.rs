@@ -158,6 +158,18 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                 r.budget_bytes.map_or("none".to_string(), human_bytes),
             );
         }
+        if let (true, Some(p)) = (report.stats, &r.pilot) {
+            eprintln!(
+                "pilot: {} rows, recall {:.1}%, precision {:.1}%, exact rows {}, rank hit rates {:?}, {} hints ({})",
+                p.rows,
+                p.recall * 100.0,
+                p.precision * 100.0,
+                p.exact_rows,
+                p.rank_hit_rates.iter().map(|x| format!("{:.0}%", x * 100.0)).collect::<Vec<_>>(),
+                p.hints,
+                human_bytes(p.hint_bytes),
+            );
+        }
         doc["experts"] = serde_json::to_value(&r)?;
     }
     if let Some(path) = &report.stats_json {

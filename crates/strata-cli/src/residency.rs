@@ -104,6 +104,10 @@ pub struct BudgetArgs {
     /// I/O worker threads.
     #[arg(long, default_value_t = 2)]
     io_workers: usize,
+    /// Next-layer expert prediction: off, measure (score it), or hint (score it and send
+    /// advisory WILLNEED hints for predicted experts; useful with --page-cache).
+    #[arg(long, default_value = "off")]
+    pilot: String,
 }
 
 impl BudgetArgs {
@@ -112,7 +116,7 @@ impl BudgetArgs {
     }
 
     pub fn load_options(&self) -> Result<strata_engine::LoadOptions> {
-        use strata_engine::experts::{RuntimeOptions, UsageSetting};
+        use strata_engine::experts::{PilotMode, RuntimeOptions, UsageSetting};
         let budget = match &self.budget {
             Some(b) => Some(strata_residency::parse_size(b).map_err(|e| anyhow!("--budget: {e}"))?),
             None => None,
@@ -142,6 +146,12 @@ impl BudgetArgs {
         if (self.auto_pin || self.live_repin) && usage == UsageSetting::Off {
             return Err(anyhow!("--auto-pin and --live-repin learn from the usage ledger; drop --usage off"));
         }
+        let pilot = match self.pilot.as_str() {
+            "off" => PilotMode::Off,
+            "measure" => PilotMode::Measure,
+            "hint" => PilotMode::Hint,
+            other => return Err(anyhow!("--pilot `{other}`: expected off, measure or hint")),
+        };
         Ok(strata_engine::LoadOptions {
             budget,
             context: self.context,
@@ -154,6 +164,7 @@ impl BudgetArgs {
                 usage,
                 direct_io: !self.page_cache,
                 io_workers: self.io_workers,
+                pilot,
             },
         })
     }

@@ -206,3 +206,42 @@ fn ledger_and_live_repin_across_turns() {
         "the cold pin {cold:?} should have been swapped for a hot expert: {swaps:?}"
     );
 }
+
+/// PILOT on trained routing (strata-tiny): the next layer's router on the current
+/// residual predicts most experts, and neither measuring nor hinting changes the output.
+#[test]
+fn pilot_predicts_trained_routing_without_changing_output() {
+    use strata_engine::experts::PilotMode;
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    convert(
+        &tiny,
+        dir.path(),
+        &ConvertOptions { experts: QuantKind::Bf16, mtp_experts: QuantKind::Int8Row },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let m = LoadedModel::open(&tiny, &Device::Cpu).unwrap();
+    let prompt = m.tokenizer().unwrap().encode("In the beginning God created the heaven and the earth.", true).unwrap();
+    let budget = min_budget(dir.path(), 8) + 40 * (96 << 10);
+    let mut outputs = Vec::new();
+    for pilot in [PilotMode::Off, PilotMode::Measure, PilotMode::Hint] {
+        let mut opts = options(Some(budget), 8);
+        opts.runtime.pilot = pilot;
+        let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
+        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        let out = g
+            .generate(None, &GenerateRequest::new(prompt.clone(), 48, SamplingParams::default()), &mut |_| true)
+            .unwrap();
+        let report = m.experts.as_ref().unwrap().end_turn().unwrap();
+        if pilot != PilotMode::Off {
+            let p = report.pilot.expect("pilot telemetry");
+            // Top-4 of 32: chance would be 12.5%.
+            assert!(p.recall > 0.5, "PILOT recall {} on trained routing", p.recall);
+            assert_eq!(p.rows, 47 * 5, "every decode row of the 5 MoE layers is scored (prefill is wider than 8 rows)");
+            assert_eq!(pilot == PilotMode::Hint, p.hints > 0);
+        }
+        outputs.push(out.tokens);
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]), "PILOT must not change the output");
+}

@@ -19,6 +19,16 @@ pub trait ExpertBackend: Send + Sync {
     /// accumulated in ascending expert id, so any backend gives the same bits for the
     /// same expert bytes.
     fn forward(&self, layer: usize, x: &[f32], rows: usize, routes: &[Routing]) -> Result<Vec<f32>>;
+
+    /// Whether the model should predict the next layer's routing (PILOT) for
+    /// [`ExpertBackend::predicted`]; computing it costs one router product per layer.
+    fn wants_prediction(&self) -> bool {
+        false
+    }
+
+    /// The predicted routing of `layer`, made one layer ahead (after the previous layer's
+    /// attention, from its residual). Advisory: it must not change what `forward` returns.
+    fn predicted(&self, _layer: usize, _routes: &[Routing]) {}
 }
 
 /// Adds `w * y` into `out` for each (row, weight), experts in ascending id: the one

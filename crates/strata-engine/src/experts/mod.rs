@@ -7,5 +7,5 @@ mod runtime;
 mod source;
 pub mod telemetry;
 
-pub use runtime::{RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
+pub use runtime::{PilotMode, RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
 pub use source::{open_source, ColibriSource, ContainerSource, ExpertSource};

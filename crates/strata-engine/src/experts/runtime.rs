@@ -8,7 +8,7 @@
 //! resident: streamed output equals resident output bit for bit.
 
 use super::source::ExpertSource;
-use super::telemetry::{Latencies, Traffic, TurnTelemetry};
+use super::telemetry::{Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -34,6 +34,18 @@ pub enum UsageSetting {
     Path(PathBuf),
 }
 
+/// PILOT: one-layer-ahead expert prediction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PilotMode {
+    #[default]
+    Off,
+    /// Predict and score; no I/O.
+    Measure,
+    /// Predict, score, and send advisory WILLNEED hints for predicted non-resident
+    /// experts (they warm the page cache with `--page-cache`; never allocate slots).
+    Hint,
+}
+
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {
     pub working_slots: usize,
@@ -45,6 +57,7 @@ pub struct RuntimeOptions {
     /// O_DIRECT reads (default); false uses the page cache.
     pub direct_io: bool,
     pub io_workers: usize,
+    pub pilot: PilotMode,
 }
 
 impl Default for RuntimeOptions {
@@ -58,6 +71,7 @@ impl Default for RuntimeOptions {
             usage: UsageSetting::Default,
             direct_io: true,
             io_workers: 2,
+            pilot: PilotMode::Off,
         }
     }
 }
@@ -68,6 +82,9 @@ struct State {
     demand: Traffic,
     policy: Traffic,
     layer_forward: Latencies,
+    pilot: PilotStats,
+    /// Predictions waiting for their layer: layer -> (when, per-row experts).
+    pending: std::collections::HashMap<usize, (Instant, Vec<Vec<usize>>)>,
 }
 
 pub struct StreamedExperts {
@@ -75,6 +92,7 @@ pub struct StreamedExperts {
     /// The process budget pressure correction holds the footprint under.
     budget: Option<u64>,
     live_repin: bool,
+    pilot: PilotMode,
     source: Box<dyn ExpertSource>,
     io: IoPool,
     slab: AlignedBuf,
@@ -95,6 +113,8 @@ pub struct RuntimeReport {
     pub residency_map: Vec<ResidencyEntry>,
     /// This turn's live-repin swaps: (layer, cold expert, hot expert).
     pub repins: Vec<(usize, usize, usize)>,
+    /// Next-layer prediction, when enabled.
+    pub pilot: Option<PilotReport>,
     /// Process footprint (VmRSS) after pressure correction.
     pub footprint_bytes: u64,
     pub budget_bytes: Option<u64>,
@@ -130,11 +150,14 @@ impl StreamedExperts {
             demand: Traffic::default(),
             policy: Traffic::default(),
             layer_forward: Latencies::default(),
+            pilot: PilotStats::default(),
+            pending: Default::default(),
         };
         let me = Self {
             hidden,
             budget,
             live_repin: options.live_repin && budget.is_some(),
+            pilot: options.pilot,
             source,
             io,
             slab,
@@ -303,12 +326,15 @@ impl StreamedExperts {
             slots: st.table.snapshot(),
             residency_map: st.table.residency_map(),
             repins,
+            pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
             footprint_bytes: crate::fit::current_rss_bytes(),
             budget_bytes: self.budget,
         };
         st.demand = Traffic::default();
         st.policy = Traffic::default();
         st.layer_forward = Latencies::default();
+        st.pilot = PilotStats::default();
+        st.pending.clear();
         Ok(report)
     }
 }
@@ -337,6 +363,32 @@ fn rows_by_expert(routes: &[Routing]) -> BTreeMap<usize, Vec<usize>> {
 }
 
 impl ExpertBackend for StreamedExperts {
+    fn wants_prediction(&self) -> bool {
+        self.pilot != PilotMode::Off
+    }
+
+    fn predicted(&self, layer: usize, routes: &[Routing]) {
+        let t = Instant::now();
+        let mut st = self.state.lock().unwrap();
+        if self.pilot == PilotMode::Hint {
+            let mut unique: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+            unique.sort_unstable();
+            unique.dedup();
+            for e in unique {
+                if st.table.peek((layer, e)).is_some() {
+                    continue;
+                }
+                if let Ok((segments, _)) = self.source.locate(layer, e) {
+                    st.pilot.hints += 1;
+                    st.pilot.hint_bytes += segments.iter().map(|s| s.len as u64).sum::<u64>();
+                    self.io.hint_willneed(&segments);
+                }
+            }
+        }
+        st.pending.insert(layer, (Instant::now(), routes.iter().map(|r| r.experts.clone()).collect()));
+        st.pilot.hint_latency.push(t.elapsed());
+    }
+
     fn forward(&self, layer: usize, x: &[f32], rows: usize, routes: &[Routing]) -> Result<Vec<f32>> {
         let t_layer = Instant::now();
         let h = self.hidden;
@@ -345,6 +397,13 @@ impl ExpertBackend for StreamedExperts {
         }
         let mut st = self.state.lock().unwrap();
         st.table.tick();
+        if let Some((when, predicted)) = st.pending.remove(&layer) {
+            if predicted.len() == rows {
+                let actual: Vec<Vec<usize>> = routes.iter().map(|r| r.experts.clone()).collect();
+                st.pilot.lead_time.push(when.elapsed());
+                st.pilot.score(&predicted, &actual);
+            }
+        }
         if let Some(ledger) = st.ledger.as_mut() {
             for r in routes {
                 ledger.record(layer, &r.experts);

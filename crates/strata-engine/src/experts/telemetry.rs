@@ -115,3 +115,103 @@ mod tests {
         assert!((s.total_s - 5.05).abs() < 1e-9);
     }
 }
+
+/// PILOT: next-layer routing predicted from the previous layer's residual, scored when
+/// the layer routes for real.
+#[derive(Clone, Debug, Default)]
+pub struct PilotStats {
+    pub calls: u64,
+    pub rows: u64,
+    pub predicted: u64,
+    pub actual: u64,
+    pub matched: u64,
+    pub exact_rows: u64,
+    /// Hits by the prediction's rank (0 = the router's first choice).
+    pub rank_hits: Vec<u64>,
+    pub rank_total: Vec<u64>,
+    /// From prediction to the real routing.
+    pub lead_time: Latencies,
+    pub hint_latency: Latencies,
+    /// Advisory WILLNEED hints issued (hint mode), and their bytes.
+    pub hints: u64,
+    pub hint_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PilotReport {
+    pub calls: u64,
+    pub rows: u64,
+    pub predicted: u64,
+    pub actual: u64,
+    pub matched: u64,
+    pub precision: f64,
+    pub recall: f64,
+    pub exact_rows: u64,
+    pub rank_hit_rates: Vec<f64>,
+    pub lead_time: LatencySummary,
+    pub hint_latency: LatencySummary,
+    pub hints: u64,
+    pub hint_bytes: u64,
+}
+
+impl PilotStats {
+    /// Scores one layer: `predicted[r]` against `actual[r]` for each row.
+    pub fn score(&mut self, predicted: &[Vec<usize>], actual: &[Vec<usize>]) {
+        self.calls += 1;
+        for (p, a) in predicted.iter().zip(actual) {
+            self.rows += 1;
+            self.predicted += p.len() as u64;
+            self.actual += a.len() as u64;
+            let mut hits = 0;
+            for (rank, e) in p.iter().enumerate() {
+                if self.rank_total.len() <= rank {
+                    self.rank_total.resize(rank + 1, 0);
+                    self.rank_hits.resize(rank + 1, 0);
+                }
+                self.rank_total[rank] += 1;
+                if a.contains(e) {
+                    self.rank_hits[rank] += 1;
+                    hits += 1;
+                }
+            }
+            self.matched += hits;
+            if hits as usize == a.len() && p.len() == a.len() {
+                self.exact_rows += 1;
+            }
+        }
+    }
+
+    pub fn report(&self) -> PilotReport {
+        let ratio = |n: u64, d: u64| if d > 0 { n as f64 / d as f64 } else { 0.0 };
+        PilotReport {
+            calls: self.calls,
+            rows: self.rows,
+            predicted: self.predicted,
+            actual: self.actual,
+            matched: self.matched,
+            precision: ratio(self.matched, self.predicted),
+            recall: ratio(self.matched, self.actual),
+            exact_rows: self.exact_rows,
+            rank_hit_rates: self.rank_hits.iter().zip(&self.rank_total).map(|(h, t)| ratio(*h, *t)).collect(),
+            lead_time: self.lead_time.summary(),
+            hint_latency: self.hint_latency.summary(),
+            hints: self.hints,
+            hint_bytes: self.hint_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod pilot_tests {
+    use super::*;
+
+    #[test]
+    fn scores_precision_recall_ranks_and_exact_rows() {
+        let mut p = PilotStats::default();
+        p.score(&[vec![1, 2, 3, 4], vec![5, 6, 7, 8]], &[vec![4, 3, 2, 1], vec![5, 9, 10, 11]]);
+        let r = p.report();
+        assert_eq!((r.rows, r.predicted, r.actual, r.matched, r.exact_rows), (2, 8, 8, 5, 1));
+        assert!((r.precision - 5.0 / 8.0).abs() < 1e-12 && (r.recall - 5.0 / 8.0).abs() < 1e-12);
+        assert_eq!(r.rank_hit_rates, vec![1.0, 0.5, 0.5, 0.5]);
+    }
+}

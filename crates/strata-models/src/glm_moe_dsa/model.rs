@@ -19,6 +19,8 @@ use strata_storage::WeightStore;
 /// `rms_norm_eps`; so do we.
 const LORA_NORM_EPS: f64 = 1e-6;
 const INDEX_NORM_EPS: f64 = 1e-6;
+/// Next-layer prediction runs on forwards of at most this many rows.
+const PILOT_MAX_ROWS: usize = 8;
 
 enum Mlp {
     Dense(SwiGlu),
@@ -256,6 +258,14 @@ impl Session for GlmSession<'_> {
             let (attn, sel) = layer.attn.forward(&normed, start, &tables, cache, selection.as_ref())?;
             selection = Some(sel);
             x = (x + attn)?;
+            // PILOT: the next layer's router on this residual predicts its experts one
+            // layer ahead (narrow calls only: wide prefill batches touch most experts anyway).
+            if let Some(Mlp::Moe(next)) = m.layers.get(i + 1).map(|l| &l.mlp) {
+                if let Some(b) = next.backend().filter(|b| b.wants_prediction() && t <= PILOT_MAX_ROWS) {
+                    let normed_next = m.layers[i + 1].post_norm.forward(&x)?;
+                    b.predicted(i + 1, &next.route_rows(&normed_next)?);
+                }
+            }
             let normed = layer.post_norm.forward(&x)?;
             let mlp = match &layer.mlp {
                 Mlp::Dense(d) => d.forward(&normed)?,

@@ -69,11 +69,24 @@ pub struct MoeBlock {
 }
 
 impl MoeBlock {
+    /// Routes `x` (`[T, hidden]`, already normed) without running any expert.
+    pub fn route_rows(&self, x: &Tensor) -> Result<Vec<Routing>> {
+        let logits = x.matmul(&self.gate.t()?)?.to_vec2::<f32>()?;
+        Ok(logits.iter().map(|l| route(l, &self.bias, &self.params)).collect())
+    }
+
+    /// The backend, when this layer's experts run on one.
+    pub fn backend(&self) -> Option<&Arc<dyn ExpertBackend>> {
+        match &self.experts {
+            Experts::Backend(b) => Some(b),
+            Experts::Tensors(_) => None,
+        }
+    }
+
     /// `x`: `[T, hidden]`. Each routed expert runs once over all rows that chose it
     /// (batch union), in ascending expert order; then the shared expert is added.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Vec<Routing>)> {
-        let logits = x.matmul(&self.gate.t()?)?.to_vec2::<f32>()?;
-        let routes: Vec<Routing> = logits.iter().map(|l| route(l, &self.bias, &self.params)).collect();
+        let routes = self.route_rows(x)?;
         let experts = match &self.experts {
             Experts::Tensors(e) => e,
             Experts::Backend(b) => {
