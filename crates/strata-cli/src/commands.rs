@@ -160,7 +160,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
         }
         if let (true, Some(p)) = (report.stats, &r.pilot) {
             eprintln!(
-                "pilot: {} rows, recall {:.1}%, precision {:.1}%, exact rows {}, rank hit rates {:?}, {} hints ({})",
+                "pilot: {} rows, recall {:.1}%, precision {:.1}%, exact rows {}, rank hit rates {:?}, {} hints ({}), {} prefetches, {} prefetch hits",
                 p.rows,
                 p.recall * 100.0,
                 p.precision * 100.0,
@@ -168,6 +168,8 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                 p.rank_hit_rates.iter().map(|x| format!("{:.0}%", x * 100.0)).collect::<Vec<_>>(),
                 p.hints,
                 human_bytes(p.hint_bytes),
+                p.prefetches,
+                p.prefetch_hits,
             );
         }
         doc["experts"] = serde_json::to_value(&r)?;

@@ -104,8 +104,9 @@ pub struct BudgetArgs {
     /// I/O worker threads.
     #[arg(long, default_value_t = 2)]
     io_workers: usize,
-    /// Next-layer expert prediction: off, measure (score it), or hint (score it and send
-    /// advisory WILLNEED hints for predicted experts; useful with --page-cache).
+    /// Next-layer expert prediction: off, measure (score it), hint (also send advisory
+    /// WILLNEED hints; useful with --page-cache), or prefetch (also read predicted experts
+    /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
 }
@@ -150,7 +151,8 @@ impl BudgetArgs {
             "off" => PilotMode::Off,
             "measure" => PilotMode::Measure,
             "hint" => PilotMode::Hint,
-            other => return Err(anyhow!("--pilot `{other}`: expected off, measure or hint")),
+            "prefetch" => PilotMode::Prefetch,
+            other => return Err(anyhow!("--pilot `{other}`: expected off, measure, hint or prefetch")),
         };
         Ok(strata_engine::LoadOptions {
             budget,

@@ -225,7 +225,8 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     let prompt = m.tokenizer().unwrap().encode("In the beginning God created the heaven and the earth.", true).unwrap();
     let budget = min_budget(dir.path(), 8) + 40 * (96 << 10);
     let mut outputs = Vec::new();
-    for pilot in [PilotMode::Off, PilotMode::Measure, PilotMode::Hint] {
+    let mut hit_rates = Vec::new();
+    for pilot in [PilotMode::Off, PilotMode::Measure, PilotMode::Hint, PilotMode::Prefetch] {
         let mut opts = options(Some(budget), 8);
         opts.runtime.pilot = pilot;
         let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
@@ -240,8 +241,16 @@ fn pilot_predicts_trained_routing_without_changing_output() {
             assert!(p.recall > 0.5, "PILOT recall {} on trained routing", p.recall);
             assert_eq!(p.rows, 47 * 5, "every decode row of the 5 MoE layers is scored (prefill is wider than 8 rows)");
             assert_eq!(pilot == PilotMode::Hint, p.hints > 0);
+            if pilot == PilotMode::Prefetch {
+                // Most prefetched experts are used, and they turn misses into hits.
+                assert!(p.prefetches > 0 && p.prefetch_hits * 2 > p.prefetches, "{p:?}");
+                hit_rates.push(report.turn.demand.hit_rate);
+            }
+        } else {
+            hit_rates.push(report.turn.demand.hit_rate);
         }
         outputs.push(out.tokens);
     }
     assert!(outputs.windows(2).all(|w| w[0] == w[1]), "PILOT must not change the output");
+    assert!(hit_rates[1] > hit_rates[0], "prefetch should raise the hit rate: {hit_rates:?}");
 }

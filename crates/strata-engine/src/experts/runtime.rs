@@ -18,8 +18,8 @@ use std::time::Instant;
 use strata_kernels::{swiglu_expert, QMatrix};
 use strata_models::experts::{accumulate_ascending, ExpertBackend, Routing};
 use strata_residency::{
-    repin_candidate, select_repins, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotSnapshot, SlotTable,
-    UsageLedger, REPIN_MAX_SWAPS,
+    repin_candidate, select_repins, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotRole, SlotSnapshot,
+    SlotTable, UsageLedger, REPIN_MAX_SWAPS,
 };
 use strata_storage::{AlignedBuf, ExpertLayout, IoPool, MatrixLayout, ReadTicket};
 
@@ -44,6 +44,10 @@ pub enum PilotMode {
     /// Predict, score, and send advisory WILLNEED hints for predicted non-resident
     /// experts (they warm the page cache with `--page-cache`; never allocate slots).
     Hint,
+    /// Predict, score, and read predicted non-resident experts into free working slots
+    /// while the current layer computes; a correct prediction turns the next layer's
+    /// miss into a hit whose read already happened.
+    Prefetch,
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +89,10 @@ struct State {
     pilot: PilotStats,
     /// Predictions waiting for their layer: layer -> (when, per-row experts).
     pending: std::collections::HashMap<usize, (Instant, Vec<Vec<usize>>)>,
+    /// Prefetch reads in flight: expert -> (slot, generation, ticket).
+    prefetch: std::collections::HashMap<ExpertKey, (usize, u64, ReadTicket)>,
+    /// Prefetched experts that landed and were not looked up yet.
+    landed: std::collections::HashSet<ExpertKey>,
 }
 
 pub struct StreamedExperts {
@@ -152,6 +160,8 @@ impl StreamedExperts {
             layer_forward: Latencies::default(),
             pilot: PilotStats::default(),
             pending: Default::default(),
+            prefetch: Default::default(),
+            landed: Default::default(),
         };
         let me = Self {
             hidden,
@@ -251,6 +261,28 @@ impl StreamedExperts {
         Ok(y)
     }
 
+    /// Completes the prefetch reads whose expert satisfies `which`: each lands Ready in
+    /// its working slot (a hit for the next lookup) or, on error, goes back to idle (the
+    /// demand path then reads it again and reports any error).
+    fn settle_prefetches(&self, st: &mut State, which: impl Fn(&ExpertKey) -> bool) {
+        let keys: Vec<ExpertKey> = st.prefetch.keys().copied().filter(|k| which(k)).collect();
+        for key in keys {
+            let (slot, generation, ticket) = st.prefetch.remove(&key).unwrap();
+            let t = Instant::now();
+            match ticket.wait() {
+                Ok(stats) => {
+                    st.demand.record_load(&stats, t.elapsed());
+                    if st.table.finish_load(slot, generation) {
+                        st.landed.insert(key);
+                    }
+                }
+                Err(_) => {
+                    st.table.fail_load(slot, generation);
+                }
+            }
+        }
+    }
+
     /// Reads `key` into `slot` (phase Loading, `generation`) as policy traffic.
     fn policy_load(&self, st: &mut State, slot: usize, generation: u64, key: ExpertKey) -> Result<()> {
         let t = Instant::now();
@@ -308,6 +340,7 @@ impl StreamedExperts {
     /// pressure correction; returns and resets this turn's telemetry.
     pub fn end_turn(&self) -> Result<RuntimeReport> {
         let mut st = self.state.lock().unwrap();
+        self.settle_prefetches(&mut st, |_| true);
         let repins = if self.live_repin { self.live_repin(&mut st)? } else { Vec::new() };
         if let Some(ledger) = st.ledger.as_mut() {
             ledger.decay_heat();
@@ -335,6 +368,7 @@ impl StreamedExperts {
         st.layer_forward = Latencies::default();
         st.pilot = PilotStats::default();
         st.pending.clear();
+        st.landed.clear();
         Ok(report)
     }
 }
@@ -385,6 +419,27 @@ impl ExpertBackend for StreamedExperts {
                 }
             }
         }
+        if self.pilot == PilotMode::Prefetch {
+            let mut unique: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+            unique.sort_unstable();
+            unique.dedup();
+            for e in unique {
+                let key = (layer, e);
+                if st.table.peek(key).is_some() || st.prefetch.contains_key(&key) {
+                    continue;
+                }
+                let Some((slot, generation)) = st.table.begin_load(key) else { break };
+                match self.submit(slot, key) {
+                    Ok(ticket) => {
+                        st.pilot.prefetches += 1;
+                        st.prefetch.insert(key, (slot, generation, ticket));
+                    }
+                    Err(_) => {
+                        st.table.fail_load(slot, generation);
+                    }
+                }
+            }
+        }
         st.pending.insert(layer, (Instant::now(), routes.iter().map(|r| r.experts.clone()).collect()));
         st.pilot.hint_latency.push(t.elapsed());
     }
@@ -397,6 +452,7 @@ impl ExpertBackend for StreamedExperts {
         }
         let mut st = self.state.lock().unwrap();
         st.table.tick();
+        self.settle_prefetches(&mut st, |k| k.0 == layer);
         if let Some((when, predicted)) = st.pending.remove(&layer) {
             if predicted.len() == rows {
                 let actual: Vec<Vec<usize>> = routes.iter().map(|r| r.experts.clone()).collect();
@@ -416,11 +472,20 @@ impl ExpertBackend for StreamedExperts {
         // Hits are leased so no promotion in this forward can evict them.
         let mut hits = Vec::new();
         let mut misses = Vec::new();
+        // Hits still in a working slot (prefetched, or a miss that found no victim) are
+        // promoted into the layer's slots once released.
+        let mut to_promote = Vec::new();
         for &e in by_expert.keys() {
             match st.table.lookup((layer, e)) {
                 Some(slot) => {
                     st.table.lease(slot);
                     hits.push((e, slot));
+                    if st.table.slot(slot).role == SlotRole::Working {
+                        to_promote.push(slot);
+                    }
+                    if st.landed.remove(&(layer, e)) {
+                        st.pilot.prefetch_hits += 1;
+                    }
                 }
                 None => misses.push(e),
             }
@@ -446,6 +511,11 @@ impl ExpertBackend for StreamedExperts {
                         }
                     };
                     wave.push((e, slot, generation, ticket));
+                }
+                if wave.is_empty() && pending.peek().is_some() && !st.prefetch.is_empty() {
+                    // Prefetches for later layers hold the working bank: land them.
+                    self.settle_prefetches(&mut st, |_| true);
+                    continue;
                 }
                 if wave.is_empty() && pending.peek().is_some() && computed_hits {
                     bail!(
@@ -491,6 +561,9 @@ impl ExpertBackend for StreamedExperts {
         })();
         for &(_, slot) in &hits {
             st.table.release(slot);
+        }
+        for slot in to_promote {
+            st.table.promote(slot);
         }
         result.map_err(|e| anyhow!("expert layer {layer}: {e:#}"))?;
 

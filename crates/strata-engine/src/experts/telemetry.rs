@@ -135,6 +135,9 @@ pub struct PilotStats {
     /// Advisory WILLNEED hints issued (hint mode), and their bytes.
     pub hints: u64,
     pub hint_bytes: u64,
+    /// Prefetch reads started (prefetch mode), and lookups they turned into hits.
+    pub prefetches: u64,
+    pub prefetch_hits: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -152,6 +155,8 @@ pub struct PilotReport {
     pub hint_latency: LatencySummary,
     pub hints: u64,
     pub hint_bytes: u64,
+    pub prefetches: u64,
+    pub prefetch_hits: u64,
 }
 
 impl PilotStats {
@@ -197,6 +202,8 @@ impl PilotStats {
             hint_latency: self.hint_latency.summary(),
             hints: self.hints,
             hint_bytes: self.hint_bytes,
+            prefetches: self.prefetches,
+            prefetch_hits: self.prefetch_hits,
         }
     }
 }
