@@ -35,16 +35,6 @@ pub struct Fit {
     pub streamed: bool,
 }
 
-/// Resident set of this process now (VmRSS), 0 where unknown.
-pub fn current_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 pub fn fixed_items(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize) -> Vec<FitItem> {
     let needs = memory_needs(cfg, store, context, crate::generate::PREFILL_CHUNK);
     vec![

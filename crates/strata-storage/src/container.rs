@@ -90,14 +90,7 @@ impl MatrixLayout {
     /// `scales_offset` must be 4-byte aligned (always so in strata's container read into
     /// an aligned buffer; see [`scales_vec`](Self::scales_vec) otherwise).
     pub fn scales<'a>(&self, slot: &'a [u8]) -> Result<&'a [f32]> {
-        let bytes = slot.get(self.scales_offset..self.scales_offset + self.scales_len).ok_or_else(|| {
-            anyhow!(
-                "matrix scales {}..{} lie outside the {}-byte slot",
-                self.scales_offset,
-                self.scales_offset + self.scales_len,
-                slot.len()
-            )
-        })?;
+        let bytes = self.scale_bytes(slot)?;
         // SAFETY: every bit pattern is a valid f32; alignment is checked by align_to.
         let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
         if !head.is_empty() || !tail.is_empty() {
@@ -106,16 +99,20 @@ impl MatrixLayout {
         Ok(floats)
     }
 
-    /// The scales copied out (any alignment).
-    pub fn scales_vec(&self, slot: &[u8]) -> Result<Vec<f32>> {
-        let bytes = slot.get(self.scales_offset..self.scales_offset + self.scales_len).ok_or_else(|| {
+    fn scale_bytes<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
+        slot.get(self.scales_offset..self.scales_offset + self.scales_len).ok_or_else(|| {
             anyhow!(
                 "matrix scales {}..{} lie outside the {}-byte slot",
                 self.scales_offset,
                 self.scales_offset + self.scales_len,
                 slot.len()
             )
-        })?;
+        })
+    }
+
+    /// The scales copied out (any alignment).
+    pub fn scales_vec(&self, slot: &[u8]) -> Result<Vec<f32>> {
+        let bytes = self.scale_bytes(slot)?;
         Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
     }
 

@@ -329,7 +329,7 @@ impl StreamedExperts {
     /// unpinned layer slots (never below one per layer) and return their pages.
     fn relieve_pressure(&self, st: &mut State) {
         let Some(budget) = self.budget else { return };
-        while crate::fit::current_rss_bytes() > budget {
+        while crate::stats::current_rss_bytes() > budget {
             let Some(slot) = st.table.decommit_one() else { break };
             // SAFETY: a decommitted slot is never read or written again.
             unsafe { discard(self.slab.as_ptr().add(slot * self.slot_bytes), self.slot_bytes) };
@@ -360,7 +360,7 @@ impl StreamedExperts {
             residency_map: st.table.residency_map(),
             repins,
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
-            footprint_bytes: crate::fit::current_rss_bytes(),
+            footprint_bytes: crate::stats::current_rss_bytes(),
             budget_bytes: self.budget,
         };
         st.demand = Traffic::default();

@@ -26,15 +26,10 @@ pub struct ContainerSource {
 impl ContainerSource {
     pub fn open(dir: &Path, tier_name: &str) -> Result<Self> {
         let manifest = ExpertManifest::read(dir)?;
-        let Some(tier) = manifest.tiers.iter().find(|t| t.name == tier_name).cloned() else {
+        let Some(tier) = manifest.tier(tier_name).cloned() else {
             bail!("{}: container has no `{tier_name}` expert tier", dir.display());
         };
-        let files = manifest.files.iter().map(|f| dir.join(f)).collect();
-        Ok(Self { files, tier })
-    }
-
-    pub fn tier(&self) -> &TierEntry {
-        &self.tier
+        Ok(Self { files: manifest.file_paths(dir), tier })
     }
 }
 
@@ -52,15 +47,7 @@ impl ExpertSource for ContainerSource {
         self.tier.experts_per_layer
     }
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
-        let Some(li) = self.tier.layers.iter().position(|&l| l == layer) else {
-            bail!("layer {layer} has no routed experts in this container");
-        };
-        if expert >= self.tier.experts_per_layer {
-            bail!("expert {expert} out of range (layer has {})", self.tier.experts_per_layer);
-        }
-        let loc = &self.tier.locations[li * self.tier.experts_per_layer + expert];
-        let seg = ReadSegment { file: loc.file, offset: loc.offset, len: self.tier.layout.slot_bytes, dest_offset: 0 };
-        Ok((vec![seg], &self.tier.layout))
+        self.tier.locate(layer, expert)
     }
 }
 
