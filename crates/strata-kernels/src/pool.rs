@@ -245,6 +245,25 @@ fn worker(s: Arc<Shared>, id: usize) {
     }
 }
 
+/// A one-thread region context (barriers are no-ops), for ops too small to wake a pool.
+pub fn single_ctx() -> Ctx<'static> {
+    static ALONE: OnceLock<Shared> = OnceLock::new();
+    let shared = ALONE.get_or_init(|| Shared {
+        n: 1,
+        epoch: AtomicU64::new(0),
+        job: UnsafeCell::new(None),
+        pending: AtomicUsize::new(0),
+        bar_count: AtomicUsize::new(0),
+        bar_gen: AtomicUsize::new(0),
+        poisoned: AtomicBool::new(false),
+        sleeping: AtomicUsize::new(0),
+        park: Mutex::new(()),
+        wake: Condvar::new(),
+        shutdown: AtomicBool::new(false),
+    });
+    Ctx { id: 0, n: 1, shared }
+}
+
 static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 

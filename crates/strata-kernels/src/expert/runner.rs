@@ -60,8 +60,25 @@ impl ExpertRunner {
         jobs: &[ExpertJob],
         y: &mut [f32],
     ) {
-        let Some(first) = jobs.first() else { return };
-        let hidden = first.gate.cols;
+        self.run_with(pool, path, x, x_rows, jobs.len(), &|j| jobs[j], y)
+    }
+
+    /// [`ExpertRunner::run`] with the jobs given by index (no slice of jobs to build).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with<'a>(
+        &mut self,
+        pool: &ThreadPool,
+        path: KernelPath,
+        x: &[f32],
+        x_rows: usize,
+        n_jobs: usize,
+        job_at: &(dyn Fn(usize) -> ExpertJob<'a> + Sync),
+        y: &mut [f32],
+    ) {
+        if n_jobs == 0 {
+            return;
+        }
+        let hidden = job_at(0).gate.cols;
         assert_eq!(x.len(), x_rows * hidden, "experts: x has {} values, expected {x_rows} rows x {hidden}", x.len());
         self.offs.clear();
         self.items1.clear();
@@ -69,7 +86,8 @@ impl ExpertRunner {
         let (mut gx_len, mut h_len) = (0usize, 0usize);
         let mut down_staged = false;
         let threads = pool.threads();
-        for (j, job) in jobs.iter().enumerate() {
+        for j in 0..n_jobs {
+            let job = job_at(j);
             let (gate, up, down) = (&job.gate, &job.up, &job.down);
             for m in [gate, up, down] {
                 m.validate();
@@ -125,10 +143,10 @@ impl ExpertRunner {
         grow(&mut self.gx, gx_len);
         grow(&mut self.g, h_len);
         grow(&mut self.h, h_len);
-        while self.st_in.len() < jobs.len() {
+        while self.st_in.len() < n_jobs {
             self.st_in.push(Staging::default());
         }
-        while self.st_h.len() < jobs.len() {
+        while self.st_h.len() < n_jobs {
             self.st_h.push(Staging::default());
         }
 
@@ -142,7 +160,7 @@ impl ExpertRunner {
         // Job j's input rows (gathered, or x itself).
         let input = |j: usize| -> &[f32] {
             let (rows, gx_off, _) = offs[j];
-            match jobs[j].rows {
+            match job_at(j).rows {
                 // SAFETY: written in phase 0, read-only afterwards.
                 Some(_) => unsafe { std::slice::from_raw_parts(gx.ptr().add(gx_off), rows * hidden) },
                 None => x,
@@ -150,9 +168,9 @@ impl ExpertRunner {
         };
         pool.run(&|c| {
             // Phase 0: gather rows and stage x for encodings that need it.
-            for j in c.split(jobs.len()) {
+            for j in c.split(n_jobs) {
                 let (rows, gx_off, _) = offs[j];
-                if let Some(idx) = jobs[j].rows {
+                if let Some(idx) = job_at(j).rows {
                     for (i, &r) in idx.iter().enumerate() {
                         let r = r as usize;
                         // SAFETY: job j's gathered rows are written by this thread only.
@@ -160,7 +178,7 @@ impl ExpertRunner {
                         dst.copy_from_slice(&x[r * hidden..(r + 1) * hidden]);
                     }
                 }
-                let g = &jobs[j].gate;
+                let g = job_at(j).gate;
                 // SAFETY: staging j is touched by this thread only in this phase.
                 unsafe { (*st_in.ptr().add(j)).prepare(path, input(j), rows, g.kind, g.cols) };
             }
@@ -171,7 +189,7 @@ impl ExpertRunner {
                 let Some(&(j, o0, o1)) = items1.get(i) else { break };
                 let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
                 let (rows, _, h_off) = offs[j];
-                let job = &jobs[j];
+                let job = job_at(j);
                 let inter = job.gate.rows;
                 // SAFETY: read-only after phase 0.
                 let st = unsafe { &*st_in.ptr().add(j) };
@@ -193,9 +211,9 @@ impl ExpertRunner {
             }
             c.barrier();
             if down_staged {
-                for j in c.split(jobs.len()) {
+                for j in c.split(n_jobs) {
                     let (rows, _, h_off) = offs[j];
-                    let d = &jobs[j].down;
+                    let d = job_at(j).down;
                     // SAFETY: h is complete (barrier); staging j is this thread's.
                     unsafe {
                         let h = std::slice::from_raw_parts(hp.ptr().add(h_off), rows * d.cols);
@@ -210,7 +228,7 @@ impl ExpertRunner {
                 let Some(&(j, o0, o1)) = items2.get(i) else { break };
                 let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
                 let (rows, _, h_off) = offs[j];
-                let job = &jobs[j];
+                let job = job_at(j);
                 // SAFETY: h and the staging are read-only now; this item owns outputs
                 // o0..o1 of job j's y rows.
                 unsafe {
