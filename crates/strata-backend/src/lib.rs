@@ -287,10 +287,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
         ids: &mut Self::Idx,
         weights: &mut Self::Buf,
     );
-    /// SwiGLU experts over rows of `x` (`[rows, hidden]`) into rows of `y`.
-    fn experts(&self, x: &Self::Buf, rows: usize, tasks: &[ExpertTask<'_, Self>], y: &mut Self::Buf);
+    /// SwiGLU experts over rows of `x` (`[rows, hidden]`) into rows of `y`; task `i` is
+    /// `task(i)` for `i < n` (no slice of tasks to build per call).
+    fn experts<'a>(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut Self::Buf,
+    );
     /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus
-    /// `shared[r]` when given: the fixed accumulation order every expert path shares.
+    /// `y[shared + r]` when given: the fixed accumulation order every expert path shares.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine(
         &self,
@@ -301,9 +309,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         weights: &Self::Buf,
         src: &Self::Idx,
         y: &Self::Buf,
-        shared: Option<&Self::Buf>,
+        shared: Option<usize>,
         out: &mut Self::Buf,
     );
+    /// `dst[..len] += src[..len]`.
+    fn add(&self, len: usize, src: &Self::Buf, dst: &mut Self::Buf);
     /// `dst[i] = src[rows[i]]`, rows of `width` (the rows whose logits or hidden states
     /// are asked for).
     fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[u32], dst: &mut Self::Buf);

@@ -6,7 +6,8 @@
 use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use strata_kernels::{ElementType, QuantKind};
-use strata_models::glm_moe_dsa::{convert, ConvertOptions};
+use strata_models::convert::{convert, ConvertOptions};
+use strata_models::Arch;
 use strata_storage::WeightStore;
 
 /// Name, size and mtime of every file the conversion reads: the cache key.
@@ -30,7 +31,7 @@ fn stamp(dir: &Path) -> Result<String> {
 }
 
 /// The routed experts' encoding that keeps the checkpoint's precision.
-fn lossless_kind(store: &WeightStore) -> QuantKind {
+pub fn lossless_kind(store: &WeightStore) -> QuantKind {
     let f32_experts = store
         .names()
         .filter(|n| n.contains(".mlp.experts."))
@@ -43,7 +44,8 @@ fn lossless_kind(store: &WeightStore) -> QuantKind {
 }
 
 /// The expert-container copy of the HF checkpoint `dir`, made on first use.
-pub fn container_for(dir: &Path) -> Result<PathBuf> {
+pub fn container_for(dir: &Path, arch: &dyn Arch) -> Result<PathBuf> {
+    let _ = arch;
     let store = WeightStore::open_dir(dir)?;
     let kind = lossless_kind(&store);
     drop(store);

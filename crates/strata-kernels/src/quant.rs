@@ -59,7 +59,8 @@ impl QuantKind {
             "bf16" => Ok(Self::Bf16),
             "int8" => Ok(Self::Int8Row),
             _ if s.starts_with("fp8-b") => {
-                let dims = s["fp8-b".len()..].split_once('x').and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
+                let dims =
+                    s["fp8-b".len()..].split_once('x').and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
                 match dims {
                     Some((br, bc)) if br > 0 && bc > 0 => Ok(Self::Fp8 { block_rows: br, block_cols: bc }),
                     _ => Err(format!("unknown encoding `{s}` (fp8 is written fp8-bRxC with positive R and C)")),

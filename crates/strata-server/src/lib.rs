@@ -59,7 +59,7 @@ pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Share
 /// [`state`], serving at most `context_limit` tokens of prompt and answer.
 pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, context_limit: Option<usize>) -> Shared {
     let model = Arc::new(model);
-    let context = context_limit.map_or(model.model.max_context(), |c| c.min(model.model.max_context()));
+    let context = context_limit.map_or(model.context, |c| c.min(model.context));
     let metrics = Arc::new(Metrics::default());
     let tok = model.tokenizer.as_ref();
     // A marker that a decode skipping special tokens would drop.
@@ -145,7 +145,7 @@ async fn stats(State(st): State<Shared>) -> Response {
             "dir": st.model.dir.display().to_string(),
             "model_type": st.model.model_type,
             "max_context": st.max_context(),
-            "vocab_size": st.model.model.vocab_size(),
+            "vocab_size": st.model.model.info().vocab_size,
             "eos_token_ids": st.model.eos_token_ids,
             "chat_template": st.model.chat_template.is_some(),
             "default_sampling": st.model.generation.sampling,
@@ -236,7 +236,7 @@ pub fn router(st: Shared) -> Router {
 
 /// Opens the model, binds, and serves until the process is stopped.
 pub fn serve(cfg: ServerConfig) -> Result<()> {
-    let model = LoadedModel::open_with(&cfg.model_dir, &candle_core::Device::Cpu, &cfg.load)?;
+    let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
     // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
     let limit = cfg.load.budget.map(|_| cfg.load.context);

@@ -335,7 +335,7 @@ fn completion_prompt(st: &Shared, prompt: &Value) -> ApiResult<(String, Vec<u32>
         }
         Value::Array(items) => {
             let ids = ids_of(items)?;
-            let vocab = st.model.model.vocab_size();
+            let vocab = st.model.model.info().vocab_size;
             if let Some(bad_id) = ids.iter().find(|&&i| i as usize >= vocab) {
                 return Err(ApiError::bad_request(format!("token id {bad_id} is outside the vocabulary ({vocab})"))
                     .with_param("prompt"));

@@ -9,7 +9,9 @@
 
 use super::{row_view, single, CpuBackend, Shared};
 use crate::{Backend, DsaSelect, MlaAbsorb, MlaAttend, MlaPrepare, Selection, Step};
-use strata_kernels::ops::{axpy, dot, layer_norm_inplace, rms_norm, rms_norm_inplace, rope_interleaved, softmax_inplace};
+use strata_kernels::ops::{
+    axpy, dot, layer_norm_inplace, rms_norm, rms_norm_inplace, rope_interleaved, softmax_inplace,
+};
 use strata_kernels::pool::Ctx;
 use strata_kernels::{matmul_t, Out, Product, Staging};
 
@@ -90,7 +92,8 @@ pub(crate) fn dsa_select(b: &CpuBackend, step: &Step, a: DsaSelect<'_, CpuBacken
     let (dim, half, eps) = (d.dim, d.rope / 2, a.eps);
     let (kw_, kb_, wts, cos, sin) = (&a.k_norm_w[..], &a.k_norm_b[..], &a.w[..], &a.cos[..], &a.sin[..]);
     let cache_len = a.cache.len();
-    let (qp, kp, cache) = (Shared::new(a.q.as_mut_ptr()), Shared::new(a.k.as_mut_ptr()), Shared::new(a.cache.as_mut_ptr()));
+    let (qp, kp, cache) =
+        (Shared::new(a.q.as_mut_ptr()), Shared::new(a.k.as_mut_ptr()), Shared::new(a.cache.as_mut_ptr()));
     let select = a.select;
     let positions = if select { step.max_visible() } else { 0 };
     assert!(a.work.len() >= rows * positions, "dsa_select: scores scratch too small");

@@ -361,10 +361,20 @@ impl Backend for CpuBackend {
         moe::route_noaux(self, x, rows, gate, bias, p, logits, ids, weights)
     }
 
-    fn experts(&self, x: &Vec<f32>, rows: usize, tasks: &[ExpertTask<'_, Self>], y: &mut Vec<f32>) {
+    fn experts<'a>(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut Vec<f32>,
+    ) {
+        if n == 0 {
+            return;
+        }
         let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
         let job = |i: usize| {
-            let t = &tasks[i];
+            let t = task(i);
             strata_kernels::ExpertJob {
                 gate: t.weights.gate,
                 up: t.weights.up,
@@ -373,8 +383,8 @@ impl Backend for CpuBackend {
                 out_row: t.out_row,
             }
         };
-        let hidden = tasks.first().map_or(0, |t| t.weights.gate.cols);
-        runner.run_with(self.pool, self.path, &x[..rows * hidden], rows, tasks.len(), &job, y);
+        let hidden = task(0).weights.gate.cols;
+        runner.run_with(self.pool, self.path, &x[..rows * hidden], rows, n, &job, y);
     }
 
     fn moe_combine(
@@ -386,10 +396,16 @@ impl Backend for CpuBackend {
         weights: &Vec<f32>,
         src: &Vec<u32>,
         y: &Vec<f32>,
-        shared: Option<&Vec<f32>>,
+        shared: Option<usize>,
         out: &mut Vec<f32>,
     ) {
         moe::combine(self, rows, hidden, top_k, ids, weights, src, y, shared, out)
+    }
+
+    fn add(&self, len: usize, src: &Vec<f32>, dst: &mut Vec<f32>) {
+        for (d, s) in dst[..len].iter_mut().zip(&src[..len]) {
+            *d += s;
+        }
     }
 
     fn gather_rows(&self, src: &Vec<f32>, width: usize, rows: &[u32], dst: &mut Vec<f32>) {

@@ -103,7 +103,7 @@ pub(crate) fn combine(
     weights: &[f32],
     src: &[u32],
     y: &[f32],
-    shared: Option<&Vec<f32>>,
+    shared: Option<usize>,
     out: &mut [f32],
 ) {
     let o = Shared::new(out.as_mut_ptr());
@@ -128,7 +128,7 @@ pub(crate) fn combine(
                 axpy(weights[r * top_k + rank], &y[at * hidden..(at + 1) * hidden], acc);
             }
             if let Some(sh) = shared {
-                for (a, s) in acc.iter_mut().zip(&sh[r * hidden..(r + 1) * hidden]) {
+                for (a, s) in acc.iter_mut().zip(&y[(sh + r) * hidden..(sh + r + 1) * hidden]) {
                     *a += s;
                 }
             }

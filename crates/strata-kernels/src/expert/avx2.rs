@@ -370,7 +370,11 @@ unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, o
         let mut a = o0;
         while a < o1 {
             let b = (a + step).min(o1);
-            let st = if kb < c.nfull { &mut state.get_or_insert([_mm256_setzero_ps(); STATE_OUTS * 2 * 8])[..] } else { &mut [][..] };
+            let st = if kb < c.nfull {
+                &mut state.get_or_insert([_mm256_setzero_ps(); STATE_OUTS * 2 * 8])[..]
+            } else {
+                &mut [][..]
+            };
             match (rt, D::WIDE) {
                 (1, 8) => outs::<D, 8, 1>(c, r0, a, b, kb, st, out),
                 (1, 4) => outs::<D, 4, 1>(c, r0, a, b, kb, st, out),

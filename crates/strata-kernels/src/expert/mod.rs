@@ -391,7 +391,13 @@ pub fn swiglu_experts_with(path: KernelPath, calls: &mut [ExpertCall]) {
     let mut rows: Vec<Vec<u32>> = Vec::with_capacity(calls.len());
     for c in calls.iter() {
         assert_eq!(c.gate.cols, hidden, "swiglu_experts: every call must have the same hidden size");
-        assert_eq!(c.x.len(), c.rows * hidden, "swiglu_expert: x has {} values, expected {} rows x {hidden}", c.x.len(), c.rows);
+        assert_eq!(
+            c.x.len(),
+            c.rows * hidden,
+            "swiglu_expert: x has {} values, expected {} rows x {hidden}",
+            c.x.len(),
+            c.rows
+        );
         let base = (x.len() / hidden.max(1)) as u32;
         rows.push((base..base + c.rows as u32).collect());
         x.extend_from_slice(c.x);
@@ -410,7 +416,13 @@ pub fn swiglu_experts_with(path: KernelPath, calls: &mut [ExpertCall]) {
     ExpertRunner::default().run(global(), path, &x, total, &jobs, &mut y);
     let mut at = 0;
     for c in calls.iter_mut() {
-        assert_eq!(c.y.len(), c.rows * hidden, "swiglu_expert: y has {} values, expected {} rows x {hidden}", c.y.len(), c.rows);
+        assert_eq!(
+            c.y.len(),
+            c.rows * hidden,
+            "swiglu_expert: y has {} values, expected {} rows x {hidden}",
+            c.y.len(),
+            c.rows
+        );
         c.y.copy_from_slice(&y[at * hidden..(at + c.rows) * hidden]);
         at += c.rows;
     }

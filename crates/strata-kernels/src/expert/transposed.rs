@@ -61,7 +61,9 @@ mod x86 {
         match w.kind {
             QuantKind::F32 => _mm512_loadu_ps(w.payload.as_ptr().add((k * n + c) * 4) as *const f32),
             QuantKind::Bf16 => {
-                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(w.payload.as_ptr().add((k * n + c) * 2) as *const __m256i));
+                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    w.payload.as_ptr().add((k * n + c) * 2) as *const __m256i
+                ));
                 _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
             }
             QuantKind::Fp8 { block_rows, block_cols } => {
@@ -135,7 +137,11 @@ mod tests {
         let mut next = || {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-            if v.abs() < 0.02 { 0.5 } else { v }
+            if v.abs() < 0.02 {
+                0.5
+            } else {
+                v
+            }
         };
         let wf: Vec<f32> = (0..k_dim * n).map(|_| next()).collect();
         for kind in [
@@ -163,7 +169,11 @@ mod tests {
                             bound += p.abs();
                         }
                         let got = y[r * n + c] as f64;
-                        assert!((got - want).abs() <= 1e-5 * bound, "{} rows={rows} ({r},{c}): {got} vs {want}", kind.name());
+                        assert!(
+                            (got - want).abs() <= 1e-5 * bound,
+                            "{} rows={rows} ({r},{c}): {got} vs {want}",
+                            kind.name()
+                        );
                     }
                 }
                 // A row alone equals the row in the batch.
