@@ -14,6 +14,7 @@
 //! backend implements the same trait.
 
 pub mod cpu;
+pub mod profile;
 mod step;
 
 pub use step::Step;

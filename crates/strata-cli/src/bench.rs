@@ -87,6 +87,9 @@ pub struct DecodeArgs {
     /// Record every routing decision to this file (for `strata replay`).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Time each op of the decode steps (per-stage breakdown).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Args)]
@@ -184,14 +187,41 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut rng = Rng(42);
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
-    // No EOS ids: run the full length.
-    let req = strata_engine::GenerateRequest::new(prompt, a.decode_tokens, SamplingParams::default());
+    // Prefill, then greedy decode steps (no EOS: the full length), timed separately;
+    // allocations counted over the decode steps.
     let mut gen = m.generator()?;
     if let Some(path) = &a.trace {
         gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
     }
-    let out = gen.generate(None, &req, &mut |_| true)?;
-    let s = &out.stats;
+    let t0 = Instant::now();
+    gen.prefill(&prompt)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
+    let mut next = gen.sample(&mut sampler);
+    strata_backend::profile::enable(a.profile);
+    let (allocs0, bytes0) = crate::alloc_count::snapshot();
+    let t1 = Instant::now();
+    for _ in 1..a.decode_tokens {
+        gen.step(next)?;
+        next = gen.sample(&mut sampler);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    let (allocs1, bytes1) = crate::alloc_count::snapshot();
+    let profile = strata_backend::profile::report();
+    strata_backend::profile::enable(false);
+    let steps = (a.decode_tokens - 1) as f64;
+    let s = strata_engine::GenerationStats {
+        prompt_tokens: prompt.len(),
+        prefill_tokens: prompt.len(),
+        generated_tokens: a.decode_tokens,
+        prefill_seconds: prefill_s,
+        decode_seconds: decode_s,
+        prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
+        decode_tokens_per_s: steps / decode_s,
+        peak_rss_bytes: strata_engine::stats::peak_rss_bytes(),
+        ..Default::default()
+    };
+    let s = &s;
     let experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
 
     // Bytes a decode token must read: the resident part as held (one row of the
@@ -232,6 +262,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "peak_rss_bytes": s.peak_rss_bytes,
         "budget_bytes": opts.budget,
         "device": m.model.device(),
+        "allocations_per_decode_token": (allocs1 - allocs0) as f64 / steps,
+        "allocated_bytes_per_decode_token": (bytes1 - bytes0) as f64 / steps,
         "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,
         "decode_bytes_read_per_token": token_bytes,
@@ -276,11 +308,32 @@ fn decode(a: DecodeArgs) -> Result<()> {
             }
         }
     }
+    if a.profile {
+        let total: f64 = profile.iter().map(|p| p.1).sum();
+        report["profile_ms_per_token"] = profile
+            .iter()
+            .filter(|p| p.2 > 0)
+            .map(|(op, secs, calls)| {
+                (op.name().to_string(), serde_json::json!({"ms": secs / steps * 1e3, "calls": *calls as f64 / steps}))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        report["profile_unaccounted_ms_per_token"] = ((decode_s - total) / steps * 1e3).into();
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for (k, v) in report.as_object().unwrap() {
-            if k != "experts" {
+            if k == "profile_ms_per_token" {
+                println!("per-stage time of a decode token:");
+                for (op, x) in v.as_object().unwrap() {
+                    println!(
+                        "  {op:<52} {:>8.4} ms  {:>6.1} calls",
+                        x["ms"].as_f64().unwrap(),
+                        x["calls"].as_f64().unwrap()
+                    );
+                }
+            } else if k != "experts" {
                 println!("{k:<42} {v}");
             }
         }

@@ -8,6 +8,7 @@
 mod mla;
 mod moe;
 
+use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
 use std::sync::Mutex;
@@ -227,6 +228,7 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, step: &Step, table: &CpuMat, out: &mut Vec<f32>) -> Result<()> {
+        let _t = Timer::start(Op::Embed);
         let t = table.q();
         let (rows, cols) = (step.rows(), t.cols);
         for &tok in &step.tokens {
@@ -253,6 +255,7 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm(&self, rows: usize, width: usize, x: &Vec<f32>, w: Option<&Vec<f32>>, eps: f32, out: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Norm);
         let o = Shared::new(out.as_mut_ptr());
         let body = |c: &Ctx| {
             for r in c.split(rows) {
@@ -269,6 +272,7 @@ impl Backend for CpuBackend {
     }
 
     fn linears(&self, x: &Vec<f32>, rows: usize, outs: &mut [LinearOut<'_, Self>]) {
+        let _t = Timer::start(Op::Projections);
         if rows == 0 || outs.is_empty() {
             return;
         }
@@ -324,6 +328,7 @@ impl Backend for CpuBackend {
     }
 
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Rope);
         let half = inv_freq.len();
         for r in 0..step.rows() {
             let (c, s) = (&mut cos[r * half..(r + 1) * half], &mut sin[r * half..(r + 1) * half]);
@@ -332,18 +337,22 @@ impl Backend for CpuBackend {
     }
 
     fn mla_prepare(&self, step: &Step, a: crate::MlaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
         mla::prepare(self, step, a)
     }
 
     fn mla_absorb(&self, step: &Step, a: crate::MlaAbsorb<'_, Self>) {
+        let _t = Timer::start(Op::MlaAbsorb);
         mla::absorb(self, step, a)
     }
 
     fn dsa_select(&self, step: &Step, a: crate::DsaSelect<'_, Self>) {
+        let _t = Timer::start(Op::DsaSelect);
         mla::dsa_select(self, step, a)
     }
 
     fn mla_attend(&self, step: &Step, a: crate::MlaAttend<'_, Self>) {
+        let _t = Timer::start(Op::MlaAttend);
         mla::attend(self, step, a)
     }
 
@@ -358,6 +367,7 @@ impl Backend for CpuBackend {
         ids: &mut Vec<u32>,
         weights: &mut Vec<f32>,
     ) {
+        let _t = Timer::start(Op::Route);
         moe::route_noaux(self, x, rows, gate, bias, p, logits, ids, weights)
     }
 
@@ -369,6 +379,7 @@ impl Backend for CpuBackend {
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Vec<f32>,
     ) {
+        let _t = Timer::start(Op::Experts);
         if n == 0 {
             return;
         }
@@ -399,16 +410,19 @@ impl Backend for CpuBackend {
         shared: Option<usize>,
         out: &mut Vec<f32>,
     ) {
+        let _t = Timer::start(Op::Combine);
         moe::combine(self, rows, hidden, top_k, ids, weights, src, y, shared, out)
     }
 
     fn add(&self, len: usize, src: &Vec<f32>, dst: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Combine);
         for (d, s) in dst[..len].iter_mut().zip(&src[..len]) {
             *d += s;
         }
     }
 
     fn gather_rows(&self, src: &Vec<f32>, width: usize, rows: &[u32], dst: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Other);
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
             dst[i * width..(i + 1) * width].copy_from_slice(&src[r * width..(r + 1) * width]);
