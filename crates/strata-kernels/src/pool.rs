@@ -15,35 +15,135 @@
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins for the next region before it parks.
-pub const IDLE_PARK: Duration = Duration::from_millis(2);
-/// Spins before a waiter starts yielding its core (a waiter that yields makes a system
-/// call; in steady state stages are short enough that nobody gets there).
-const SPINS_BEFORE_YIELD: u32 = 1 << 14;
+/// How long an idle worker spins for the next region before it sleeps.
+pub const IDLE_PARK: Duration = Duration::from_millis(1);
+/// How long a thread spins at a barrier or for a region's end before it sleeps. Stages
+/// in steady state end well within it, so a step makes no system call; when another
+/// process holds a core, sleeping (instead of yielding, which hands that process the
+/// core for a whole time slice) bounds the cost of a late thread to its wake-up.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Sleeping on a 32-bit word until it changes (Linux futex; elsewhere, yielding).
+mod futex {
+    use std::sync::atomic::AtomicU32;
+
+    #[cfg(target_os = "linux")]
+    pub fn wait(word: &AtomicU32, expected: u32) {
+        // SAFETY: a private futex wait on a live word; returns on change, wake or signal.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                expected,
+                std::ptr::null::<libc::timespec>(),
+            );
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    pub fn wake_all(word: &AtomicU32) {
+        // SAFETY: a private futex wake on a live word.
+        unsafe {
+            libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn wait(_word: &AtomicU32, _expected: u32) {
+        std::thread::yield_now();
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn wake_all(_word: &AtomicU32) {}
+}
+
+/// Waits until `word` differs from `seen` (or `stop()`): spins for `spin`, then sleeps,
+/// counted in `sleepers` so wakers make the system call only when someone sleeps.
+fn wait_change(word: &AtomicU32, seen: u32, sleepers: &AtomicU32, spin: Duration, stop: impl Fn() -> bool) -> u32 {
+    let t0 = Instant::now();
+    let mut i = 0u32;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if v != seen || stop() {
+            return v;
+        }
+        i = i.wrapping_add(1);
+        if i % 64 == 0 && t0.elapsed() > spin {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    sleepers.fetch_add(1, Ordering::SeqCst);
+    let v = loop {
+        let v = word.load(Ordering::SeqCst);
+        if v != seen || stop() {
+            break v;
+        }
+        futex::wait(word, seen);
+    };
+    sleepers.fetch_sub(1, Ordering::SeqCst);
+    v
+}
+
+/// Wakes the sleepers of `word` (after changing it), if there are any.
+fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
+    if sleepers.load(Ordering::SeqCst) > 0 {
+        futex::wake_all(word);
+    }
+}
 
 type Job = dyn Fn(&Ctx) + Sync;
 
 struct Shared {
     n: usize,
     /// Incremented once per region; workers run the job of each new epoch once.
-    epoch: AtomicU64,
+    epoch: AtomicU32,
+    epoch_sleepers: AtomicU32,
+    /// Threads taking part in the current region (workers with a higher id sit it out).
+    active: AtomicUsize,
     /// The current region's closure (valid while `pending > 0` for that epoch).
     job: UnsafeCell<Option<*const Job>>,
     /// Workers that have not finished the current region.
-    pending: AtomicUsize,
-    bar_count: AtomicUsize,
-    bar_gen: AtomicUsize,
+    pending: AtomicU32,
+    pending_sleepers: AtomicU32,
+    bar_count: AtomicU32,
+    bar_gen: AtomicU32,
+    bar_sleepers: AtomicU32,
     /// Set when a thread panicked inside a region: the others leave their barriers.
     poisoned: AtomicBool,
-    sleeping: AtomicUsize,
-    park: Mutex<()>,
-    wake: Condvar,
     shutdown: AtomicBool,
+}
+
+impl Shared {
+    fn new(n: usize, active: usize) -> Self {
+        Self {
+            n,
+            epoch: AtomicU32::new(0),
+            epoch_sleepers: AtomicU32::new(0),
+            active: AtomicUsize::new(active),
+            job: UnsafeCell::new(None),
+            pending: AtomicU32::new(0),
+            pending_sleepers: AtomicU32::new(0),
+            bar_count: AtomicU32::new(0),
+            bar_gen: AtomicU32::new(0),
+            bar_sleepers: AtomicU32::new(0),
+            poisoned: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the region failed and releases everyone waiting in it.
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.bar_gen.fetch_add(1, Ordering::SeqCst);
+        futex::wake_all(&self.bar_gen);
+    }
 }
 
 // SAFETY: `job` is written only by the region owner before publishing a new epoch
@@ -69,12 +169,13 @@ impl Ctx<'_> {
             return;
         }
         let gen = s.bar_gen.load(Ordering::Acquire);
-        if s.bar_count.fetch_add(1, Ordering::AcqRel) == self.n - 1 {
+        if s.bar_count.fetch_add(1, Ordering::AcqRel) as usize == self.n - 1 {
             s.bar_count.store(0, Ordering::Relaxed);
-            s.bar_gen.fetch_add(1, Ordering::Release);
+            s.bar_gen.fetch_add(1, Ordering::SeqCst);
+            wake(&s.bar_gen, &s.bar_sleepers);
             return;
         }
-        spin_until(|| s.bar_gen.load(Ordering::Acquire) != gen || s.poisoned.load(Ordering::Relaxed));
+        wait_change(&s.bar_gen, gen, &s.bar_sleepers, SPIN, || s.poisoned.load(Ordering::Relaxed));
         if s.poisoned.load(Ordering::Relaxed) {
             panic!("a pool thread panicked in this region");
         }
@@ -100,18 +201,6 @@ pub fn split_range(len: usize, n: usize, id: usize, align: usize) -> Range<usize
     (start * align).min(len)..(end * align).min(len)
 }
 
-fn spin_until(mut done: impl FnMut() -> bool) {
-    let mut spins = 0u32;
-    while !done() {
-        if spins < SPINS_BEFORE_YIELD {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 pub struct ThreadPool {
     shared: Arc<Shared>,
     run_lock: Mutex<()>,
@@ -123,19 +212,7 @@ impl ThreadPool {
     /// workers are started).
     pub fn new(threads: usize) -> Self {
         let n = threads.max(1);
-        let shared = Arc::new(Shared {
-            n,
-            epoch: AtomicU64::new(0),
-            job: UnsafeCell::new(None),
-            pending: AtomicUsize::new(0),
-            bar_count: AtomicUsize::new(0),
-            bar_gen: AtomicUsize::new(0),
-            poisoned: AtomicBool::new(false),
-            sleeping: AtomicUsize::new(0),
-            park: Mutex::new(()),
-            wake: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(n, n));
         let handles = (1..n)
             .map(|id| {
                 let s = shared.clone();
@@ -155,8 +232,15 @@ impl ThreadPool {
     /// Runs `f` on every thread of the pool (the caller as thread 0) and returns when all
     /// have finished. A panic in any thread is re-raised here after all have stopped.
     pub fn run(&self, f: &(dyn Fn(&Ctx) + Sync)) {
+        self.run_on(self.shared.n, f)
+    }
+
+    /// Runs `f` on the first `threads` threads of the pool only (at least 1, at most the
+    /// pool's size): small ops are not worth a barrier across every core.
+    pub fn run_on(&self, threads: usize, f: &(dyn Fn(&Ctx) + Sync)) {
         let s = &*self.shared;
-        if s.n == 1 {
+        let n = threads.clamp(1, s.n);
+        if n == 1 {
             f(&Ctx { id: 0, n: 1, shared: s });
             return;
         }
@@ -168,17 +252,21 @@ impl ThreadPool {
             *s.job.get() = Some(erased);
         }
         s.poisoned.store(false, Ordering::Relaxed);
-        s.pending.store(s.n - 1, Ordering::Relaxed);
+        s.pending.store((n - 1) as u32, Ordering::Relaxed);
+        s.active.store(n, Ordering::Relaxed);
         s.epoch.fetch_add(1, Ordering::SeqCst);
-        if s.sleeping.load(Ordering::SeqCst) > 0 {
-            let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
-            s.wake.notify_all();
-        }
-        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&Ctx { id: 0, n: s.n, shared: s })));
+        wake(&s.epoch, &s.epoch_sleepers);
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&Ctx { id: 0, n, shared: s })));
         if mine.is_err() {
-            s.poisoned.store(true, Ordering::Relaxed);
+            s.poison();
         }
-        spin_until(|| s.pending.load(Ordering::Acquire) == 0);
+        loop {
+            let left = s.pending.load(Ordering::Acquire);
+            if left == 0 {
+                break;
+            }
+            wait_change(&s.pending, left, &s.pending_sleepers, SPIN, || false);
+        }
         // SAFETY: every worker is done with this region.
         unsafe { *s.job.get() = None };
         s.bar_count.store(0, Ordering::Relaxed);
@@ -195,10 +283,7 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.epoch.fetch_add(1, Ordering::SeqCst);
-        {
-            let _g = self.shared.park.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.wake.notify_all();
-        }
+        futex::wake_all(&self.shared.epoch);
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
@@ -206,62 +291,36 @@ impl Drop for ThreadPool {
 }
 
 fn worker(s: Arc<Shared>, id: usize) {
-    let mut seen = 0u64;
+    // The epoch the pool was made with (a region may be published before this thread
+    // first looks).
+    let mut seen = 0;
     loop {
-        // Wait for a new epoch: spin, then park.
-        let idle = Instant::now();
-        let mut spins = 0u32;
-        let epoch = loop {
-            let e = s.epoch.load(Ordering::Acquire);
-            if e != seen {
-                break e;
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && idle.elapsed() > IDLE_PARK {
-                let g = s.park.lock().unwrap_or_else(|e| e.into_inner());
-                s.sleeping.fetch_add(1, Ordering::SeqCst);
-                let mut g = g;
-                while s.epoch.load(Ordering::SeqCst) == seen {
-                    g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-                s.sleeping.fetch_sub(1, Ordering::SeqCst);
-                continue;
-            }
-            std::hint::spin_loop();
-        };
-        seen = epoch;
+        seen = wait_change(&s.epoch, seen, &s.epoch_sleepers, IDLE_PARK, || false);
         if s.shutdown.load(Ordering::SeqCst) {
             return;
         }
+        let n = s.active.load(Ordering::Relaxed);
+        if id >= n {
+            continue; // not in this region
+        }
         // SAFETY: published before the epoch (see `run`); valid until pending hits 0.
         let job = unsafe { (*s.job.get()).expect("a region's job") };
-        let ctx = Ctx { id, n: s.n, shared: &s };
+        let ctx = Ctx { id, n, shared: &s };
         // SAFETY: the closure lives on the stack of `run`, which waits for us.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job)(&ctx) }));
         if r.is_err() {
-            s.poisoned.store(true, Ordering::Relaxed);
+            s.poison();
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            wake(&s.pending, &s.pending_sleepers);
+        }
     }
 }
 
 /// A one-thread region context (barriers are no-ops), for ops too small to wake a pool.
 pub fn single_ctx() -> Ctx<'static> {
     static ALONE: OnceLock<Shared> = OnceLock::new();
-    let shared = ALONE.get_or_init(|| Shared {
-        n: 1,
-        epoch: AtomicU64::new(0),
-        job: UnsafeCell::new(None),
-        pending: AtomicUsize::new(0),
-        bar_count: AtomicUsize::new(0),
-        bar_gen: AtomicUsize::new(0),
-        poisoned: AtomicBool::new(false),
-        sleeping: AtomicUsize::new(0),
-        park: Mutex::new(()),
-        wake: Condvar::new(),
-        shutdown: AtomicBool::new(false),
-    });
-    Ctx { id: 0, n: 1, shared }
+    Ctx { id: 0, n: 1, shared: ALONE.get_or_init(|| Shared::new(1, 1)) }
 }
 
 static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
@@ -323,6 +382,22 @@ mod tests {
                 });
                 assert_eq!(stage.load(Ordering::SeqCst), n);
             }
+        }
+    }
+
+    #[test]
+    fn regions_on_fewer_threads_leave_the_others_out() {
+        let pool = ThreadPool::new(4);
+        for n in [1usize, 2, 3, 4, 9] {
+            let hits = AtomicUsize::new(0);
+            pool.run_on(n, &|c| {
+                assert_eq!(c.n, n.min(4));
+                assert!(c.id < c.n);
+                hits.fetch_add(1, Ordering::SeqCst);
+                c.barrier();
+                assert_eq!(hits.load(Ordering::SeqCst), n.min(4));
+            });
+            assert_eq!(hits.load(Ordering::SeqCst), n.min(4));
         }
     }
 

@@ -7,7 +7,7 @@
 //! goes through the value half (`W_uv`) afterwards. Same function as transformers'
 //! expand-then-attend (the parity tests prove it).
 
-use super::{row_view, single, CpuBackend, Shared};
+use super::{row_view, CpuBackend, Shared};
 use crate::{Backend, DsaSelect, MlaAbsorb, MlaAttend, MlaPrepare, Selection, Step};
 use strata_kernels::ops::{
     axpy, dot, layer_norm_inplace, rms_norm, rms_norm_inplace, rope_interleaved, softmax_inplace,
@@ -44,11 +44,7 @@ pub(crate) fn prepare(b: &CpuBackend, step: &Step, a: MlaPrepare<'_, CpuBackend>
             rope_interleaved(&mut dst[kv_lora..], &cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
         }
     };
-    if rows <= 2 {
-        body(&single());
-    } else {
-        b.run(&body);
-    }
+    b.run(rows * (q_lora + 2 * kw) * 4, &body);
 }
 
 pub(crate) fn absorb(b: &CpuBackend, step: &Step, a: MlaAbsorb<'_, CpuBackend>) {
@@ -60,7 +56,8 @@ pub(crate) fn absorb(b: &CpuBackend, step: &Step, a: MlaAbsorb<'_, CpuBackend>) 
     let qf = Shared::new(a.q_full.as_mut_ptr());
     let chunks = rows.div_ceil(ABSORB_ROWS);
     let items = d.heads * chunks;
-    b.run(&|c: &Ctx| {
+    let work = d.heads * d.nope * d.kv_lora * 2 * rows.min(ABSORB_ROWS);
+    b.run(work, &|c: &Ctx| {
         let mut scratch = b.scratch(c.id, ABSORB_ROWS * (d.nope + d.kv_lora));
         let (xs, ys) = scratch.split_at_mut(ABSORB_ROWS * d.nope);
         for item in c.split(items) {
@@ -102,7 +99,8 @@ pub(crate) fn dsa_select(b: &CpuBackend, step: &Step, a: DsaSelect<'_, CpuBacken
     let (wscale, dscale) = ((d.heads as f32).powf(-0.5), (dim as f32).powf(-0.5));
     let topk = d.topk;
     let by_rows = rows >= b.parallelism();
-    b.run(&|c: &Ctx| {
+    let cost = rows * (d.heads * dim * 4 + positions * (dim * 4 + d.heads * 8));
+    b.run(cost, &|c: &Ctx| {
         // Keys into the cache, queries rotated.
         for r in c.split(rows) {
             let (cr, sr) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
@@ -194,7 +192,12 @@ pub(crate) fn attend(b: &CpuBackend, step: &Step, a: MlaAttend<'_, CpuBackend>) 
     let out_len = a.out.len();
     let kv_b = a.kv_b.q();
     let path = b.path();
-    b.run(&|c: &Ctx| {
+    let attended = match selection {
+        Selection::Dense => step.max_visible(),
+        Selection::Sparse => topk,
+    };
+    let work = rows * d.heads * attended * kw * 4 / 4 + d.heads * d.v * d.kv_lora * 2;
+    b.run(work, &|c: &Ctx| {
         // Scores, softmax and the weighted latent for this thread's (row, head) pairs;
         // each key is loaded once for all of a row's heads here.
         let items = c.split(rows * d.heads);

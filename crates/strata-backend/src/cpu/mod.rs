@@ -77,6 +77,9 @@ impl<T> Shared<T> {
     }
 }
 
+/// Work (bytes read) worth a thread of its own in one region.
+pub(crate) const BYTES_PER_THREAD: usize = 32 << 10;
+
 pub struct CpuBackend {
     pool: &'static ThreadPool,
     path: KernelPath,
@@ -134,8 +137,11 @@ impl CpuBackend {
         g
     }
 
-    pub(crate) fn run(&self, f: &(dyn Fn(&Ctx) + Sync)) {
-        self.pool.run(f)
+    /// Runs `f` on as many threads as `work` (bytes an op reads, roughly) is worth:
+    /// about [`BYTES_PER_THREAD`] each, so a small op does not pay a barrier across
+    /// every core and decode speed does not fall as threads are added.
+    pub(crate) fn run(&self, work: usize, f: &(dyn Fn(&Ctx) + Sync)) {
+        self.pool.run_on(work.div_ceil(BYTES_PER_THREAD), f)
     }
 }
 
@@ -246,11 +252,7 @@ impl Backend for CpuBackend {
                 }
             }
         };
-        if rows <= 2 {
-            body(&single());
-        } else {
-            self.run(&body);
-        }
+        self.run(rows * cols * 4, &body);
         Ok(())
     }
 
@@ -264,11 +266,7 @@ impl Backend for CpuBackend {
                 strata_kernels::ops::rms_norm(&x[r * width..(r + 1) * width], w.map(|w| &w[..]), eps, dst);
             }
         };
-        if rows <= 4 {
-            body(&single());
-        } else {
-            self.run(&body);
-        }
+        self.run(rows * width * 8, &body);
     }
 
     fn linears(&self, x: &Vec<f32>, rows: usize, outs: &mut [LinearOut<'_, Self>]) {
@@ -319,12 +317,7 @@ impl Backend for CpuBackend {
                 }
             }
         };
-        // Tiny products are not worth waking the pool for.
-        if total * rows < 16 * 1024 {
-            body(&single());
-        } else {
-            self.run(&body);
-        }
+        self.run(total * rows.min(8), &body);
     }
 
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
@@ -428,9 +421,4 @@ impl Backend for CpuBackend {
             dst[i * width..(i + 1) * width].copy_from_slice(&src[r * width..(r + 1) * width]);
         }
     }
-}
-
-/// A one-thread context, for ops too small to wake the pool.
-pub(crate) fn single() -> Ctx<'static> {
-    strata_kernels::pool::single_ctx()
 }

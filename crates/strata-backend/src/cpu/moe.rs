@@ -1,6 +1,6 @@
 //! The MoE router (DeepSeek-V3 `noaux_tc`) and the combination of expert outputs.
 
-use super::{single, CpuBackend, CpuMat, Shared};
+use super::{CpuBackend, CpuMat, Shared};
 use crate::RouterParams;
 use strata_kernels::ops::{axpy, sigmoid, top_k_by};
 use strata_kernels::pool::Ctx;
@@ -85,11 +85,7 @@ pub(crate) fn route_noaux(
             out_w.iter_mut().for_each(|w| *w *= p.scaling);
         }
     };
-    if rows * n * hidden < 64 * 1024 {
-        body(&single());
-    } else {
-        b.run(&body);
-    }
+    b.run(rows.min(8) * g.weight_bytes(), &body);
 }
 
 /// `out[r] += (sum over r's experts in ascending id of w * y[src[r, rank]]) + shared[r]`.
@@ -139,9 +135,5 @@ pub(crate) fn combine(
             }
         }
     };
-    if rows <= 2 {
-        body(&single());
-    } else {
-        b.run(&body);
-    }
+    b.run(rows * hidden * (top_k + 2) * 4, &body);
 }

@@ -9,6 +9,9 @@ use crate::pool::ThreadPool;
 use crate::quant::QuantKind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Weight bytes (times rows, up to a tile) worth a thread of their own.
+const BYTES_PER_THREAD: usize = 32 << 10;
+
 /// One expert's work: `y = down(silu(gate x) * up x)` over some rows of x.
 #[derive(Clone, Copy)]
 pub struct ExpertJob<'a> {
@@ -84,6 +87,7 @@ impl ExpertRunner {
         self.items1.clear();
         self.items2.clear();
         let (mut gx_len, mut h_len) = (0usize, 0usize);
+        let mut work = 0usize;
         let mut down_staged = false;
         let threads = pool.threads();
         for j in 0..n_jobs {
@@ -123,6 +127,7 @@ impl ExpertRunner {
                 y.len() / hidden.max(1)
             );
             self.offs.push((rows, gx_len, h_len));
+            work += (gate.weight_bytes() + up.weight_bytes() + down.weight_bytes()) * rows.clamp(1, 8);
             if job.rows.is_some() {
                 gx_len += rows * hidden;
             }
@@ -166,7 +171,7 @@ impl ExpertRunner {
                 None => x,
             }
         };
-        pool.run(&|c| {
+        pool.run_on(work.div_ceil(BYTES_PER_THREAD), &|c| {
             // Phase 0: gather rows and stage x for encodings that need it.
             for j in c.split(n_jobs) {
                 let (rows, gx_off, _) = offs[j];
