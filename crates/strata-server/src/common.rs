@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use strata_engine::chat::{inject_tools, RenderOptions, RESERVED_VARIABLES};
+use strata_engine::chat::{inject_tool_calls, inject_tools, RenderOptions, RESERVED_VARIABLES};
 use strata_engine::{GenerateRequest, LoadedModel, Message, SamplingParams};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -196,10 +196,10 @@ impl ChatInput {
 pub struct Prompt {
     pub text: String,
     pub ids: Vec<u32>,
-    /// The template has no tool section: the tools were written into the system
-    /// message instead (see docs/server.md), and responses say so in
-    /// `x-strata-tools-fallback`.
-    pub tools_fallback: bool,
+    /// What went through the fallback, when the template has no place for it (see
+    /// docs/server.md): `system-message` (the tools, and the calls with them) or
+    /// `tool-calls` (earlier calls only). Responses say so in `x-strata-tools-fallback`.
+    pub tools_fallback: Option<&'static str>,
 }
 
 /// The response header that says tools went through the fallback.
@@ -208,8 +208,8 @@ pub const TOOLS_FALLBACK_HEADER: &str = "x-strata-tools-fallback";
 impl Prompt {
     /// `resp` with the fallback header when the tools went through it.
     pub fn mark(&self, mut resp: Response) -> Response {
-        if self.tools_fallback {
-            resp.headers_mut().insert(TOOLS_FALLBACK_HEADER, axum::http::HeaderValue::from_static("system-message"));
+        if let Some(what) = self.tools_fallback {
+            resp.headers_mut().insert(TOOLS_FALLBACK_HEADER, axum::http::HeaderValue::from_static(what));
         }
         resp
     }
@@ -324,13 +324,17 @@ impl AppState {
         if !template.reads_content_parts() {
             flatten_parts(&mut messages);
         }
-        let mut tools_fallback = false;
+        let mut tools_fallback = None;
+        let calls = !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages);
+        if calls {
+            tools_fallback = Some("tool-calls");
+        }
         if let Some(t) = &tools {
             if template.uses("tools", true) {
                 opts.tools = Some(t.clone());
             } else {
-                inject_tools(&mut messages, t, !template.reads_tool_calls(false));
-                tools_fallback = true;
+                inject_tools(&mut messages, t);
+                tools_fallback = Some("system-message");
             }
         }
         let text = template

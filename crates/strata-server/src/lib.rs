@@ -193,12 +193,12 @@ struct TokenizeRequest {
 /// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
 /// template first; answers the text that was tokenized, for checking what the model sees.
 async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
-    let run = move || -> Result<(Value, bool), ApiError> {
+    let run = move || -> Result<(Value, Option<&'static str>), ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
         let (text, ids, fallback) = match (req.prompt, req.messages) {
             (Some(p), None) => {
                 let ids = st.tokenize(&p, req.add_special_tokens.unwrap_or(true))?;
-                (p, ids, false)
+                (p, ids, None)
             }
             (None, Some(msgs)) => {
                 let tools = openai::tool_schemas(req.tools, None)?;

@@ -7,9 +7,7 @@ use serde_json::{Map, Value};
 
 /// The text that describes `tools` (OpenAI-style schemas) to the model.
 pub fn tools_system_text(tools: &Value) -> String {
-    let mut s = String::from(
-        "# Tools\n\nYou may call one or more of these functions. Their JSON schemas, one per line:\n<tools>\n",
-    );
+    let mut s = String::from("# Tools\n<tools>\n");
     for t in tools.as_array().into_iter().flatten() {
         let line = json_dumps(&minijinja::Value::from(minijinja::value::Serde(t)), &JsonOptions::default())
             .unwrap_or_else(|_| t.to_string());
@@ -17,8 +15,7 @@ pub fn tools_system_text(tools: &Value) -> String {
         s.push('\n');
     }
     s.push_str(
-        "</tools>\n\nTo call a function, write one block per call:\n<tool_call>FUNCTION-NAME\n\
-         <arg_key>ARGUMENT-NAME</arg_key>\n<arg_value>ARGUMENT-VALUE</arg_value>\n...\n</tool_call>",
+        "</tools>\nTo call one: <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>",
     );
     s
 }
@@ -54,18 +51,20 @@ fn append_text(msg: &mut Map<String, Value>, text: &str, sep: &str) {
     }
 }
 
-/// Writes `tools` into the system message (appended after a blank line, or a new
-/// system message first) and, when `calls_too`, each assistant message's
-/// `tool_calls` into its content.
-pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value, calls_too: bool) {
+/// Writes `tools` into the system message: appended after a blank line, or as a new
+/// system message first.
+pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value) {
     let text = tools_system_text(tools);
     match messages.first_mut().and_then(Value::as_object_mut) {
         Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => append_text(first, &text, "\n\n"),
         _ => messages.insert(0, serde_json::json!({"role": "system", "content": text})),
     }
-    if !calls_too {
-        return;
-    }
+}
+
+/// Writes each assistant message's `tool_calls` into its content (after a newline);
+/// answers whether there were any.
+pub fn inject_tool_calls(messages: &mut [Value]) -> bool {
+    let mut any = false;
     for m in messages.iter_mut().filter_map(Value::as_object_mut) {
         let calls: Vec<String> = match m.get("tool_calls") {
             Some(Value::Array(calls)) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
@@ -75,6 +74,8 @@ pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value, calls_too: bool) {
         };
         if !calls.is_empty() {
             append_text(m, &calls.join("\n"), "\n");
+            any = true;
         }
     }
+    any
 }

@@ -9,7 +9,7 @@ mod pyenv;
 mod pyfmt;
 mod pymethods;
 
-pub use fallback::{inject_tools, tools_system_text};
+pub use fallback::{inject_tool_calls, inject_tools, tools_system_text};
 pub use pyenv::Clock;
 pub use pyfmt::{json_dumps, JsonOptions};
 
