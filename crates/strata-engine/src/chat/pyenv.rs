@@ -100,7 +100,7 @@ fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
 fn join(state: &State, value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
     let args: Vec<Value> = args.0.into_iter().map(ValueOrKwargs::into_value).collect();
     let (pos, kw) = split_kwargs(&args);
-    let mut sep = pos.first().map(|v| py_str(v)).unwrap_or_default();
+    let mut sep = pos.first().map(py_str).unwrap_or_default();
     let mut attribute = pos.get(1).cloned();
     for (k, v) in kw {
         match k.as_str() {
