@@ -186,29 +186,37 @@ struct TokenizeRequest {
     tools: Option<Vec<Value>>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    #[serde(flatten)]
+    template: openai::TemplateFields,
 }
 
 /// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
 /// template first; answers the text that was tokenized, for checking what the model sees.
 async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
-    let run = move || -> Result<Value, ApiError> {
+    let run = move || -> Result<(Value, Option<&'static str>), ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
-        let (text, ids) = match (req.prompt, req.messages) {
+        let (text, ids, fallback) = match (req.prompt, req.messages) {
             (Some(p), None) => {
                 let ids = st.tokenize(&p, req.add_special_tokens.unwrap_or(true))?;
-                (p, ids)
+                (p, ids, None)
             }
             (None, Some(msgs)) => {
                 let tools = openai::tool_schemas(req.tools, None)?;
-                st.chat_prompt(&openai::chat_messages(msgs)?, tools.as_ref())?
+                let p = st.chat_prompt(req.template.input(openai::chat_messages(msgs)?, tools)?)?;
+                (p.text, p.ids, p.tools_fallback)
             }
             _ => return Err(ApiError::bad_request("send either `prompt` or `messages`")),
         };
-        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
-                  "prompt": text}))
+        Ok((
+            json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
+                  "prompt": text, "tools_fallback": fallback}),
+            fallback,
+        ))
     };
     match common::blocking(run).await {
-        Ok(v) => Json(v).into_response(),
+        Ok((v, fallback)) => {
+            common::Prompt { text: String::new(), ids: vec![], tools_fallback: fallback }.mark(Json(v).into_response())
+        }
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }
