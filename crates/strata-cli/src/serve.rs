@@ -31,12 +31,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref() == Some("") {
         bail!("--api-key: the key is empty");
     }
+    let load = a.budget.load_options_for(&a.model)?;
     strata_server::serve(strata_server::ServerConfig {
         model_dir: a.model,
         host: a.host,
         port: a.port,
         api_key: a.api_key,
         queue: a.queue,
-        load: a.budget.load_options()?,
+        load,
     })
 }
