@@ -92,8 +92,60 @@ fn read_probes(path: &Path) -> Result<ProbeSet> {
 }
 
 fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+    std::fs::write(path, compact_number_arrays(&serde_json::to_string_pretty(value)?) + "\n")
         .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Pretty JSON with every array of plain numbers on one line (the runs' `[layer,
+/// expert, count]` triples would otherwise take four lines each).
+fn compact_number_arrays(pretty: &str) -> String {
+    let lines: Vec<&str> = pretty.lines().collect();
+    let mut out = String::with_capacity(pretty.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if line.ends_with('[') {
+            let mut j = i + 1;
+            let mut items = Vec::new();
+            while j < lines.len() {
+                let t = lines[j].trim();
+                let item = t.trim_end_matches(',');
+                if item.parse::<f64>().is_ok() {
+                    items.push(item);
+                    j += 1;
+                } else {
+                    break;
+                }
+            }
+            if j < lines.len() && !items.is_empty() && lines[j].trim_start().starts_with(']') {
+                out.push_str(line);
+                out.push_str(&items.join(", "));
+                out.push_str(lines[j].trim_start());
+                out.push('\n');
+                i = j + 1;
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        i += 1;
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn number_arrays_go_on_one_line() {
+        let v = serde_json::json!({"a": [[1, 2, 3], [4, 5, 6]], "b": ["x", 1], "c": [], "d": {"e": [1.5]}});
+        let text = super::compact_number_arrays(&serde_json::to_string_pretty(&v).unwrap());
+        assert!(text.contains("[1, 2, 3],\n"), "{text}");
+        assert!(text.contains("\"e\": [1.5]"), "{text}");
+        assert!(text.contains("\"x\",\n"), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+    }
 }
 
 fn build(a: BuildArgs) -> Result<()> {
@@ -161,20 +213,22 @@ fn validate_cmd(a: ValidateArgs) -> Result<()> {
     if a.json {
         return crate::commands::emit(&serde_json::to_string_pretty(&v)?);
     }
-    println!("{}", headline(&v));
-    println!("{:<16} {:>6}  {:<16} {:>9} {:>10}", "category", "prompt", "predicted", "own share", "best other");
+    use std::fmt::Write;
+    let mut out = headline(&v);
+    write!(out, "\n{:<16} {:>6}  {:<16} {:>9} {:>10}", "category", "prompt", "predicted", "own share", "best other")?;
     for t in &v.trials_by_prompt {
-        println!(
-            "{:<16} {:>6}  {:<16} {:>9.3} {:>10.3}{}",
+        write!(
+            out,
+            "\n{:<16} {:>6}  {:<16} {:>9.3} {:>10.3}{}",
             t.category,
             t.prompt,
             t.predicted,
             t.own_share,
             t.best_other_share,
             if t.correct { "" } else { "  (wrong)" }
-        );
+        )?;
     }
-    Ok(())
+    crate::commands::emit(&out)
 }
 
 fn render(a: RenderArgs) -> Result<()> {

@@ -55,6 +55,12 @@ fn hex(c: (u8, u8, u8)) -> String {
     mix(c, c, 0.0)
 }
 
+/// Colour weight of a specialisation: a square-root ramp from a hint of the topic's
+/// colour (no preference) to full colour at `scale`, so weak preferences stay legible.
+fn intensity(spec: f64, scale: f64) -> f64 {
+    0.2 + 0.8 * (spec / scale).clamp(0.0, 1.0).sqrt()
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
@@ -101,7 +107,7 @@ aside .kv span:nth-child(odd){color:var(--muted)}
 .chip small{color:var(--muted)}
 .chip.off{opacity:.45}
 .scale{display:flex;align-items:center;gap:8px;color:var(--muted);font-size:12.5px;margin-left:8px}
-.scale .ramp{width:140px;height:12px;border-radius:3px;background:linear-gradient(90deg,#e9ebef,#4e79a7)}
+.scale .ramp{width:140px;height:12px;border-radius:3px;background:linear-gradient(90deg,#c6cfda,#4e79a7)}
 section.more{padding:4px 28px 8px}
 details{background:#fff;border:1px solid var(--line);border-radius:10px;padding:8px 14px;margin:8px 0}
 summary{cursor:pointer;font-weight:600}
@@ -187,7 +193,7 @@ pub fn render(atlas: &AtlasFile) -> Result<String> {
 
     let n_exp = atlas.model.experts_per_layer;
     let n_lay = atlas.model.layers.len().max(1);
-    let cw = (1000 / n_exp.max(1)).clamp(4, 28);
+    let cw = (880 / n_exp.max(1)).clamp(4, 24);
     let ch = (420 / n_lay).clamp(4, 56);
     let mut h = String::with_capacity(64 * 1024);
     let title = format!("Expert Atlas \u{2014} {}", esc(&atlas.model.name));
@@ -246,7 +252,7 @@ pub fn render(atlas: &AtlasFile) -> Result<String> {
     }
     write!(
         h,
-        "<span class=\"scale\">specialisation 0<span class=\"ramp\"></span>{scale:.2} \u{b7} outlined: strong \u{b7} <i style=\"display:inline-block;width:14px;height:14px;border-radius:3px;background:repeating-linear-gradient(45deg,#f1f2f5 0 3px,#e1e4ea 3px 6px)\"></i> not labelled</span></section>"
+        "<span class=\"scale\">specialisation 0<span class=\"ramp\"></span>{scale:.2} (square-root scale) \u{b7} outlined: strong \u{b7} <i style=\"display:inline-block;width:14px;height:14px;border-radius:3px;background:repeating-linear-gradient(45deg,#f1f2f5 0 3px,#e1e4ea 3px 6px)\"></i> not labelled</span></section>"
     )?;
 
     // The grid.
@@ -267,7 +273,7 @@ pub fn render(atlas: &AtlasFile) -> Result<String> {
             match by_key.get(&(layer, e)) {
                 Some(x) => {
                     let t = cat_index(&x.top_topic);
-                    let colour = mix(NEUTRAL, colours[t], 0.15 + 0.85 * (x.specialization / scale).min(1.0));
+                    let colour = mix(NEUTRAL, colours[t], intensity(x.specialization, scale));
                     let strong = if x.specialization >= thr { " class=\"strong\"" } else { "" };
                     write!(h, "<td data-key=\"{key}\" data-t=\"{t}\"{strong} style=\"background:{colour}\"></td>")?;
                 }
@@ -366,6 +372,9 @@ mod tests {
         assert_eq!(mix((0, 0, 0), (255, 255, 255), 0.5), "#808080");
         assert_eq!(hex(hsl(0.0, 1.0, 0.5)), "#ff0000");
         assert_ne!(topic_colour(12), topic_colour(13));
+        assert_eq!(intensity(0.0, 0.8), 0.2);
+        assert_eq!(intensity(0.8, 0.8), 1.0);
+        assert_eq!(intensity(2.0, 0.8), 1.0);
         assert_eq!(esc("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");
     }
 }

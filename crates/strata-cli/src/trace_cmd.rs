@@ -40,8 +40,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             if a.json {
                 crate::commands::emit(&serde_json::to_string_pretty(&report)?)
             } else {
-                print!("{report}");
-                Ok(())
+                crate::commands::emit(report.to_string().trim_end())
             }
         }
     }
