@@ -13,7 +13,7 @@ use strata_residency::atlas::{validate, AtlasFile, AtlasOptions, ProbeSet, Valid
 pub enum AtlasCommand {
     /// Run a probe set (one fresh KV per prompt) and write the atlas: which experts
     /// specialise in which category, with the runs it came from.
-    Build(BuildArgs),
+    Build(Box<BuildArgs>),
     /// Leave-one-prompt-out validation of an atlas file: does each prompt's routing point
     /// to its own category?
     Validate(ValidateArgs),
@@ -80,7 +80,7 @@ pub struct RenderArgs {
 
 pub fn run(c: AtlasCommand) -> Result<()> {
     match c {
-        AtlasCommand::Build(a) => build(a),
+        AtlasCommand::Build(a) => build(*a),
         AtlasCommand::Validate(a) => validate_cmd(a),
         AtlasCommand::Render(a) => render(a),
     }
@@ -134,19 +134,6 @@ fn compact_number_arrays(pretty: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn number_arrays_go_on_one_line() {
-        let v = serde_json::json!({"a": [[1, 2, 3], [4, 5, 6]], "b": ["x", 1], "c": [], "d": {"e": [1.5]}});
-        let text = super::compact_number_arrays(&serde_json::to_string_pretty(&v).unwrap());
-        assert!(text.contains("[1, 2, 3],\n"), "{text}");
-        assert!(text.contains("\"e\": [1.5]"), "{text}");
-        assert!(text.contains("\"x\",\n"), "{text}");
-        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(back, v);
-    }
-}
 
 fn build(a: BuildArgs) -> Result<()> {
     let probes = read_probes(&a.probes)?;
@@ -246,4 +233,18 @@ fn render(a: RenderArgs) -> Result<()> {
         atlas.model.experts_per_layer
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn number_arrays_go_on_one_line() {
+        let v = serde_json::json!({"a": [[1, 2, 3], [4, 5, 6]], "b": ["x", 1], "c": [], "d": {"e": [1.5]}});
+        let text = super::compact_number_arrays(&serde_json::to_string_pretty(&v).unwrap());
+        assert!(text.contains("[1, 2, 3],\n"), "{text}");
+        assert!(text.contains("\"e\": [1.5]"), "{text}");
+        assert!(text.contains("\"x\",\n"), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+    }
 }

@@ -355,9 +355,9 @@ pub fn render(atlas: &AtlasFile) -> Result<String> {
         "totals": totals.iter().map(|(&(l, e), &n)| (format!("{l}:{e}"), n)).collect::<BTreeMap<_, _>>(),
     });
     let json = serde_json::to_string(&data)?.replace("</", "<\\/");
-    write!(
+    writeln!(
         h,
-        "<script id=\"atlas-data\" type=\"application/json\">{json}</script><script>{SCRIPT}</script></body></html>\n"
+        "<script id=\"atlas-data\" type=\"application/json\">{json}</script><script>{SCRIPT}</script></body></html>"
     )?;
     Ok(h)
 }
