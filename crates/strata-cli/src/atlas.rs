@@ -134,7 +134,6 @@ fn compact_number_arrays(pretty: &str) -> String {
     out
 }
 
-
 fn build(a: BuildArgs) -> Result<()> {
     let probes = read_probes(&a.probes)?;
     let analysis = AtlasOptions { min_count: a.min_count, min_runs: a.min_runs, strong_threshold: a.strong_threshold };

@@ -24,6 +24,10 @@ pub struct CouplingArgs {
     /// Layer distances to predict across.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     deltas: Vec<usize>,
+    /// Score only rows of forwards with at most this many rows (8: the calls PILOT
+    /// predicts; it skips wider ones). Every fit row is used regardless.
+    #[arg(long)]
+    score_max_rows: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -35,8 +39,15 @@ pub fn run(c: TraceCommand) -> Result<()> {
                 std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
             let records = strata_residency::read_trace(std::io::BufReader::new(file))
                 .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
-            let report = coupling(&records, &CouplingOptions { train_fraction: a.train_fraction, deltas: a.deltas })
-                .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
+            let report = coupling(
+                &records,
+                &CouplingOptions {
+                    train_fraction: a.train_fraction,
+                    deltas: a.deltas,
+                    score_max_rows: a.score_max_rows,
+                },
+            )
+            .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
             if a.json {
                 crate::commands::emit(&serde_json::to_string_pretty(&report)?)
             } else {

@@ -26,11 +26,13 @@ pub struct CouplingOptions {
     /// Leading share of the rows used to fit, in (0, 1).
     pub train_fraction: f64,
     pub deltas: Vec<usize>,
+    /// Score only rows of forwards with at most this many rows.
+    pub score_max_rows: Option<usize>,
 }
 
 impl Default for CouplingOptions {
     fn default() -> Self {
-        Self { train_fraction: DEFAULT_TRAIN_FRACTION, deltas: DEFAULT_DELTAS.to_vec() }
+        Self { train_fraction: DEFAULT_TRAIN_FRACTION, deltas: DEFAULT_DELTAS.to_vec(), score_max_rows: None }
     }
 }
 
@@ -77,25 +79,47 @@ pub struct CouplingReport {
     pub train_rows: usize,
     pub test_rows: usize,
     pub train_fraction: f64,
+    /// Rows scored: test rows of forwards no wider than `score_max_rows`.
+    pub scored_rows: usize,
+    pub score_max_rows: Option<usize>,
     pub layers: Vec<usize>,
     pub by_delta: Vec<DeltaSummary>,
     pub pairs: Vec<PairReport>,
 }
 
-type Row = BTreeMap<usize, Vec<usize>>;
+/// One (segment, forward, row): layer -> experts, and the width of its forward.
+#[derive(Default)]
+struct Row {
+    layers: BTreeMap<usize, Vec<usize>>,
+    width: usize,
+}
 
-/// Groups records into rows (layer -> experts), in order of first appearance.
+impl Row {
+    fn get(&self, layer: &usize) -> Option<&Vec<usize>> {
+        self.layers.get(layer)
+    }
+}
+
+/// Groups records into rows, in order of first appearance.
 fn rows(records: &[TraceRecord]) -> Vec<Row> {
-    let mut index: std::collections::HashMap<(u32, u64, u32), usize> = std::collections::HashMap::new();
-    let mut out: Vec<Row> = Vec::new();
+    use std::collections::HashMap;
+    let mut index: HashMap<(u32, u64, u32), usize> = HashMap::new();
+    let mut widths: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut out: Vec<(Row, (u32, u64))> = Vec::new();
     for r in records {
         let i = *index.entry((r.segment, r.forward, r.row)).or_insert_with(|| {
-            out.push(Row::new());
+            *widths.entry((r.segment, r.forward)).or_insert(0) += 1;
+            out.push((Row::default(), (r.segment, r.forward)));
             out.len() - 1
         });
-        out[i].entry(r.layer).or_default().extend(&r.experts);
+        out[i].0.layers.entry(r.layer).or_default().extend(&r.experts);
     }
-    out
+    out.into_iter()
+        .map(|(mut row, fwd)| {
+            row.width = widths[&fwd];
+            row
+        })
+        .collect()
 }
 
 struct Table {
@@ -194,6 +218,8 @@ pub fn coupling(records: &[TraceRecord], opts: &CouplingOptions) -> Result<Coupl
         l.dedup();
         l
     };
+    let scored = |row: &Row| opts.score_max_rows.is_none_or(|m| row.width <= m);
+    let scored_rows = rows[train..].iter().filter(|r| scored(r)).count();
     let mut pairs = Vec::new();
     for &delta in &opts.deltas {
         for &src in &layers {
@@ -208,7 +234,7 @@ pub fn coupling(records: &[TraceRecord], opts: &CouplingOptions) -> Result<Coupl
                 }
             }
             let (mut test_rows, mut total, mut hit, mut base) = (0, 0u64, 0u64, 0u64);
-            for row in &rows[train..] {
+            for row in rows[train..].iter().filter(|r| scored(r)) {
                 let (Some(s), Some(t)) = (row.get(&src), row.get(&tgt)) else { continue };
                 test_rows += 1;
                 total += t.len() as u64;
@@ -251,6 +277,8 @@ pub fn coupling(records: &[TraceRecord], opts: &CouplingOptions) -> Result<Coupl
         train_rows: train,
         test_rows: rows.len() - train,
         train_fraction: opts.train_fraction,
+        scored_rows,
+        score_max_rows: opts.score_max_rows,
         layers,
         by_delta,
         pairs,
@@ -268,6 +296,9 @@ impl fmt::Display for CouplingReport {
             self.train_fraction * 100.0,
             self.layers
         )?;
+        if let Some(m) = self.score_max_rows {
+            writeln!(f, "scored: {} test rows of forwards of at most {m} rows", self.scored_rows)?;
+        }
         for d in &self.by_delta {
             writeln!(
                 f,
@@ -367,10 +398,29 @@ mod tests {
             recs.push(rec(i, 0, 1, &[a]));
             recs.push(rec(i, 0, 2, &[(a + shift) % 8]));
         }
-        let r = coupling(&recs, &CouplingOptions { train_fraction: 0.5, deltas: vec![1] }).unwrap();
+        let opts = |f: f64| CouplingOptions { train_fraction: f, deltas: vec![1], score_max_rows: None };
+        let r = coupling(&recs, &opts(0.5)).unwrap();
         assert_eq!(r.pairs[0].recall, 0.0);
-        let r = coupling(&recs, &CouplingOptions { train_fraction: 0.4, deltas: vec![1] }).unwrap();
+        let r = coupling(&recs, &opts(0.4)).unwrap();
         assert!(r.pairs[0].recall > 0.0 && r.pairs[0].recall < 0.2, "{:?}", r.pairs[0]);
+    }
+
+    #[test]
+    fn wide_forwards_can_be_left_unscored() {
+        // synthetic(): 3 rows per forward. Forwards 100.. get one row each.
+        let mut recs = synthetic(300);
+        for i in 0..60u64 {
+            let a = (i % 8) as usize;
+            recs.push(rec(100 + i, 0, 1, &[a, (a + 3) % 8]));
+            recs.push(rec(100 + i, 0, 2, &[(a + 1) % 8, (a + 4) % 8]));
+        }
+        let all = coupling(&recs, &CouplingOptions::default()).unwrap();
+        let narrow = coupling(&recs, &CouplingOptions { score_max_rows: Some(1), ..Default::default() }).unwrap();
+        assert_eq!((all.rows, all.test_rows, all.scored_rows), (360, 180, 180));
+        assert_eq!((narrow.scored_rows, narrow.score_max_rows), (60, Some(1)));
+        assert_eq!(narrow.pairs[0].test_rows, 60);
+        assert_eq!(narrow.pairs[0].recall, 1.0);
+        assert!(narrow.to_string().contains("scored: 60 test rows of forwards of at most 1 rows"));
     }
 
     #[test]
