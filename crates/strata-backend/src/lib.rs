@@ -50,6 +50,63 @@ impl HostMatrix {
         (self.payload.len() + 4 * self.scales.len()) as u64
     }
 
+    /// Splits the columns at `at`: `(W[:, ..at], W[:, at..])` (a projection of a
+    /// concatenated input, taken apart so each half multiplies its own input). Fails
+    /// when a scale group or FP8 block straddles the cut.
+    pub fn split_cols(self, at: usize) -> Result<(Self, Self)> {
+        let (rows, cols) = (self.rows, self.cols);
+        anyhow::ensure!(at > 0 && at < cols, "split_cols: cut {at} outside 1..{cols}");
+        let take = |kind: QuantKind, c0: usize, c1: usize| -> Self {
+            let width = c1 - c0;
+            let (payload, scales) = match kind {
+                QuantKind::F32 | QuantKind::Bf16 => {
+                    let e = if kind == QuantKind::F32 { 4 } else { 2 };
+                    let p = (0..rows)
+                        .flat_map(|r| self.payload[(r * cols + c0) * e..(r * cols + c1) * e].to_vec())
+                        .collect();
+                    (p, Vec::new())
+                }
+                QuantKind::Int8Row => {
+                    let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
+                    (p, self.scales.clone())
+                }
+                QuantKind::Int4Group { group } => {
+                    let half = cols.div_ceil(2);
+                    let groups = cols.div_ceil(group);
+                    let p = (0..rows)
+                        .flat_map(|r| self.payload[r * half + c0 / 2..r * half + c1.div_ceil(2)].to_vec())
+                        .collect();
+                    let s = (0..rows)
+                        .flat_map(|r| self.scales[r * groups + c0 / group..r * groups + c1.div_ceil(group)].to_vec())
+                        .collect();
+                    (p, s)
+                }
+                QuantKind::Fp8 { block_rows, block_cols } => {
+                    let ncb = cols.div_ceil(block_cols);
+                    let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
+                    let s = (0..rows.div_ceil(block_rows))
+                        .flat_map(|b| {
+                            self.scales[b * ncb + c0 / block_cols..b * ncb + c1.div_ceil(block_cols)].to_vec()
+                        })
+                        .collect();
+                    (p, s)
+                }
+            };
+            Self { kind, rows, cols: width, payload, scales }
+        };
+        let unit = match self.kind {
+            QuantKind::Int4Group { group } => group,
+            QuantKind::Fp8 { block_cols, .. } => block_cols,
+            _ => 1,
+        };
+        anyhow::ensure!(
+            at % unit == 0,
+            "split_cols: cut {at} straddles a scale block of {unit} columns ({})",
+            self.kind.name()
+        );
+        Ok((take(self.kind, 0, at), take(self.kind, at, cols)))
+    }
+
     /// FP8 with row blocks of more than one row re-expressed with one scale row per matrix
     /// row (same values), so any row range is again a valid block-scaled matrix (MLA's
     /// per-head slices of `kv_b_proj`).

@@ -136,6 +136,10 @@ pub struct BudgetArgs {
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
+    /// Speculative decoding with the checkpoint's MTP (draft) layer: on (default where the
+    /// checkpoint has one) or off (not loaded).
+    #[arg(long, default_value = "on")]
+    mtp: String,
 }
 
 impl BudgetArgs {
@@ -184,7 +188,13 @@ impl BudgetArgs {
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
+        let mtp = match self.mtp.as_str() {
+            "on" => true,
+            "off" => false,
+            other => return Err(anyhow!("--mtp `{other}`: expected on or off")),
+        };
         Ok(strata_engine::LoadOptions {
+            mtp,
             device: self.device.device()?,
             budget,
             context: self.context,
@@ -218,12 +228,9 @@ pub fn fit(a: FitArgs) -> Result<()> {
     let opts = a.budget.load_options()?;
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
-    let fit = strata_engine::fit::fit_dir(
-        &a.model,
-        arch.as_ref(),
-        &store,
-        &strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime),
-    )?;
+    let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);
+    fit_opts.draft = opts.mtp;
+    let fit = strata_engine::fit::fit_dir(&a.model, arch.as_ref(), &store, &fit_opts)?;
     if a.json {
         let mut v = serde_json::to_value(&fit)?;
         v["error"] = fit.error.clone().into();

@@ -38,7 +38,8 @@ fn decode_steps_allocate_nothing() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let m = LoadedModel::open(&root.join("models/strata-tiny")).unwrap();
     let prompt: Vec<u32> = (0..70).map(|i| (i * 97 % 8000) as u32 + 10).collect();
-    let sampled = SamplingParams { temperature: 0.8, top_p: 0.9, repetition_penalty: 1.1, seed: 3, ..Default::default() };
+    let sampled =
+        SamplingParams { temperature: 0.8, top_p: 0.9, repetition_penalty: 1.1, seed: 3, ..Default::default() };
     for params in [SamplingParams::default(), sampled] {
         let mut gen = m.generator().unwrap();
         let mut sampler = Sampler::new(params.clone()).unwrap();

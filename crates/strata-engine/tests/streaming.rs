@@ -29,6 +29,7 @@ fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
 fn options(budget: Option<u64>, working: usize) -> LoadOptions {
     LoadOptions {
         device: strata_engine::Device::Cpu,
+        mtp: false,
         budget,
         context: 256,
         runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
@@ -59,6 +60,7 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
             working_slots: working,
             pinned: 0,
             max_slots_per_layer: None,
+            draft: false,
         },
     )
     .unwrap();
@@ -249,4 +251,50 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     }
     assert!(outputs.windows(2).all(|w| w[0] == w[1]), "PILOT must not change the output");
     assert!(hit_rates[1] > hit_rates[0], "prefetch should raise the hit rate: {hit_rates:?}");
+}
+
+/// The draft (MTP) layer's experts stream from the container's int8 tier through their
+/// own slab, count into the MTP row of the ledger, and speculation leaves greedy output
+/// unchanged.
+#[test]
+fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    convert(
+        &tiny,
+        dir.path(),
+        &ConvertOptions { experts: QuantKind::Bf16, mtp_experts: QuantKind::Int8Row },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let ledger = dir.path().join("usage.txt");
+    // Room for the draft layer's weights, KV and slab on top of the smallest main plan.
+    let mut opts = options(Some(min_budget(dir.path(), 8) + (8 << 20)), 8);
+    opts.mtp = true;
+    opts.runtime.usage = UsageSetting::Path(ledger.clone());
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
+    let prompt = m.tokenizer().unwrap().encode("And God said, Let there be light", true).unwrap();
+    let run = |draft| {
+        let mut g = m.generator().unwrap();
+        assert!(g.has_draft(), "the container's MTP tier loads the draft layer");
+        let req = GenerateRequest {
+            draft_tokens: draft,
+            ..GenerateRequest::new(prompt.clone(), 40, SamplingParams::default())
+        };
+        g.generate(None, &req, &mut |_| true).unwrap()
+    };
+    let plain = run(0);
+    let spec = run(3);
+    assert_eq!(spec.tokens, plain.tokens);
+    assert!(spec.stats.mtp.unwrap().accepted > 0);
+    m.experts.as_ref().unwrap().end_turn().unwrap();
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let mtp_row: u64 = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<i64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0] == 6).then_some(f[2] as u64)
+        })
+        .sum();
+    assert!(mtp_row > 0, "the MTP layer's selections count in its ledger row: {text}");
 }

@@ -45,7 +45,9 @@ pub struct ExpertRunner {
 /// shares balance by cost, not by count.
 fn share(cost: &[u64], n: usize, id: usize) -> std::ops::Range<usize> {
     let total = *cost.last().unwrap_or(&0);
-    let at = |t: usize| cost[..cost.len() - 1].partition_point(|&c| (c as u128) * (n as u128) < (t as u128) * (total as u128));
+    let at = |t: usize| {
+        cost[..cost.len() - 1].partition_point(|&c| (c as u128) * (n as u128) < (t as u128) * (total as u128))
+    };
     at(id)..at(id + 1)
 }
 
