@@ -131,7 +131,8 @@ pub struct BudgetArgs {
     /// I/O worker threads.
     #[arg(long, default_value_t = 2)]
     io_workers: usize,
-    /// Next-layer expert prediction: off, measure (score it), hint (also send advisory
+    /// Next-layer expert prediction: off, measure (score it), two-step (score the
+    /// predictor that first adds the layer's shared expert), hint (also send advisory
     /// WILLNEED hints; useful with --page-cache), or prefetch (also read predicted experts
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
@@ -183,7 +184,8 @@ impl BudgetArgs {
             "measure" => PilotMode::Measure,
             "hint" => PilotMode::Hint,
             "prefetch" => PilotMode::Prefetch,
-            other => return Err(anyhow!("--pilot `{other}`: expected off, measure, hint or prefetch")),
+            "two-step" => PilotMode::TwoStep,
+            other => return Err(anyhow!("--pilot `{other}`: expected off, measure, two-step, hint or prefetch")),
         };
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));

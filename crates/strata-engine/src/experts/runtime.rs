@@ -49,6 +49,10 @@ pub enum PilotMode {
     /// while the current layer computes; a correct prediction turns the next layer's
     /// miss into a hit whose read already happened.
     Prefetch,
+    /// The reference's two-step predictor, measured: the current layer's shared expert is
+    /// added to the residual before the next router runs (costs one extra shared-expert
+    /// product a layer; no I/O).
+    TwoStep,
 }
 
 #[derive(Clone, Debug)]
@@ -598,6 +602,10 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
 
     fn wants_prediction(&self) -> bool {
         self.pilot != PilotMode::Off
+    }
+
+    fn two_step_prediction(&self) -> bool {
+        self.pilot == PilotMode::TwoStep
     }
 
     fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {

@@ -377,10 +377,19 @@ impl<B: Backend> Session for GlmSession<'_, B> {
                 &mut s.mla,
                 &mut s.x,
             );
-            // PILOT: the next MoE layer's router on this residual, one layer early.
+            // PILOT: the next MoE layer's router on this residual, one layer early (the
+            // two-step predictor first adds this layer's shared expert).
             if let (Some(p), Some(next)) = (predict, m.layers.get(i + 1)) {
                 if let (Mlp::Moe(moe), Some(ms)) = (&next.mlp, s.moe.as_mut()) {
-                    b.rms_norm(rows, h, &s.x, Some(&next.post_norm), eps, &mut s.xn);
+                    let from = match (&layer.mlp, p.two_step_prediction()) {
+                        (Mlp::Moe(cur), true) => {
+                            b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
+                            cur.shared.forward_add_into(b, &s.xn, rows, h, &s.x, &mut s.y);
+                            &s.y
+                        }
+                        _ => &s.x,
+                    };
+                    b.rms_norm(rows, h, from, Some(&next.post_norm), eps, &mut s.xn);
                     moe.predict(b, &s.xn, rows, ms, p.as_ref());
                 }
             }
