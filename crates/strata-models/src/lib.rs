@@ -15,6 +15,7 @@ pub mod experts;
 pub mod glm_moe_dsa;
 pub mod kv;
 pub mod registry;
+mod session;
 pub mod weights;
 
 use anyhow::Result;
