@@ -100,7 +100,7 @@ impl HostMatrix {
             _ => 1,
         };
         anyhow::ensure!(
-            at % unit == 0,
+            at.is_multiple_of(unit),
             "split_cols: cut {at} straddles a scale block of {unit} columns ({})",
             self.kind.name()
         );
@@ -123,20 +123,25 @@ impl HostMatrix {
 
 /// Where one projection of a [`Backend::linears`] call writes: `out[r * stride + col + o]`,
 /// written or (with `add`) added to what is there (a residual add fused into the
-/// projection).
+/// projection), plus `bias[o]` when given.
 pub struct LinearOut<'a, B: Backend> {
     pub w: &'a B::Mat,
     pub out: &'a mut B::Buf,
     pub stride: usize,
     pub col: usize,
     pub add: bool,
+    pub bias: Option<&'a B::Buf>,
 }
 
 impl<'a, B: Backend> LinearOut<'a, B> {
     /// `out[r * w.rows + o] = (x W^T)[r, o]`.
     pub fn new(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
         let stride = b.mat_shape(w).0;
-        Self { w, out, stride, col: 0, add: false }
+        Self { w, out, stride, col: 0, add: false, bias: None }
+    }
+    /// `out[r * w.rows + o] = (x W^T)[r, o] + bias[o]`.
+    pub fn biased(b: &B, w: &'a B::Mat, bias: Option<&'a B::Buf>, out: &'a mut B::Buf) -> Self {
+        Self { bias, ..Self::new(b, w, out) }
     }
     /// `out[r * w.rows + o] += (x W^T)[r, o]`.
     pub fn add(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
@@ -161,6 +166,53 @@ impl MlaDims {
     pub fn key_width(&self) -> usize {
         self.kv_lora + self.rope
     }
+}
+
+/// Dimensions of grouped-query attention over a K/V cache.
+#[derive(Clone, Copy, Debug)]
+pub struct GqaDims {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Leading dims of each head rotated (half-split RoPE); the rest pass through.
+    pub rotary: usize,
+    pub scale: f32,
+    /// Sliding window: a row sees only its last `window` positions.
+    pub window: Option<usize>,
+}
+
+impl GqaDims {
+    /// Width of a cached row: every KV head's key, then every KV head's value.
+    pub fn cache_width(&self) -> usize {
+        2 * self.kv_heads * self.head_dim
+    }
+}
+
+/// The arguments of [`Backend::gqa_prepare`].
+pub struct GqaPrepare<'a, B: Backend> {
+    pub dims: GqaDims,
+    /// `[rows, heads * head_dim]`: normalised per head (with `q_norm`) and rotated here.
+    pub q: &'a mut B::Buf,
+    /// `[rows, kv_heads * head_dim]` each.
+    pub k: &'a B::Buf,
+    pub v: &'a B::Buf,
+    pub q_norm: Option<&'a B::Buf>,
+    pub k_norm: Option<&'a B::Buf>,
+    pub eps: f32,
+    /// Rotary tables of the step's rows, `[rows, rotary / 2]`.
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
+    /// This layer's cache, `[slots, cache_width]`.
+    pub cache: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::gqa_attend`].
+pub struct GqaAttend<'a, B: Backend> {
+    pub dims: GqaDims,
+    pub q: &'a B::Buf,
+    pub cache: &'a B::Buf,
+    /// Out: `[rows, heads * head_dim]`.
+    pub out: &'a mut B::Buf,
 }
 
 /// The lightning indexer's dimensions.
@@ -323,6 +375,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Normalises the query state and the latent, rotates the shared key, and writes the
     /// latent and key into the layer's cache at the rows' positions.
     fn mla_prepare(&self, step: &Step, a: MlaPrepare<'_, Self>);
+    /// Normalises (optionally) and rotates queries and keys, and writes keys and values
+    /// into the layer's cache at the rows' positions.
+    fn gqa_prepare(&self, step: &Step, a: GqaPrepare<'_, Self>);
+    /// Causal (optionally windowed) attention of each query head over its KV head's
+    /// cached keys and values.
+    fn gqa_attend(&self, step: &Step, a: GqaAttend<'_, Self>);
     /// Rotates each head's query and maps its non-rotated part onto the latent.
     fn mla_absorb(&self, step: &Step, a: MlaAbsorb<'_, Self>);
     /// The lightning indexer: caches the rows' keys and selects each row's top-k

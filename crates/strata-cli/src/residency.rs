@@ -137,9 +137,9 @@ pub struct BudgetArgs {
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
-    /// Speculative decoding with the checkpoint's MTP (draft) layer: on (default where the
-    /// checkpoint has one) or off (not loaded).
-    #[arg(long, default_value = "on")]
+    /// Speculative decoding with the checkpoint's MTP (draft) layer: auto (use it where the
+    /// checkpoint has one), on (fail without one) or off (not loaded).
+    #[arg(long, default_value = "auto")]
     mtp: String,
 }
 
@@ -190,13 +190,15 @@ impl BudgetArgs {
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
-        let mtp = match self.mtp.as_str() {
-            "on" => true,
-            "off" => false,
-            other => return Err(anyhow!("--mtp `{other}`: expected on or off")),
+        let (mtp, require_mtp) = match self.mtp.as_str() {
+            "auto" => (true, false),
+            "on" => (true, true),
+            "off" => (false, false),
+            other => return Err(anyhow!("--mtp `{other}`: expected auto, on or off")),
         };
         Ok(strata_engine::LoadOptions {
             mtp,
+            require_mtp,
             device: self.device.device()?,
             budget,
             context: self.context,

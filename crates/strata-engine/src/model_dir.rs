@@ -26,11 +26,21 @@ pub struct LoadOptions {
     pub runtime: RuntimeOptions,
     /// Load the draft (MTP) layer where the checkpoint has one (speculative decoding).
     pub mtp: bool,
+    /// Fail to open a model without a draft layer strata runs (`--mtp on`, as opposed to
+    /// the default of using one where present).
+    pub require_mtp: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, budget: None, context: 4096, runtime: RuntimeOptions::default(), mtp: true }
+        Self {
+            device: Device::Cpu,
+            budget: None,
+            context: 4096,
+            runtime: RuntimeOptions::default(),
+            mtp: true,
+            require_mtp: false,
+        }
     }
 }
 
@@ -117,6 +127,13 @@ impl LoadedModel {
             _ => dir.to_path_buf(),
         };
         let store = WeightStore::open_dir(&weights_dir)?;
+        if opts.require_mtp && !arch.has_draft(&store) {
+            bail!(
+                "--mtp on: {} has no draft (MTP) layer that strata runs for {} (use --mtp auto or off)",
+                dir.display(),
+                arch.model_type()
+            );
+        }
         let mut experts = None;
         let mut fit = None;
         let mut experts_dir = None;

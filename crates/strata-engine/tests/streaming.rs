@@ -11,7 +11,7 @@ use strata_models::convert::{convert, ConvertOptions};
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
 }
 
 fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
@@ -30,6 +30,7 @@ fn options(budget: Option<u64>, working: usize) -> LoadOptions {
     LoadOptions {
         device: strata_engine::Device::Cpu,
         mtp: false,
+        require_mtp: false,
         budget,
         context: 256,
         runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
@@ -70,7 +71,12 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
 
 #[test]
 fn streamed_equals_resident_bit_for_bit() {
-    for (name, kind) in [("dsa-sparse", QuantKind::Int4Group { group: 16 }), ("dsa-shared", QuantKind::Int8Row)] {
+    for (name, kind) in [
+        ("glm5/dsa-sparse", QuantKind::Int4Group { group: 16 }),
+        ("glm5/dsa-shared", QuantKind::Int8Row),
+        ("glm4_moe/gqa-bias", QuantKind::Int4Group { group: 16 }),
+        ("glm4_moe/bf16-mha", QuantKind::Int8Row),
+    ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));
         let min = min_budget(dir.path(), 2);
@@ -91,9 +97,9 @@ fn streamed_equals_resident_bit_for_bit() {
 #[test]
 fn container_matches_hf_model_when_experts_are_f32() {
     // f32 experts from the container's slab vs f32 experts held by the model: same function.
-    let dir = container("dsa-sparse", QuantKind::F32);
+    let dir = container("glm5/dsa-sparse", QuantKind::F32);
     let (a, _) = run(dir.path(), &options(None, 64));
-    let m = LoadedModel::open(&fixture("dsa-sparse")).unwrap();
+    let m = LoadedModel::open(&fixture("glm5/dsa-sparse")).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
     let b = m.generator().unwrap().logits(&prompt, true).unwrap();
     let worst = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
@@ -102,7 +108,7 @@ fn container_matches_hf_model_when_experts_are_f32() {
 
 #[test]
 fn io_fault_fails_one_request_and_the_next_succeeds() {
-    let dir = container("dsa-sparse", QuantKind::Int8Row);
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
     let min = min_budget(dir.path(), 2);
     let opts = options(Some(min), 2);
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
@@ -170,7 +176,7 @@ fn colibri_container_streams_in_place() {
 /// file holds the routing counts, and a hot unpinned expert replaces a cold pin.
 #[test]
 fn ledger_and_live_repin_across_turns() {
-    let dir = container("dsa-sparse", QuantKind::Int8Row);
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
     let ledger = dir.path().join("usage.txt");
     let cold = (1, 15); // pinned whatever the routing
     let mut opts = options(Some(min_budget(dir.path(), 2) + (64 << 10)), 2);

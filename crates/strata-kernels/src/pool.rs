@@ -74,7 +74,7 @@ fn wait_change(word: &AtomicU32, seen: u32, sleepers: &AtomicU32, spin: Duration
             return v;
         }
         i = i.wrapping_add(1);
-        if i % 64 == 0 && t0.elapsed() > spin {
+        if i.is_multiple_of(64) && t0.elapsed() > spin {
             break;
         }
         std::hint::spin_loop();

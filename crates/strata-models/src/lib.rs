@@ -12,6 +12,8 @@ pub mod batch;
 pub mod blocks;
 pub mod convert;
 pub mod experts;
+mod fields;
+pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
 pub mod registry;

@@ -130,7 +130,7 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 1] = [&crate::glm_moe_dsa::FAMILY];
+    static FAMILIES: [&Family; 2] = [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY];
     &FAMILIES
 }
 

@@ -3,16 +3,15 @@
 //! split by input), routed experts per expert or from the fused 3-D layout.
 
 use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
-use super::model::{Glm, Layer, Mlp, Mtp};
-use super::weights::{fused_expert_names, name, spec, Key, LayerKey};
+use super::model::{Glm, Layer, Mtp};
+use super::weights::{name, spec, Key, LayerKey};
 use crate::blocks::mla::IndexerWeights;
-use crate::blocks::{ExpertSource, MlaConfig, MlaWeights, MoeWeights, SwiGlu};
+use crate::blocks::{ExpertSource, Ffn, MlaConfig, MlaWeights, MoeWeights, SwiGlu};
 use crate::experts::{ExpertProvider, ResidentExperts};
-use crate::weights::{load_matrix, load_vector, ExpertMatrix};
-use anyhow::{anyhow, bail, Result};
+use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
+use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, HostMatrix, IndexDims, MlaDims, RouterParams};
-use strata_kernels::{ElementType, QuantKind};
 use strata_storage::WeightStore;
 
 /// transformers builds `q_a_layernorm` / `kv_a_layernorm` and the indexer's key norm
@@ -51,43 +50,13 @@ impl<B: Backend> Loader<'_, B> {
 
     /// One routed expert from per-expert tensors or a slice of the fused 3-D ones.
     fn expert(&self, layer: usize, e: usize) -> Result<[B::Mat; 3]> {
-        let per = |m| Key::Layer(layer, LayerKey::Expert(e, m));
-        if self.store.contains(&name(per(ExpertMatrix::Gate))) {
-            return Ok([
-                self.mat(per(ExpertMatrix::Gate))?,
-                self.mat(per(ExpertMatrix::Up))?,
-                self.mat(per(ExpertMatrix::Down))?,
-            ]);
-        }
-        let (h, inter, n) = (self.cfg.hidden_size, self.cfg.moe_intermediate_size, self.cfg.n_routed_experts);
-        let (gu_name, down_name) = fused_expert_names(layer);
-        let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize| -> Result<HostMatrix> {
-            let (file, t) = self.store.get(tname).ok_or_else(|| {
-                anyhow!("missing tensor `{}` (and no fused `{tname}`)", name(per(ExpertMatrix::Gate)))
-            })?;
-            if t.shape != shape {
-                bail!(
-                    "{}: tensor `{tname}` has shape {:?} but the config implies {shape:?}",
-                    file.path().display(),
-                    t.shape
-                );
-            }
-            let kind = match t.dtype {
-                ElementType::BF16 => QuantKind::Bf16,
-                ElementType::F32 => QuantKind::F32,
-                other => bail!("{}: fused experts stored as {other:?} are not supported", file.path().display()),
-            };
-            let width = t.dtype.size_bytes();
-            let per_expert = shape[1] * shape[2] * width;
-            let bytes = file.bytes(t)?;
-            let start = e * per_expert + row0 * shape[2] * width;
-            let payload = bytes[start..start + rows * shape[2] * width].to_vec();
-            Ok(HostMatrix { kind, rows, cols: shape[2], payload, scales: Vec::new() })
-        };
-        let gate = slice(&gu_name, [n, 2 * inter, h], 0, inter)?;
-        let up = slice(&gu_name, [n, 2 * inter, h], inter, inter)?;
-        let down = slice(&down_name, [n, h, inter], 0, h)?;
-        Ok([self.b.matrix(gate)?, self.b.matrix(up)?, self.b.matrix(down)?])
+        let per = |m| name(Key::Layer(layer, LayerKey::Expert(e, m)));
+        let names = [per(ExpertMatrix::Gate), per(ExpertMatrix::Up), per(ExpertMatrix::Down)];
+        let cfg = self.cfg;
+        let shape =
+            ExpertShape { experts: cfg.n_routed_experts, hidden: cfg.hidden_size, inter: cfg.moe_intermediate_size };
+        let [g, u, d] = load_expert(self.store, &names, &fused_expert_names(layer), shape, e, cfg.fp8_block)?;
+        Ok([self.b.matrix(g)?, self.b.matrix(u)?, self.b.matrix(d)?])
     }
 
     fn attention(&self, i: usize) -> Result<MlaWeights<B>> {
@@ -177,7 +146,7 @@ impl<B: Backend> Loader<'_, B> {
                 input_norm: self.vec(k(InputNorm))?,
                 post_norm: self.vec(k(PostNorm))?,
                 attn: self.attention(i)?,
-                mlp: Mlp::Moe(self.moe(i)?),
+                mlp: Ffn::Moe(self.moe(i)?),
             },
             experts,
         })
@@ -234,13 +203,13 @@ impl<B: Backend> Glm<B> {
         for i in 0..cfg.num_hidden_layers {
             use LayerKey::*;
             let mlp = match cfg.mlp_layer_types[i] {
-                MlpKind::Dense => Mlp::Dense(ld.swiglu(i, [MlpGate, MlpUp, MlpDown])?),
+                MlpKind::Dense => Ffn::Dense(ld.swiglu(i, [MlpGate, MlpUp, MlpDown])?),
                 MlpKind::Sparse => {
                     if provider.is_none() {
                         resident.resize_with(i + 1, || None);
                         resident[i] = Some(ld.resident_experts(i)?);
                     }
-                    Mlp::Moe(ld.moe(i)?)
+                    Ffn::Moe(ld.moe(i)?)
                 }
             };
             layers.push(Layer {

@@ -3,7 +3,10 @@
 
 use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
 use crate::batch::{Batch, SeqId};
-use crate::blocks::{ExpertSource, MlaCache, MlaConfig, MlaScratch, MlaWeights, MoeScratch, MoeWeights, SwiGlu};
+use crate::blocks::{
+    pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, MlaCache, MlaConfig, MlaScratch, MlaWeights, MoeScratch,
+    PILOT_MAX_ROWS,
+};
 use crate::experts::Routes;
 use crate::kv::KvBlocks;
 use crate::session::{Outputs, Rows};
@@ -11,19 +14,11 @@ use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{bail, ensure, Result};
 use strata_backend::{Backend, LinearOut};
 
-/// Next-layer prediction runs on forwards of at most this many rows.
-const PILOT_MAX_ROWS: usize = 8;
-
-pub(super) enum Mlp<B: Backend> {
-    Dense(SwiGlu<B>),
-    Moe(MoeWeights<B>),
-}
-
 pub(super) struct Layer<B: Backend> {
     pub input_norm: B::Buf,
     pub post_norm: B::Buf,
     pub attn: MlaWeights<B>,
-    pub mlp: Mlp<B>,
+    pub mlp: Ffn<B>,
 }
 
 /// The MTP layer: `z = eh_proj([enorm(embed(t)); hnorm(h)])`, a full decoder layer with
@@ -145,8 +140,8 @@ impl<'m, B: Backend> GlmSession<'m, B> {
     }
 }
 
-/// The MLP half of a layer: `x += mlp(norm(x))`.
-fn mlp_forward<B: Backend>(
+/// The feed-forward half of a layer: `x += ffn(norm(x))`.
+fn ffn_forward<B: Backend>(
     m: &Glm<B>,
     layer: &Layer<B>,
     experts: &ExpertSource<B>,
@@ -156,14 +151,8 @@ fn mlp_forward<B: Backend>(
 ) -> Result<()> {
     let (b, h, eps) = (&m.b, m.cfg.hidden_size, m.cfg.rms_norm_eps as f32);
     b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
-    match &layer.mlp {
-        Mlp::Dense(mlp) => mlp.forward_add(b, &s.xn, rows, h, &mut s.y, &mut s.x),
-        Mlp::Moe(moe) => {
-            let ms = s.moe.as_mut().expect("MoE scratch");
-            moe.forward_add(b, experts, &s.xn, rows, h, ms, routes, &mut s.x)?;
-        }
-    }
-    Ok(())
+    let bufs = FfnBufs { y: &mut s.y, moe: s.moe.as_mut() };
+    layer.mlp.forward_add(b, experts, &s.xn, rows, h, bufs, routes, &mut s.x)
 }
 
 impl<B: Backend> Session for GlmSession<'_, B> {
@@ -213,23 +202,12 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         for (i, layer) in m.layers.iter().enumerate() {
             b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
             layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut self.caches[i], &mut s.mla, &mut s.x);
-            // PILOT: the next MoE layer's router on this residual, one layer early (the
-            // two-step predictor first adds this layer's shared expert).
-            if let (Some(p), Some(next)) = (predict, m.layers.get(i + 1)) {
-                if let (Mlp::Moe(moe), Some(ms)) = (&next.mlp, s.moe.as_mut()) {
-                    let from = match (&layer.mlp, p.two_step_prediction()) {
-                        (Mlp::Moe(cur), true) => {
-                            b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
-                            cur.shared.forward_add_into(b, &s.xn, rows, h, &s.x, &mut s.y);
-                            &s.y
-                        }
-                        _ => &s.x,
-                    };
-                    b.rms_norm(rows, h, from, Some(&next.post_norm), eps, &mut s.xn);
-                    moe.predict(b, &s.xn, rows, ms, p.as_ref());
-                }
+            if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
+                let cur = FfnLayer { ffn: &layer.mlp, norm: &layer.post_norm };
+                let next = FfnLayer { ffn: &next.mlp, norm: &next.post_norm };
+                pilot_predict(b, p.as_ref(), cur, next, rows, h, eps, &s.x, &mut s.xn, &mut s.y, ms);
             }
-            mlp_forward(m, layer, &m.experts, rows, s, &mut self.routes)?;
+            ffn_forward(m, layer, &m.experts, rows, s, &mut self.routes)?;
         }
         self.rows.commit(&mut self.kv);
         self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
@@ -277,7 +255,7 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         }
         b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
         layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut draft.cache, &mut s.mla, &mut s.x);
-        mlp_forward(m, layer, &mtp.experts, rows, s, &mut self.routes)?;
+        ffn_forward(m, layer, &mtp.experts, rows, s, &mut self.routes)?;
         self.rows.commit(&mut draft.kv);
         let head = mtp.head.as_ref().or(m.lm_head.as_ref()).unwrap_or(&m.embed);
         self.out.compute(b, &self.rows.want, &s.x, &mtp.head_norm, eps, head)
