@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--budget", default="256MiB")
     ap.add_argument("--context", default="1024")
     ap.add_argument("--max-tokens", default="64")
+    ap.add_argument("--mtp", default="off", help="--mtp of strata (off: one token a forward)")
     ap.add_argument("--out", help="keep the joined trace here")
     a = ap.parse_args()
     by_topic = {}
@@ -51,7 +52,7 @@ def main():
         for seg, prompt in enumerate(order):
             trace, stats = os.path.join(tmp, "t.txt"), os.path.join(tmp, "s.json")
             cmd = [a.strata, "generate", "--model", a.model, "--prompt", prompt, "--max-tokens", a.max_tokens,
-                   "--temperature", "0", "--budget", a.budget, "--context", a.context, "--usage", "off",
+                   "--temperature", "0", "--budget", a.budget, "--context", a.context, "--mtp", a.mtp, "--usage", "off",
                    "--pilot", "measure", "--trace", trace, "--stats-json", stats]
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:

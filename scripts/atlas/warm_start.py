@@ -23,6 +23,7 @@ Usage:
   python3 scripts/atlas/warm_start.py --strata target/release/strata --model DIR \
       --atlas models/strata-tiny/atlas/atlas.json --probes models/strata-tiny/atlas/probes.json \
       --heldout models/strata-tiny/atlas/heldout.json --budget 68MiB [--context 1024] [--max-tokens 32]
+      [--mtp off]
 DIR must be an expert container (`strata convert --experts bf16`), so nothing is converted.
 """
 import argparse
@@ -51,15 +52,16 @@ def main():
     ap.add_argument("--budget", required=True)
     ap.add_argument("--context", default="1024")
     ap.add_argument("--max-tokens", default="32")
+    ap.add_argument("--mtp", default="off", help="--mtp of strata (off: the main tier alone, one token a forward)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     probes = json.load(open(a.probes))["categories"]
     heldout = json.load(open(a.heldout))["categories"]
     layers = json.load(open(a.atlas))["model"]["layers"]
     tmp = tempfile.mkdtemp(prefix="warm-start-")
-    fit = [a.strata, "fit", "--model", a.model, "--budget", a.budget, "--context", a.context]
+    fit = [a.strata, "fit", "--model", a.model, "--budget", a.budget, "--context", a.context, "--mtp", a.mtp]
     base = [a.strata, "generate", "--model", a.model, "--max-tokens", a.max_tokens, "--temperature", "0",
-            "--budget", a.budget, "--context", a.context]
+            "--budget", a.budget, "--context", a.context, "--mtp", a.mtp]
 
     # Ledgers: each topic's probe prompts, one process per prompt, counts accumulating.
     ledgers = {}

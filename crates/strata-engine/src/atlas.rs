@@ -60,6 +60,9 @@ pub fn run_prompt(m: &LoadedModel, category: &str, index: usize, text: &str, opt
         tok.encode(text, true)?
     };
     let mut gen = m.generator()?;
+    // The main model's routing, one token a forward: no draft (MTP) forwards, whose
+    // routes would replace the target's after each prefill chunk.
+    gen.disable_draft();
     let context = gen.context();
     if ids.is_empty() {
         bail!("prompt {category}:{index} encodes to no tokens");
@@ -161,7 +164,10 @@ pub fn atlas_pins(dir: &Path, opts: &LoadOptions, atlas: &AtlasFile, topics: &[S
     let store = WeightStore::open_dir(dir)?;
     let mut runtime = opts.runtime.clone();
     runtime.pins.clear();
-    let probe = fit_dir(dir, arch.as_ref(), &store, &FitOptions::new(Some(budget), opts.context, &runtime))?;
+    // The same plan as loading makes (model_dir's auto-pin): the draft layer counts too.
+    let mut fit_opts = FitOptions::new(Some(budget), opts.context, &runtime);
+    fit_opts.draft = opts.mtp && arch.has_draft(&store);
+    let probe = fit_dir(dir, arch.as_ref(), &store, &fit_opts)?;
     let Some(p) = probe.plan else {
         bail!("{}: {} (see `strata fit`)", dir.display(), probe.error.unwrap_or_default());
     };
