@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--context", default="1024")
     ap.add_argument("--max-tokens", default="64")
     ap.add_argument("--mtp", default="off", help="--mtp of strata (off: one token a forward)")
+    ap.add_argument("--pilot", default="measure", help="--pilot mode to score (measure or two-step)")
     ap.add_argument("--out", help="keep the joined trace here")
     a = ap.parse_args()
     by_topic = {}
@@ -53,7 +54,7 @@ def main():
             trace, stats = os.path.join(tmp, "t.txt"), os.path.join(tmp, "s.json")
             cmd = [a.strata, "generate", "--model", a.model, "--prompt", prompt, "--max-tokens", a.max_tokens,
                    "--temperature", "0", "--budget", a.budget, "--context", a.context, "--mtp", a.mtp, "--usage", "off",
-                   "--pilot", "measure", "--trace", trace, "--stats-json", stats]
+                   "--pilot", a.pilot, "--trace", trace, "--stats-json", stats]
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"failed: {' '.join(cmd)}\n{p.stderr}")
@@ -79,7 +80,7 @@ def main():
     print(text)
     all_m = sum(x for _, x, _ in pilot)
     all_n = sum(x for _, _, x in pilot)
-    print(f"PILOT (--pilot measure, next layer): recall {m / max(1, n) * 100:.1f}% on the test-half processes "
+    print(f"PILOT (--pilot {a.pilot}, next layer): recall {m / max(1, n) * 100:.1f}% on the test-half processes "
           f"({n} selections), {all_m / max(1, all_n) * 100:.1f}% over all {len(pilot)} processes")
     d1 = next(d for d in report["by_delta"] if d["delta"] == 1)
     print(f"coupling delta 1: recall {d1['recall'] * 100:.1f}% (baseline {d1['baseline_recall'] * 100:.1f}%) "
