@@ -44,7 +44,7 @@ pub mod slots;
 pub mod trace;
 pub mod union;
 
-pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
+pub use ledger::{fnv1a32, LedgerError, LedgerOpen, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
     format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,
 };
