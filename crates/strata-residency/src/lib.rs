@@ -54,7 +54,9 @@ pub use policy::{
 };
 pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
 pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
-pub use trace::{parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, TRACE_HEADER};
+pub use trace::{
+    parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, GATED_TRACE_HEADER, TRACE_HEADER,
+};
 pub use union::{batch_union, UnionEntry};
 
 /// One routed expert: (model layer id, expert id within the layer).
