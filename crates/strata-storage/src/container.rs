@@ -14,6 +14,7 @@
 //! encodings are `strata_kernels::QuantKind`'s. Every size and offset is in the manifest:
 //! nothing needs reading from the expert files to plan.
 
+use crate::checksum::{region_checksum, ReadCheck};
 use crate::io::ReadSegment;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -249,6 +250,11 @@ pub struct TierEntry {
     pub experts_per_layer: usize,
     /// `[layer_index * experts_per_layer + expert]`, `layer_index` = position in `layers`.
     pub locations: Vec<ExpertLocation>,
+    /// [`CHECKSUM_ALGORITHM`](crate::CHECKSUM_ALGORITHM) of each whole region, in
+    /// `locations` order; empty in manifests written before checksums existed (their
+    /// reads are not verified).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checksums: Vec<u64>,
 }
 
 impl TierEntry {
@@ -277,6 +283,12 @@ impl TierEntry {
             .read_segment(layer, expert, 0)
             .ok_or_else(|| anyhow!("tier `{}` has no expert {expert} in layer {layer}", self.name))?;
         Ok((vec![seg], &self.layout))
+    }
+
+    /// What a read of (layer, expert) must hash to (None without recorded checksums).
+    pub fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        let sum = *self.checksums.get(self.index(layer, expert)?)?;
+        Some(ReadCheck::new(sum, format!("tier `{}` layer {layer} expert {expert}", self.name)))
     }
 
     /// The one segment that reads (layer, expert) into a slot starting at `dest_offset`.
@@ -368,6 +380,9 @@ impl ExpertManifest {
                     t.layers.len(),
                     t.experts_per_layer
                 );
+            }
+            if !t.checksums.is_empty() && t.checksums.len() != t.locations.len() {
+                bail!("tier `{}`: {} checksums for {} experts", t.name, t.checksums.len(), t.locations.len());
             }
             let slot = t.layout.slot_bytes as u64;
             let mut regions: Vec<(usize, u64, usize)> = Vec::with_capacity(t.locations.len());
@@ -496,6 +511,7 @@ pub struct TierSpec {
 struct TierState {
     spec: TierSpec,
     locations: Vec<Option<ExpertLocation>>,
+    checksums: Vec<u64>,
     /// (manifest file index, writer, bytes written) of the file being filled.
     current: Option<(usize, BufWriter<File>, u64)>,
     next_file: usize,
@@ -536,6 +552,7 @@ impl ContainerWriter {
             .into_iter()
             .map(|spec| TierState {
                 locations: vec![None; spec.layers.len() * spec.experts_per_layer],
+                checksums: vec![0; spec.layers.len() * spec.experts_per_layer],
                 spec,
                 current: None,
                 next_file: 0,
@@ -628,6 +645,7 @@ impl ContainerWriter {
         let loc = ExpertLocation { file: *file, offset: *written };
         *written += slot;
         t.locations[idx] = Some(loc);
+        t.checksums[idx] = region_checksum(&self.region);
         Ok(loc)
     }
 
@@ -655,6 +673,7 @@ impl ContainerWriter {
                 layers: t.spec.layers.clone(),
                 experts_per_layer: t.spec.experts_per_layer,
                 locations: t.locations.iter().map(|l| l.unwrap()).collect(),
+                checksums: t.checksums.clone(),
             });
         }
         let manifest = ExpertManifest { version: MANIFEST_VERSION, files: self.files.clone(), tiers };

@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
-use strata_storage::{ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadSegment, TierEntry};
+use strata_storage::{
+    ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadCheck, ReadSegment, TierEntry,
+};
 
 pub trait ExpertSource: Send + Sync {
     /// Bytes of one slot (identical for every expert of the tier).
@@ -15,6 +17,10 @@ pub trait ExpertSource: Send + Sync {
     /// The reads that fill a slot with expert `(layer, expert)`, and the matrices'
     /// places inside the slot.
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)>;
+    /// What a read of `(layer, expert)` must hash to; None: not verified.
+    fn read_check(&self, _layer: usize, _expert: usize) -> Option<ReadCheck> {
+        None
+    }
 }
 
 /// strata's own container: one aligned region per expert, one read.
@@ -49,6 +55,9 @@ impl ExpertSource for ContainerSource {
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
         self.tier.locate(layer, expert)
     }
+    fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        self.tier.read_check(layer, expert)
+    }
 }
 
 /// The public GLM-5.2 container (`out-*.safetensors`, U8 payloads + `.qs` scales), read
@@ -61,7 +70,10 @@ pub struct ColibriSource {
 
 impl ColibriSource {
     pub fn open(dir: &Path) -> Result<Self> {
-        let container = ColibriContainer::open(dir, &GlmDims::from_dir(dir)?)?;
+        let mut container = ColibriContainer::open(dir, &GlmDims::from_dir(dir)?)?;
+        for w in container.ensure_checksums()? {
+            eprintln!("warning: {w}");
+        }
         let Some(tier) = container.tier("main").cloned() else {
             bail!("{}: Colibri container has no main experts", dir.display());
         };
@@ -84,6 +96,9 @@ impl ExpertSource for ColibriSource {
     }
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
         self.tier.locate(layer, expert)
+    }
+    fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        self.tier.read_check(layer, expert)
     }
 }
 
