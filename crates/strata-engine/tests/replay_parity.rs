@@ -37,7 +37,7 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
         g.set_trace(RouteTrace::create(&trace_path).unwrap());
         let mut demand = (0u64, 0u64);
         for turn in 0..2u32 {
-            let prompt: Vec<u32> = (0..5).map(|i| ((i * 97 + turn * 31) % 8000 + 10) as u32).collect();
+            let prompt: Vec<u32> = (0..5).map(|i| (i * 97 + turn * 31) % 8000 + 10).collect();
             let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
             g.generate(None, &req, &mut |_| true).unwrap();
             let report = experts.end_turn().unwrap();

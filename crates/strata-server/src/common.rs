@@ -39,6 +39,11 @@ pub struct AppState {
     /// Longest prompt plus answer served: the model's context, or less under a memory
     /// budget (the KV cache its plan reserved).
     pub context: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// Prompt text longer than this cannot fit the context whatever it says: refused
+    /// before tokenizing (`context` tokens of the tokenizer's longest token, twice).
+    pub max_prompt_bytes: usize,
 }
 
 pub type Shared = Arc<AppState>;
@@ -183,6 +188,9 @@ impl AppState {
         if messages.is_empty() {
             return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
         }
+        let content: usize =
+            messages.iter().map(|m| m.content.as_str().map_or_else(|| m.content.to_string().len(), str::len)).sum();
+        self.check_prompt_bytes(content)?;
         let template = self.model.chat_template().map_err(ApiError::from)?;
         let text = template
             .render(messages, true, tools)
@@ -191,7 +199,21 @@ impl AppState {
         Ok((text, ids))
     }
 
+    /// Refuses, without tokenizing, prompt text too long for the context in any case.
+    pub fn check_prompt_bytes(&self, bytes: usize) -> ApiResult<()> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {bytes} bytes: more than this model's context of {} tokens can hold (at most {} bytes); \
+                 shorten the prompt",
+                self.context, self.max_prompt_bytes
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        Ok(())
+    }
+
     pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> ApiResult<Vec<u32>> {
+        self.check_prompt_bytes(text.len())?;
         let tok = self.model.tokenizer().map_err(ApiError::from)?;
         Ok(tok.encode(text, add_special_tokens)?)
     }
