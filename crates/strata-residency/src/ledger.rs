@@ -261,25 +261,8 @@ impl UsageLedger {
                 return Ok((ledger, warnings));
             }
         };
-        let parsed = ledger.parse(&bytes).map_err(LedgerError::Refused)?;
+        let parsed = ledger.absorb(&bytes, &mut warnings)?;
         ledger.read_only = disk::is_read_only(&ledger.path);
-        if let Some(writer) = &parsed.foreign {
-            warnings.push(format!(
-                "usage ledger {shown}: written by {writer}, this engine is {}; importing its counts as asked \
-                 (expert ids may not mean the same experts); the next save writes it as {}'s",
-                ledger.engine, ledger.engine
-            ));
-        }
-        if parsed.dropped > 0 {
-            warnings.push(format!(
-                "usage ledger {shown}: dropped {} records naming layers or experts this model does not track",
-                parsed.dropped
-            ));
-        }
-        for &(l, e, c) in &parsed.records {
-            let row = ledger.rows[l].as_mut().expect("parse keeps tracked rows only");
-            row.counts[e] = row.counts[e].saturating_add(c);
-        }
         if !parsed.damaged.is_empty() {
             warnings.push(damage_message(&shown, &parsed));
             if ledger.read_only {
@@ -293,6 +276,53 @@ impl UsageLedger {
             }
         }
         Ok((ledger, warnings))
+    }
+
+    /// A ledger from file contents held in memory (fuzzing, tests): the rules of
+    /// [`Self::open_with`], but nothing is read or written (damage is reported, not set
+    /// aside). The ledger's path is `path`, for messages and later flushes.
+    pub fn from_bytes(
+        engine: &str,
+        path: impl Into<PathBuf>,
+        n_layers: usize,
+        n_experts: usize,
+        sparse_layers: &[usize],
+        opts: LedgerOpen,
+        bytes: &[u8],
+    ) -> Result<(Self, Vec<String>), LedgerError> {
+        let mut ledger = Self::new(engine, path, n_layers, n_experts, sparse_layers)?;
+        ledger.opts = opts;
+        let mut warnings = Vec::new();
+        let parsed = ledger.absorb(bytes, &mut warnings)?;
+        if !parsed.damaged.is_empty() {
+            warnings.push(damage_message(&ledger.path.display().to_string(), &parsed));
+        }
+        Ok((ledger, warnings))
+    }
+
+    /// Parses `bytes` and adds their counts; warns about foreign writers and dropped
+    /// records (not damage: the caller decides what to do with it).
+    fn absorb(&mut self, bytes: &[u8], warnings: &mut Vec<String>) -> Result<Parsed, LedgerError> {
+        let shown = self.path.display().to_string();
+        let parsed = self.parse(bytes).map_err(LedgerError::Refused)?;
+        if let Some(writer) = &parsed.foreign {
+            warnings.push(format!(
+                "usage ledger {shown}: written by {writer}, this engine is {}; importing its counts as asked \
+                 (expert ids may not mean the same experts); the next save writes it as {}'s",
+                self.engine, self.engine
+            ));
+        }
+        if parsed.dropped > 0 {
+            warnings.push(format!(
+                "usage ledger {shown}: dropped {} records naming layers or experts this model does not track",
+                parsed.dropped
+            ));
+        }
+        for &(l, e, c) in &parsed.records {
+            let row = self.rows[l].as_mut().expect("parse keeps tracked rows only");
+            row.counts[e] = row.counts[e].saturating_add(c);
+        }
+        Ok(parsed)
     }
 
     /// Reads a file's records leniently; `Err` only for a refusal (another model's

@@ -340,31 +340,59 @@ impl ExpertManifest {
             }
             Err(e) => return Err(anyhow!(e)).with_context(|| format!("{}: cannot read", path.display())),
         };
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| anyhow!("{}: corrupt manifest (invalid JSON): {e}", path.display()))?;
+        let m = Self::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        m.validate(dir).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        Ok(m)
+    }
+
+    /// Parses a manifest's text: format tag, version, fields, and every check that needs
+    /// no file ([`Self::validate_structure`]). Errors do not name the file.
+    pub fn parse(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| anyhow!("corrupt manifest (invalid JSON): {e}"))?;
         match value.get("format").and_then(|f| f.as_str()) {
             Some(MANIFEST_FORMAT) => {}
-            other => bail!("{}: corrupt manifest: format is {other:?}, expected \"{MANIFEST_FORMAT}\"", path.display()),
+            other => bail!("corrupt manifest: format is {other:?}, expected \"{MANIFEST_FORMAT}\""),
         }
         let version = value
             .get("version")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| anyhow!("{}: corrupt manifest: no numeric `version`", path.display()))?;
+            .ok_or_else(|| anyhow!("corrupt manifest: no numeric `version`"))?;
         if version > MANIFEST_VERSION as u64 {
             bail!(
-                "{}: manifest version {version} is newer than this build of strata reads (up to {MANIFEST_VERSION}); upgrade strata",
-                path.display()
+                "manifest version {version} is newer than this build of strata reads (up to {MANIFEST_VERSION}); upgrade strata"
             );
         }
-        let parsed: ManifestJson =
-            serde_json::from_value(value).map_err(|e| anyhow!("{}: corrupt manifest: {e}", path.display()))?;
+        let parsed: ManifestJson = serde_json::from_value(value).map_err(|e| anyhow!("corrupt manifest: {e}"))?;
         let m = parsed.manifest;
-        m.validate(dir).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        m.validate_structure()?;
         Ok(m)
     }
 
     /// Checks everything that can be checked without reading weights.
     pub fn validate(&self, dir: &Path) -> Result<()> {
+        let needs = self.validate_structure()?;
+        for (f, need) in self.files.iter().zip(needs) {
+            let p = dir.join(f);
+            let len = match std::fs::metadata(&p) {
+                Ok(m) => m.len(),
+                Err(_) => bail!("expert file {} is missing", p.display()),
+            };
+            if len < need {
+                bail!(
+                    "expert file {} is too short: {len} bytes, but its regions extend to byte {need} ({} bytes missing)",
+                    p.display(),
+                    need - len
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks that need no file: unique tiers, packed layouts, one aligned location
+    /// per expert, no overlapping regions, checksum counts. Returns the bytes each file
+    /// must hold.
+    pub fn validate_structure(&self) -> Result<Vec<u64>> {
         let mut needs = vec![0u64; self.files.len()];
         let mut seen = std::collections::HashSet::new();
         for t in &self.tiers {
@@ -420,21 +448,7 @@ impl ExpertManifest {
                 }
             }
         }
-        for (f, need) in self.files.iter().zip(needs) {
-            let p = dir.join(f);
-            let len = match std::fs::metadata(&p) {
-                Ok(m) => m.len(),
-                Err(_) => bail!("expert file {} is missing", p.display()),
-            };
-            if len < need {
-                bail!(
-                    "expert file {} is too short: {len} bytes, but its regions extend to byte {need} ({} bytes missing)",
-                    p.display(),
-                    need - len
-                );
-            }
-        }
-        Ok(())
+        Ok(needs)
     }
 
     /// Writes `dir/strata-experts.json` atomically (temp file, fsync, rename, fsync dir).
