@@ -10,8 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// A fuzz entry point.
+pub type Entry = fn(&[u8]);
+
 /// Every target: (name, entry point). The name is the corpus folder.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Entry)] = &[
     ("safetensors_header", safetensors_header),
     ("container_manifest", container_manifest),
     ("colibri", colibri),
@@ -22,7 +25,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The entry point called `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Entry> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
