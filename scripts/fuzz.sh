@@ -6,7 +6,7 @@
 #
 # Targets: safetensors_header container_manifest colibri ledger config chat_template
 # http_body. Needs `cargo install cargo-afl` (the first run builds AFL++'s runtime).
-# Seeds: fuzz/corpus/TARGET; findings: fuzz/out/TARGET/default/{crashes,hangs}; a run
+# Seeds: fuzz/corpus/TARGET; dictionary (if any): fuzz/dict/TARGET.dict; findings: fuzz/out/TARGET/default/{crashes,hangs}; a run
 # resumes where the last one stopped. Turn every crash into fuzz/regressions/TARGET/<name>
 # (replayed by `cargo test -p strata-fuzz`) and fix it. Set STRATA_CARGO_LOCK to a lock
 # file to serialise the build with other cargo runs (flock).
@@ -31,9 +31,13 @@ else
 fi
 out="$root/fuzz/out/$target"
 mkdir -p "$out"
+dict=()
+if [ -f "dict/$target.dict" ]; then
+    dict=(-x "dict/$target.dict")
+fi
 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_AUTORESUME=1 \
     AFL_NO_AFFINITY=1 nice -n 19 cargo afl fuzz -V "$seconds" -t 2000 -m 4096 \
-    -i "corpus/$target" -o "$out" "target/release/$target" >"$out/afl.log" 2>&1 || {
+    "${dict[@]}" -i "corpus/$target" -o "$out" "target/release/$target" >"$out/afl.log" 2>&1 || {
     echo "afl-fuzz failed; see $out/afl.log" >&2
     tail -20 "$out/afl.log" >&2
     exit 1

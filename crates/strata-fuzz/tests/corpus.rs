@@ -34,3 +34,18 @@ fn targets_are_listed_once_and_found_by_name() {
         assert_eq!(strata_fuzz::TARGETS.iter().filter(|(n, _)| n == name).count(), 1);
     }
 }
+
+/// Findings whose fix lies outside this crate's owners' files (see docs/reliability.md,
+/// "Fuzzing"): kept apart because they abort the process. Un-ignore once fixed; the
+/// files then move to fuzz/regressions.
+#[test]
+#[ignore = "config.rs allocates num_hidden_layers entries before bounding it (abort on 1e15)"]
+fn known_findings_run_clean() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/findings");
+    for (name, entry) in strata_fuzz::TARGETS {
+        for e in std::fs::read_dir(root.join(name)).into_iter().flatten() {
+            let path = e.unwrap().path();
+            entry(&std::fs::read(&path).unwrap());
+        }
+    }
+}

@@ -34,6 +34,9 @@ pub const TENSOR_ALIGN: usize = 64;
 pub const MANIFEST_VERSION: u32 = 1;
 /// The `format` tag of a manifest.
 pub const MANIFEST_FORMAT: &str = "strata-experts";
+/// Largest matrix a layout may describe (elements): far beyond any model, small enough
+/// that no size computed from it overflows.
+pub const MAX_MATRIX_ELEMENTS: usize = 1 << 40;
 /// Default cap on one expert file's size (a new file starts beyond it).
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 << 30;
 
@@ -67,8 +70,10 @@ impl MatrixLayout {
     }
 
     /// One past the last byte used.
+    /// Saturates (a layout read from a manifest may hold any numbers; a saturated end
+    /// never fits a slot).
     pub fn end(&self) -> usize {
-        (self.payload_offset + self.payload_len).max(self.scales_offset + self.scales_len)
+        self.payload_offset.saturating_add(self.payload_len).max(self.scales_offset.saturating_add(self.scales_len))
     }
 
     pub fn scale_count(&self) -> usize {
@@ -77,7 +82,7 @@ impl MatrixLayout {
 
     /// The payload bytes inside a slot.
     pub fn payload<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
-        slot.get(self.payload_offset..self.payload_offset + self.payload_len).ok_or_else(|| {
+        slot.get(self.payload_offset..self.payload_offset.saturating_add(self.payload_len)).ok_or_else(|| {
             anyhow!(
                 "matrix payload {}..{} lies outside the {}-byte slot",
                 self.payload_offset,
@@ -101,7 +106,7 @@ impl MatrixLayout {
     }
 
     fn scale_bytes<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
-        slot.get(self.scales_offset..self.scales_offset + self.scales_len).ok_or_else(|| {
+        slot.get(self.scales_offset..self.scales_offset.saturating_add(self.scales_len)).ok_or_else(|| {
             anyhow!(
                 "matrix scales {}..{} lie outside the {}-byte slot",
                 self.scales_offset,
@@ -124,6 +129,15 @@ impl MatrixLayout {
     }
 
     fn check_sizes(&self) -> Result<(), String> {
+        // Bound the shape first: the encodings' size formulas assume it fits.
+        if self.rows.checked_mul(self.cols).is_none_or(|n| n > MAX_MATRIX_ELEMENTS) {
+            return Err(format!(
+                "{} [{}, {}] has more than {MAX_MATRIX_ELEMENTS} elements",
+                self.kind.name(),
+                self.rows,
+                self.cols
+            ));
+        }
         let (p, s) = (self.kind.payload_bytes(self.rows, self.cols), 4 * self.kind.scale_count(self.rows, self.cols));
         if self.payload_len != p || self.scales_len != s {
             return Err(format!(
@@ -262,8 +276,9 @@ impl TierEntry {
         self.layout.slot_bytes
     }
 
+    /// Saturates (a manifest may claim any counts; validation refuses the mismatch).
     pub fn expert_count(&self) -> usize {
-        self.layers.len() * self.experts_per_layer
+        self.layers.len().saturating_mul(self.experts_per_layer)
     }
 
     /// Index into `locations` of (model layer id, expert).
@@ -431,7 +446,14 @@ impl ExpertManifest {
                         loc.offset
                     );
                 }
-                needs[loc.file] = needs[loc.file].max(loc.offset + slot);
+                let Some(end) = loc.offset.checked_add(slot) else {
+                    bail!(
+                        "tier `{}` layer {layer} expert {expert}: region at offset {} of {slot} bytes ends past 2^64",
+                        t.name,
+                        loc.offset
+                    );
+                };
+                needs[loc.file] = needs[loc.file].max(end);
                 regions.push((loc.file, loc.offset, i));
             }
             regions.sort_unstable();
@@ -470,7 +492,10 @@ impl ExpertManifest {
 
     /// Bytes of all regions.
     pub fn total_expert_bytes(&self) -> u64 {
-        self.tiers.iter().map(|t| (t.expert_count() * t.layout.slot_bytes) as u64).sum()
+        self.tiers
+            .iter()
+            .map(|t| (t.expert_count() as u64).saturating_mul(t.layout.slot_bytes as u64))
+            .fold(0, u64::saturating_add)
     }
 
     /// The read of (layer, expert) of `tier` into a slot: one segment.

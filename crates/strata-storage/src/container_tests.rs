@@ -212,3 +212,23 @@ fn manifests_without_checksums_still_open_unverified() {
     let err = ExpertManifest::read(dir.path()).unwrap_err().to_string();
     assert!(err.contains("2 checksums for 15 experts"), "{err}");
 }
+
+/// Found by review while fuzzing (the fuzzer's text mutations rarely reach 20-digit
+/// numbers): sizes and offsets near 2^64 overflowed (a panic with overflow checks, a
+/// wrong bound without). Each is now refused with a message. The same files are in
+/// fuzz/regressions/container_manifest.
+#[test]
+fn manifests_with_huge_numbers_are_refused_not_overflowed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/container_manifest");
+    for (file, needle) in [
+        ("offset-overflow.json", "ends past 2^64"),
+        ("shape-overflow.json", "more than 1099511627776 elements"),
+        ("payload-offset-overflow.json", "ends at byte 18446744073709551615"),
+        ("slot-overflow.json", "ends past 2^64"),
+        ("count-overflow.json", "locations for 2 layers x 18446744073709551615 experts"),
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let err = ExpertManifest::parse(&text).unwrap_err().to_string();
+        assert!(err.contains(needle), "{file}: {err}");
+    }
+}
