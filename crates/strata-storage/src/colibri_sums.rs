@@ -114,6 +114,12 @@ impl ColibriContainer {
             }
         }
         let mut warnings = Vec::new();
+        let experts: usize = self.tiers().iter().map(|t| t.experts.len()).sum();
+        eprintln!(
+            "strata: recording checksums of {experts} experts in {} (once; kept in {})",
+            self.dir().display(),
+            sidecar_path.display()
+        );
         let files: Vec<File> = self
             .files()
             .iter()
