@@ -131,21 +131,30 @@ def chat_tool_call_round_trip():
         },
         {"role": "tool", "tool_call_id": "call_1", "content": TOOL_RESULT},
     ]
-    r = oa.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=10)
+    # The fixture's template has no tool section: the schemas go into the system message
+    # (x-strata-tools-fallback), which its 256-token context cannot hold, so the model
+    # is asked with tool_choice "none"; the earlier call still reaches it, in the content.
+    t = tokenize({"messages": messages, "tools": [WEATHER_TOOL]})
+    assert t["tools_fallback"] == "system-message" and '"name": "get_weather"' in t["prompt"], t
+    raw = oa.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=10
+    )
+    assert raw.headers.get("x-strata-tools-fallback") == "tool-calls", dict(raw.headers)
+    r = raw.parse()
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls"), c.finish_reason
     for tc in c.message.tool_calls or []:
         assert tc.type == "function" and tc.id and isinstance(json.loads(tc.function.arguments), dict)
-    # The tool's result is rendered into the prompt through the chat template, and that
-    # prompt is what the request was charged for.
-    t = tokenize({"messages": messages, "tools": [WEATHER_TOOL]})
-    assert TOOL_RESULT in t["prompt"], t["prompt"]
+    # The call and the tool's result are rendered into the prompt, and that prompt is
+    # what the request was charged for.
+    t = tokenize({"messages": messages})
+    assert TOOL_RESULT in t["prompt"] and "<arg_value>Paris</arg_value>" in t["prompt"], t["prompt"]
     assert t["prompt"].index("What is the weather") < t["prompt"].index(TOOL_RESULT)
     assert t["count"] == r.usage.prompt_tokens, (t["count"], r.usage.prompt_tokens)
-    # Streaming with tools keeps the chunk grammar.
+    # Streaming keeps the chunk grammar.
     chunks = list(
         oa.chat.completions.create(
-            model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=10, stream=True
+            model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=10, stream=True
         )
     )
     assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
@@ -224,10 +233,15 @@ def messages_tool_use_and_result():
             {"type": "text", "text": "Thanks, and tomorrow?"},
         ]},
     ]
-    m = an.messages.create(model=MODEL, max_tokens=10, system="Use tools.", tools=tools, messages=messages)
+    # tool_choice none: the fixture's 256-token context cannot hold the schemas (see
+    # chat_tool_call_round_trip); the earlier call and its result still reach the model.
+    none = {"type": "none"}
+    m = an.messages.create(
+        model=MODEL, max_tokens=10, system="Use tools.", tools=tools, tool_choice=none, messages=messages
+    )
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use"), m.stop_reason
     assert all(b.type in ("text", "tool_use") for b in m.content)
-    n = an.messages.count_tokens(model=MODEL, system="Use tools.", tools=tools, messages=messages)
+    n = an.messages.count_tokens(model=MODEL, system="Use tools.", tools=tools, tool_choice=none, messages=messages)
     assert n.input_tokens == m.usage.input_tokens
     # Same conversation in OpenAI form: the tool result is in the rendered prompt, after
     # the question and before the follow-up.
@@ -238,11 +252,13 @@ def messages_tool_use_and_result():
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": TOOL_RESULT},
         {"role": "user", "content": "Thanks, and tomorrow?"},
-    ], "tools": [WEATHER_TOOL]})
+    ]})
     p = t["prompt"]
     assert p.index("Paris?") < p.index(TOOL_RESULT) < p.index("tomorrow?"), p
     assert t["count"] == n.input_tokens, (t["count"], n.input_tokens)
-    events = list(an.messages.create(model=MODEL, max_tokens=10, tools=tools, messages=messages, stream=True))
+    events = list(
+        an.messages.create(model=MODEL, max_tokens=10, tools=tools, tool_choice=none, messages=messages, stream=True)
+    )
     assert events[0].type == "message_start" and events[-1].type == "message_stop"
 
 
@@ -269,6 +285,7 @@ def responses_plain_and_streaming():
         model=MODEL,
         max_output_tokens=5,
         tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}],
+        tool_choice="none",
         input=[
             {"role": "user", "content": "Weather in Paris?"},
             {"type": "function_call", "call_id": "call_9", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},

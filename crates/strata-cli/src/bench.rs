@@ -2,12 +2,10 @@
 //! memory-bandwidth floor, and the memory bandwidth itself.
 
 use anyhow::{bail, Result};
-use candle_core::Device;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Instant;
 use strata_engine::{LoadedModel, SamplingParams};
-use strata_models::glm_moe_dsa::GlmMoeDsaConfig;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -89,6 +87,9 @@ pub struct DecodeArgs {
     /// Record every routing decision to this file (for `strata replay`).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Time each op of the decode steps (per-stage breakdown).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Args)]
@@ -179,49 +180,75 @@ fn decode(a: DecodeArgs) -> Result<()> {
     }
     let opts = a.budget.load_options()?;
     let t_load = Instant::now();
-    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &opts)?;
+    let m = LoadedModel::open_with(&a.model, &opts)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let vocab = m.model.vocab_size() as u32;
+    let info = m.model.info().clone();
+    let vocab = info.vocab_size as u32;
     let mut rng = Rng(42);
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
-    // No EOS ids: run the full length.
-    let req = strata_engine::GenerateRequest::new(prompt, a.decode_tokens, SamplingParams::default());
-    let mut gen = strata_engine::Generator::new(m.model.as_ref())?;
+    // Prefill, then greedy decode steps (no EOS: the full length), timed separately;
+    // allocations counted over the decode steps.
+    let mut gen = m.generator()?;
     if let Some(path) = &a.trace {
         gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
     }
-    let out = gen.generate(None, &req, &mut |_| true)?;
-    let s = &out.stats;
+    let t0 = Instant::now();
+    gen.prefill(&prompt)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
+    let mut next = gen.sample(&mut sampler);
+    strata_backend::profile::enable(a.profile);
+    let (allocs0, bytes0) = crate::alloc_count::snapshot();
+    let t1 = Instant::now();
+    for _ in 1..a.decode_tokens {
+        gen.step(next)?;
+        next = gen.sample(&mut sampler);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    let (allocs1, bytes1) = crate::alloc_count::snapshot();
+    let profile = strata_backend::profile::report();
+    strata_backend::profile::enable(false);
+    let steps = (a.decode_tokens - 1) as f64;
+    let s = strata_engine::GenerationStats {
+        prompt_tokens: prompt.len(),
+        prefill_tokens: prompt.len(),
+        generated_tokens: a.decode_tokens,
+        prefill_seconds: prefill_s,
+        decode_seconds: decode_s,
+        prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
+        decode_tokens_per_s: steps / decode_s,
+        peak_rss_bytes: strata_engine::stats::peak_rss_bytes(),
+        ..Default::default()
+    };
+    let s = &s;
     let experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
 
-    // Bytes a decode token must read: the resident part as held (f32) from RAM (one
-    // embedding row), and the top-k routed experts of each sparse layer as stored.
-    let (json, _) = strata_engine::model_dir::read_config(&a.model)?;
-    let cfg = GlmMoeDsaConfig::from_json(&json)?;
-    let store = strata_storage::WeightStore::open_dir(&a.model)?;
-    let summary = strata_models::glm_moe_dsa::inspect(&cfg, &store);
-    use strata_models::glm_moe_dsa::TensorGroup as G;
-    let params = |g: G| summary.groups.get(&g).map_or(0, |x| x.parameters);
-    // Resident weights as held (bf16 linears stay bf16), less the embedding table of
-    // which a token reads one row.
-    let needs = strata_models::glm_moe_dsa::memory_needs(&cfg, &store, opts.context, 1);
-    let embed_held = store
-        .get("model.embed_tokens.weight")
-        .map_or(0, |(_, t)| t.numel() as u64 * if t.dtype == strata_storage::ElementType::BF16 { 2 } else { 4 });
-    let resident_bytes = needs.resident_weight_bytes - embed_held + cfg.hidden_size as u64 * 4;
-    let active_experts = (cfg.sparse_layers() * cfg.num_experts_per_tok) as u64;
+    // Bytes a decode token must read: the resident part as held (one row of the
+    // embedding table), and the top-k routed experts of each sparse layer as held.
+    let store = strata_storage::WeightStore::open_dir(m.experts_dir.as_deref().unwrap_or(&a.model))?;
+    let map = m.arch.weight_map();
+    let held = map.resident_held_bytes(&store, false);
+    let embed = map
+        .specs
+        .iter()
+        .find(|s| s.role == strata_models::Role::Embedding)
+        .and_then(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
+        .unwrap_or(0);
+    let tied_head = !map.specs.iter().any(|s| s.name == "lm_head.weight");
+    let resident_bytes = if tied_head { held } else { held - embed + info.hidden_size as u64 * 4 };
+    let moe = m.arch.moe();
+    let active_experts = moe.as_ref().map_or(0, |m| (m.layers.len() * m.top_k) as u64);
     let expert_bytes_per_token = match &m.fit {
-        Some(f) if f.streamed => active_experts * f.slot_bytes,
+        Some(f) if f.slot_bytes > 0 => active_experts * f.slot_bytes,
         _ => {
-            // Held as stored when bf16 (nn::Weight), else f32.
-            let bf16 = store
-                .names()
-                .find(|n| n.contains(".mlp.experts."))
-                .and_then(|n| store.get(n))
-                .is_some_and(|(_, t)| t.dtype == strata_storage::ElementType::BF16);
-            let per_expert = params(G::RoutedExperts) / (cfg.sparse_layers() * cfg.n_routed_experts).max(1) as u64;
-            active_experts * per_expert * if bf16 { 2 } else { 4 }
+            let per_expert: u64 = map
+                .specs
+                .iter()
+                .filter(|s| s.expert.is_some_and(|(l, e, _)| Some(l) == moe.as_ref().map(|m| m.layers[0]) && e == 0))
+                .filter_map(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
+                .sum();
+            active_experts * per_expert
         }
     };
     let token_bytes = resident_bytes + expert_bytes_per_token;
@@ -234,6 +261,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "decode_tokens_per_s": s.decode_tokens_per_s,
         "peak_rss_bytes": s.peak_rss_bytes,
         "budget_bytes": opts.budget,
+        "device": m.model.device(),
+        "allocations_per_decode_token": (allocs1 - allocs0) as f64 / steps,
+        "allocated_bytes_per_decode_token": (bytes1 - bytes0) as f64 / steps,
         "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,
         "decode_bytes_read_per_token": token_bytes,
@@ -278,11 +308,32 @@ fn decode(a: DecodeArgs) -> Result<()> {
             }
         }
     }
+    if a.profile {
+        let total: f64 = profile.iter().map(|p| p.1).sum();
+        report["profile_ms_per_token"] = profile
+            .iter()
+            .filter(|p| p.2 > 0)
+            .map(|(op, secs, calls)| {
+                (op.name().to_string(), serde_json::json!({"ms": secs / steps * 1e3, "calls": *calls as f64 / steps}))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        report["profile_unaccounted_ms_per_token"] = ((decode_s - total) / steps * 1e3).into();
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for (k, v) in report.as_object().unwrap() {
-            if k != "experts" {
+            if k == "profile_ms_per_token" {
+                println!("per-stage time of a decode token:");
+                for (op, x) in v.as_object().unwrap() {
+                    println!(
+                        "  {op:<52} {:>8.4} ms  {:>6.1} calls",
+                        x["ms"].as_f64().unwrap(),
+                        x["calls"].as_f64().unwrap()
+                    );
+                }
+            } else if k != "experts" {
                 println!("{k:<42} {v}");
             }
         }
@@ -298,7 +349,8 @@ fn io_bandwidth(
     workers: usize,
     direct: bool,
 ) -> Result<(f64, f64, f64)> {
-    let source = strata_engine::experts::open_source(dir)?
+    let arch = strata_models::read_arch(dir)?;
+    let source = strata_engine::experts::open_source(dir, arch.moe().as_ref())?
         .ok_or_else(|| anyhow::anyhow!("{}: no expert container (see `strata convert`)", dir.display()))?;
     let pool = strata_storage::IoPool::open(source.files(), workers, direct)?;
     let slot = source.slot_bytes();
@@ -340,7 +392,8 @@ fn io(a: IoArgs) -> Result<()> {
     if a.reads == 0 || a.depth == 0 {
         bail!("--reads and --depth must be at least 1");
     }
-    let slot = strata_engine::experts::open_source(&a.model)?
+    let arch = strata_models::read_arch(&a.model)?;
+    let slot = strata_engine::experts::open_source(&a.model, arch.moe().as_ref())?
         .ok_or_else(|| anyhow::anyhow!("{}: no expert container (see `strata convert`)", a.model.display()))?
         .slot_bytes();
     let (gbs, p50, p99) = io_bandwidth(&a.model, a.reads, a.depth, a.io_workers, !a.page_cache)?;

@@ -1,15 +1,13 @@
 //! generate, chat, logits, inspect.
 
-use crate::residency::BudgetArgs;
+use crate::residency::{BudgetArgs, DeviceArgs};
 use anyhow::{anyhow, bail, Context, Result};
-use candle_core::Device;
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use strata_engine::generate::RouteTrace;
-use strata_engine::model_dir::read_config;
-use strata_engine::{GenerateRequest, Generator, LoadedModel, Message, SamplingParams};
-use strata_models::glm_moe_dsa::{inspect as inspect_weights, GlmMoeDsaConfig};
+use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
+use strata_models::TensorGroup;
 use strata_storage::WeightStore;
 
 #[derive(Args, Clone)]
@@ -33,9 +31,21 @@ pub struct SamplingArgs {
     /// Stop when the output contains this string (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
+    /// What to do with a prompt longer than the context: `error` (default) or `left`
+    /// (drop its oldest tokens).
+    #[arg(long, default_value = "error")]
+    truncate: String,
 }
 
 impl SamplingArgs {
+    fn truncate_left(&self) -> Result<bool> {
+        match self.truncate.as_str() {
+            "error" => Ok(false),
+            "left" => Ok(true),
+            other => bail!("--truncate `{other}`: expected error or left"),
+        }
+    }
+
     fn params(&self, defaults: &SamplingParams) -> Result<SamplingParams> {
         let p = SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
@@ -109,6 +119,8 @@ pub struct LogitsArgs {
     /// Logits at every position (default: the last only).
     #[arg(long)]
     all_positions: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 #[derive(Args)]
@@ -117,10 +129,6 @@ pub struct InspectArgs {
     model: PathBuf,
     #[arg(long)]
     json: bool,
-}
-
-fn open(dir: &Path) -> Result<LoadedModel> {
-    LoadedModel::open(dir, &Device::Cpu)
 }
 
 /// After a generation: the turn boundary of the expert runtime, then the reports.
@@ -186,7 +194,7 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &a.budget.load_options()?)?;
+    let m = LoadedModel::open_with(&a.model, &a.budget.load_options()?)?;
     let tok = m.tokenizer()?;
     let prompt_ids = if a.chat {
         let mut msgs = Vec::new();
@@ -202,9 +210,10 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let req = GenerateRequest {
         stop_strings: a.sampling.stop.clone(),
         eos_token_ids: m.eos_token_ids.clone(),
+        truncate_left: a.sampling.truncate_left()?,
         ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
-    let mut gen = Generator::new(m.model.as_ref())?;
+    let mut gen = m.generator()?;
     if let Some(path) = &a.report.trace {
         gen.set_trace(RouteTrace::create(path)?);
     }
@@ -219,11 +228,12 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let m = LoadedModel::open_with(&a.model, &Device::Cpu, &a.budget.load_options()?)?;
+    let m = LoadedModel::open_with(&a.model, &a.budget.load_options()?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
     let sampling = a.sampling.params(&m.generation.sampling)?;
-    let mut gen = Generator::new(m.model.as_ref())?;
+    let truncate_left = a.sampling.truncate_left()?;
+    let mut gen = m.generator()?;
     if let Some(path) = &a.report.trace {
         gen.set_trace(RouteTrace::create(path)?);
     }
@@ -243,6 +253,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let req = GenerateRequest {
             stop_strings: a.sampling.stop.clone(),
             eos_token_ids: m.eos_token_ids.clone(),
+            truncate_left,
             ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {
@@ -265,43 +276,39 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("--ids: no token ids");
     }
-    let m = open(&a.model)?;
-    let mut gen = Generator::new(m.model.as_ref())?;
+    let opts = LoadOptions { device: a.device.device()?, context: ids.len(), ..Default::default() };
+    let m = LoadedModel::open_with(&a.model, &opts)?;
+    let mut gen = m.generator()?;
     let logits = gen.logits(&ids, a.all_positions)?;
     emit(&serde_json::json!({ "logits": logits }).to_string())
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
-    let (json, _) = read_config(&a.model)?;
-    let cfg_path = a.model.join("config.json");
-    let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let arch = strata_models::read_arch(&a.model)?;
     let store = WeightStore::open_dir(&a.model)?;
-    let summary = if strata_storage::ExpertManifest::exists(&a.model) {
+    let container = strata_engine::experts::is_container(&a.model);
+    // Headers against the config, as loading checks them.
+    let map = arch.weight_map();
+    map.check(&store, container)?;
+    let moe = arch.moe();
+    let (per_token, count) = moe
+        .as_ref()
+        .map_or((0, 1), |m| ((m.layers.len() * m.top_k) as u64, (m.layers.len() * m.experts_per_layer) as u64));
+    let mut summary = map.summarize(&store, per_token, count);
+    if strata_storage::ExpertManifest::exists(&a.model) {
         let manifest = strata_storage::ExpertManifest::read(&a.model)?;
-        strata_models::glm_moe_dsa::inspect_with_container(&cfg, &store, &manifest)
-    } else {
-        inspect_weights(&cfg, &store)
-    };
-    let architecture = serde_json::json!({
-        "model_type": GlmMoeDsaConfig::MODEL_TYPE,
-        "hidden_size": cfg.hidden_size,
-        "layers": cfg.num_hidden_layers,
-        "dense_layers": cfg.num_hidden_layers - cfg.sparse_layers(),
-        "sparse_layers": cfg.sparse_layers(),
-        "routed_experts": cfg.n_routed_experts,
-        "experts_per_token": cfg.num_experts_per_tok,
-        "shared_experts": cfg.n_shared_experts,
-        "attention_heads": cfg.num_attention_heads,
-        "q_lora_rank": cfg.q_lora_rank,
-        "kv_lora_rank": cfg.kv_lora_rank,
-        "kv_cache_values_per_token_per_layer": cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-        "index_topk": cfg.index_topk,
-        "indexer_layers_full": cfg.indexer_types.iter().filter(|k| **k == strata_models::glm_moe_dsa::IndexerKind::Full).count(),
-        "mtp_layers": cfg.num_nextn_predict_layers,
-        "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "fp8_block": cfg.fp8_block,
-    });
+        let per_expert = moe.as_ref().map_or(0, |m| 3 * (m.hidden * m.inter) as u64);
+        for tier in &manifest.tiers {
+            let group = if tier.name == "mtp" { TensorGroup::Mtp } else { TensorGroup::RoutedExperts };
+            let g = summary.groups.entry(group).or_default();
+            let n = tier.expert_count() as u64;
+            g.tensors += 3 * n as usize;
+            g.parameters += n * per_expert;
+            g.bytes += n * tier.slot_bytes() as u64;
+        }
+        summary = strata_models::weights::summarize_groups(summary.groups, per_token, count);
+    }
+    let architecture = arch.describe();
     if a.json {
         println!(
             "{}",
@@ -309,7 +316,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         );
         return Ok(());
     }
-    println!("{}  ({})", a.model.display(), GlmMoeDsaConfig::MODEL_TYPE);
+    println!("{}  ({})", a.model.display(), arch.model_type());
     for (k, v) in architecture.as_object().unwrap() {
         println!("  {k:<38} {v}");
     }

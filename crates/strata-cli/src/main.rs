@@ -1,5 +1,6 @@
 //! `strata`: the command line. Thin: parsing and printing; the work lives in the crates.
 
+mod alloc_count;
 mod bench;
 mod commands;
 mod residency;
@@ -36,6 +37,9 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
+
+#[global_allocator]
+static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 fn main() {
     let cli = Cli::parse();

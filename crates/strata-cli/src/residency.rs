@@ -5,7 +5,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use strata_kernels::QuantKind;
-use strata_models::glm_moe_dsa::{convert as convert_model, ConvertOptions};
+use strata_models::convert::{convert as convert_model, ConvertOptions};
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -73,14 +73,41 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     }
 }
 
+/// Where a model runs: shared by every command that runs one.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Compute device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// CPU compute threads (default: the CPUs this process may run on, which honours
+    /// `taskset`; or STRATA_THREADS).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl DeviceArgs {
+    /// The device, after sizing the CPU thread pool.
+    pub fn device(&self) -> Result<strata_engine::Device> {
+        if let Some(n) = self.threads {
+            strata_kernels::pool::set_global_threads(n).map_err(|e| anyhow!("--threads: {e}"))?;
+        }
+        let d = strata_engine::Device::parse(&self.device)?;
+        d.check()?;
+        Ok(d)
+    }
+}
+
 /// Memory budget and expert-runtime options shared by generate, chat and serve.
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Args, Clone, Debug)]
 pub struct BudgetArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Process memory budget (512MiB, 2GiB, 1.5GB or bytes). Needs an expert container
     /// (`strata convert`); without it everything is resident.
     #[arg(long)]
     budget: Option<String>,
-    /// Context to reserve KV cache for in the plan.
+    /// Context (positions) to reserve KV cache for; prompts longer than it fail unless
+    /// `--truncate left`.
     #[arg(long, default_value_t = 4096)]
     context: usize,
     /// Working slots (the miss bank; a forward's wave holds at most this many misses).
@@ -168,7 +195,11 @@ impl BudgetArgs {
             "prefetch" => PilotMode::Prefetch,
             other => return Err(anyhow!("--pilot `{other}`: expected off, measure, hint or prefetch")),
         };
+        if self.context == 0 {
+            return Err(anyhow!("--context must be at least 1"));
+        }
         Ok(strata_engine::LoadOptions {
+            device: self.device.device()?,
             budget,
             context: self.context,
             runtime: RuntimeOptions {
@@ -199,21 +230,13 @@ pub struct FitArgs {
 /// `strata fit`: the plan from headers alone; refuses (exit 1) when it cannot fit.
 pub fn fit(a: FitArgs) -> Result<()> {
     let opts = a.budget.load_options()?;
-    let (json, _) = strata_engine::model_dir::read_config(&a.model)?;
-    let cfg = strata_models::glm_moe_dsa::GlmMoeDsaConfig::from_json(&json)
-        .map_err(|e| anyhow!("{}: {e}", a.model.join("config.json").display()))?;
+    let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
     let fit = strata_engine::fit::fit_dir(
         &a.model,
-        &cfg,
+        arch.as_ref(),
         &store,
-        &strata_engine::fit::FitOptions {
-            budget: opts.budget,
-            context: opts.context,
-            working_slots: opts.runtime.working_slots,
-            pinned: opts.runtime.pins.len(),
-            max_slots_per_layer: None,
-        },
+        &strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime),
     )?;
     if a.json {
         let mut v = serde_json::to_value(&fit)?;

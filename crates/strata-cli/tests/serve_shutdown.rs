@@ -77,7 +77,7 @@ fn sigterm_finishes_the_stream_flushes_the_ledger_and_exits_0() {
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("SIGTERM: shutting down") && log.contains("stopped"), "{log}");
     assert!(TcpStream::connect(&addr).is_err(), "still accepting after exit");
-    let ledger = dir.path().join(".strata/experts-f32/.coli_usage");
+    let ledger = dir.path().join(".coli_usage");
     let counts = std::fs::read_to_string(&ledger).unwrap_or_else(|e| panic!("{}: {e}\n{log}", ledger.display()));
     assert!(counts.lines().count() > 2, "ledger flushed with counts: {counts}");
 }

@@ -15,7 +15,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use strata_kernels::{ElementType, QuantKind};
-use strata_models::glm_moe_dsa::{convert, ConvertOptions};
+use strata_models::convert::{convert, ConvertOptions};
+use strata_models::Arch;
 use strata_storage::{region_checksum, WeightStore};
 
 /// The stamp file in a container made by [`container_for`].
@@ -118,7 +119,7 @@ pub fn staleness(old: Option<&str>, new: &str) -> Option<String> {
 }
 
 /// The routed experts' encoding that keeps the checkpoint's precision.
-fn lossless_kind(store: &WeightStore) -> QuantKind {
+pub fn lossless_kind(store: &WeightStore) -> QuantKind {
     let f32_experts = store
         .names()
         .filter(|n| n.contains(".mlp.experts."))
@@ -132,7 +133,8 @@ fn lossless_kind(store: &WeightStore) -> QuantKind {
 
 /// The expert-container copy of the HF checkpoint `dir`, made on first use and again
 /// when its weights (or the config fields that shape them) change.
-pub fn container_for(dir: &Path) -> Result<PathBuf> {
+pub fn container_for(dir: &Path, arch: &dyn Arch) -> Result<PathBuf> {
+    let _ = arch;
     let store = WeightStore::open_dir(dir)?;
     let kind = lossless_kind(&store);
     drop(store);

@@ -1,13 +1,16 @@
 //! The memory plan of a model directory, from headers alone: resident weights, KV cache,
-//! transients, reserve, and (for expert containers) the slab the rest of the budget buys.
+//! transients, reserve, and (for streamed experts) the slab the rest of the budget buys.
+//! One plan for every command: `strata fit`, `generate`, `chat`, `serve` and `bench`
+//! call this with the same inputs, and an HF checkpoint is planned as the expert
+//! container a budget would convert it into.
 
-use crate::experts::open_source;
+use crate::experts::{open_source, RuntimeOptions};
 use anyhow::{anyhow, Result};
 use serde::Serialize;
 use std::path::Path;
-use strata_models::glm_moe_dsa::{memory_needs, GlmMoeDsaConfig};
+use strata_models::{Arch, MoeLayout};
 use strata_residency::{plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan};
-use strata_storage::WeightStore;
+use strata_storage::{ExpertLayout, WeightStore};
 
 /// The process's own baseline (binary, libraries, tokenizer, thread stacks: 13-16 MiB
 /// measured with the fixtures and strata-tiny) plus allocator margin. A constant, so
@@ -23,10 +26,23 @@ pub struct FitOptions {
     pub max_slots_per_layer: Option<usize>,
 }
 
+impl FitOptions {
+    pub fn new(budget: Option<u64>, context: usize, rt: &RuntimeOptions) -> Self {
+        Self {
+            budget,
+            context,
+            working_slots: rt.working_slots,
+            pinned: rt.pins.len(),
+            max_slots_per_layer: rt.max_slots_per_layer,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Fit {
     pub report: FitReport,
-    /// None when the budget cannot hold the plan (`report.fits` is then false).
+    /// None when the budget cannot hold the plan (`report.fits` is then false), or when
+    /// nothing streams.
     pub plan: Option<ResidencyPlan>,
     #[serde(skip)]
     pub error: Option<String>,
@@ -35,39 +51,66 @@ pub struct Fit {
     pub streamed: bool,
 }
 
-pub fn fixed_items(cfg: &GlmMoeDsaConfig, store: &WeightStore, context: usize) -> Vec<FitItem> {
-    let needs = memory_needs(cfg, store, context, crate::generate::PREFILL_CHUNK);
+/// The fixed line items: resident weights as held, KV for `context`, transients, reserve.
+pub fn fixed_items(arch: &dyn Arch, store: &WeightStore, context: usize) -> Vec<FitItem> {
+    let map = arch.weight_map();
+    let chunk = crate::generate::PREFILL_CHUNK.min(context.max(1));
     vec![
-        FitItem::new("resident weights (as held: bf16 or f32)", needs.resident_weight_bytes),
-        FitItem::new(format!("KV cache ({context} positions)"), needs.kv_cache_bytes),
+        FitItem::new("resident weights (as held: stored precision)", map.resident_held_bytes(store, false)),
+        FitItem::new(format!("KV cache ({context} positions)"), arch.kv_bytes_per_token() * context as u64),
         FitItem::new(
             "transients (prefill chunk activations, or one tensor's pages while loading)",
-            needs.activation_bytes.max(needs.largest_tensor_stored_bytes),
+            arch.activation_bytes(chunk, context).max(map.largest_stored(store)),
         ),
         FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE),
     ]
 }
 
-/// Plans a model directory. With an expert container and a budget: the slab the budget
-/// buys (refused with every number when one slot per layer does not fit). Without a
-/// budget: everything resident.
-pub fn fit_dir(dir: &Path, cfg: &GlmMoeDsaConfig, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
-    let items = fixed_items(cfg, store, opts.context);
-    let fixed: u64 = items.iter().map(|i| i.bytes).sum();
-    let Some(source) = open_source(dir)? else {
-        // An HF checkpoint: everything is resident, experts included (as f32).
-        let experts = strata_models::glm_moe_dsa::inspect(cfg, store);
-        let routed =
-            experts.groups.get(&strata_models::glm_moe_dsa::TensorGroup::RoutedExperts).map_or(0, |g| g.parameters * 4);
-        let mut all = items;
-        all.push(FitItem::new("routed experts (f32, resident)", routed));
-        let total: u64 = all.iter().map(|i| i.bytes).sum();
-        let report = FitReport::new(opts.budget.unwrap_or(total), all);
-        return Ok(Fit { report, plan: None, error: None, slot_bytes: 0, expert_bytes_total: routed, streamed: false });
+/// Slot size and count of the experts `dir` streams: its container's, or for an HF
+/// checkpoint the container a budget converts it into (lossless encoding).
+fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64, Vec<usize>, usize)> {
+    if let Some(source) = open_source(dir, Some(moe))? {
+        return Ok((source.slot_bytes() as u64, source.layers().to_vec(), source.experts_per_layer()));
+    }
+    let kind = crate::autoconvert::lossless_kind(store);
+    let layout = ExpertLayout::new(kind, kind, moe.hidden, moe.inter);
+    Ok((layout.slot_bytes as u64, moe.layers.clone(), moe.experts_per_layer))
+}
+
+/// Plans a model directory. With routed experts and a budget: the slab the budget buys
+/// (refused with every number when one slot per layer does not fit). Without a budget:
+/// everything resident.
+pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
+    let items = fixed_items(arch, store, opts.context);
+    let Some(moe) = arch.moe() else {
+        let total: u64 = items.iter().map(|i| i.bytes).sum();
+        let report = FitReport::new(opts.budget.unwrap_or(total), items);
+        let error =
+            (!report.fits).then(|| format!("the model needs {} but the budget is {}", report.total, report.budget));
+        return Ok(Fit { report, plan: None, error, slot_bytes: 0, expert_bytes_total: 0, streamed: false });
     };
-    let slot = source.slot_bytes() as u64;
-    let per_layer = source.experts_per_layer();
-    let layers = source.layers().len();
+    let fixed: u64 = items.iter().map(|i| i.bytes).sum();
+    let (slot, layer_ids, per_layer) = expert_slots(dir, &moe, store)?;
+    let layers = layer_ids.len();
+    let total = slot * (layers * per_layer) as u64;
+    let container = open_source(dir, Some(&moe))?.is_some();
+    if opts.budget.is_none() && !container {
+        // An HF checkpoint without a budget: experts resident, as stored.
+        let mut all = items;
+        let held = arch.weight_map().specs.iter().filter(|s| s.expert.is_some()).count() as u64;
+        let _ = held;
+        all.push(FitItem::new("routed experts (resident, as stored)", total));
+        let sum: u64 = all.iter().map(|i| i.bytes).sum();
+        let report = FitReport::new(sum, all);
+        return Ok(Fit {
+            report,
+            plan: None,
+            error: None,
+            slot_bytes: slot,
+            expert_bytes_total: total,
+            streamed: false,
+        });
+    }
     let max_per_layer = Some(opts.max_slots_per_layer.unwrap_or(per_layer).min(per_layer));
     let input = PlanInput {
         budget_bytes: opts.budget.unwrap_or(u64::MAX / 4),
@@ -78,7 +121,6 @@ pub fn fit_dir(dir: &Path, cfg: &GlmMoeDsaConfig, store: &WeightStore, opts: &Fi
         pinned_experts: opts.pinned,
         max_slots_per_layer: max_per_layer,
     };
-    let total = slot * (layers * per_layer) as u64;
     match plan(input) {
         Ok(p) => {
             let mut report = p.fit_report(items);

@@ -1,12 +1,13 @@
-//! The generation loop: prefill the prompt in one forward, then decode one token at a
-//! time against the cache; stop on EOS ids, stop strings or the token limit; stream text.
+//! The generation loop: prefill the prompt in chunks, then decode one token at a time
+//! against the cache; stop on EOS ids, stop strings, the token limit or the context;
+//! stream text.
 
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 use anyhow::{bail, Result};
 use std::time::Instant;
-use strata_models::{CausalLm, Session};
+use strata_models::{Batch, Logits, Model, Routes, SeqId, Session, SessionOptions};
 
 #[derive(Clone, Debug)]
 pub struct GenerateRequest {
@@ -18,6 +19,8 @@ pub struct GenerateRequest {
     /// Drop special tokens from the text (true for chat output; tool-call parsers that
     /// look for special markers want false).
     pub skip_special_tokens: bool,
+    /// A prompt that does not fit the context loses its oldest tokens instead of failing.
+    pub truncate_left: bool,
 }
 
 impl GenerateRequest {
@@ -29,6 +32,7 @@ impl GenerateRequest {
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
             skip_special_tokens: true,
+            truncate_left: false,
         }
     }
 }
@@ -37,7 +41,7 @@ impl GenerateRequest {
 pub enum FinishReason {
     /// An EOS id or a stop string.
     Stop,
-    /// `max_tokens` or the model's context.
+    /// `max_tokens` or the context.
     Length,
     /// The caller's callback asked to stop (e.g. a client went away).
     Cancelled,
@@ -65,12 +69,16 @@ pub struct GenerationOutput {
 /// activation memory that the residency plan counts.
 pub const PREFILL_CHUNK: usize = 256;
 
-/// A session plus the tokens it holds, so a later prompt that extends an earlier
-/// conversation reuses the cached prefix (multi-turn chat).
+/// One sequence on a session plus the tokens its cache holds, so a later prompt that
+/// extends an earlier conversation reuses the cached prefix (multi-turn chat).
 pub struct Generator<'m> {
-    model: &'m dyn CausalLm,
+    model: &'m dyn Model,
     session: Box<dyn Session + 'm>,
+    seq: SeqId,
     tokens: Vec<u32>,
+    batch: Batch,
+    /// The last forward's logits (a copy the sampler may modify).
+    logits: Vec<f32>,
     trace: Option<RouteTrace>,
 }
 
@@ -94,16 +102,17 @@ impl RouteTrace {
         Ok(Self { out, path: path.to_path_buf(), segment: 0, forward: 0 })
     }
 
-    fn record(&mut self, routes: &[(usize, Vec<strata_models::Routing>)]) -> Result<()> {
+    fn record(&mut self, routes: &Routes) -> Result<()> {
         use std::io::Write;
-        for (layer, rows) in routes {
-            for (row, r) in rows.iter().enumerate() {
+        for i in 0..routes.len() {
+            let (layer, ids, _) = routes.layer(i);
+            for (row, r) in ids.chunks(routes.top_k.max(1)).enumerate() {
                 let rec = strata_residency::TraceRecord {
                     segment: self.segment,
                     forward: self.forward,
                     row: row as u32,
-                    layer: *layer,
-                    experts: r.experts.clone(),
+                    layer,
+                    experts: r.iter().map(|&e| e as usize).collect(),
                 };
                 writeln!(self.out, "{}", rec.to_line())
                     .map_err(|e| anyhow::anyhow!("{}: trace write failed: {e}", self.path.display()))?;
@@ -139,8 +148,25 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 }
 
 impl<'m> Generator<'m> {
-    pub fn new(model: &'m dyn CausalLm) -> Result<Self> {
-        Ok(Self { model, session: model.new_session()?, tokens: Vec::new(), trace: None })
+    /// A generator with room for `context` positions (capped by the model's context).
+    pub fn new(model: &'m dyn Model, context: usize) -> Result<Self> {
+        let context = context.min(model.info().max_context).max(1);
+        let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
+        let seq = session.add_sequence()?;
+        Ok(Self {
+            model,
+            session,
+            seq,
+            tokens: Vec::with_capacity(context),
+            batch: Batch::new(),
+            logits: Vec::with_capacity(model.info().vocab_size),
+            trace: None,
+        })
+    }
+
+    /// Positions the cache can hold.
+    pub fn context(&self) -> usize {
+        self.session.max_len()
     }
 
     /// Records every routing decision of later forwards to `trace`.
@@ -148,14 +174,65 @@ impl<'m> Generator<'m> {
         self.trace = Some(trace);
     }
 
-    /// One forward over `ids` appended to the session: the last position's logits.
-    fn forward(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let logits = self.session.forward(ids, false)?.squeeze(0)?.to_vec1::<f32>()?;
+    /// One forward over `ids` appended to the sequence.
+    fn forward(&mut self, ids: &[u32], want: Logits) -> Result<()> {
+        self.batch.clear();
+        self.batch.push(self.seq, ids, want);
+        self.session.forward(&self.batch)?;
         self.tokens.extend_from_slice(ids);
         if let Some(trace) = self.trace.as_mut() {
-            trace.record(self.session.last_routes())?;
+            trace.record(self.session.routes())?;
         }
-        Ok(logits)
+        Ok(())
+    }
+
+    /// Copies the last position's logits for sampling, refusing non-finite values.
+    fn take_logits(&mut self) -> Result<()> {
+        let l = self.session.logits();
+        let vocab = self.model.info().vocab_size;
+        let last = &l[l.len() - vocab..];
+        if let Some(i) = last.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "the model produced a non-finite logit ({}) for token {i} at position {}: the weights or expert bytes are damaged",
+                last[i],
+                self.tokens.len()
+            );
+        }
+        self.logits.clear();
+        self.logits.extend_from_slice(last);
+        Ok(())
+    }
+
+    /// Makes the cache hold `prompt` (reusing the common prefix with what it holds) and
+    /// leaves the last position's logits ready; returns the tokens computed.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<usize> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty (no tokens to condition on)");
+        }
+        // Reuse the cached prefix; at least one prompt token must be computed for logits.
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(prompt.len() - 1);
+        self.session.truncate(self.seq, keep);
+        self.tokens.truncate(keep);
+        let fresh = &prompt[keep..];
+        let chunk = self.session.max_rows();
+        let n = fresh.len().div_ceil(chunk);
+        for (i, part) in fresh.chunks(chunk).enumerate() {
+            self.forward(part, if i + 1 == n { Logits::Last } else { Logits::None })?;
+        }
+        self.take_logits()?;
+        Ok(fresh.len())
+    }
+
+    /// Samples the next token from the ready logits.
+    pub fn sample(&mut self, sampler: &mut Sampler) -> u32 {
+        sampler.sample(&mut self.logits, &self.tokens)
+    }
+
+    /// Feeds one generated token and leaves its logits ready.
+    pub fn step(&mut self, token: u32) -> Result<()> {
+        self.forward(&[token], Logits::Last)?;
+        self.take_logits()
     }
 
     /// Generates for `req`, calling `on_text` with each printable delta; `on_text`
@@ -169,37 +246,37 @@ impl<'m> Generator<'m> {
         if req.prompt_ids.is_empty() {
             bail!("the prompt is empty (no tokens to condition on)");
         }
-        let max_ctx = self.model.max_context();
-        if req.prompt_ids.len() >= max_ctx {
-            bail!("the prompt has {} tokens but the model's context is {max_ctx}", req.prompt_ids.len());
+        let context = self.context();
+        let mut prompt: &[u32] = &req.prompt_ids;
+        if prompt.len() >= context {
+            if !req.truncate_left {
+                bail!(
+                    "the prompt has {} tokens but the context is {context} (--context); shorten it or truncate it (--truncate left)",
+                    prompt.len()
+                );
+            }
+            // Keep the newest tokens: room for max_tokens, at least half the context.
+            let keep = context.saturating_sub(req.max_tokens).max(context / 2).max(1).min(context - 1);
+            prompt = &prompt[prompt.len() - keep..];
         }
         if !req.stop_strings.is_empty() && tok.is_none() {
             bail!("stop strings need a tokenizer");
         }
         let mut sampler = Sampler::new(req.sampling.clone())?;
-        // Reuse the cached prefix; at least one prompt token must be computed for logits.
-        let common = self.tokens.iter().zip(&req.prompt_ids).take_while(|(a, b)| a == b).count();
-        let keep = common.min(req.prompt_ids.len() - 1);
-        self.session.truncate(keep);
-        self.tokens.truncate(keep);
-
         let t0 = Instant::now();
-        let fresh = &req.prompt_ids[keep..];
-        let mut logits = Vec::new();
-        for chunk in fresh.chunks(PREFILL_CHUNK) {
-            logits = self.forward(chunk)?;
-        }
+        let fresh = self.prefill(prompt)?;
         let prefill_s = t0.elapsed().as_secs_f64();
 
         let mut stats = GenerationStats {
-            prompt_tokens: req.prompt_ids.len(),
-            prefill_tokens: fresh.len(),
+            prompt_tokens: prompt.len(),
+            prefill_tokens: fresh,
             prefill_seconds: prefill_s,
-            prefill_tokens_per_s: fresh.len() as f64 / prefill_s.max(1e-9),
+            prefill_tokens_per_s: fresh as f64 / prefill_s.max(1e-9),
             time_to_first_token_s: prefill_s,
+            truncated_prompt_tokens: req.prompt_ids.len() - prompt.len(),
             ..Default::default()
         };
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(req.max_tokens.min(context));
         let mut decoder = StreamDecoder::default();
         let mut streamed = 0usize; // bytes of the text handed to `on_text`
         let mut text = String::new();
@@ -208,7 +285,7 @@ impl<'m> Generator<'m> {
         // `self.tokens` is what the cache holds: the prompt and every generated token but
         // the last (which needs no forward).
         while out.len() < req.max_tokens {
-            let next = sampler.sample(&mut logits, &self.tokens);
+            let next = self.sample(&mut sampler);
             if req.eos_token_ids.contains(&next) {
                 finish = FinishReason::Stop;
                 break;
@@ -235,10 +312,10 @@ impl<'m> Generator<'m> {
                     }
                 }
             }
-            if out.len() == req.max_tokens || self.tokens.len() >= max_ctx {
+            if out.len() == req.max_tokens || self.tokens.len() >= context {
                 break;
             }
-            logits = self.forward(&[next])?;
+            self.step(next)?;
         }
         if finish == FinishReason::Length && tok.is_some() && text.len() > streamed {
             on_text(&text[streamed..]);
@@ -258,11 +335,40 @@ impl<'m> Generator<'m> {
 
     /// Logits for `ids` from a fresh cache: every position, or the last.
     pub fn logits(&mut self, ids: &[u32], all_positions: bool) -> Result<Vec<Vec<f32>>> {
-        self.session.truncate(0);
+        if ids.is_empty() {
+            bail!("no token ids to score");
+        }
+        if ids.len() > self.context() {
+            bail!("{} ids do not fit the context of {} positions", ids.len(), self.context());
+        }
+        self.session.truncate(self.seq, 0);
         self.tokens.clear();
-        let l = self.session.forward(ids, all_positions)?;
-        self.tokens.extend_from_slice(ids);
-        Ok(l.to_vec2::<f32>()?)
+        let vocab = self.model.info().vocab_size;
+        let chunk = self.session.max_rows();
+        let n = ids.len().div_ceil(chunk);
+        let mut out = Vec::new();
+        for (i, part) in ids.chunks(chunk).enumerate() {
+            let want = if all_positions {
+                Logits::All
+            } else if i + 1 == n {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            self.forward(part, want)?;
+            out.extend(self.session.logits().chunks(vocab).map(|r| r.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The logits ready for sampling (the last position's).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// The last forward's routing.
+    pub fn routes(&self) -> &Routes {
+        self.session.routes()
     }
 }
 

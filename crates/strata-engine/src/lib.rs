@@ -16,4 +16,5 @@ pub use generate::{FinishReason, GenerateRequest, GenerationOutput, Generator};
 pub use model_dir::{GenerationDefaults, LoadOptions, LoadedModel};
 pub use sampling::{Sampler, SamplingParams};
 pub use stats::GenerationStats;
+pub use strata_models::Device;
 pub use tokenizer::{StreamDecoder, TextTokenizer};

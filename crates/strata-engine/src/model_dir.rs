@@ -1,38 +1,36 @@
-//! A Hugging Face model directory opened as a whole: config dispatch by `model_type`,
-//! weights, tokenizer, chat template and generation defaults.
+//! A Hugging Face model directory opened as a whole: the family (through the registry),
+//! weights, tokenizer, chat template and generation defaults; with a budget, the expert
+//! runtime and its memory plan.
 
 use crate::chat::ChatTemplate;
-use crate::experts::{open_source, RuntimeOptions, StreamedExperts, UsageSetting};
+use crate::experts::{is_container, open_source, ExpertSource, RuntimeOptions, StreamedExperts, UsageSetting};
 use crate::fit::{fit_dir, Fit, FitOptions};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{anyhow, bail, Context, Result};
-use candle_core::Device;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use strata_models::glm_moe_dsa::{GlmMoeDsa, GlmMoeDsaConfig};
-use strata_models::CausalLm;
+use strata_models::{read_arch, Arch, Device, ExpertsChoice, Model};
 use strata_residency::UsageLedger;
 use strata_storage::WeightStore;
 
-/// How to load: the memory budget and the expert runtime's options.
+/// How to load: the device, the memory budget and the expert runtime's options.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    pub device: Device,
     /// Process memory budget; experts stream when the container's experts exceed it.
     pub budget: Option<u64>,
-    /// Context reserved for the KV cache in the plan.
+    /// Context reserved for the KV cache in the plan (and the sessions' capacity).
     pub context: usize,
     pub runtime: RuntimeOptions,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { budget: None, context: 4096, runtime: RuntimeOptions::default() }
+        Self { device: Device::Cpu, budget: None, context: 4096, runtime: RuntimeOptions::default() }
     }
 }
-
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &[GlmMoeDsaConfig::MODEL_TYPE];
 
 /// Sampling defaults and stop ids from `generation_config.json`.
 #[derive(Clone, Debug, Default)]
@@ -44,7 +42,10 @@ pub struct GenerationDefaults {
 pub struct LoadedModel {
     pub dir: PathBuf,
     pub model_type: String,
-    pub model: Box<dyn CausalLm>,
+    pub arch: Arc<dyn Arch>,
+    pub model: Box<dyn Model>,
+    /// The context sessions are made for (`--context`, capped by the model's).
+    pub context: usize,
     pub tokenizer: Option<TextTokenizer>,
     pub chat_template: Option<ChatTemplate>,
     pub generation: GenerationDefaults,
@@ -60,25 +61,10 @@ pub struct LoadedModel {
 
 /// Reads `config.json` and returns it with its `model_type`, refusing unknown types.
 pub fn read_config(dir: &Path) -> Result<(Value, String)> {
-    if !dir.is_dir() {
-        bail!("{}: model directory not found", dir.display());
-    }
+    let arch = read_arch(dir)?;
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("{}: cannot read: {e}", path.display()))?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
-    let model_type = json
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow!("{}: missing field `model_type`", path.display()))?
-        .to_string();
-    if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
-        bail!(
-            "{}: unsupported model_type `{model_type}` (strata supports: {})",
-            path.display(),
-            SUPPORTED_MODEL_TYPES.join(", ")
-        );
-    }
-    Ok((json, model_type))
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    Ok((json, arch.model_type().to_string()))
 }
 
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
@@ -109,61 +95,75 @@ pub fn read_generation_defaults(dir: &Path) -> Result<GenerationDefaults> {
 }
 
 impl LoadedModel {
-    /// Opens everything in `dir`. The tokenizer is optional here (id-level commands work
-    /// without it); [`LoadedModel::tokenizer`] reports its absence when text is needed.
-    pub fn open(dir: &Path, device: &Device) -> Result<Self> {
-        Self::open_with(dir, device, &LoadOptions::default())
+    /// Opens everything in `dir` on the CPU, all weights resident.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, &LoadOptions::default())
     }
 
-    /// Opens `dir` under `opts`. An expert container (see `strata convert`) streams its
-    /// experts through a slab sized by the budget (all resident without one); an HF
-    /// checkpoint loads whole and refuses a budget.
-    pub fn open_with(dir: &Path, device: &Device, opts: &LoadOptions) -> Result<Self> {
-        let (json, model_type) = read_config(dir)?;
-        let cfg_path = dir.join("config.json");
+    /// Opens `dir` under `opts`. An expert container (see `strata convert`), or an HF
+    /// checkpoint given a budget (converted once, losslessly), streams its experts through
+    /// a slab sized by the budget; without a budget everything is resident.
+    pub fn open_with(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let arch = read_arch(dir)?;
+        opts.device.check()?;
+        let moe = arch.moe();
+        if opts.budget.is_none() && (!opts.runtime.pins.is_empty() || opts.runtime.auto_pin) {
+            bail!("--pin and --auto-pin choose experts to keep in the slab; they need --budget (without one every expert is resident)");
+        }
+        let weights_dir = match (opts.budget, &moe) {
+            (Some(_), Some(_)) if !is_container(dir) => crate::autoconvert::container_for(dir, arch.as_ref())?,
+            _ => dir.to_path_buf(),
+        };
+        let store = WeightStore::open_dir(&weights_dir)?;
         let mut experts = None;
         let mut fit = None;
         let mut experts_dir = None;
-        let model: Box<dyn CausalLm> = match model_type.as_str() {
-            GlmMoeDsaConfig::MODEL_TYPE => {
-                let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
-                let weights_dir = match (opts.budget, open_source(dir)?.is_some()) {
-                    (Some(_), false) => crate::autoconvert::container_for(dir)?,
-                    _ => dir.to_path_buf(),
-                };
-                let store = WeightStore::open_dir(&weights_dir)?;
-                match open_source(&weights_dir)? {
-                    Some(source) => {
-                        let (backend, f) = open_experts(&weights_dir, source, &cfg, &store, opts)?;
-                        fit = Some(f);
-                        let model = GlmMoeDsa::load_with_experts(cfg, &store, device, Some(backend.clone()))?;
-                        experts = Some(backend);
-                        experts_dir = Some(weights_dir.clone());
-                        Box::new(model)
-                    }
-                    None => Box::new(GlmMoeDsa::load(cfg, &store, device)?),
-                }
+        let model = match open_source(&weights_dir, moe.as_ref())? {
+            Some(source) => {
+                let (backend, f) = open_experts(dir, &weights_dir, source, arch.as_ref(), &store, opts)?;
+                fit = Some(f);
+                experts_dir = Some(weights_dir.clone());
+                let model = arch.load(&store, opts.device, ExpertsChoice::Cpu(backend.clone()))?;
+                experts = Some(backend);
+                model
             }
-            other => unreachable!("read_config refused `{other}`"),
+            None => {
+                if let Some(budget) = opts.budget {
+                    let f = fit_dir(
+                        dir,
+                        arch.as_ref(),
+                        &store,
+                        &FitOptions::new(Some(budget), opts.context, &opts.runtime),
+                    )?;
+                    if !f.report.fits {
+                        bail!("{}: {} (see `strata fit`)", dir.display(), f.error.clone().unwrap_or_default());
+                    }
+                    fit = Some(f);
+                }
+                arch.load(&store, opts.device, ExpertsChoice::Resident)?
+            }
         };
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.exists() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
         let chat_template = ChatTemplate::from_model_dir(dir)?;
         let generation = read_generation_defaults(dir)?;
-        let mut eos_token_ids = model.eos_token_ids();
+        let info = model.info().clone();
+        let mut eos_token_ids = info.eos_token_ids.clone();
         for id in &generation.eos_token_ids {
             if !eos_token_ids.contains(id) {
                 eos_token_ids.push(*id);
             }
         }
         for &id in &eos_token_ids {
-            if id as usize >= model.vocab_size() {
-                bail!("{}: eos_token_id {id} is outside the vocabulary ({})", dir.display(), model.vocab_size());
+            if id as usize >= info.vocab_size {
+                bail!("{}: eos_token_id {id} is outside the vocabulary ({})", dir.display(), info.vocab_size);
             }
         }
         Ok(Self {
             dir: dir.to_path_buf(),
-            model_type,
+            model_type: arch.model_type().to_string(),
+            context: opts.context.min(info.max_context).max(1),
+            arch,
             model,
             tokenizer,
             chat_template,
@@ -173,6 +173,11 @@ impl LoadedModel {
             fit,
             experts_dir,
         })
+    }
+
+    /// A generator over a fresh session of this model's context.
+    pub fn generator(&self) -> Result<crate::Generator<'_>> {
+        crate::Generator::new(self.model.as_ref(), self.context)
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
@@ -191,11 +196,13 @@ impl LoadedModel {
     }
 }
 
-/// Plans the slab, opens the usage ledger, chooses pins and starts the expert runtime.
+/// Plans the slab, opens the usage ledger (at `<model dir>/.coli_usage`, whatever
+/// container serves the experts), chooses pins and starts the expert runtime.
 fn open_experts(
+    model_dir: &Path,
     dir: &Path,
-    source: Box<dyn crate::experts::ExpertSource>,
-    cfg: &GlmMoeDsaConfig,
+    source: Box<dyn ExpertSource>,
+    arch: &dyn Arch,
     store: &WeightStore,
     opts: &LoadOptions,
 ) -> Result<(Arc<StreamedExperts>, Fit)> {
@@ -209,21 +216,21 @@ fn open_experts(
             );
         }
     }
+    let info = arch.info();
     let ledger = match &rt.usage {
         UsageSetting::Off => None,
         setting => {
             let (path, explicit) = match setting {
                 UsageSetting::Path(p) => (p.clone(), true),
-                _ => (dir.join(".coli_usage"), false),
+                _ => (model_dir.join(".coli_usage"), false),
             };
-            // Rows 0..=num_hidden_layers: the last is the MTP layer, kept so its counts
-            // survive our flushes even while strata does not run MTP.
+            // Rows 0..=num_layers: the last is the MTP layer, kept so its counts survive
+            // our flushes.
             let mut rows = layers.clone();
-            if cfg.num_nextn_predict_layers > 0 {
-                rows.push(cfg.num_hidden_layers);
-            }
+            let moe = arch.moe().expect("an expert source implies routed experts");
+            rows.extend(moe.mtp_layers.iter().take(1));
             let (ledger, warnings) =
-                UsageLedger::open(&path, cfg.num_hidden_layers, cfg.n_routed_experts, &rows, explicit)
+                UsageLedger::open(&path, info.num_layers, source.experts_per_layer(), &rows, explicit)
                     .map_err(|e| anyhow!("{e}"))?;
             for w in warnings {
                 eprintln!("warning: {w}");
@@ -231,26 +238,20 @@ fn open_experts(
             Some(ledger)
         }
     };
-    let mut fit_opts = FitOptions {
-        budget: opts.budget,
-        context: opts.context,
-        working_slots: rt.working_slots,
-        pinned: rt.pins.len(),
-        max_slots_per_layer: rt.max_slots_per_layer,
-    };
+    let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
     let mut pins = rt.pins.clone();
     if rt.auto_pin && pins.is_empty() {
         if let (Some(ledger), Some(budget)) = (&ledger, opts.budget) {
-            pins = auto_pins(dir, cfg, store, &fit_opts, ledger, budget, &layers)?;
+            pins = auto_pins(dir, arch, store, &fit_opts, ledger, budget, &layers)?;
             fit_opts.pinned = pins.len();
         }
     }
-    let fit = fit_dir(dir, cfg, store, &fit_opts)?;
+    let fit = fit_dir(dir, arch, store, &fit_opts)?;
     let Some(plan) = fit.plan else {
         bail!("{}: {} (see `strata fit`)", dir.display(), fit.error.clone().unwrap_or_default());
     };
     let resident_all = opts.budget.is_none();
-    let backend = StreamedExperts::new(cfg.hidden_size, source, plan, &pins, ledger, rt, opts.budget)?;
+    let backend = StreamedExperts::new(source, plan, &pins, ledger, rt, opts.budget)?;
     if resident_all {
         backend.preload_all()?;
     }
@@ -261,14 +262,14 @@ fn open_experts(
 /// per layer affords (none until the ledger has enough history).
 fn auto_pins(
     dir: &Path,
-    cfg: &GlmMoeDsaConfig,
+    arch: &dyn Arch,
     store: &WeightStore,
     fit_opts: &FitOptions,
     ledger: &UsageLedger,
     budget: u64,
     layers: &[usize],
 ) -> Result<Vec<(usize, usize)>> {
-    let probe = fit_dir(dir, cfg, store, fit_opts)?;
+    let probe = fit_dir(dir, arch, store, fit_opts)?;
     let Some(p) = probe.plan else { return Ok(Vec::new()) };
     let tier_budget = budget.saturating_sub(p.input.fixed_bytes + p.input.working_slots as u64 * p.input.slot_bytes);
     let mandatory = layers.len() as u64 * p.input.slot_bytes;

@@ -48,13 +48,17 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    // Reused buffers: sampling a token allocates nothing once they have grown.
+    seen: Vec<bool>,
+    cand: Vec<(u32, f32)>,
+    probs: Vec<f64>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = StdRng::seed_from_u64(params.seed);
-        Ok(Self { params, rng })
+        Ok(Self { params, rng, seen: Vec::new(), cand: Vec::new(), probs: Vec::new() })
     }
 
     /// Picks the next token from `logits`; `context` is every token so far (prompt and
@@ -62,9 +66,10 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
-            let mut seen = vec![false; logits.len()];
+            self.seen.clear();
+            self.seen.resize(logits.len(), false);
             for &t in context {
-                if let Some(s) = seen.get_mut(t as usize) {
+                if let Some(s) = self.seen.get_mut(t as usize) {
                     if !*s {
                         *s = true;
                         let l = &mut logits[t as usize];
@@ -77,14 +82,17 @@ impl Sampler {
             return argmax(logits);
         }
         // Candidates sorted by descending logit (stable: ties keep the lower id).
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
         cand.sort_by(|a, b| b.1.total_cmp(&a.1));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }
         let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        let probs = &mut self.probs;
+        probs.clear();
+        probs.extend(cand.iter().map(|c| ((c.1 - max) as f64).exp()));
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
         if p.top_p < 1.0 {

@@ -16,6 +16,8 @@ pub struct GenerationStats {
     pub time_to_first_token_s: f64,
     pub peak_rss_bytes: u64,
     pub finish_reason: String,
+    /// Oldest prompt tokens dropped to fit the context (`--truncate left`).
+    pub truncated_prompt_tokens: usize,
 }
 
 /// A `/proc/self/status` field in bytes (its kB value x 1024), 0 where unknown.

@@ -23,7 +23,8 @@ fn only_weight_changes_reconvert_and_the_ledger_survives() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = tempfile::tempdir().unwrap();
     copy_dir(&root.join("fixtures/glm5/dsa-sparse"), dir.path());
-    let target = container_for(dir.path()).unwrap();
+    let arch = strata_models::read_arch(dir.path()).unwrap();
+    let target = container_for(dir.path(), arch.as_ref()).unwrap();
     let stamp = std::fs::read_to_string(target.join(STAMP_FILE)).unwrap();
     // A ledger and a marker that would vanish with a reconversion.
     std::fs::write(target.join(".coli_usage"), "3 1 7\n").unwrap();
@@ -38,7 +39,7 @@ fn only_weight_changes_reconvert_and_the_ledger_survives() {
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["max_position_embeddings"] = serde_json::json!(12345);
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    assert_eq!(container_for(dir.path()).unwrap(), target);
+    assert_eq!(container_for(dir.path(), arch.as_ref()).unwrap(), target);
     assert!(target.join("marker").exists(), "nothing was reconverted");
     assert_eq!(std::fs::read_to_string(target.join(STAMP_FILE)).unwrap(), stamp);
 
@@ -49,7 +50,7 @@ fn only_weight_changes_reconvert_and_the_ledger_survives() {
     f.seek(SeekFrom::Start(len - 4096)).unwrap();
     f.write_all(&[0x5a; 4096]).unwrap();
     drop(f);
-    assert_eq!(container_for(dir.path()).unwrap(), target);
+    assert_eq!(container_for(dir.path(), arch.as_ref()).unwrap(), target);
     assert!(!target.join("marker").exists(), "reconverted");
     assert_ne!(std::fs::read_to_string(target.join(STAMP_FILE)).unwrap(), stamp);
     assert_eq!(std::fs::read_to_string(target.join(".coli_usage")).unwrap(), "3 1 7\n", "ledger carried over");

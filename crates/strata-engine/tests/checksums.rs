@@ -2,13 +2,12 @@
 //! reads it, naming the file, layer and expert, instead of producing empty text; the
 //! damaged bytes are never published into a slot, so nothing later computes on them.
 
-use candle_core::Device;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
-use strata_engine::{GenerateRequest, Generator, LoadOptions, LoadedModel, SamplingParams};
+use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
-use strata_models::glm_moe_dsa::{convert, ConvertOptions};
+use strata_models::convert::{convert, ConvertOptions};
 use strata_storage::ExpertManifest;
 
 #[test]
@@ -28,6 +27,7 @@ fn nan_overwritten_experts_fail_the_read_naming_file_layer_and_expert() {
         f.write_all(&f32::NAN.to_le_bytes().repeat(64)).unwrap();
     }
     let load = LoadOptions {
+        device: strata_engine::Device::Cpu,
         budget: Some(u64::MAX / 4),
         context: 256,
         runtime: RuntimeOptions {
@@ -37,9 +37,9 @@ fn nan_overwritten_experts_fail_the_read_naming_file_layer_and_expert() {
             ..Default::default()
         },
     };
-    let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &load).unwrap();
+    let m = LoadedModel::open_with(dir.path(), &load).unwrap();
     for attempt in 0..2 {
-        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        let mut g = m.generator().unwrap();
         let req = GenerateRequest::new(vec![5, 17, 33, 2], 4, SamplingParams::default());
         let err = format!("{:#}", g.generate(None, &req, &mut |_| true).unwrap_err());
         assert!(err.contains("checksum mismatch"), "attempt {attempt}: {err}");

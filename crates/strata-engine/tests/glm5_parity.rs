@@ -2,9 +2,8 @@
 //! `scripts/make_glm5_fixtures.py`): logits at every prompt position within 1e-4, the
 //! 32 greedy tokens identical, and each decode step's logits within 1e-4.
 
-use candle_core::Device;
 use std::path::{Path, PathBuf};
-use strata_engine::{GenerateRequest, Generator, LoadedModel, SamplingParams};
+use strata_engine::{GenerateRequest, LoadedModel, SamplingParams};
 use strata_storage::{ElementType, SafetensorsFile};
 
 const TOL: f32 = 1e-4;
@@ -57,7 +56,7 @@ pub fn fixture_dirs() -> Vec<PathBuf> {
 
 fn check_fixture(dir: &Path) {
     let name = dir.file_name().unwrap().to_string_lossy().to_string();
-    let m = LoadedModel::open(dir, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let m = LoadedModel::open(dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     let r = Reference::open(&dir.join("reference.safetensors"));
     let prompt = r.ids("prompt_ids");
 
@@ -69,7 +68,7 @@ fn check_fixture(dir: &Path) {
     }
 
     // Prefill: logits at every prompt position.
-    let mut gen = Generator::new(m.model.as_ref()).unwrap();
+    let mut gen = m.generator().unwrap();
     let got = gen.logits(&prompt, true).unwrap();
     let want = r.matrix("prompt_logits");
     assert_eq!(got.len(), want.len());
@@ -79,19 +78,19 @@ fn check_fixture(dir: &Path) {
     // Greedy decode against the cache: identical tokens, logits within tolerance.
     let gen_ids = r.ids("generated_ids");
     let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
-    let mut gen = Generator::new(m.model.as_ref()).unwrap();
+    let mut gen = m.generator().unwrap();
     let out = gen.generate(None, &req, &mut |_| true).unwrap();
     assert_eq!(out.tokens, gen_ids, "{name}: greedy tokens");
 
     if r.has("generated_logits") {
         let want = r.matrix("generated_logits");
-        let mut session = m.model.new_session().unwrap();
-        let mut step = session.forward(&prompt, false).unwrap().to_vec2::<f32>().unwrap().remove(0);
+        let mut gen = m.generator().unwrap();
+        gen.prefill(&prompt).unwrap();
         for (i, &t) in gen_ids.iter().enumerate() {
-            let d = max_abs_diff(&step, &want[i]);
+            let d = max_abs_diff(gen.last_logits(), &want[i]);
             assert!(d < TOL, "{name}: decode step {i} logits differ by {d}");
             if i + 1 < gen_ids.len() {
-                step = session.forward(&[t], false).unwrap().to_vec2::<f32>().unwrap().remove(0);
+                gen.step(t).unwrap();
             }
         }
     }
@@ -169,8 +168,8 @@ fn fused_expert_layout_matches_per_expert() {
 
     let ids: Vec<u32> = (0..20).map(|i| (i * 37 % 400) as u32).collect();
     let logits = |d: &Path| {
-        let m = LoadedModel::open(d, &Device::Cpu).unwrap();
-        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        let m = LoadedModel::open(d).unwrap();
+        let mut g = m.generator().unwrap();
         g.logits(&ids, true).unwrap()
     };
     assert_eq!(logits(&src), logits(dir.path()));

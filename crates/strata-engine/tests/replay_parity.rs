@@ -3,13 +3,12 @@
 //! row (the runtime's slot table) must give the runtime's demand hit rate within one
 //! point (it drives the same `SlotTable` in the same order, so it is in fact exact).
 
-use candle_core::Device;
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::generate::RouteTrace;
-use strata_engine::{GenerateRequest, Generator, LoadOptions, LoadedModel, SamplingParams};
+use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
-use strata_models::glm_moe_dsa::{convert, ConvertOptions};
+use strata_models::convert::{convert, ConvertOptions};
 use strata_residency::{read_trace, replay, ReplayConfig};
 
 #[test]
@@ -21,6 +20,7 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
     let working = 8;
     for slots_per_layer in [1usize, 2, 4, 8, 16] {
         let load = LoadOptions {
+            device: strata_engine::Device::Cpu,
             budget: Some(u64::MAX / 4),
             context: 256,
             runtime: RuntimeOptions {
@@ -30,10 +30,10 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
                 ..Default::default()
             },
         };
-        let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &load).unwrap();
+        let m = LoadedModel::open_with(dir.path(), &load).unwrap();
         let experts = m.experts.clone().expect("streamed experts");
         let trace_path = dir.path().join(format!("trace-{slots_per_layer}.txt"));
-        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        let mut g = m.generator().unwrap();
         g.set_trace(RouteTrace::create(&trace_path).unwrap());
         let mut demand = (0u64, 0u64);
         for turn in 0..2u32 {

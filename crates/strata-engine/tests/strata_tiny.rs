@@ -1,15 +1,14 @@
 //! The shipped default model (`models/strata-tiny`, trained by `training/train_tiny.py`)
 //! against transformers' logits (`fixtures/strata-tiny/reference.safetensors`).
 
-use candle_core::Device;
 use std::path::Path;
-use strata_engine::{Generator, LoadedModel};
+use strata_engine::LoadedModel;
 use strata_storage::{ElementType, SafetensorsFile};
 
 #[test]
 fn strata_tiny_matches_transformers() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let m = LoadedModel::open(&root.join("models/strata-tiny"), &Device::Cpu).unwrap();
+    let m = LoadedModel::open(&root.join("models/strata-tiny")).unwrap();
     let reference = SafetensorsFile::open(&root.join("fixtures/strata-tiny/reference.safetensors")).unwrap();
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("fixtures/strata-tiny/reference.json")).unwrap())
@@ -36,7 +35,7 @@ fn strata_tiny_matches_transformers() {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        let got: Vec<f32> = Generator::new(m.model.as_ref()).unwrap().logits(&ids, true).unwrap().concat();
+        let got: Vec<f32> = m.generator().unwrap().logits(&ids, true).unwrap().concat();
         assert_eq!(got.len(), want.len());
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "prompt {i} ({}): logits differ by {worst}", p["category"]);

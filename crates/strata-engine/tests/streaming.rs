@@ -2,13 +2,12 @@
 //! down to the smallest plan that fits; I/O faults fail one request cleanly; the fit
 //! refuses budgets that cannot hold one slot per layer.
 
-use candle_core::Device;
 use std::path::{Path, PathBuf};
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::fit::{fit_dir, FitOptions};
-use strata_engine::{GenerateRequest, Generator, LoadOptions, LoadedModel, SamplingParams};
+use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
-use strata_models::glm_moe_dsa::{convert, ConvertOptions, GlmMoeDsaConfig};
+use strata_models::convert::{convert, ConvertOptions};
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
@@ -29,6 +28,7 @@ fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
 
 fn options(budget: Option<u64>, working: usize) -> LoadOptions {
     LoadOptions {
+        device: strata_engine::Device::Cpu,
         budget,
         context: 256,
         runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
@@ -37,24 +37,21 @@ fn options(budget: Option<u64>, working: usize) -> LoadOptions {
 
 /// Prompt logits (every position) and 24 greedy tokens with their logits.
 fn run(dir: &Path, opts: &LoadOptions) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let m = LoadedModel::open_with(dir, &Device::Cpu, opts).unwrap();
+    let m = LoadedModel::open_with(dir, opts).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut g = m.generator().unwrap();
     let logits = g.logits(&prompt, true).unwrap();
-    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut g = m.generator().unwrap();
     let out = g.generate(None, &GenerateRequest::new(prompt, 24, SamplingParams::default()), &mut |_| true).unwrap();
     (logits, out.tokens)
 }
 
 fn min_budget(dir: &Path, working: usize) -> u64 {
-    let cfg = GlmMoeDsaConfig::from_json(
-        &serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap(),
-    )
-    .unwrap();
+    let arch = strata_models::read_arch(dir).unwrap();
     let store = WeightStore::open_dir(dir).unwrap();
     let fit = fit_dir(
         dir,
-        &cfg,
+        arch.as_ref(),
         &store,
         &FitOptions {
             budget: Some(u64::MAX / 4),
@@ -83,7 +80,7 @@ fn streamed_equals_resident_bit_for_bit() {
             assert_eq!(streamed.1, resident.1, "{name}: tokens differ at budget {budget}");
             assert!(streamed.0 == resident.0, "{name}: logits differ at budget {budget}");
         }
-        let err = LoadedModel::open_with(dir.path(), &Device::Cpu, &options(Some(min - 1), 2)).err().unwrap();
+        let err = LoadedModel::open_with(dir.path(), &options(Some(min - 1), 2)).err().unwrap();
         let msg = format!("{err:#}");
         assert!(msg.contains("budget") || msg.contains("does not fit"), "{msg}");
     }
@@ -91,12 +88,12 @@ fn streamed_equals_resident_bit_for_bit() {
 
 #[test]
 fn container_matches_hf_model_when_experts_are_f32() {
-    // f32 experts through the kernels vs f32 experts through candle: same function.
+    // f32 experts from the container's slab vs f32 experts held by the model: same function.
     let dir = container("dsa-sparse", QuantKind::F32);
     let (a, _) = run(dir.path(), &options(None, 64));
-    let m = LoadedModel::open(&fixture("dsa-sparse"), &Device::Cpu).unwrap();
+    let m = LoadedModel::open(&fixture("dsa-sparse")).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let b = Generator::new(m.model.as_ref()).unwrap().logits(&prompt, true).unwrap();
+    let b = m.generator().unwrap().logits(&prompt, true).unwrap();
     let worst = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "container f32 experts differ from the HF model by {worst}");
 }
@@ -106,19 +103,19 @@ fn io_fault_fails_one_request_and_the_next_succeeds() {
     let dir = container("dsa-sparse", QuantKind::Int8Row);
     let min = min_budget(dir.path(), 2);
     let opts = options(Some(min), 2);
-    let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     // Truncate the expert file under the open reader: misses now hit a short read.
     let file = dir.path().join("experts/experts-00000.bin");
     let saved = std::fs::read(&file).unwrap();
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut g = m.generator().unwrap();
     let err = g.logits(&prompt, true).expect_err("a short read must fail the request");
     let msg = format!("{err:#}");
     assert!(msg.contains("experts-00000.bin"), "the error names the file: {msg}");
     // Restore the file: the same runtime serves the next request.
     std::fs::write(&file, saved).unwrap();
-    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut g = m.generator().unwrap();
     let ok = g.logits(&prompt, true).unwrap();
     let (reference, _) = run(dir.path(), &options(None, 64));
     assert!(ok == reference, "after the fault the runtime must be consistent");
@@ -135,34 +132,33 @@ fn colibri_container_streams_in_place() {
         let streamed = run(&dir, &options(Some(budget), 2));
         assert!(streamed.0 == resident.0 && streamed.1 == resident.1, "Colibri streamed differs at budget {budget}");
     }
-    // The same weights, dequantized to f32 and run through the HF path (candle): equal
-    // up to accumulation order. This checks every tensor's Colibri decoding.
-    let cfg_json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let cfg = GlmMoeDsaConfig::from_json(&cfg_json).unwrap();
+    // The same weights, dequantized to f32 and run through the HF path: equal up to
+    // accumulation order. This checks every tensor's Colibri decoding.
+    let arch = strata_models::read_arch(&dir).unwrap();
     let store = WeightStore::open_dir(&dir).unwrap();
     let hf = tempfile::tempdir().unwrap();
     for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(dir.join(f), hf.path().join(f)).unwrap();
     }
-    let tensors = strata_models::glm_moe_dsa::expected_tensors(&cfg);
+    let map = arch.weight_map();
+    let tensors: Vec<_> = map.specs.iter().filter(|s| !s.optional).collect();
     let specs = tensors
         .iter()
-        .map(|(n, s, _)| strata_storage::TensorSpec {
-            name: n.clone(),
+        .map(|s| strata_storage::TensorSpec {
+            name: s.name.clone(),
             dtype: strata_storage::ElementType::F32,
-            shape: s.clone(),
+            shape: s.shape.clone(),
         })
         .collect();
     let mut w = strata_storage::SafetensorsWriter::create(&hf.path().join("model.safetensors"), specs).unwrap();
-    for (name, shape, _) in &tensors {
-        let v = store.load_f32(name, shape, None).unwrap();
+    for s in &tensors {
+        let v = store.load_f32(&s.name, &s.shape, None).unwrap();
         w.write_next(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     }
     w.finish().unwrap();
-    let m = LoadedModel::open(hf.path(), &Device::Cpu).unwrap();
+    let m = LoadedModel::open(hf.path()).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let dequant = Generator::new(m.model.as_ref()).unwrap().logits(&prompt, true).unwrap();
+    let dequant = m.generator().unwrap().logits(&prompt, true).unwrap();
     let worst =
         resident.0.iter().flatten().zip(dequant.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "Colibri path differs from its dequantized weights by {worst}");
@@ -179,9 +175,9 @@ fn ledger_and_live_repin_across_turns() {
     opts.runtime.usage = UsageSetting::Path(ledger.clone());
     opts.runtime.pins = vec![cold];
     opts.runtime.live_repin = true;
-    let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let experts = m.experts.as_ref().unwrap();
-    let mut g = Generator::new(m.model.as_ref()).unwrap();
+    let mut g = m.generator().unwrap();
     let mut swaps = Vec::new();
     for turn in 0..4u32 {
         let prompt: Vec<u32> = (0..40u32).map(|i| (i * 31 + turn * 7) % 440).collect();
@@ -221,7 +217,7 @@ fn pilot_predicts_trained_routing_without_changing_output() {
         &mut |_, _| {},
     )
     .unwrap();
-    let m = LoadedModel::open(&tiny, &Device::Cpu).unwrap();
+    let m = LoadedModel::open(&tiny).unwrap();
     let prompt = m.tokenizer().unwrap().encode("In the beginning God created the heaven and the earth.", true).unwrap();
     let budget = min_budget(dir.path(), 8) + 40 * (96 << 10);
     let mut outputs = Vec::new();
@@ -229,8 +225,8 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     for pilot in [PilotMode::Off, PilotMode::Measure, PilotMode::Hint, PilotMode::Prefetch] {
         let mut opts = options(Some(budget), 8);
         opts.runtime.pilot = pilot;
-        let m = LoadedModel::open_with(dir.path(), &Device::Cpu, &opts).unwrap();
-        let mut g = Generator::new(m.model.as_ref()).unwrap();
+        let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
+        let mut g = m.generator().unwrap();
         let out = g
             .generate(None, &GenerateRequest::new(prompt.clone(), 48, SamplingParams::default()), &mut |_| true)
             .unwrap();

@@ -3,7 +3,9 @@
 //! - int4-group(gs): two values a byte (low nibble = even column, high = odd column),
 //!   `w = (nibble - 8) * s[r, c / gs]`, `rows * ceil(cols/gs)` scales (per-row int4 is
 //!   `gs == cols`);
-//! - bf16 / f32: plain little-endian values, no scales.
+//! - bf16 / f32: plain little-endian values, no scales;
+//! - fp8 (e4m3, DeepSeek/GLM FP8 checkpoints): `rows*cols` bytes and one f32 scale per
+//!   block of `block_rows x block_cols`: `w = e4m3(q) * s[r / br, c / bc]`.
 //!
 //! Quantization is symmetric absmax (int8: s = amax/127; int4: s = amax/7, q in [-8, 7]).
 
@@ -15,6 +17,7 @@ pub enum QuantKind {
     Bf16,
     Int8Row,
     Int4Group { group: usize },
+    Fp8 { block_rows: usize, block_cols: usize },
 }
 
 impl QuantKind {
@@ -25,6 +28,7 @@ impl QuantKind {
             Self::Bf16 => rows * cols * 2,
             Self::Int8Row => rows * cols,
             Self::Int4Group { .. } => rows * cols.div_ceil(2),
+            Self::Fp8 { .. } => rows * cols,
         }
     }
 
@@ -34,6 +38,7 @@ impl QuantKind {
             Self::F32 | Self::Bf16 => 0,
             Self::Int8Row => rows,
             Self::Int4Group { group } => rows * cols.div_ceil(group),
+            Self::Fp8 { block_rows, block_cols } => rows.div_ceil(block_rows) * cols.div_ceil(block_cols),
         }
     }
 
@@ -43,15 +48,24 @@ impl QuantKind {
             Self::Bf16 => "bf16".into(),
             Self::Int8Row => "int8".into(),
             Self::Int4Group { group } => format!("int4-g{group}"),
+            Self::Fp8 { block_rows, block_cols } => format!("fp8-b{block_rows}x{block_cols}"),
         }
     }
 
-    /// Parses `f32`, `bf16`, `int8`, `int4-gN`.
+    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `fp8-bRxC`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
             "int8" => Ok(Self::Int8Row),
+            _ if s.starts_with("fp8-b") => {
+                let dims =
+                    s["fp8-b".len()..].split_once('x').and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
+                match dims {
+                    Some((br, bc)) if br > 0 && bc > 0 => Ok(Self::Fp8 { block_rows: br, block_cols: bc }),
+                    _ => Err(format!("unknown encoding `{s}` (fp8 is written fp8-bRxC with positive R and C)")),
+                }
+            }
             _ => {
                 let g = s
                     .strip_prefix("int4-g")
@@ -100,6 +114,29 @@ pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8
             }
             (payload, scales)
         }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let (nrb, ncb) = (rows.div_ceil(block_rows), cols.div_ceil(block_cols));
+            let mut scales = vec![1f32; nrb * ncb];
+            for (b, s) in scales.iter_mut().enumerate() {
+                let (rb, cb) = (b / ncb, b % ncb);
+                let mut amax = 0f32;
+                for r in rb * block_rows..((rb + 1) * block_rows).min(rows) {
+                    for c in cb * block_cols..((cb + 1) * block_cols).min(cols) {
+                        amax = amax.max(w[r * cols + c].abs());
+                    }
+                }
+                if amax > 0.0 {
+                    *s = amax / 448.0;
+                }
+            }
+            let payload = (0..rows * cols)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    crate::fp8::f32_to_e4m3(w[i] / scales[(r / block_rows) * ncb + c / block_cols])
+                })
+                .collect();
+            (payload, scales)
+        }
     }
 }
 
@@ -136,6 +173,15 @@ pub fn dequantize(kind: QuantKind, payload: &[u8], scales: &[f32], rows: usize, 
                 }
             }
         }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let ncb = cols.div_ceil(block_cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let q = crate::fp8::fp8_e4m3_to_f32(payload[r * cols + c]);
+                    out[r * cols + c] = q * scales[(r / block_rows) * ncb + c / block_cols];
+                }
+            }
+        }
     }
     out
 }
@@ -151,6 +197,10 @@ mod tests {
         assert_eq!(k.payload_bytes(2048, 6144), 2048 * 3072);
         assert_eq!(k.scale_count(2048, 6144), 2048 * 96);
         assert_eq!(QuantKind::parse(&k.name()).unwrap(), k);
+        let f = QuantKind::Fp8 { block_rows: 128, block_cols: 64 };
+        assert_eq!(f.scale_count(300, 130), 3 * 3);
+        assert_eq!(QuantKind::parse(&f.name()).unwrap(), f);
+        assert!(QuantKind::parse("fp8-b0x4").is_err());
         for s in ["f32", "bf16", "int8"] {
             assert_eq!(QuantKind::parse(s).unwrap().name(), s);
         }

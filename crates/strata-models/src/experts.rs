@@ -1,54 +1,222 @@
-//! The seam between a model's MoE layers and where routed experts live.
-//!
-//! A model routes; an [`ExpertBackend`] runs the chosen experts. Resident candle tensors
-//! (HF checkpoints) run inside the model; container checkpoints run through a backend
-//! that keeps experts in a slab and streams misses from disk (strata-engine).
+//! Where routed experts come from. A model routes on its backend; an [`ExpertProvider`]
+//! makes the chosen experts' weights available (all resident, or a slab of slots filled
+//! from disk by the engine's runtime) and hands them to the model's compute in batches
+//! as they become ready, so resident work overlaps reads.
 
 use anyhow::Result;
+use strata_backend::Backend;
 
-/// One row's routing: expert ids (in selection order) and their gate weights.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
+/// Experts ready to compute, by index (no slice to build per call).
+pub trait ReadyExperts<B: Backend>: Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Expert id and weights of entry `i`.
+    fn get(&self, i: usize) -> (u32, B::ExpertRef<'_>);
 }
 
-pub trait ExpertBackend: Send + Sync {
-    /// For MoE layer `layer` (model layer id) and `x` (`rows x hidden`, row-major),
-    /// returns `rows x hidden`: each row's `sum_e w_e * Expert_e(x_row)` over its routing,
-    /// accumulated in ascending expert id, so any backend gives the same bits for the
-    /// same expert bytes.
-    fn forward(&self, layer: usize, x: &[f32], rows: usize, routes: &[Routing]) -> Result<Vec<f32>>;
+pub trait ExpertProvider<B: Backend>: Send + Sync {
+    /// Counts a forward's selections at `layer` (`ids`: rows of `top_k`, every selection,
+    /// before deduplication).
+    fn record(&self, _layer: usize, _ids: &[u32], _top_k: usize) {}
+
+    /// Makes `experts` (unique, ascending) of `layer` available and calls `compute` with
+    /// batches of them as they are ready (hits first, then misses as their reads land);
+    /// every expert is handed over exactly once.
+    fn run(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<B>) -> Result<()>,
+    ) -> Result<()>;
 
     /// Whether the model should predict the next layer's routing (PILOT) for
-    /// [`ExpertBackend::predicted`]; computing it costs one router product per layer.
+    /// [`ExpertProvider::predicted`].
     fn wants_prediction(&self) -> bool {
         false
     }
 
-    /// The predicted routing of `layer`, made one layer ahead (after the previous layer's
-    /// attention, from its residual). Advisory: it must not change what `forward` returns.
-    fn predicted(&self, _layer: usize, _routes: &[Routing]) {}
+    /// The routing of `layer` predicted one layer ahead. Advisory.
+    fn predicted(&self, _layer: usize, _ids: &[u32], _top_k: usize) {}
 }
 
-/// Adds `w * y` into `out` for each (row, weight), experts in ascending id: the one
-/// accumulation order every backend uses.
-pub fn accumulate_ascending<'a>(
-    out: &mut [f32],
-    hidden: usize,
-    routes: &[Routing],
-    mut expert_rows: impl FnMut(usize, usize) -> Option<&'a [f32]>,
-) {
-    for (r, route) in routes.iter().enumerate() {
-        let mut order: Vec<(usize, f32)> = route.experts.iter().copied().zip(route.weights.iter().copied()).collect();
-        order.sort_by_key(|&(e, _)| e);
-        let dst = &mut out[r * hidden..(r + 1) * hidden];
-        for (e, w) in order {
-            if let Some(y) = expert_rows(e, r) {
-                for (d, v) in dst.iter_mut().zip(y) {
-                    *d += w * v;
-                }
+/// Experts held by the model (an HF checkpoint loaded whole).
+pub struct ResidentExperts<B: Backend> {
+    /// Per sparse layer (by model layer id): each expert's (gate, up, down).
+    layers: Vec<Option<Vec<[B::Mat; 3]>>>,
+}
+
+impl<B: Backend> ResidentExperts<B> {
+    pub fn new(layers: Vec<Option<Vec<[B::Mat; 3]>>>) -> Self {
+        Self { layers }
+    }
+}
+
+struct ResidentReady<'a, B: Backend> {
+    b: &'a B,
+    experts: &'a [u32],
+    mats: &'a [[B::Mat; 3]],
+}
+
+impl<B: Backend> ReadyExperts<B> for ResidentReady<'_, B> {
+    fn len(&self) -> usize {
+        self.experts.len()
+    }
+    fn get(&self, i: usize) -> (u32, B::ExpertRef<'_>) {
+        let e = self.experts[i];
+        let [g, u, d] = &self.mats[e as usize];
+        (e, self.b.expert_ref(g, u, d))
+    }
+}
+
+impl<B: Backend> ResidentExperts<B> {
+    /// Runs with the backend to build expert views.
+    pub fn run(
+        &self,
+        b: &B,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<B>) -> Result<()>,
+    ) -> Result<()> {
+        let mats = self.layers.get(layer).and_then(Option::as_ref).expect("resident experts of a sparse layer");
+        compute(&ResidentReady { b, experts, mats })
+    }
+}
+
+/// One forward's routing at one layer, deduplicated: unique experts in ascending id, the
+/// rows that chose each (in row order), and where each (row, rank) finds its expert's
+/// output row. Reused across forwards (no allocation once grown).
+#[derive(Default, Debug)]
+pub struct Union {
+    pub experts: Vec<u32>,
+    /// `rows[offsets[i]..offsets[i + 1]]`: the rows of expert `experts[i]`.
+    pub offsets: Vec<u32>,
+    pub rows: Vec<u32>,
+    /// Per (row, rank): the output row (`offsets[i] + position of the row`).
+    pub src: Vec<u32>,
+    counts: Vec<u32>,
+    index: Vec<u32>,
+}
+
+impl Union {
+    /// From `ids` (`rows x top_k`, distinct within a row) over `n_experts` experts.
+    pub fn build(&mut self, ids: &[u32], rows: usize, top_k: usize, n_experts: usize) {
+        self.counts.clear();
+        self.counts.resize(n_experts, 0);
+        for &e in &ids[..rows * top_k] {
+            self.counts[e as usize] += 1;
+        }
+        self.experts.clear();
+        self.offsets.clear();
+        self.index.clear();
+        self.index.resize(n_experts, u32::MAX);
+        let mut at = 0u32;
+        for (e, &c) in self.counts.iter().enumerate() {
+            if c > 0 {
+                self.index[e] = self.experts.len() as u32;
+                self.experts.push(e as u32);
+                self.offsets.push(at);
+                at += c;
             }
         }
+        self.offsets.push(at);
+        self.rows.clear();
+        self.rows.resize(at as usize, 0);
+        self.src.clear();
+        self.src.resize(rows * top_k, 0);
+        // Fill in row order: each expert's rows come out ascending.
+        self.counts.iter_mut().for_each(|c| *c = 0);
+        for r in 0..rows {
+            for k in 0..top_k {
+                let e = ids[r * top_k + k] as usize;
+                let i = self.index[e] as usize;
+                let pos = self.offsets[i] + self.counts[e];
+                self.rows[pos as usize] = r as u32;
+                self.src[r * top_k + k] = pos;
+                self.counts[e] += 1;
+            }
+        }
+    }
+
+    /// The rows of expert `e` and where its outputs start, if it was chosen.
+    pub fn rows_of(&self, e: u32) -> Option<(&[u32], usize)> {
+        let i = *self.index.get(e as usize)? as usize;
+        if i == u32::MAX as usize {
+            return None;
+        }
+        let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        Some((&self.rows[a..b], a))
+    }
+
+    /// Output rows in all (selections).
+    pub fn total(&self) -> usize {
+        self.rows.len()
+    }
+}
+
+/// The routing of a forward, per MoE layer: ids (best first) and gate weights of every
+/// row. Reused across forwards.
+#[derive(Default, Debug, Clone)]
+pub struct Routes {
+    pub rows: usize,
+    pub top_k: usize,
+    /// Model layer ids of the MoE layers, in order.
+    pub layers: Vec<usize>,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+}
+
+impl Routes {
+    pub fn clear(&mut self, rows: usize, top_k: usize) {
+        self.rows = rows;
+        self.top_k = top_k;
+        self.layers.clear();
+        self.ids.clear();
+        self.weights.clear();
+    }
+
+    pub fn push(&mut self, layer: usize, ids: &[u32], weights: &[f32]) {
+        let n = self.rows * self.top_k;
+        self.layers.push(layer);
+        self.ids.extend_from_slice(&ids[..n]);
+        self.weights.extend_from_slice(&weights[..n]);
+    }
+
+    /// The `i`-th MoE layer's (layer id, ids, weights), each `rows x top_k`.
+    pub fn layer(&self, i: usize) -> (usize, &[u32], &[f32]) {
+        let n = self.rows * self.top_k;
+        (self.layers[i], &self.ids[i * n..(i + 1) * n], &self.weights[i * n..(i + 1) * n])
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn union_groups_rows_by_ascending_expert() {
+        // Two rows of top-3: row 0 = [5, 2, 9], row 1 = [2, 7, 5].
+        let mut u = Union::default();
+        u.build(&[5, 2, 9, 2, 7, 5], 2, 3, 10);
+        assert_eq!(u.experts, vec![2, 5, 7, 9]);
+        assert_eq!(u.rows_of(2).unwrap(), (&[0u32, 1][..], 0));
+        assert_eq!(u.rows_of(5).unwrap(), (&[0u32, 1][..], 2));
+        assert_eq!(u.rows_of(7).unwrap(), (&[1u32][..], 4));
+        assert!(u.rows_of(3).is_none());
+        // (row, rank) -> output row.
+        assert_eq!(u.src, vec![2, 0, 5, 1, 4, 3]);
+        assert_eq!(u.total(), 6);
+        u.build(&[1], 1, 1, 10);
+        assert_eq!(u.experts, vec![1]);
+        assert_eq!(u.src, vec![0]);
     }
 }

@@ -1,39 +1,94 @@
-//! Model families on candle tensors, one folder each.
+//! Model families behind a registry, written against the device seam (strata-backend).
 //!
-//! A family turns a model directory's `config.json` and weights into a [`CausalLm`];
-//! the engine drives it through [`Session`]s (a model plus its KV cache).
+//! A family parses `config.json` into an [`Arch`] ([`registry`]), which describes the
+//! checkpoint ([`weights::WeightMap`]) and builds a [`Model`] on a device. The engine
+//! drives a model through batch-first [`Session`]s: each forward takes rows from one or
+//! more sequences ([`Batch`]), keeps each sequence's KV cache in fixed-size blocks
+//! ([`kv`]), and returns logits and hidden states for the rows that ask for them.
+//! Shared building blocks (MLA attention, the noaux_tc MoE, SwiGLU) live in [`blocks`];
+//! one folder per family composes them.
 
+pub mod batch;
+pub mod blocks;
+pub mod convert;
 pub mod experts;
 pub mod glm_moe_dsa;
-pub mod nn;
+pub mod kv;
+pub mod registry;
+pub mod weights;
 
 use anyhow::Result;
-use candle_core::Tensor;
-pub use experts::{ExpertBackend, Routing};
+pub use batch::{Batch, Logits, SeqId};
+pub use experts::{ExpertProvider, ReadyExperts, Routes, Union};
+pub use registry::{
+    families, family_of, parse_config, read_arch, supported_model_types, Arch, ChatFormat, Device, ExpertsChoice,
+    Family, MoeLayout,
+};
+pub use weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec, WeightSummary};
 
-/// A causal language model the engine can drive.
-pub trait CausalLm: Send + Sync {
-    fn vocab_size(&self) -> usize;
+/// What the engine needs to know about a loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub family: &'static str,
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
     /// Longest context the model supports (positions).
-    fn max_context(&self) -> usize;
-    /// End-of-sequence ids declared by the model's config.
-    fn eos_token_ids(&self) -> Vec<u32>;
-    fn new_session(&self) -> Result<Box<dyn Session + '_>>;
+    pub max_context: usize,
+    /// End-of-sequence ids declared by the config.
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub num_layers: usize,
 }
 
-/// A model with its KV cache: feed tokens, get logits.
-pub trait Session: Send {
-    /// Runs `ids` at positions `len()..len()+ids.len()` in one forward and appends them to
-    /// the cache. Returns logits `[ids.len(), vocab]` if `all_logits`, else `[1, vocab]`
-    /// for the last position.
-    fn forward(&mut self, ids: &[u32], all_logits: bool) -> Result<Tensor>;
-    /// Tokens in the cache.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
+/// How big a session is: everything it allocates is sized from these once.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    /// Sequences held at once.
+    pub max_seqs: usize,
+    /// KV positions in all (over every sequence).
+    pub kv_tokens: usize,
+    /// Positions one sequence may hold (capped by the model's context).
+    pub max_len: usize,
+    /// Rows one forward may carry (a prefill chunk, or one row per sequence in decode).
+    pub max_rows: usize,
+}
+
+impl SessionOptions {
+    /// One sequence of up to `context` positions, forwards of up to `chunk` rows.
+    pub fn single(context: usize, chunk: usize) -> Self {
+        Self { max_seqs: 1, kv_tokens: context, max_len: context, max_rows: chunk }
     }
-    /// Drops cached positions `len..` (rollback).
-    fn truncate(&mut self, len: usize);
-    /// The routing of the last forward: `(layer, one Routing per row)` per MoE layer.
-    fn last_routes(&self) -> &[(usize, Vec<Routing>)];
+}
+
+/// A causal language model on a device.
+pub trait Model: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    /// The device it runs on, for reports ("cpu (16 threads, avx512f)").
+    fn device(&self) -> String;
+    fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>>;
+}
+
+/// A model with KV caches for a set of sequences.
+pub trait Session: Send {
+    fn add_sequence(&mut self) -> Result<SeqId>;
+    fn remove_sequence(&mut self, seq: SeqId);
+    /// Positions `seq`'s cache holds.
+    fn len(&self, seq: SeqId) -> usize;
+    /// Drops positions `len..` of `seq` (rollback).
+    fn truncate(&mut self, seq: SeqId, len: usize);
+    /// Positions one sequence may hold.
+    fn max_len(&self) -> usize;
+    /// Rows one forward may carry.
+    fn max_rows(&self) -> usize;
+    /// Runs `batch`: every row at the next position of its sequence, appended to the
+    /// caches. On error, no sequence's length changes.
+    fn forward(&mut self, batch: &Batch) -> Result<()>;
+    /// Logits of the last forward's rows that asked for them, in batch order, `vocab`
+    /// values each.
+    fn logits(&self) -> &[f32];
+    /// Final hidden states (before the last norm) of the same rows, `hidden` each.
+    fn hidden(&self) -> &[f32];
+    /// The last forward's routing, per MoE layer.
+    fn routes(&self) -> &Routes;
 }

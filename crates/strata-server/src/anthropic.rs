@@ -3,8 +3,8 @@
 //! content_block_start/delta/stop, message_delta, message_stop).
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, parse_body, render_prompt, sse, template_tool_call, Body,
-    SamplingOptions, Shared, StreamFormat,
+    collect, content_text, content_value, json_event, message, new_id, parse_body, render_prompt, sse,
+    template_tool_call, Body, ChatInput, Prompt, SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -41,6 +41,12 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Value>>,
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    /// `{"type": "enabled" | "disabled"}`: the template's `enable_thinking`.
+    #[serde(default)]
+    pub thinking: Option<Value>,
+    /// Extra template variables (an extension, as on the OpenAI routes).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingOptions,
 }
@@ -54,9 +60,14 @@ fn block_type(b: &Value) -> &str {
 pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> ApiResult<Vec<Message>> {
     let mut out = Vec::new();
     if let Some(s) = system {
-        let text = content_text(s, "system")?;
-        if !text.is_empty() {
-            out.push(message("system", text, Map::new()));
+        let content = content_value(s, "system")?;
+        let empty = match &content {
+            Value::String(t) => t.is_empty(),
+            Value::Array(parts) => parts.is_empty(),
+            _ => true,
+        };
+        if !empty {
+            out.push(message("system", content, Map::new()));
         }
     }
     for (i, m) in msgs.iter().enumerate() {
@@ -70,7 +81,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
         }
         let blocks = match &m.content {
             Value::String(s) => {
-                out.push(message(&m.role, s.clone(), Map::new()));
+                out.push(message(&m.role, Value::String(s.clone()), Map::new()));
                 continue;
             }
             Value::Array(b) => b,
@@ -108,25 +119,26 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
                 }
             }
             let mut extra = Map::new();
-            if !calls.is_empty() {
-                extra.insert("tool_calls".into(), Value::Array(calls));
-            }
             if !thinking.is_empty() {
                 extra.insert("reasoning_content".into(), Value::String(thinking));
             }
-            out.push(message("assistant", text, extra));
+            // No text: no content, as an OpenAI client sends `content: null`.
+            let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
+            if !calls.is_empty() {
+                extra.insert("tool_calls".into(), Value::Array(calls));
+            }
+            out.push(message("assistant", content, extra));
             continue;
         }
-        // A user turn: runs of text become user messages, each tool_result a tool message.
-        let mut text: Option<String> = None;
+        // A user turn: runs of text blocks become user messages (their blocks kept as a
+        // list of text parts), each tool_result a tool message.
+        let mut text: Option<Vec<Value>> = None;
         for b in blocks {
             match block_type(b) {
-                "text" => {
-                    text.get_or_insert_with(String::new).push_str(b.get("text").and_then(Value::as_str).unwrap_or(""))
-                }
+                "text" => text.get_or_insert_with(Vec::new).push(b.clone()),
                 "tool_result" => {
                     if let Some(t) = text.take() {
-                        out.push(message("user", t, Map::new()));
+                        out.push(message("user", content_value(&Value::Array(t), &param)?, Map::new()));
                     }
                     let content =
                         content_text(b.get("content").unwrap_or(&Value::Null), &format!("{param}.tool_result"))?;
@@ -134,7 +146,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
                     if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
                         extra.insert("tool_call_id".into(), Value::String(id.into()));
                     }
-                    out.push(message("tool", content, extra));
+                    out.push(message("tool", Value::String(content), extra));
                 }
                 t => {
                     return Err(ApiError::bad_request(format!(
@@ -145,7 +157,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
             }
         }
         if let Some(t) = text {
-            out.push(message("user", t, Map::new()));
+            out.push(message("user", content_value(&Value::Array(t), &param)?, Map::new()));
         }
     }
     Ok(out)
@@ -159,7 +171,7 @@ fn tools_of(req: &MessagesRequest) -> Option<Value> {
     }
 }
 
-async fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u32>, Option<Value>)> {
+async fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(Prompt, Option<Value>)> {
     st.check_model(req.model.as_deref())?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
@@ -173,8 +185,25 @@ async fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(String, Vec<u3
     }
     let tools = tools_of(req);
     let messages = template_messages(req.system.as_ref(), &req.messages)?;
-    let (text, ids) = render_prompt(st, messages, tools.clone()).await?;
-    Ok((text, ids, tools))
+    let mut input = ChatInput::new(messages.iter().map(Message::to_json).collect(), tools.clone());
+    match req.thinking.as_ref().filter(|t| !t.is_null()) {
+        None => {}
+        Some(t) => {
+            let on = match t.get("type").and_then(Value::as_str) {
+                Some("enabled") => true,
+                Some("disabled") => false,
+                _ => {
+                    return Err(
+                        ApiError::bad_request("thinking.type must be `enabled` or `disabled`").with_param("thinking")
+                    )
+                }
+            };
+            input.kwargs.push(("enable_thinking".into(), Value::Bool(on), "thinking".into()));
+        }
+    }
+    input.template_kwargs(req.chat_template_kwargs.as_ref())?;
+    let p = render_prompt(st, input).await?;
+    Ok((p, tools))
 }
 
 fn stop_reason(f: &Finished, tool_use: bool) -> &'static str {
@@ -199,16 +228,17 @@ pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
         Err(e) => Err(e),
     };
     match r {
-        Ok((_, ids, _)) => Json(json!({"input_tokens": ids.len()})).into_response(),
+        Ok((p, _)) => p.mark(Json(json!({"input_tokens": p.ids.len()})).into_response()),
         Err(e) => e.into_response(Flavor::Anthropic),
     }
 }
 
 async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let req: MessagesRequest = parse_body(&body)?;
-    let (text, ids, tools) = prompt(&st, &req).await?;
-    let parser = st.output_parser(&text, tools.as_ref());
-    let prompt_tokens = ids.len();
+    let (prompt, tools) = prompt(&st, &req).await?;
+    let parser = st.output_parser(&prompt.text, tools.as_ref());
+    let prompt_tokens = prompt.ids.len();
+    let ids = prompt.ids.clone();
     let gen = st.generate_request(
         ids,
         req.max_tokens,
@@ -221,7 +251,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     if req.stream.unwrap_or(false) {
         let fmt =
             MessagesStream { id, model: st.model_id.clone(), prompt_tokens, parser, blocks: 0, open: None, calls: 0 };
-        return Ok(sse(rx, fmt));
+        return Ok(prompt.mark(sse(rx, fmt)));
     }
     let f = collect(rx).await?;
     let p = parser.parse(&f.output.text);
@@ -249,6 +279,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
                   "output_tokens": f.output.stats.generated_tokens},
     }))
     .into_response())
+    .map(|r| prompt.mark(r))
 }
 
 struct MessagesStream {

@@ -14,11 +14,12 @@ use futures_util::stream;
 use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use strata_engine::chat::{inject_tool_calls, inject_tools, RenderOptions, RESERVED_VARIABLES};
 use strata_engine::{GenerateRequest, LoadedModel, Message, SamplingParams};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -104,23 +105,130 @@ pub fn content_text(content: &Value, param: &str) -> ApiResult<String> {
     }
 }
 
+/// A message's content as the template gets it: a string, null, or the list of text
+/// parts as sent (`input_text` / `output_text` parts become `text` parts). Other parts
+/// (images, audio, files) are refused: the model reads text only.
+pub fn content_value(content: &Value, param: &str) -> ApiResult<Value> {
+    match content {
+        Value::Null | Value::String(_) => Ok(content.clone()),
+        Value::Array(parts) => {
+            let mut out = Vec::with_capacity(parts.len());
+            for p in parts {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    ("text", Some(_)) => out.push(p.clone()),
+                    ("input_text" | "output_text", Some(t)) => out.push(json!({"type": "text", "text": t})),
+                    _ => {
+                        return Err(ApiError::bad_request(format!(
+                            "{param}: content parts of type `{kind}` are not supported (text only)"
+                        ))
+                        .with_param(param))
+                    }
+                }
+            }
+            Ok(Value::Array(out))
+        }
+        _ => {
+            Err(ApiError::bad_request(format!("{param}: content must be a string or a list of parts"))
+                .with_param(param))
+        }
+    }
+}
+
 /// A chat message for the template, with extra fields (tool calls, ids, names).
-pub fn message(role: &str, content: String, extra: Map<String, Value>) -> Message {
-    Message { role: role.to_string(), content: Value::String(content), extra }
+pub fn message(role: &str, content: Value, extra: Map<String, Value>) -> Message {
+    Message { role: role.to_string(), content, extra }
 }
 
 /// An OpenAI-style tool call for the template, with its arguments as an object (chat
 /// templates iterate over them; clients send them as a JSON string).
 pub fn template_tool_call(id: &str, name: &str, arguments: &Value) -> Value {
-    let args = match arguments {
-        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.clone())),
-        v => v.clone(),
-    };
-    serde_json::json!({
+    json!({
         "id": id,
         "type": "function",
-        "function": { "name": name, "arguments": args },
+        "function": { "name": name, "arguments": parse_arguments(arguments) },
     })
+}
+
+/// Tool-call arguments sent as a JSON string, parsed (key order kept); anything else as
+/// it came.
+pub fn parse_arguments(arguments: &Value) -> Value {
+    match arguments {
+        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.clone())),
+        v => v.clone(),
+    }
+}
+
+/// What a chat prompt is rendered from.
+#[derive(Debug, Default)]
+pub struct ChatInput {
+    /// Messages as JSON objects, keys in the order the client sent them.
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    pub documents: Option<Value>,
+    /// Template variables from the request (`chat_template_kwargs` and the fields that
+    /// map onto template variables), each with the request field that set it.
+    pub kwargs: Vec<(String, Value, String)>,
+    /// `None`: true (a new assistant turn).
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: bool,
+}
+
+impl ChatInput {
+    pub fn new(messages: Vec<Value>, tools: Option<Value>) -> Self {
+        Self { messages, tools, ..Default::default() }
+    }
+
+    /// Adds `chat_template_kwargs` (an object) from the request.
+    pub fn template_kwargs(&mut self, kwargs: Option<&Value>) -> ApiResult<()> {
+        match kwargs {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    self.kwargs.push((k.clone(), v.clone(), format!("chat_template_kwargs.{k}")));
+                }
+                Ok(())
+            }
+            Some(_) => {
+                Err(ApiError::bad_request("`chat_template_kwargs` must be an object")
+                    .with_param("chat_template_kwargs"))
+            }
+        }
+    }
+}
+
+/// A rendered and tokenized chat prompt.
+pub struct Prompt {
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// What went through the fallback, when the template has no place for it (see
+    /// docs/server.md): `system-message` (the tools, and the calls with them) or
+    /// `tool-calls` (earlier calls only). Responses say so in `x-strata-tools-fallback`.
+    pub tools_fallback: Option<&'static str>,
+}
+
+/// The response header that says tools went through the fallback.
+pub const TOOLS_FALLBACK_HEADER: &str = "x-strata-tools-fallback";
+
+impl Prompt {
+    /// `resp` with the fallback header when the tools went through it.
+    pub fn mark(&self, mut resp: Response) -> Response {
+        if let Some(what) = self.tools_fallback {
+            resp.headers_mut().insert(TOOLS_FALLBACK_HEADER, axum::http::HeaderValue::from_static(what));
+        }
+        resp
+    }
+}
+
+/// Joins text parts into one string, for templates that read content as a string.
+fn flatten_parts(messages: &mut [Value]) {
+    for m in messages.iter_mut() {
+        if let Some(Value::Array(parts)) = m.get("content") {
+            let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
+            let joined = texts.join("\n");
+            m["content"] = Value::String(joined);
+        }
+    }
 }
 
 /// Sampling options common to every API; unset ones take the model's defaults.
@@ -183,20 +291,72 @@ impl AppState {
         }
     }
 
-    /// Renders `messages` through the chat template and tokenizes them.
-    pub fn chat_prompt(&self, messages: &[Message], tools: Option<&Value>) -> ApiResult<(String, Vec<u32>)> {
+    /// Renders a chat through the chat template and tokenizes it. Template variables
+    /// the template does not read are refused (400 naming the field), never dropped;
+    /// tools go through the fallback when the template has no tool section.
+    pub fn chat_prompt(&self, input: ChatInput) -> ApiResult<Prompt> {
+        let ChatInput { mut messages, tools, documents, kwargs, add_generation_prompt, continue_final_message } = input;
         if messages.is_empty() {
             return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
         }
-        let content: usize =
-            messages.iter().map(|m| m.content.as_str().map_or_else(|| m.content.to_string().len(), str::len)).sum();
+        // Message texts (or their JSON) before rendering: refuse hopeless prompts early.
+        let content: usize = messages
+            .iter()
+            .map(|m| match m.get("content") {
+                Some(Value::String(s)) => s.len(),
+                Some(other) => other.to_string().len(),
+                None => 0,
+            })
+            .sum();
         self.check_prompt_bytes(content)?;
         let template = self.model.chat_template().map_err(ApiError::from)?;
+        let with_tools = tools.is_some();
+        let mut opts = RenderOptions {
+            add_generation_prompt: add_generation_prompt.unwrap_or(!continue_final_message),
+            continue_final_message,
+            documents,
+            ..Default::default()
+        };
+        for (name, value, field) in kwargs {
+            if RESERVED_VARIABLES.contains(&name.as_str()) {
+                return Err(ApiError::bad_request(format!(
+                    "{field}: `{name}` is set by the server, not by template keyword arguments"
+                ))
+                .with_param(field));
+            }
+            if !template.uses(&name, with_tools) {
+                return Err(ApiError::bad_request(format!(
+                    "{field}: this model's chat template does not use `{name}`, so it would have no effect"
+                ))
+                .with_param(field));
+            }
+            opts.kwargs.insert(name, value);
+        }
+        if opts.documents.is_some() && !template.uses("documents", with_tools) {
+            return Err(ApiError::bad_request("documents: this model's chat template does not use `documents`")
+                .with_param("documents"));
+        }
+        if !template.reads_content_parts() {
+            flatten_parts(&mut messages);
+        }
+        let mut tools_fallback = None;
+        let calls = !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages);
+        if calls {
+            tools_fallback = Some("tool-calls");
+        }
+        if let Some(t) = &tools {
+            if template.uses("tools", true) {
+                opts.tools = Some(t.clone());
+            } else {
+                inject_tools(&mut messages, t);
+                tools_fallback = Some("system-message");
+            }
+        }
         let text = template
-            .render(messages, true, tools)
+            .render_json(&messages, &opts)
             .map_err(|e| ApiError::bad_request(format!("{e:#}")).with_param("messages"))?;
         let ids = self.tokenize(&text, false)?;
-        Ok((text, ids))
+        Ok(Prompt { text, ids, tools_fallback })
     }
 
     /// Refuses, without tokenizing, prompt text too long for the context in any case.
@@ -274,9 +434,9 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send
 }
 
 /// [`AppState::chat_prompt`] on the blocking pool.
-pub async fn render_prompt(st: &Shared, messages: Vec<Message>, tools: Option<Value>) -> ApiResult<(String, Vec<u32>)> {
+pub async fn render_prompt(st: &Shared, input: ChatInput) -> ApiResult<Prompt> {
     let st = st.clone();
-    blocking(move || st.chat_prompt(&messages, tools.as_ref())).await
+    blocking(move || st.chat_prompt(input)).await
 }
 
 /// Waits for the whole generation.
@@ -386,9 +546,23 @@ mod tests {
     }
 
     #[test]
+    fn content_parts_stay_a_list_of_text_parts() {
+        let parts = json!([{"type": "text", "text": "a", "cache_control": {}}, {"type": "input_text", "text": "b"}]);
+        assert_eq!(
+            content_value(&parts, "m").unwrap(),
+            json!([{"type": "text", "text": "a", "cache_control": {}}, {"type": "text", "text": "b"}])
+        );
+        let img = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
+        assert!(content_value(&img, "m").unwrap_err().message.contains("image_url"));
+        let mut msgs = vec![json!({"role": "user", "content": parts})];
+        flatten_parts(&mut msgs);
+        assert_eq!(msgs[0]["content"], "a\nb");
+    }
+
+    #[test]
     fn tool_call_arguments_become_objects_for_the_template() {
-        let c = template_tool_call("c1", "f", &json!("{\"x\": 1}"));
-        assert_eq!(c["function"]["arguments"], json!({"x": 1}));
+        let c = template_tool_call("c1", "f", &json!("{\"z\": 1, \"a\": {\"y\": 2, \"b\": 3}}"));
+        assert_eq!(c["function"]["arguments"].to_string(), r#"{"z":1,"a":{"y":2,"b":3}}"#);
         let c = template_tool_call("c1", "f", &json!("not json"));
         assert_eq!(c["function"]["arguments"], json!("not json"));
     }

@@ -81,7 +81,7 @@ pub fn state_limited(
     max_body: usize,
 ) -> Shared {
     let model = Arc::new(model);
-    let context = context_limit.map_or(model.model.max_context(), |c| c.min(model.model.max_context()));
+    let context = context_limit.map_or(model.context, |c| c.min(model.context));
     let metrics = Arc::new(Metrics::default());
     let tok = model.tokenizer.as_ref();
     // A marker that a decode skipping special tokens would drop.
@@ -208,7 +208,7 @@ async fn stats(State(st): State<Shared>) -> Response {
             "dir": st.model.dir.display().to_string(),
             "model_type": st.model.model_type,
             "max_context": st.max_context(),
-            "vocab_size": st.model.model.vocab_size(),
+            "vocab_size": st.model.model.info().vocab_size,
             "eos_token_ids": st.model.eos_token_ids,
             "chat_template": st.model.chat_template.is_some(),
             "default_sampling": st.model.generation.sampling,
@@ -249,29 +249,37 @@ struct TokenizeRequest {
     tools: Option<Vec<Value>>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    #[serde(flatten)]
+    template: openai::TemplateFields,
 }
 
 /// Tokenizes a raw prompt, or renders chat messages (and tools) through the chat
 /// template first; answers the text that was tokenized, for checking what the model sees.
 async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
-    let run = move || -> Result<Value, ApiError> {
+    let run = move || -> Result<(Value, Option<&'static str>), ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
-        let (text, ids) = match (req.prompt, req.messages) {
+        let (text, ids, fallback) = match (req.prompt, req.messages) {
             (Some(p), None) => {
                 let ids = st.tokenize(&p, req.add_special_tokens.unwrap_or(true))?;
-                (p, ids)
+                (p, ids, None)
             }
             (None, Some(msgs)) => {
                 let tools = openai::tool_schemas(req.tools, None)?;
-                st.chat_prompt(&openai::chat_messages(msgs)?, tools.as_ref())?
+                let p = st.chat_prompt(req.template.input(openai::chat_messages(msgs)?, tools)?)?;
+                (p.text, p.ids, p.tools_fallback)
             }
             _ => return Err(ApiError::bad_request("send either `prompt` or `messages`")),
         };
-        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
-                  "prompt": text}))
+        Ok((
+            json!({"tokens": ids, "count": ids.len(), "max_model_len": st.max_context(),
+                  "prompt": text, "tools_fallback": fallback}),
+            fallback,
+        ))
     };
     match common::blocking(run).await {
-        Ok(v) => Json(v).into_response(),
+        Ok((v, fallback)) => {
+            common::Prompt { text: String::new(), ids: vec![], tools_fallback: fallback }.mark(Json(v).into_response())
+        }
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }
@@ -315,7 +323,7 @@ async fn shutdown_signal() {
 /// Opens the model, binds, and serves until SIGTERM or SIGINT, then shuts down
 /// gracefully (see the crate docs).
 pub fn serve(cfg: ServerConfig) -> Result<()> {
-    let model = LoadedModel::open_with(&cfg.model_dir, &candle_core::Device::Cpu, &cfg.load)?;
+    let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
     // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
     let limit = cfg.load.budget.map(|_| cfg.load.context);

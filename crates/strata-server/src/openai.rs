@@ -2,8 +2,8 @@
 //! (`/v1/completions`) and Models (`/v1/models`).
 
 use crate::common::{
-    blocking, collect, content_text, json_event, message, new_id, now_unix, parse_body, render_prompt, sse,
-    template_tool_call, Body, SamplingOptions, Shared, StopField, StreamFormat,
+    blocking, collect, content_value, json_event, new_id, now_unix, parse_arguments, parse_body, render_prompt, sse,
+    Body, ChatInput, SamplingOptions, Shared, StopField, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use strata_engine::{FinishReason, Message};
+use strata_engine::FinishReason;
 
 #[derive(Deserialize, Debug, Default)]
 pub struct StreamOptions {
@@ -23,32 +23,10 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
+/// A chat message as the client sent it (every key, in order).
 #[derive(Deserialize, Debug)]
-pub struct FunctionIn {
-    pub name: String,
-    #[serde(default)]
-    pub arguments: Value,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct ToolCallIn {
-    #[serde(default)]
-    pub id: Option<String>,
-    pub function: FunctionIn,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct ChatMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Value,
-    #[serde(default)]
-    pub tool_calls: Option<Vec<ToolCallIn>>,
-    /// Everything else (`tool_call_id`, `name`, `reasoning_content`, ...) goes to the
-    /// chat template as it came.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
+#[serde(transparent)]
+pub struct ChatMessage(pub Map<String, Value>);
 
 #[derive(Deserialize, Debug)]
 pub struct ChatRequest {
@@ -74,7 +52,61 @@ pub struct ChatRequest {
     #[serde(default)]
     pub tool_choice: Option<Value>,
     #[serde(flatten)]
+    pub template: TemplateFields,
+    #[serde(flatten)]
     pub sampling: SamplingOptions,
+}
+
+/// Request fields that reach the chat template (as vLLM and transformers' serving
+/// take them).
+#[derive(Deserialize, Debug, Default)]
+pub struct TemplateFields {
+    /// Extra template variables, e.g. `{"enable_thinking": false}`.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
+    /// Passed to the template as `reasoning_effort`.
+    #[serde(default)]
+    pub reasoning_effort: Option<Value>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    #[serde(default)]
+    pub documents: Option<Value>,
+    /// A template sent with the request: refused (the model's own template is used).
+    #[serde(default)]
+    pub chat_template: Option<Value>,
+}
+
+impl TemplateFields {
+    /// A chat input for `messages` and `tools` with these fields applied.
+    pub fn input(self, messages: Vec<Value>, tools: Option<Value>) -> ApiResult<ChatInput> {
+        if self.chat_template.as_ref().is_some_and(|t| !t.is_null()) {
+            return Err(ApiError::bad_request(
+                "chat_template: requests cannot bring their own chat template; the model's is used",
+            )
+            .with_param("chat_template"));
+        }
+        let mut input = ChatInput::new(messages, tools);
+        if let Some(e) = self.reasoning_effort.filter(|e| !e.is_null()) {
+            input.kwargs.push(("reasoning_effort".into(), e, "reasoning_effort".into()));
+        }
+        input.template_kwargs(self.chat_template_kwargs.as_ref())?;
+        input.add_generation_prompt = self.add_generation_prompt;
+        input.continue_final_message = self.continue_final_message.unwrap_or(false);
+        if input.continue_final_message && input.add_generation_prompt == Some(true) {
+            return Err(ApiError::bad_request("continue_final_message and add_generation_prompt cannot both be true")
+                .with_param("continue_final_message"));
+        }
+        if input.continue_final_message
+            && input.messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant")
+        {
+            return Err(ApiError::bad_request("continue_final_message: the last message must be the assistant's")
+                .with_param("continue_final_message"));
+        }
+        input.documents = self.documents.filter(|d| !d.is_null());
+        Ok(input)
+    }
 }
 
 /// Checks OpenAI-style tool schemas; `None` when there are none or `tool_choice` is
@@ -96,35 +128,54 @@ pub fn tool_schemas(tools: Option<Vec<Value>>, choice: Option<&Value>) -> ApiRes
     Ok(Some(Value::Array(tools)))
 }
 
-/// OpenAI chat messages as template messages: roles checked, content flattened to text,
-/// tool calls with object arguments, tool results with their call ids.
-pub fn chat_messages(msgs: Vec<ChatMessage>) -> ApiResult<Vec<Message>> {
+/// OpenAI chat messages as the template gets them, every key in the order sent: roles
+/// checked (`developer` becomes `system`), content kept (a string, or text parts as a
+/// list), tool-call arguments sent as JSON strings parsed to objects; `name`,
+/// `tool_call_id`, `reasoning_content` and any other field as they came.
+pub fn chat_messages(msgs: Vec<ChatMessage>) -> ApiResult<Vec<Value>> {
     let mut out = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.into_iter().enumerate() {
+    for (i, ChatMessage(mut m)) in msgs.into_iter().enumerate() {
         let param = format!("messages[{i}]");
-        let role = match m.role.as_str() {
-            "system" | "developer" => "system",
-            r @ ("user" | "assistant" | "tool") => r,
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => "system",
+            Some(r @ ("user" | "assistant" | "tool")) => r,
             r => {
                 return Err(ApiError::bad_request(format!(
-                    "{param}: unknown role `{r}` (expected system, developer, user, assistant or tool)"
+                    "{param}: unknown role {} (expected system, developer, user, assistant or tool)",
+                    r.map_or("(none)".to_string(), |r| format!("`{r}`"))
                 ))
                 .with_param(param))
             }
         };
-        let content = content_text(&m.content, &param)?;
-        let mut extra = m.extra;
-        if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
-            let calls = calls
-                .iter()
-                .map(|c| {
-                    let id = c.id.clone().unwrap_or_else(|| new_id("call_"));
-                    template_tool_call(&id, &c.function.name, &c.function.arguments)
-                })
-                .collect();
-            extra.insert("tool_calls".into(), Value::Array(calls));
+        m["role"] = Value::String(role.into());
+        if let Some(c) = m.get("content") {
+            let c = content_value(c, &param)?;
+            m["content"] = c;
         }
-        out.push(message(role, content, extra));
+        if let Some(calls) = m.get_mut("tool_calls") {
+            match calls {
+                Value::Null => {}
+                Value::Array(calls) => {
+                    for (j, c) in calls.iter_mut().enumerate() {
+                        let f = c.get_mut("function").filter(|f| f.get("name").is_some_and(Value::is_string));
+                        let Some(f) = f else {
+                            return Err(ApiError::bad_request(format!(
+                                "{param}.tool_calls[{j}]: a tool call needs `function.name`"
+                            ))
+                            .with_param(param));
+                        };
+                        if let Some(a) = f.get("arguments") {
+                            let parsed = parse_arguments(a);
+                            f["arguments"] = parsed;
+                        }
+                    }
+                }
+                _ => {
+                    return Err(ApiError::bad_request(format!("{param}: `tool_calls` must be a list")).with_param(param))
+                }
+            }
+        }
+        out.push(Value::Object(m));
     }
     Ok(out)
 }
@@ -166,8 +217,10 @@ async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
     }
     let tools = tool_schemas(req.tools, req.tool_choice.as_ref())?;
     let messages = chat_messages(req.messages)?;
-    let (prompt, ids) = render_prompt(&st, messages, tools.clone()).await?;
-    let parser = st.output_parser(&prompt, tools.as_ref());
+    let input = req.template.input(messages, tools.clone())?;
+    let prompt = render_prompt(&st, input).await?;
+    let ids = prompt.ids.clone();
+    let parser = st.output_parser(&prompt.text, tools.as_ref());
     let gen = st.generate_request(
         ids,
         req.max_completion_tokens.or(req.max_tokens),
@@ -181,7 +234,7 @@ async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         let fmt = ChatStream { id, created, model: st.model_id.clone(), include_usage, parser, calls: 0 };
-        return Ok(sse(rx, fmt));
+        return Ok(prompt.mark(sse(rx, fmt)));
     }
     let f = collect(rx).await?;
     let p = parser.parse(&f.output.text);
@@ -216,6 +269,7 @@ async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
         "system_fingerprint": null,
     }))
     .into_response())
+    .map(|r| prompt.mark(r))
 }
 
 struct ChatStream {
@@ -335,7 +389,7 @@ fn completion_prompt(st: &Shared, prompt: &Value) -> ApiResult<(String, Vec<u32>
         }
         Value::Array(items) => {
             let ids = ids_of(items)?;
-            let vocab = st.model.model.vocab_size();
+            let vocab = st.model.model.info().vocab_size;
             if let Some(bad_id) = ids.iter().find(|&&i| i as usize >= vocab) {
                 return Err(ApiError::bad_request(format!("token id {bad_id} is outside the vocabulary ({vocab})"))
                     .with_param("prompt"));

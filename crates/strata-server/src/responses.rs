@@ -4,8 +4,8 @@
 //! `previous_response_id` is refused.
 
 use crate::common::{
-    collect, content_text, json_event, message, new_id, now_unix, parse_body, render_prompt, sse, template_tool_call,
-    Body, SamplingOptions, Shared, StreamFormat,
+    collect, content_text, content_value, json_event, message, new_id, now_unix, parse_body, render_prompt, sse,
+    template_tool_call, Body, ChatInput, SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
@@ -36,6 +36,12 @@ pub struct ResponsesRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub previous_response_id: Option<String>,
+    /// `{"effort": ...}`: the template's `reasoning_effort`.
+    #[serde(default)]
+    pub reasoning: Option<Value>,
+    /// Extra template variables (an extension, as on Chat Completions).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingOptions,
 }
@@ -74,11 +80,11 @@ fn tools_of(req: &ResponsesRequest) -> ApiResult<Option<Value>> {
 pub fn input_messages(instructions: Option<&str>, input: &Value) -> ApiResult<Vec<Message>> {
     let mut out: Vec<Message> = Vec::new();
     if let Some(s) = instructions.filter(|s| !s.is_empty()) {
-        out.push(message("system", s.to_string(), Map::new()));
+        out.push(message("system", Value::String(s.to_string()), Map::new()));
     }
     let items = match input {
         Value::String(s) => {
-            out.push(message("user", s.clone(), Map::new()));
+            out.push(message("user", Value::String(s.clone()), Map::new()));
             return Ok(out);
         }
         Value::Array(items) => items,
@@ -100,8 +106,8 @@ pub fn input_messages(instructions: Option<&str>, input: &Value) -> ApiResult<Ve
                         .with_param(param))
                     }
                 };
-                let text = content_text(item.get("content").unwrap_or(&Value::Null), &param)?;
-                out.push(message(role, text, Map::new()));
+                let content = content_value(item.get("content").unwrap_or(&Value::Null), &param)?;
+                out.push(message(role, content, Map::new()));
             }
             "function_call" => {
                 let (Some(call_id), Some(name)) = (field("call_id"), field("name")) else {
@@ -122,7 +128,7 @@ pub fn input_messages(instructions: Option<&str>, input: &Value) -> ApiResult<Ve
                     _ => {
                         let mut extra = Map::new();
                         extra.insert("tool_calls".into(), Value::Array(vec![call]));
-                        out.push(message("assistant", String::new(), extra));
+                        out.push(message("assistant", Value::Null, extra));
                     }
                 }
             }
@@ -132,7 +138,7 @@ pub fn input_messages(instructions: Option<&str>, input: &Value) -> ApiResult<Ve
                 if let Some(id) = field("call_id") {
                     extra.insert("tool_call_id".into(), Value::String(id.into()));
                 }
-                out.push(message("tool", output, extra));
+                out.push(message("tool", Value::String(output), extra));
             }
             "reasoning" => {}
             t => {
@@ -221,8 +227,14 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     if messages.iter().all(|m| m.role == "system") {
         return Err(ApiError::bad_request("`input` must not be empty").with_param("input"));
     }
-    let (prompt, ids) = render_prompt(&st, messages, tools.clone()).await?;
-    let parser = st.output_parser(&prompt, tools.as_ref());
+    let mut input = ChatInput::new(messages.iter().map(Message::to_json).collect(), tools.clone());
+    if let Some(effort) = req.reasoning.as_ref().and_then(|r| r.get("effort")).filter(|e| !e.is_null()) {
+        input.kwargs.push(("reasoning_effort".into(), effort.clone(), "reasoning.effort".into()));
+    }
+    input.template_kwargs(req.chat_template_kwargs.as_ref())?;
+    let prompt = render_prompt(&st, input).await?;
+    let ids = prompt.ids.clone();
+    let parser = st.output_parser(&prompt.text, tools.as_ref());
     let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], parser.active())?;
     let echo = Echo {
         id: new_id("resp_"),
@@ -237,7 +249,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let rx = st.worker.submit(gen)?;
     if req.stream.unwrap_or(false) {
         let fmt = ResponsesStream { echo, seq: 0, parser, output: Vec::new(), open: None };
-        return Ok(sse(rx, fmt));
+        return Ok(prompt.mark(sse(rx, fmt)));
     }
     let f = collect(rx).await?;
     let p = parser.parse(&f.output.text);
@@ -251,7 +263,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     for c in &p.calls {
         output.push(call_item(&new_id("fc_"), &new_id("call_"), c, &c.arguments_json(), "completed"));
     }
-    Ok(Json(echo.response("completed", output, Some(&f))).into_response())
+    Ok(prompt.mark(Json(echo.response("completed", output, Some(&f))).into_response()))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
-use strata_engine::{FinishReason, GenerateRequest, GenerationOutput, Generator, LoadedModel};
+use strata_engine::{FinishReason, GenerateRequest, GenerationOutput, LoadedModel};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// A finished generation, with the stop string that ended it (if one did).
@@ -114,7 +114,7 @@ fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>, shutdo
         metrics.active.store(1, Ordering::SeqCst);
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if gen.is_none() {
-                gen = Some(Generator::new(model.model.as_ref())?);
+                gen = Some(model.generator()?);
             }
             let events = &job.events;
             gen.as_mut().unwrap().generate(tok, &job.req, &mut |delta: &str| {

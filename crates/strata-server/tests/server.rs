@@ -17,7 +17,7 @@ const KEY: &str = "sekrit";
 
 fn fixture() -> LoadedModel {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5/dsa-sparse");
-    LoadedModel::open(&dir, &candle_core::Device::Cpu).expect("open the fixture model")
+    LoadedModel::open(&dir).expect("open the fixture model")
 }
 
 fn server(key: Option<&str>, queue: usize) -> (Shared, Router) {
@@ -428,11 +428,12 @@ fn streamed_experts_report_their_traffic() {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
     let opts = LoadOptions {
+        device: strata_engine::Device::Cpu,
         budget: Some(u64::MAX / 4),
         context: 128,
         runtime: RuntimeOptions { working_slots: 4, usage: UsageSetting::Off, ..Default::default() },
     };
-    let model = LoadedModel::open_with(dir.path(), &candle_core::Device::Cpu, &opts).unwrap();
+    let model = LoadedModel::open_with(dir.path(), &opts).unwrap();
     assert!(model.experts.is_some());
     let st = strata_server::state_with(model, None, 4, Some(opts.context));
     let app = strata_server::router(st.clone());

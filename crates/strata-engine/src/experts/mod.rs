@@ -8,4 +8,4 @@ mod source;
 pub mod telemetry;
 
 pub use runtime::{PilotMode, RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
-pub use source::{open_source, ColibriSource, ContainerSource, ExpertSource};
+pub use source::{is_container, open_source, ColibriSource, ContainerSource, ExpertSource};

@@ -1,27 +1,28 @@
-//! `StreamedExperts`: the [`ExpertBackend`] that keeps routed experts in a slab.
+//! `StreamedExperts`: the [`ExpertProvider`] that keeps routed experts in a slab.
 //!
-//! One forward of one MoE layer: count the routes in the ledger (before dedup), take the
-//! union of experts over all rows, lease hits, submit reads for misses (a wave holds at
-//! most the free working slots), compute hits while those reads run, then compute each
-//! miss as it lands and promote it into the layer's slots by role swap. Outputs are
-//! accumulated in ascending expert id, so the result does not depend on what was
-//! resident: streamed output equals resident output bit for bit.
+//! One forward of one MoE layer: the model counts the routes (before dedup) and takes
+//! the union of experts over all rows; here, under the lock, hits are leased and the
+//! first wave of misses (at most the free working slots) is submitted; the lock is
+//! dropped while the model computes the hits, then each wave's experts as they land;
+//! between waves the landed experts are promoted into the layer's slots by role swap.
+//! The model accumulates outputs in ascending expert id, so the result does not depend
+//! on what was resident: streamed output equals resident output bit for bit.
 
 use super::source::ExpertSource;
 use super::telemetry::{Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
-use strata_kernels::{swiglu_expert, QMatrix};
-use strata_models::experts::{accumulate_ascending, ExpertBackend, Routing};
+use strata_backend::cpu::{CpuBackend, CpuExpert};
+use strata_kernels::QMatrix;
+use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{
     repin_candidate, select_repins, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotRole, SlotSnapshot,
     SlotTable, UsageLedger, REPIN_MAX_SWAPS,
 };
-use strata_storage::{AlignedBuf, ExpertLayout, IoPool, MatrixLayout, ReadTicket};
+use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
 
 /// Where the usage ledger lives.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -96,7 +97,6 @@ struct State {
 }
 
 pub struct StreamedExperts {
-    hidden: usize,
     /// The process budget pressure correction holds the footprint under.
     budget: Option<u64>,
     live_repin: bool,
@@ -136,7 +136,6 @@ fn matrix<'a>(slot: &'a [u8], l: &MatrixLayout) -> Result<QMatrix<'a>> {
 impl StreamedExperts {
     /// Allocates the slab for `plan`, opens the I/O pool and preloads `pins`.
     pub fn new(
-        hidden: usize,
         source: Box<dyn ExpertSource>,
         plan: ResidencyPlan,
         pins: &[ExpertKey],
@@ -164,7 +163,6 @@ impl StreamedExperts {
             landed: Default::default(),
         };
         let me = Self {
-            hidden,
             budget,
             live_repin: options.live_repin && budget.is_some(),
             pilot: options.pilot,
@@ -253,14 +251,6 @@ impl StreamedExperts {
             }
         }
         Ok(())
-    }
-
-    fn run_expert(&self, slot: usize, layout: &ExpertLayout, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-        let bytes = self.slot(slot);
-        let mut y = vec![0f32; rows * self.hidden];
-        let (g, u, d) = (matrix(bytes, &layout.gate)?, matrix(bytes, &layout.up)?, matrix(bytes, &layout.down)?);
-        swiglu_expert(x, rows, &g, &u, &d, &mut y);
-        Ok(y)
     }
 
     /// Completes the prefetch reads whose expert satisfies `which`: each lands Ready in
@@ -385,33 +375,219 @@ unsafe fn discard(ptr: *const u8, len: usize) {
     libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_DONTNEED);
 }
 
-/// The rows of `x` that chose each expert, in row order.
-fn rows_by_expert(routes: &[Routing]) -> BTreeMap<usize, Vec<usize>> {
-    let mut by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (r, route) in routes.iter().enumerate() {
-        for &e in &route.experts {
-            let rows = by.entry(e).or_default();
-            if rows.last() != Some(&r) {
-                rows.push(r);
+/// Ready experts in slots: (expert, slot) pairs, viewed through their layouts.
+struct SlotsReady<'a> {
+    rt: &'a StreamedExperts,
+    layer: usize,
+    items: &'a [(u32, usize)],
+}
+
+impl ReadyExperts<CpuBackend> for SlotsReady<'_> {
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+    fn get(&self, i: usize) -> (u32, CpuExpert<'_>) {
+        let (e, slot) = self.items[i];
+        let layout = self.rt.source.layout(self.layer, e as usize).expect("a planned expert has a layout");
+        let bytes = self.rt.slot(slot);
+        let m = |l| matrix(bytes, l).expect("a slot holds its expert's matrices");
+        (e, CpuExpert { gate: m(&layout.gate), up: m(&layout.up), down: m(&layout.down) })
+    }
+}
+
+impl StreamedExperts {
+    /// Submits reads for as many of `pending` (from `*next` on) as there are free working
+    /// slots; `wave` receives (expert, slot, generation, ticket).
+    fn submit_wave(
+        &self,
+        st: &mut State,
+        layer: usize,
+        pending: &[u32],
+        next: &mut usize,
+        wave: &mut Vec<(u32, usize, u64, ReadTicket)>,
+    ) -> Result<()> {
+        wave.clear();
+        while let Some(&e) = pending.get(*next) {
+            let Some((slot, generation)) = st.table.begin_load((layer, e as usize)) else { break };
+            *next += 1;
+            match self.submit(slot, (layer, e as usize)) {
+                Ok(t) => wave.push((e, slot, generation, t)),
+                Err(err) => {
+                    st.table.fail_load(slot, generation);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_layer(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<CpuBackend>) -> Result<()>,
+    ) -> Result<()> {
+        let mut hits: Vec<(u32, usize)> = Vec::new();
+        let mut misses: Vec<u32> = Vec::new();
+        // Hits still in a working slot (prefetched, or a miss that found no victim) are
+        // promoted into the layer's slots once released.
+        let mut to_promote = Vec::new();
+        let mut wave = Vec::new();
+        let mut next = 0usize;
+        {
+            let mut st = self.state.lock().unwrap();
+            st.table.tick();
+            self.settle_prefetches(&mut st, |k| k.0 == layer);
+            for &e in experts {
+                match st.table.lookup((layer, e as usize)) {
+                    Some(slot) => {
+                        st.table.lease(slot);
+                        hits.push((e, slot));
+                        if st.table.slot(slot).role == SlotRole::Working {
+                            to_promote.push(slot);
+                        }
+                        if st.landed.remove(&(layer, e as usize)) {
+                            st.pilot.prefetch_hits += 1;
+                        }
+                    }
+                    None => misses.push(e),
+                }
+            }
+            st.demand.hits += hits.len() as u64;
+            st.demand.misses += misses.len() as u64;
+            if let Err(e) = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave) {
+                Self::release_all(&mut st, &hits, &to_promote);
+                return Err(e);
+            }
+        }
+        // Resident work overlaps the reads just submitted; no lock is held meanwhile
+        // (leased slots are never reused).
+        let mut result = if hits.is_empty() { Ok(()) } else { compute(&SlotsReady { rt: self, layer, items: &hits }) };
+        let mut landed: Vec<(u32, usize)> = Vec::new();
+        while result.is_ok() && (!wave.is_empty() || next < misses.len()) {
+            if wave.is_empty() {
+                let mut st = self.state.lock().unwrap();
+                if !st.prefetch.is_empty() {
+                    // Prefetches for later layers hold the working bank: land them.
+                    self.settle_prefetches(&mut st, |_| true);
+                    result = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave);
+                    continue;
+                }
+                result =
+                    Err(anyhow!("no free working slot for expert {layer}:{} (working bank exhausted)", misses[next]));
+                break;
+            }
+            // Wait for this wave without the lock, then publish what landed.
+            let mut outcomes = Vec::with_capacity(wave.len());
+            for (e, slot, generation, ticket) in wave.drain(..) {
+                let t_wait = Instant::now();
+                outcomes.push((e, slot, generation, ticket.wait(), t_wait.elapsed()));
+            }
+            landed.clear();
+            {
+                let mut st = self.state.lock().unwrap();
+                for (e, slot, generation, outcome, waited) in outcomes {
+                    match outcome {
+                        Ok(stats) => {
+                            st.demand.record_load(&stats, waited);
+                            if result.is_err() || !st.table.finish_load(slot, generation) {
+                                st.table.fail_load(slot, generation);
+                                continue;
+                            }
+                            st.table.lease(slot);
+                            landed.push((e, slot));
+                        }
+                        Err(err) => {
+                            st.table.fail_load(slot, generation);
+                            if result.is_ok() {
+                                result = Err(err);
+                            }
+                        }
+                    }
+                }
+            }
+            if result.is_ok() && !landed.is_empty() {
+                result = compute(&SlotsReady { rt: self, layer, items: &landed });
+            }
+            let mut st = self.state.lock().unwrap();
+            for &(_, slot) in &landed {
+                st.table.release(slot);
+                if result.is_ok() {
+                    st.table.promote(slot);
+                }
+            }
+            if result.is_ok() && next < misses.len() {
+                result = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave);
+            }
+        }
+        let mut st = self.state.lock().unwrap();
+        // Reads still in flight after an error: wait for them and free their slots.
+        for (_, slot, generation, ticket) in wave.drain(..) {
+            let _ = ticket.wait();
+            st.table.fail_load(slot, generation);
+        }
+        Self::release_all(&mut st, &hits, &to_promote);
+        result.map_err(|e| anyhow!("expert layer {layer}: {e:#}"))
+    }
+
+    fn release_all(st: &mut State, hits: &[(u32, usize)], to_promote: &[usize]) {
+        for &(_, slot) in hits {
+            st.table.release(slot);
+        }
+        for &slot in to_promote {
+            st.table.promote(slot);
+        }
+    }
+}
+
+impl ExpertProvider<CpuBackend> for StreamedExperts {
+    fn record(&self, layer: usize, ids: &[u32], top_k: usize) {
+        let mut st = self.state.lock().unwrap();
+        if let Some((when, predicted)) = st.pending.remove(&layer) {
+            let rows = ids.len() / top_k.max(1);
+            if predicted.len() == rows {
+                let actual: Vec<Vec<usize>> =
+                    ids.chunks(top_k).map(|r| r.iter().map(|&e| e as usize).collect()).collect();
+                st.pilot.lead_time.push(when.elapsed());
+                st.pilot.score(&predicted, &actual);
+            }
+        }
+        if let Some(ledger) = st.ledger.as_mut() {
+            let mut row = [0usize; 64];
+            for r in ids.chunks(top_k.max(1)) {
+                let n = r.len().min(row.len());
+                for (d, &e) in row.iter_mut().zip(r) {
+                    *d = e as usize;
+                }
+                ledger.record(layer, &row[..n]);
             }
         }
     }
-    by
-}
 
-impl ExpertBackend for StreamedExperts {
+    fn run(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<CpuBackend>) -> Result<()>,
+    ) -> Result<()> {
+        let t_layer = Instant::now();
+        let result = self.run_layer(layer, experts, compute);
+        self.state.lock().unwrap().layer_forward.push(t_layer.elapsed());
+        result
+    }
+
     fn wants_prediction(&self) -> bool {
         self.pilot != PilotMode::Off
     }
 
-    fn predicted(&self, layer: usize, routes: &[Routing]) {
+    fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {
         let t = Instant::now();
         let mut st = self.state.lock().unwrap();
+        let mut unique: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
+        unique.sort_unstable();
+        unique.dedup();
         if self.pilot == PilotMode::Hint {
-            let mut unique: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
-            unique.sort_unstable();
-            unique.dedup();
-            for e in unique {
+            for &e in &unique {
                 if st.table.peek((layer, e)).is_some() {
                     continue;
                 }
@@ -423,10 +599,7 @@ impl ExpertBackend for StreamedExperts {
             }
         }
         if self.pilot == PilotMode::Prefetch {
-            let mut unique: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
-            unique.sort_unstable();
-            unique.dedup();
-            for e in unique {
+            for &e in &unique {
                 let key = (layer, e);
                 if st.table.peek(key).is_some() || st.prefetch.contains_key(&key) {
                     continue;
@@ -443,141 +616,8 @@ impl ExpertBackend for StreamedExperts {
                 }
             }
         }
-        st.pending.insert(layer, (Instant::now(), routes.iter().map(|r| r.experts.clone()).collect()));
+        let rows: Vec<Vec<usize>> = ids.chunks(top_k.max(1)).map(|r| r.iter().map(|&e| e as usize).collect()).collect();
+        st.pending.insert(layer, (Instant::now(), rows));
         st.pilot.hint_latency.push(t.elapsed());
-    }
-
-    fn forward(&self, layer: usize, x: &[f32], rows: usize, routes: &[Routing]) -> Result<Vec<f32>> {
-        let t_layer = Instant::now();
-        let h = self.hidden;
-        if x.len() != rows * h || routes.len() != rows {
-            bail!("expert forward: {} values and {} routes for {rows} rows of {h}", x.len(), routes.len());
-        }
-        let mut st = self.state.lock().unwrap();
-        st.table.tick();
-        self.settle_prefetches(&mut st, |k| k.0 == layer);
-        if let Some((when, predicted)) = st.pending.remove(&layer) {
-            if predicted.len() == rows {
-                let actual: Vec<Vec<usize>> = routes.iter().map(|r| r.experts.clone()).collect();
-                st.pilot.lead_time.push(when.elapsed());
-                st.pilot.score(&predicted, &actual);
-            }
-        }
-        if let Some(ledger) = st.ledger.as_mut() {
-            for r in routes {
-                ledger.record(layer, &r.experts);
-            }
-        }
-        let by_expert = rows_by_expert(routes);
-        let gather =
-            |rs: &[usize]| -> Vec<f32> { rs.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect() };
-
-        // Hits are leased so no promotion in this forward can evict them.
-        let mut hits = Vec::new();
-        let mut misses = Vec::new();
-        // Hits still in a working slot (prefetched, or a miss that found no victim) are
-        // promoted into the layer's slots once released.
-        let mut to_promote = Vec::new();
-        for &e in by_expert.keys() {
-            match st.table.lookup((layer, e)) {
-                Some(slot) => {
-                    st.table.lease(slot);
-                    hits.push((e, slot));
-                    if st.table.slot(slot).role == SlotRole::Working {
-                        to_promote.push(slot);
-                    }
-                    if st.landed.remove(&(layer, e)) {
-                        st.pilot.prefetch_hits += 1;
-                    }
-                }
-                None => misses.push(e),
-            }
-        }
-        st.demand.hits += hits.len() as u64;
-        st.demand.misses += misses.len() as u64;
-
-        let mut outputs: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
-        let mut computed_hits = false;
-        let mut pending = misses.into_iter().peekable();
-        let result = (|| -> Result<()> {
-            while pending.peek().is_some() || !computed_hits {
-                // A wave: as many misses as there are free working slots.
-                let mut wave = Vec::new();
-                while let Some(&e) = pending.peek() {
-                    let Some((slot, generation)) = st.table.begin_load((layer, e)) else { break };
-                    pending.next();
-                    let ticket = match self.submit(slot, (layer, e)) {
-                        Ok(t) => t,
-                        Err(err) => {
-                            st.table.fail_load(slot, generation);
-                            return Err(err);
-                        }
-                    };
-                    wave.push((e, slot, generation, ticket));
-                }
-                if wave.is_empty() && pending.peek().is_some() && !st.prefetch.is_empty() {
-                    // Prefetches for later layers hold the working bank: land them.
-                    self.settle_prefetches(&mut st, |_| true);
-                    continue;
-                }
-                if wave.is_empty() && pending.peek().is_some() && computed_hits {
-                    bail!(
-                        "no free working slot for expert {layer}:{} (working bank exhausted)",
-                        pending.peek().unwrap()
-                    );
-                }
-                if !computed_hits {
-                    // Resident work overlaps the reads just submitted.
-                    for &(e, slot) in &hits {
-                        let (_, layout) = self.source.locate(layer, e)?;
-                        let rs = &by_expert[&e];
-                        outputs.insert(e, self.run_expert(slot, layout, &gather(rs), rs.len())?);
-                    }
-                    computed_hits = true;
-                }
-                let mut failure = None;
-                for (e, slot, generation, ticket) in wave {
-                    let t_wait = Instant::now();
-                    match ticket.wait() {
-                        Ok(stats) => {
-                            st.demand.record_load(&stats, t_wait.elapsed());
-                            if failure.is_some() || !st.table.finish_load(slot, generation) {
-                                st.table.fail_load(slot, generation);
-                                continue;
-                            }
-                            let (_, layout) = self.source.locate(layer, e)?;
-                            let rs = &by_expert[&e];
-                            outputs.insert(e, self.run_expert(slot, layout, &gather(rs), rs.len())?);
-                            st.table.promote(slot);
-                        }
-                        Err(err) => {
-                            st.table.fail_load(slot, generation);
-                            failure.get_or_insert(err);
-                        }
-                    }
-                }
-                if let Some(err) = failure {
-                    return Err(err);
-                }
-            }
-            Ok(())
-        })();
-        for &(_, slot) in &hits {
-            st.table.release(slot);
-        }
-        for slot in to_promote {
-            st.table.promote(slot);
-        }
-        result.map_err(|e| anyhow!("expert layer {layer}: {e:#}"))?;
-
-        let mut out = vec![0f32; rows * h];
-        let position: BTreeMap<(usize, usize), usize> =
-            by_expert.iter().flat_map(|(&e, rs)| rs.iter().enumerate().map(move |(i, &r)| ((e, r), i))).collect();
-        accumulate_ascending(&mut out, h, routes, |e, r| {
-            let i = position[&(e, r)];
-            outputs.get(&e).map(|y| &y[i * h..(i + 1) * h])
-        });
-        st.layer_forward.push(t_layer.elapsed());
-        Ok(out)
     }
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
+use strata_models::MoeLayout;
 use strata_storage::{
     ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadCheck, ReadSegment, TierEntry,
 };
@@ -17,6 +18,8 @@ pub trait ExpertSource: Send + Sync {
     /// The reads that fill a slot with expert `(layer, expert)`, and the matrices'
     /// places inside the slot.
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)>;
+    /// Where the matrices of `(layer, expert)` lie inside its slot.
+    fn layout(&self, layer: usize, expert: usize) -> Result<&ExpertLayout>;
     /// What a read of `(layer, expert)` must hash to; None: not verified.
     fn read_check(&self, _layer: usize, _expert: usize) -> Option<ReadCheck> {
         None
@@ -55,6 +58,9 @@ impl ExpertSource for ContainerSource {
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
         self.tier.locate(layer, expert)
     }
+    fn layout(&self, _layer: usize, _expert: usize) -> Result<&ExpertLayout> {
+        Ok(&self.tier.layout)
+    }
     fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
         self.tier.read_check(layer, expert)
     }
@@ -69,8 +75,15 @@ pub struct ColibriSource {
 }
 
 impl ColibriSource {
-    pub fn open(dir: &Path) -> Result<Self> {
-        let mut container = ColibriContainer::open(dir, &GlmDims::from_dir(dir)?)?;
+    pub fn open(dir: &Path, moe: &MoeLayout) -> Result<Self> {
+        let dims = GlmDims {
+            hidden: moe.hidden,
+            moe_inter: moe.inter,
+            n_experts: moe.experts_per_layer,
+            sparse_layers: moe.layers.clone(),
+            mtp_layers: moe.mtp_layers.clone(),
+        };
+        let mut container = ColibriContainer::open(dir, &dims)?;
         for w in container.ensure_checksums()? {
             eprintln!("warning: {w}");
         }
@@ -97,19 +110,31 @@ impl ExpertSource for ColibriSource {
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)> {
         self.tier.locate(layer, expert)
     }
+    fn layout(&self, layer: usize, expert: usize) -> Result<&ExpertLayout> {
+        self.tier
+            .expert(layer, expert)
+            .map(|e| &e.layout)
+            .ok_or_else(|| anyhow::anyhow!("the container has no expert {expert} in layer {layer}"))
+    }
     fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
         self.tier.read_check(layer, expert)
     }
 }
 
 /// The expert source of a model directory: strata's container or a Colibri one; None for
-/// an HF checkpoint.
-pub fn open_source(dir: &Path) -> Result<Option<Box<dyn ExpertSource>>> {
+/// an HF checkpoint (or a model without routed experts).
+pub fn open_source(dir: &Path, moe: Option<&MoeLayout>) -> Result<Option<Box<dyn ExpertSource>>> {
+    let Some(moe) = moe else { return Ok(None) };
     if ExpertManifest::exists(dir) {
         return Ok(Some(Box::new(ContainerSource::open(dir, "main")?)));
     }
     if ColibriContainer::detect(dir) {
-        return Ok(Some(Box::new(ColibriSource::open(dir)?)));
+        return Ok(Some(Box::new(ColibriSource::open(dir, moe)?)));
     }
     Ok(None)
+}
+
+/// Whether `dir` holds an expert container (strata's or Colibri's).
+pub fn is_container(dir: &Path) -> bool {
+    ExpertManifest::exists(dir) || ColibriContainer::detect(dir)
 }

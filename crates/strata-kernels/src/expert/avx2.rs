@@ -15,7 +15,7 @@
 //! For int4, `a` holds a chunk's even columns and `b` its odd columns (x is
 //! pre-permuted to match, see `I4Dec`); otherwise `a` = columns 0..8 and `b` = 8..16.
 
-use super::{MatJob, OutPtr, QuantKind};
+use super::{Out, Product, QuantKind};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -128,6 +128,57 @@ impl Decode for I8Dec<'_> {
         }
         s * self.scales[o]
     }
+}
+
+/// FP8 e4m3 with block scales (see `avx512::Fp8Dec`), 16 columns a chunk.
+struct Fp8Dec<'a> {
+    p: &'a [u8],
+    scales: &'a [f32],
+    cols: usize,
+    nfull: usize,
+    block_rows: usize,
+    block_cols: usize,
+    ncb: usize,
+}
+impl Decode for Fp8Dec<'_> {
+    const CHUNK_BYTES: usize = 16;
+    const WIDE: usize = 4;
+    const SEGMENTED: bool = true;
+    fn seg_chunks(&self) -> usize {
+        self.block_cols / 16
+    }
+    #[inline(always)]
+    fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+        self.p.as_ptr().wrapping_add(o * self.cols + k * 16)
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
+        let p = self.p.as_ptr().add(o * self.cols + k * 16);
+        (fp8x8(p), fp8x8(p.add(8)))
+    }
+    #[inline(always)]
+    unsafe fn seg_end(&self, o: usize, s: usize, _r: usize, g: __m256, acc: __m256) -> __m256 {
+        let sc = self.scales.get_unchecked((o / self.block_rows) * self.ncb + s);
+        _mm256_fmadd_ps(g, _mm256_broadcast_ss(sc), acc)
+    }
+    fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+        let mut s = simd;
+        let row = (o / self.block_rows) * self.ncb;
+        for (c, xv) in x.iter().enumerate().skip(self.nfull * 16) {
+            s += crate::fp8::fp8_e4m3_to_f32(self.p[o * self.cols + c]) * self.scales[row + c / self.block_cols] * xv;
+        }
+        s
+    }
+}
+
+/// 8 e4m3 bytes as floats (exact: magnitude bits into f32 position, times 2^120, sign).
+#[inline(always)]
+unsafe fn fp8x8(p: *const u8) -> __m256 {
+    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    let mag = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), 20);
+    let f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(f32::from_bits(0x7B80_0000)));
+    let sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+    _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign))
 }
 
 /// int4 with `group % 16 == 0`. A chunk is 8 bytes `v = lo + 16 hi` (lo = even column,
@@ -262,7 +313,7 @@ struct Ctx<'a, D> {
 
 /// # Safety
 /// AVX2 and FMA available; `job` validated; `o0..o1` owned by the caller.
-pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
+pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
     let w = &job.w;
     let (cols, nfull) = (w.cols, w.cols / 16);
     let plain = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
@@ -273,6 +324,11 @@ pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
         }
         QuantKind::Bf16 => {
             let d = Bf16Dec { p: w.payload, cols, nfull };
+            rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+        }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let ncb = cols.div_ceil(block_cols);
+            let d = Fp8Dec { p: w.payload, scales: w.scales, cols, nfull, block_rows, block_cols, ncb };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int8Row => {
@@ -297,9 +353,11 @@ pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
 /// Row tiles of up to 8 rows; within a tile, output groups of OT and column blocks
 /// that keep the tile's x in L1.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
-    // Per output: 2 * RT vectors (g then acc) carried between column blocks.
-    let mut state = Vec::new();
+unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &Out) {
+    // Per output: 2 * RT vectors (g then acc) carried between column blocks, for
+    // STATE_OUTS outputs at a time, on the stack (a step allocates nothing). Only
+    // multi-row tiles split columns, so one-row products never touch it.
+    let mut state = None;
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(8);
@@ -308,28 +366,38 @@ unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, o
         if D::SEGMENTED {
             kb = kb.next_multiple_of(c.d.seg_chunks());
         }
-        if kb < c.nfull && state.is_empty() {
-            state = vec![_mm256_setzero_ps(); (o1 - o0) * 2 * 8];
-        }
-        let st = &mut state[..];
-        match (rt, D::WIDE) {
-            (1, 8) => outs::<D, 8, 1>(c, r0, o0, o1, kb, st, out),
-            (1, 4) => outs::<D, 4, 1>(c, r0, o0, o1, kb, st, out),
-            (1, _) => outs::<D, 2, 1>(c, r0, o0, o1, kb, st, out),
-            (2, 8) => outs::<D, 4, 2>(c, r0, o0, o1, kb, st, out),
-            (2, _) => outs::<D, 2, 2>(c, r0, o0, o1, kb, st, out),
-            (3, 8) => outs::<D, 2, 3>(c, r0, o0, o1, kb, st, out),
-            (4, 8) => outs::<D, 2, 4>(c, r0, o0, o1, kb, st, out),
-            (3, _) => outs::<D, 1, 3>(c, r0, o0, o1, kb, st, out),
-            (4, _) => outs::<D, 1, 4>(c, r0, o0, o1, kb, st, out),
-            (5, _) => outs::<D, 1, 5>(c, r0, o0, o1, kb, st, out),
-            (6, _) => outs::<D, 1, 6>(c, r0, o0, o1, kb, st, out),
-            (7, _) => outs::<D, 1, 7>(c, r0, o0, o1, kb, st, out),
-            _ => outs::<D, 1, 8>(c, r0, o0, o1, kb, st, out),
+        let step = if kb < c.nfull { STATE_OUTS } else { o1 - o0 };
+        let mut a = o0;
+        while a < o1 {
+            let b = (a + step).min(o1);
+            let st = if kb < c.nfull {
+                &mut state.get_or_insert([_mm256_setzero_ps(); STATE_OUTS * 2 * 8])[..]
+            } else {
+                &mut [][..]
+            };
+            match (rt, D::WIDE) {
+                (1, 8) => outs::<D, 8, 1>(c, r0, a, b, kb, st, out),
+                (1, 4) => outs::<D, 4, 1>(c, r0, a, b, kb, st, out),
+                (1, _) => outs::<D, 2, 1>(c, r0, a, b, kb, st, out),
+                (2, 8) => outs::<D, 4, 2>(c, r0, a, b, kb, st, out),
+                (2, _) => outs::<D, 2, 2>(c, r0, a, b, kb, st, out),
+                (3, 8) => outs::<D, 2, 3>(c, r0, a, b, kb, st, out),
+                (4, 8) => outs::<D, 2, 4>(c, r0, a, b, kb, st, out),
+                (3, _) => outs::<D, 1, 3>(c, r0, a, b, kb, st, out),
+                (4, _) => outs::<D, 1, 4>(c, r0, a, b, kb, st, out),
+                (5, _) => outs::<D, 1, 5>(c, r0, a, b, kb, st, out),
+                (6, _) => outs::<D, 1, 6>(c, r0, a, b, kb, st, out),
+                (7, _) => outs::<D, 1, 7>(c, r0, a, b, kb, st, out),
+                _ => outs::<D, 1, 8>(c, r0, a, b, kb, st, out),
+            }
+            a = b;
         }
         r0 += rt;
     }
 }
+
+/// Outputs whose column-block state a multi-row tile keeps at once.
+const STATE_OUTS: usize = 32;
 
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
@@ -340,7 +408,7 @@ unsafe fn outs<D: Decode, const OT: usize, const RT: usize>(
     o1: usize,
     kb: usize,
     state: &mut [__m256],
-    out: &OutPtr,
+    out: &Out,
 ) {
     let mut k0 = 0;
     loop {
@@ -377,7 +445,7 @@ unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
     k1: usize,
     state: &mut [__m256],
     last: bool,
-    out: &OutPtr,
+    out: &Out,
 ) {
     let mut g = [[_mm256_setzero_ps(); RT]; OT];
     let mut acc = [[_mm256_setzero_ps(); RT]; OT];
@@ -435,7 +503,7 @@ unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
                     v -= c.d.corr(o0 + oi, r);
                 }
                 let v = c.d.finish(o0 + oi, v, &c.x[r * c.cols..(r + 1) * c.cols]);
-                out.write(r, o0 + oi, v);
+                out.put(r, o0 + oi, v);
             }
         }
     } else {

@@ -6,7 +6,7 @@
 //! runs the AVX2 code instead (see `MatJob::new`). Same determinism argument: a pair's
 //! arithmetic does not depend on the tile shape, the column blocks or the other rows.
 
-use super::{MatJob, OutPtr, QuantKind};
+use super::{Out, Product, QuantKind};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -121,6 +121,60 @@ impl Decode for I8Dec<'_> {
     }
 }
 
+/// FP8 e4m3 with block scales: a chunk's 32 bytes decode exactly (the 7-bit magnitude
+/// shifted into f32 position and multiplied by 2^120, then the sign), so products are
+/// exact before rounding; each block of columns (a segment) folds with its block scale.
+struct Fp8Dec<'a> {
+    p: &'a [u8],
+    scales: &'a [f32],
+    cols: usize,
+    nfull: usize,
+    block_rows: usize,
+    block_cols: usize,
+    /// Scale blocks per row of blocks.
+    ncb: usize,
+}
+impl Decode for Fp8Dec<'_> {
+    const CHUNK_BYTES: usize = 32;
+    const REGS: usize = 2;
+    const SEGMENTED: bool = true;
+    fn seg_chunks(&self) -> usize {
+        self.block_cols / 32
+    }
+    #[inline(always)]
+    fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+        self.p.as_ptr().wrapping_add(o * self.cols + k * 32)
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, o: usize, k: usize) -> (__m512, __m512) {
+        let p = self.p.as_ptr().add(o * self.cols + k * 32);
+        (fp8x16(p), fp8x16(p.add(16)))
+    }
+    #[inline(always)]
+    unsafe fn seg_end(&self, o: usize, s: usize, _r: usize, g: __m512, acc: __m512) -> __m512 {
+        let sc = *self.scales.get_unchecked((o / self.block_rows) * self.ncb + s);
+        _mm512_fmadd_ps(g, _mm512_set1_ps(sc), acc)
+    }
+    fn finish(&self, o: usize, simd: f32, x: &[f32]) -> f32 {
+        let mut s = simd;
+        let row = (o / self.block_rows) * self.ncb;
+        for (c, xv) in x.iter().enumerate().skip(self.nfull * 32) {
+            s += crate::fp8::fp8_e4m3_to_f32(self.p[o * self.cols + c]) * self.scales[row + c / self.block_cols] * xv;
+        }
+        s
+    }
+}
+
+/// 16 e4m3 bytes as floats.
+#[inline(always)]
+unsafe fn fp8x16(p: *const u8) -> __m512 {
+    let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+    let mag = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x7f)), 20);
+    let f = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(f32::from_bits(0x7B80_0000)));
+    let sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign))
+}
+
 /// int4 with `group % 32 == 0`: 16 bytes a chunk, otherwise as `avx2::I4Dec`.
 struct I4Dec<'a> {
     p: &'a [u8],
@@ -215,7 +269,7 @@ struct Ctx<'a, D> {
 
 /// # Safety
 /// AVX2 and FMA available; `job` validated; `o0..o1` owned by the caller.
-pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
+pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
     let w = &job.w;
     let (cols, nfull) = (w.cols, w.cols / 32);
     let plain = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
@@ -226,6 +280,11 @@ pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
         }
         QuantKind::Bf16 => {
             let d = Bf16Dec { p: w.payload, cols, nfull };
+            rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+        }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let ncb = cols.div_ceil(block_cols);
+            let d = Fp8Dec { p: w.payload, scales: w.scales, cols, nfull, block_rows, block_cols, ncb };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int8Row => {
@@ -246,9 +305,11 @@ pub(super) unsafe fn block(job: &MatJob, o0: usize, o1: usize, out: &OutPtr) {
 /// Row tiles of up to 8 rows; within a tile, output groups of OT and column blocks
 /// that keep the tile's x in L1.
 #[target_feature(enable = "avx512f")]
-unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &OutPtr) {
-    // Per output: 2 * RT vectors (g then acc) carried between column blocks.
-    let mut state = Vec::new();
+unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, out: &Out) {
+    // Per output: 2 * RT vectors (g then acc) carried between column blocks, for
+    // STATE_OUTS outputs at a time, on the stack (a step allocates nothing). Only
+    // multi-row tiles split columns, so one-row products never touch it.
+    let mut state = None;
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(8);
@@ -257,32 +318,40 @@ unsafe fn rows_block<D: Decode>(c: &Ctx<D>, rows: usize, o0: usize, o1: usize, o
         if D::SEGMENTED {
             kb = kb.next_multiple_of(c.d.seg_chunks());
         }
-        if kb < c.nfull && state.is_empty() {
-            state = vec![_mm512_setzero_ps(); (o1 - o0) * 2 * 8];
-        }
-        let st = &mut state[..];
-        // Up to 16 accumulators (8 pairs for int4, which carry two; 16 pairs from 5 rows,
-        // their `acc` vectors spill, touched once a group).
-        match (rt, D::REGS) {
-            (1, _) => outs::<D, 8, 1>(c, r0, o0, o1, kb, st, out),
-            (2, 1) => outs::<D, 8, 2>(c, r0, o0, o1, kb, st, out),
-            (2, _) => outs::<D, 4, 2>(c, r0, o0, o1, kb, st, out),
-            (3, 1) => outs::<D, 4, 3>(c, r0, o0, o1, kb, st, out),
-            (4, 1) => outs::<D, 4, 4>(c, r0, o0, o1, kb, st, out),
-            (3, _) => outs::<D, 2, 3>(c, r0, o0, o1, kb, st, out),
-            (4, _) => outs::<D, 2, 4>(c, r0, o0, o1, kb, st, out),
-            (5, 1) => outs::<D, 2, 5>(c, r0, o0, o1, kb, st, out),
-            (6, 1) => outs::<D, 2, 6>(c, r0, o0, o1, kb, st, out),
-            (7, 1) => outs::<D, 2, 7>(c, r0, o0, o1, kb, st, out),
-            (_, 1) => outs::<D, 2, 8>(c, r0, o0, o1, kb, st, out),
-            (5, _) => outs::<D, 2, 5>(c, r0, o0, o1, kb, st, out),
-            (6, _) => outs::<D, 2, 6>(c, r0, o0, o1, kb, st, out),
-            (7, _) => outs::<D, 2, 7>(c, r0, o0, o1, kb, st, out),
-            _ => outs::<D, 2, 8>(c, r0, o0, o1, kb, st, out),
+        let step = if kb < c.nfull { STATE_OUTS } else { o1 - o0 };
+        let mut a = o0;
+        while a < o1 {
+            let b = (a + step).min(o1);
+            let st = if kb < c.nfull {
+                &mut state.get_or_insert([_mm512_setzero_ps(); STATE_OUTS * 2 * 8])[..]
+            } else {
+                &mut [][..]
+            };
+            match (rt, D::REGS) {
+                (1, _) => outs::<D, 8, 1>(c, r0, a, b, kb, st, out),
+                (2, 1) => outs::<D, 8, 2>(c, r0, a, b, kb, st, out),
+                (2, _) => outs::<D, 4, 2>(c, r0, a, b, kb, st, out),
+                (3, 1) => outs::<D, 4, 3>(c, r0, a, b, kb, st, out),
+                (4, 1) => outs::<D, 4, 4>(c, r0, a, b, kb, st, out),
+                (3, _) => outs::<D, 2, 3>(c, r0, a, b, kb, st, out),
+                (4, _) => outs::<D, 2, 4>(c, r0, a, b, kb, st, out),
+                (5, 1) => outs::<D, 2, 5>(c, r0, a, b, kb, st, out),
+                (6, 1) => outs::<D, 2, 6>(c, r0, a, b, kb, st, out),
+                (7, 1) => outs::<D, 2, 7>(c, r0, a, b, kb, st, out),
+                (_, 1) => outs::<D, 2, 8>(c, r0, a, b, kb, st, out),
+                (5, _) => outs::<D, 2, 5>(c, r0, a, b, kb, st, out),
+                (6, _) => outs::<D, 2, 6>(c, r0, a, b, kb, st, out),
+                (7, _) => outs::<D, 2, 7>(c, r0, a, b, kb, st, out),
+                _ => outs::<D, 2, 8>(c, r0, a, b, kb, st, out),
+            }
+            a = b;
         }
         r0 += rt;
     }
 }
+
+/// Outputs whose column-block state a multi-row tile keeps at once.
+const STATE_OUTS: usize = 32;
 
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
@@ -293,7 +362,7 @@ unsafe fn outs<D: Decode, const OT: usize, const RT: usize>(
     o1: usize,
     kb: usize,
     state: &mut [__m512],
-    out: &OutPtr,
+    out: &Out,
 ) {
     let mut k0 = 0;
     loop {
@@ -330,7 +399,7 @@ unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
     k1: usize,
     state: &mut [__m512],
     last: bool,
-    out: &OutPtr,
+    out: &Out,
 ) {
     let mut g = [[_mm512_setzero_ps(); RT]; OT];
     let mut acc = [[_mm512_setzero_ps(); RT]; OT];
@@ -398,7 +467,7 @@ unsafe fn tile<D: Decode, const OT: usize, const RT: usize>(
                     v -= c.d.corr(o0 + oi, r);
                 }
                 let v = c.d.finish(o0 + oi, v, &c.x[r * c.cols..(r + 1) * c.cols]);
-                out.write(r, o0 + oi, v);
+                out.put(r, o0 + oi, v);
             }
         }
     } else {

@@ -1,42 +1,43 @@
-//! Matrix products and SwiGLU experts computed directly on quantized weights (encodings in
-//! [`crate::quant`]), for one row (decode: a memory-bound matvec) or a few rows (prefill
-//! chunks, MTP verify: each weight block is read once and applied to every row).
+//! Matrix products computed directly on stored weights (encodings in [`crate::quant`]:
+//! f32, bf16, FP8 e4m3 with block scales, int8-row, int4-group), for one row (decode: a
+//! memory-bound matvec) or many (prefill chunks, verify rows: each weight chunk is decoded
+//! once per tile of up to 8 rows and applied to all of them).
+//!
+//! A [`Product`] is prepared once (x staged where the encoding needs it, into a reusable
+//! [`Staging`]) and evaluated by output ranges, so the threads of a
+//! [`crate::pool::ThreadPool`] region each take a range; [`Out`] says where results go
+//! (written, or added to what is there: the residual add fused into a projection).
+//! [`ExpertRunner`] runs a set of SwiGLU experts (a layer's routed + shared experts) in
+//! two parallel passes with scratch that is reused from call to call.
 //!
 //! Three code paths, chosen by [`KernelPath::best`] at run time: AVX-512F, AVX2 + FMA
-//! (`std::arch::x86_64`, behind `is_x86_feature_detected!`) and a portable scalar path
-//! (also used on other architectures). All split the output rows of `W` over rayon's
-//! threads (the current pool: wrap a call in `ThreadPool::install` to choose one; calling
-//! from inside the pool also saves the injection and wake-up of the calling thread).
+//! (`std::arch::x86_64`, behind `is_x86_feature_detected!`) and a portable scalar path.
 //!
 //! Determinism: every output element `y[r, o]` is accumulated by one thread, in a fixed
 //! order that depends only on `o`, `x[r, ..]`, `W[o, ..]`, the matrix shape and the code
-//! path — never on the thread count, on how outputs are split into blocks, or on the other
-//! rows in the batch. A token's result is therefore identical computed alone or inside a
-//! batch, and between runs. The three paths sum in different orders and agree within
-//! rounding (about 1e-6 relative), not bit for bit: bit-equality between two computations
-//! (e.g. streamed vs resident experts) needs the same path, i.e. the same machine and
-//! these kernels on both sides.
+//! path — never on the thread count, on how outputs are split, or on the other rows in
+//! the batch. A token's result is therefore identical computed alone or inside a batch,
+//! and between runs. The paths sum in different orders and agree within rounding (about
+//! 1e-6 relative), not bit for bit.
 //!
 //! Errors: shapes are checked up front and a mismatch panics with a message naming the
 //! sizes (these are programming errors, not data errors).
 //!
-//! Layout: `payload` may have any alignment (unaligned loads); `scales` is a `&[f32]`.
-//! Each call allocates small buffers (x staged per row, for SwiGLU the `rows x inter`
-//! intermediate). Calls nest inside rayon tasks (work stealing), so an engine may also
-//! run several experts in parallel, each calling these; [`swiglu_experts`] runs a set of
-//! experts (a layer's routed experts) in two parallel passes instead of two per expert.
-//!
 //! Speed (`examples/expert_bench.rs`, one GLM-5 expert = gate/up [2048, 6144] + down
 //! [6144, 2048] streamed from DRAM, 16-core Xeon, 117 GB/s read bandwidth, AVX-512):
-//! one row int4-g64 0.41 ms (52 GB/s, 2.3x the bandwidth floor: compute- and
-//! scaling-bound), int8 0.43 ms (1.3x), bf16 0.74 ms (1.15x); 8 rows int4 1.9 ms,
+//! one row int4-g64 0.41 ms (52 GB/s), int8 0.43 ms, bf16 0.74 ms; 8 rows int4 1.9 ms,
 //! int8 1.2 ms, bf16 1.6 ms (FMA-bound). Numbers vary by about 20% from run to run.
 
-use crate::quant::QuantKind;
-use rayon::prelude::*;
+mod runner;
+mod transposed;
 
-/// A quantized matrix `W[rows = out, cols = in]` borrowed from a slot, laid out as
-/// [`crate::quantize`] writes it.
+pub use runner::{ExpertJob, ExpertRunner};
+pub use transposed::matmul_t;
+
+use crate::pool::{global, split_range};
+use crate::quant::QuantKind;
+
+/// A matrix `W[rows = out, cols = in]` in a stored encoding, borrowed.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
     pub kind: QuantKind,
@@ -54,11 +55,17 @@ impl<'a> QMatrix<'a> {
         m
     }
 
-    /// Panics unless the payload and scale lengths match `kind` at `rows x cols` and an
-    /// int4 group is even and non-zero.
+    /// Panics unless the payload and scale lengths match `kind` at `rows x cols`, an int4
+    /// group is even and non-zero, and FP8 blocks are non-empty.
     pub fn validate(&self) {
-        if let QuantKind::Int4Group { group } = self.kind {
-            assert!(group >= 2 && group % 2 == 0, "QMatrix: int4 group must be even and >= 2, got {group}");
+        match self.kind {
+            QuantKind::Int4Group { group } => {
+                assert!(group >= 2 && group % 2 == 0, "QMatrix: int4 group must be even and >= 2, got {group}")
+            }
+            QuantKind::Fp8 { block_rows, block_cols } => {
+                assert!(block_rows > 0 && block_cols > 0, "QMatrix: FP8 blocks must be non-empty")
+            }
+            _ => {}
         }
         let want = self.kind.payload_bytes(self.rows, self.cols);
         assert_eq!(
@@ -95,8 +102,8 @@ pub enum KernelPath {
     Scalar,
     /// x86-64 AVX2 + FMA intrinsics.
     Avx2Fma,
-    /// x86-64 AVX-512F intrinsics (32-column chunks; int4 groups that are not a multiple
-    /// of 32 run the AVX2 code).
+    /// x86-64 AVX-512F intrinsics (32-column chunks; int4 groups and FP8 blocks that are
+    /// not a multiple of 32 columns run the AVX2 code).
     Avx512,
 }
 
@@ -125,10 +132,194 @@ impl KernelPath {
             Self::Avx512 => "avx512f",
         }
     }
+
+    /// Columns per SIMD chunk for `kind` on this path (0: the scalar code).
+    fn chunk_width(self, kind: QuantKind) -> usize {
+        match (self, kind) {
+            (Self::Scalar, _) => 0,
+            (Self::Avx512, QuantKind::Int4Group { group }) if group % 32 != 0 => 16,
+            (_, QuantKind::Fp8 { block_cols, .. }) if block_cols % 16 != 0 => 0,
+            (Self::Avx512, QuantKind::Fp8 { block_cols, .. }) if block_cols % 32 != 0 => 16,
+            (Self::Avx512, _) => 32,
+            (Self::Avx2Fma, _) => 16,
+        }
+    }
+}
+
+fn check_path(path: KernelPath) {
+    assert!(path.is_available(), "kernel path {} is not available on this CPU", path.name());
+}
+
+/// x staged for encodings that read it in another order (int4: each chunk's even then odd
+/// columns, pre-scaled, plus group sums; see `avx2::I4Dec`). Reusable: it grows to the
+/// largest product and then never allocates again.
+#[derive(Default)]
+pub struct Staging {
+    xs: Vec<f32>,
+    xstride: usize,
+    xg: Vec<f32>,
+    /// What the staged data was made for: (kind, chunk width, rows, cols).
+    key: Option<(QuantKind, usize, usize, usize)>,
+}
+
+impl Staging {
+    /// Stages `x` (`rows x w.cols`) for products with `w`'s encoding on `path`; a no-op
+    /// for encodings that read x as it is.
+    pub fn prepare(&mut self, path: KernelPath, x: &[f32], rows: usize, kind: QuantKind, cols: usize) {
+        let cw = path.chunk_width(kind);
+        self.key = Some((kind, cw, rows, cols));
+        let QuantKind::Int4Group { group } = kind else { return };
+        let Some(nfull) = cols.checked_div(cw) else { return };
+        self.xstride = nfull * cw + cw;
+        let need = rows * self.xstride;
+        if self.xs.len() < need {
+            self.xs.resize(need, 0.0);
+        }
+        let half = cw / 2;
+        for r in 0..rows {
+            let src = &x[r * cols..r * cols + nfull * cw];
+            let dst = &mut self.xs[r * self.xstride..r * self.xstride + nfull * cw];
+            for (d, c) in dst.chunks_exact_mut(cw).zip(src.chunks_exact(cw)) {
+                for j in 0..half {
+                    let (xa, xb) = (c[2 * j], c[2 * j + 1]);
+                    if group % cw == 0 {
+                        // See `avx2::I4Dec`: lo * (xa - xb/16) + byte * (xb/16).
+                        d[j] = xa - xb / 16.0;
+                        d[half + j] = xb / 16.0;
+                    } else {
+                        d[j] = xa;
+                        d[half + j] = xb;
+                    }
+                }
+            }
+        }
+        if group % cw == 0 {
+            // `8 * sum` of x over each group's columns in full chunks: the `- 8` part of
+            // the int4 weights, subtracted once per output.
+            let groups = cols.div_ceil(group);
+            if self.xg.len() < rows * groups {
+                self.xg.resize(rows * groups, 0.0);
+            }
+            let xg = &mut self.xg[..rows * groups];
+            xg.fill(0.0);
+            for r in 0..rows {
+                for (c, v) in x[r * cols..r * cols + nfull * cw].iter().enumerate() {
+                    xg[r * groups + c / group] += v;
+                }
+            }
+            xg.iter_mut().for_each(|v| *v *= 8.0);
+        }
+    }
+}
+
+/// Where a product's results go: `y[r * stride + o]`, written or added. Threads of a
+/// region share one `Out` and write disjoint outputs.
+pub struct Out {
+    ptr: *mut f32,
+    stride: usize,
+    len: usize,
+    add: bool,
+}
+// SAFETY: every user writes a disjoint set of elements (distinct outputs per thread).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Results are written to `y[r * stride + o]`.
+    pub fn write(y: &mut [f32], stride: usize) -> Self {
+        Self { ptr: y.as_mut_ptr(), stride, len: y.len(), add: false }
+    }
+    /// Results are added to `y[r * stride + o]` (a residual add fused into the product).
+    pub fn add(y: &mut [f32], stride: usize) -> Self {
+        Self { ptr: y.as_mut_ptr(), stride, len: y.len(), add: true }
+    }
+    /// Results go to `ptr[r * stride + o]` (`len` elements from `ptr`), added if `add`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` stays valid while the `Out` is used, and concurrent users write
+    /// disjoint elements.
+    pub unsafe fn raw(ptr: *mut f32, len: usize, stride: usize, add: bool) -> Self {
+        Self { ptr, stride, len, add }
+    }
+    /// # Safety
+    /// `r, o` in bounds and owned by the calling thread.
+    #[inline(always)]
+    pub(crate) unsafe fn put(&self, r: usize, o: usize, v: f32) {
+        let i = r * self.stride + o;
+        debug_assert!(i < self.len, "Out: element {i} beyond {}", self.len);
+        let p = self.ptr.add(i);
+        if self.add {
+            *p += v;
+        } else {
+            *p = v;
+        }
+    }
+}
+
+/// `y = x W^T` prepared for evaluation by output ranges ([`Product::run`]).
+pub struct Product<'a> {
+    x: &'a [f32],
+    rows: usize,
+    w: QMatrix<'a>,
+    /// Chunk width in columns: 16 (AVX2 code), 32 (AVX-512), 0 (scalar).
+    cw: usize,
+    /// x as the SIMD code reads it: full chunks of row `r` at `r * xstride`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    xs: &'a [f32],
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    xstride: usize,
+    /// Int4 group sums (see [`Staging`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    xg: &'a [f32],
+}
+
+impl<'a> Product<'a> {
+    /// `x`: `rows x w.cols`. `staging` must have been [prepared](Staging::prepare) for
+    /// this x and encoding (it is only read for int4). Panics on mismatched shapes.
+    pub fn new(path: KernelPath, x: &'a [f32], rows: usize, w: QMatrix<'a>, staging: &'a Staging) -> Self {
+        check_path(path);
+        assert_eq!(x.len(), rows * w.cols, "qmatmul: x has {} values, expected {rows} rows x {} cols", x.len(), w.cols);
+        let cw = path.chunk_width(w.kind);
+        let (xs, xstride, xg): (&[f32], usize, &[f32]) = match w.kind {
+            QuantKind::Int4Group { .. } if cw > 0 => {
+                assert_eq!(
+                    staging.key,
+                    Some((w.kind, cw, rows, w.cols)),
+                    "Product: staging was prepared for another x or encoding"
+                );
+                (&staging.xs, staging.xstride, &staging.xg)
+            }
+            _ => (x, w.cols, &[]),
+        };
+        Self { x, rows, w, cw, xs, xstride, xg }
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.w.rows
+    }
+
+    /// Computes outputs `o0..o1` of every row into `out`.
+    pub fn run(&self, o0: usize, o1: usize, out: &Out) {
+        if o0 >= o1 || self.rows == 0 {
+            return;
+        }
+        debug_assert!(o1 <= self.w.rows);
+        match self.cw {
+            0 => scalar_block(&self.w, self.x, self.rows, o0, o1, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the path was checked available; shapes were validated.
+            16 => unsafe { avx2::block(self, o0, o1, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (AVX-512 availability implies AVX2 + FMA).
+            _ => unsafe { avx512::block(self, o0, o1, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!(),
+        }
+    }
 }
 
 /// `y[r, o] = sum_i x[r, i] * W[o, i]` (x: `rows x w.cols`, y: `rows x w.rows`, row-major),
-/// on [`KernelPath::best`]. Panics on mismatched shapes.
+/// on [`KernelPath::best`] and the global pool. Panics on mismatched shapes.
 pub fn qmatmul(x: &[f32], rows: usize, w: &QMatrix, y: &mut [f32]) {
     qmatmul_with(KernelPath::best(), x, rows, w, y)
 }
@@ -142,9 +333,14 @@ pub fn qmatmul_with(path: KernelPath, x: &[f32], rows: usize, w: &QMatrix, y: &m
     if rows == 0 || w.rows == 0 {
         return;
     }
-    let job = MatJob::new(path, x, rows, w);
-    let out = OutPtr { ptr: y.as_mut_ptr(), stride: w.rows };
-    for_blocks(w.rows, block_size(w, rows), |o0, o1| job.run(o0, o1, &out));
+    let mut staging = Staging::default();
+    staging.prepare(path, x, rows, w.kind, w.cols);
+    let product = Product::new(path, x, rows, *w, &staging);
+    let out = Out::write(y, w.rows);
+    global().run(&|c| {
+        let r = c.split_aligned(w.rows, 8);
+        product.run(r.start, r.end, &out);
+    });
 }
 
 /// One SwiGLU expert over `rows` rows: `y = down(silu(gate x) * up x)` with
@@ -154,8 +350,7 @@ pub fn swiglu_expert(x: &[f32], rows: usize, gate: &QMatrix, up: &QMatrix, down:
     swiglu_expert_with(KernelPath::best(), x, rows, gate, up, down, y)
 }
 
-/// [`swiglu_expert`] on an explicit path. Gate and up are computed in one parallel pass
-/// (each block of intermediate outputs by one task, silu-product applied there), then down.
+/// [`swiglu_expert`] on an explicit path.
 pub fn swiglu_expert_with(
     path: KernelPath,
     x: &[f32],
@@ -179,269 +374,84 @@ pub struct ExpertCall<'a> {
     pub y: &'a mut [f32],
 }
 
-/// Several experts at once (e.g. the routed experts of one layer): two parallel passes in
-/// all (gate/up of every expert, then down of every expert) instead of two per expert,
-/// which saves the fork-join cost per expert (tens of microseconds on many cores). Each
-/// `y` is bit-identical to [`swiglu_expert`] on the same call. Panics on mismatched
-/// shapes.
+/// Several experts at once, each on its own x, through an [`ExpertRunner`] on the
+/// global pool (two parallel passes in all). Each `y` is bit-identical to
+/// [`swiglu_expert`] on the same call. Panics on mismatched shapes.
 pub fn swiglu_experts(calls: &mut [ExpertCall]) {
     swiglu_experts_with(KernelPath::best(), calls)
 }
 
 /// [`swiglu_experts`] on an explicit path.
 pub fn swiglu_experts_with(path: KernelPath, calls: &mut [ExpertCall]) {
-    check_path(path);
+    let Some(first) = calls.first() else { return };
+    let hidden = first.gate.cols;
+    // Stack the calls' x as one batch; each job takes its own rows.
+    let total: usize = calls.iter().map(|c| c.rows).sum();
+    let mut x = Vec::with_capacity(total * hidden);
+    let mut rows: Vec<Vec<u32>> = Vec::with_capacity(calls.len());
     for c in calls.iter() {
-        let (gate, up, down) = (&c.gate, &c.up, &c.down);
-        for m in [gate, up, down] {
-            m.validate();
-        }
-        let (inter, hidden) = (gate.rows, gate.cols);
-        assert!(
-            up.rows == inter && up.cols == hidden && down.rows == hidden && down.cols == inter,
-            "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter]",
-            gate.rows,
-            gate.cols,
-            up.rows,
-            up.cols,
-            down.rows,
-            down.cols
-        );
-        let rows = c.rows;
+        assert_eq!(c.gate.cols, hidden, "swiglu_experts: every call must have the same hidden size");
         assert_eq!(
             c.x.len(),
-            rows * hidden,
-            "swiglu_expert: x has {} values, expected {rows} rows x {hidden}",
-            c.x.len()
+            c.rows * hidden,
+            "swiglu_expert: x has {} values, expected {} rows x {hidden}",
+            c.x.len(),
+            c.rows
         );
+        let base = (x.len() / hidden.max(1)) as u32;
+        rows.push((base..base + c.rows as u32).collect());
+        x.extend_from_slice(c.x);
+    }
+    let mut out_row = 0;
+    let jobs: Vec<ExpertJob> = calls
+        .iter()
+        .zip(&rows)
+        .map(|(c, r)| {
+            let j = ExpertJob { gate: c.gate, up: c.up, down: c.down, rows: Some(r), out_row };
+            out_row += c.rows;
+            j
+        })
+        .collect();
+    let mut y = vec![0f32; total * hidden];
+    ExpertRunner::default().run(global(), path, &x, total, &jobs, &mut y);
+    let mut at = 0;
+    for c in calls.iter_mut() {
         assert_eq!(
             c.y.len(),
-            rows * hidden,
-            "swiglu_expert: y has {} values, expected {rows} rows x {hidden}",
-            c.y.len()
+            c.rows * hidden,
+            "swiglu_expert: y has {} values, expected {} rows x {hidden}",
+            c.y.len(),
+            c.rows
         );
+        c.y.copy_from_slice(&y[at * hidden..(at + c.rows) * hidden]);
+        at += c.rows;
     }
-    let live: Vec<usize> = (0..calls.len()).filter(|&i| calls[i].rows > 0 && calls[i].gate.cols > 0).collect();
-    // Pass 1: gate and up, h = silu(g) * u.
-    let mut gh: Vec<(Vec<f32>, Vec<f32>)> = live
-        .iter()
-        .map(|&i| (vec![0f32; calls[i].rows * calls[i].gate.rows], vec![0f32; calls[i].rows * calls[i].gate.rows]))
-        .collect();
-    {
-        let jobs: Vec<(MatJob, MatJob)> = live
-            .iter()
-            .map(|&i| {
-                let c = &calls[i];
-                (MatJob::new(path, c.x, c.rows, &c.gate), MatJob::new(path, c.x, c.rows, &c.up))
-            })
-            .collect();
-        let outs: Vec<(OutPtr, OutPtr)> = gh
-            .iter_mut()
-            .zip(&live)
-            .map(|((g, h), &i)| {
-                let inter = calls[i].gate.rows;
-                (OutPtr { ptr: g.as_mut_ptr(), stride: inter }, OutPtr { ptr: h.as_mut_ptr(), stride: inter })
-            })
-            .collect();
-        let mut blocks = Vec::new();
-        for (j, &i) in live.iter().enumerate() {
-            let (inter, bs) = (calls[i].gate.rows, block_size(&calls[i].gate, calls[i].rows));
-            blocks.extend((0..inter.div_ceil(bs)).map(|b| (j, b * bs, ((b + 1) * bs).min(inter))));
-        }
-        for_items(&blocks, |&(j, o0, o1)| {
-            let ((gj, uj), (g_out, h_out)) = (&jobs[j], &outs[j]);
-            gj.run(o0, o1, g_out);
-            uj.run(o0, o1, h_out);
-            let inter = g_out.stride;
-            for r in 0..gj.rows {
-                for o in o0..o1 {
-                    // SAFETY: this task owns outputs o0..o1 of every row in both buffers.
-                    unsafe {
-                        let gv = *g_out.ptr.add(r * inter + o);
-                        let hp = h_out.ptr.add(r * inter + o);
-                        *hp *= silu(gv);
-                    }
-                }
-            }
-        });
-    }
-    // Pass 2: down.
-    let jobs: Vec<MatJob> =
-        live.iter().zip(&gh).map(|(&i, (_, h))| MatJob::new(path, h, calls[i].rows, &calls[i].down)).collect();
-    let mut outs: Vec<Option<OutPtr>> = (0..calls.len()).map(|_| None).collect();
-    for (i, c) in calls.iter_mut().enumerate() {
-        outs[i] = Some(OutPtr { ptr: c.y.as_mut_ptr(), stride: c.down.rows });
-    }
-    let mut blocks = Vec::new();
-    for (j, &i) in live.iter().enumerate() {
-        let (hidden, bs) = (calls[i].down.rows, block_size(&calls[i].down, calls[i].rows));
-        blocks.extend((0..hidden.div_ceil(bs)).map(|b| (j, b * bs, ((b + 1) * bs).min(hidden))));
-    }
-    for_items(&blocks, |&(j, o0, o1)| jobs[j].run(o0, o1, outs[live[j]].as_ref().unwrap()));
 }
 
 #[inline]
-fn silu(g: f32) -> f32 {
+pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-fn check_path(path: KernelPath) {
-    assert!(path.is_available(), "kernel path {} is not available on this CPU", path.name());
-}
-
-/// Raw output pointer shared by the tasks; each task writes a disjoint set of columns.
-struct OutPtr {
-    ptr: *mut f32,
-    stride: usize,
-}
-// SAFETY: tasks write disjoint elements (distinct output columns), see `for_blocks`.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `r, o` in bounds of the buffer and owned by the calling task.
-    #[inline(always)]
-    unsafe fn write(&self, r: usize, o: usize, v: f32) {
-        *self.ptr.add(r * self.stride + o) = v;
-    }
-}
-
-/// Outputs per task: a multiple of 8, about 64 KiB of weights (up to 1 MiB for many rows,
-/// since each task reads all of x), at least 4 tasks a thread. (Results do not depend on
-/// this split.)
-fn block_size(w: &QMatrix, rows: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+/// Outputs per work item: a multiple of 8, about 64 KiB of weights (up to 1 MiB for many
+/// rows, since each item reads all of x), at least 4 items a thread. (Results do not
+/// depend on this split.)
+pub(crate) fn block_size(w: &QMatrix, rows: usize, threads: usize) -> usize {
     let row_bytes = w.kind.payload_bytes(1, w.cols).max(1);
     let by_bytes = (64 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
-    let by_threads = w.rows.div_ceil(threads * 4);
+    let by_threads = w.rows.div_ceil(threads.max(1) * 4);
     by_bytes.min(by_threads).max(8).next_multiple_of(8)
 }
 
-/// Runs `f` on every item, in parallel when there are several.
-fn for_items<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
-    if items.len() <= 1 {
-        items.iter().for_each(f);
-    } else {
-        items.par_iter().for_each(&f);
-    }
-}
-
-fn for_blocks(out: usize, block: usize, f: impl Fn(usize, usize) + Sync) {
-    let n = out.div_ceil(block);
-    if n <= 1 {
-        f(0, out);
-    } else {
-        (0..n).into_par_iter().for_each(|b| f(b * block, ((b + 1) * block).min(out)));
-    }
-}
-
-/// One product prepared for block-wise evaluation.
-struct MatJob<'a> {
-    path: KernelPath,
-    x: &'a [f32],
-    rows: usize,
-    w: QMatrix<'a>,
-    /// SIMD paths: chunk width in columns (16 for the AVX2 code, 32 for AVX-512, 0 for the
-    /// scalar path); decides which code runs.
-    cw: usize,
-    /// SIMD paths: the full chunks of x, row `r` at `r * xstride`, the stride padded so
-    /// rows do not alias in L1 (4 KiB apart); for int4 each chunk is reordered as its even
-    /// then its odd columns (the order nibbles unpack in), see `stage_int4`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    xs: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    xstride: usize,
-    /// Int4 with a group multiple of `cw` on a SIMD path: see `int4_xg`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    xg: Vec<f32>,
-}
-
-impl<'a> MatJob<'a> {
-    fn new(path: KernelPath, x: &'a [f32], rows: usize, w: &QMatrix<'a>) -> Self {
-        let cw = match (path, w.kind) {
-            (KernelPath::Scalar, _) => 0,
-            (KernelPath::Avx512, QuantKind::Int4Group { group }) if group % 32 != 0 => 16,
-            (KernelPath::Avx512, _) => 32,
-            (KernelPath::Avx2Fma, _) => 16,
-        };
-        let (mut xs, mut xstride, mut xg) = (Vec::new(), 0, Vec::new());
-        if let Some(nfull) = w.cols.checked_div(cw) {
-            let cols = w.cols;
-            xstride = nfull * cw + cw;
-            xs = vec![0f32; rows * xstride];
-            let half = cw / 2;
-            for r in 0..rows {
-                let src = &x[r * cols..r * cols + nfull * cw];
-                let dst = &mut xs[r * xstride..r * xstride + nfull * cw];
-                if let QuantKind::Int4Group { group } = w.kind {
-                    for (d, c) in dst.chunks_exact_mut(cw).zip(src.chunks_exact(cw)) {
-                        for j in 0..half {
-                            let (xa, xb) = (c[2 * j], c[2 * j + 1]);
-                            if group % cw == 0 {
-                                // See `avx2::I4Dec`: lo * (xa - xb/16) + byte * (xb/16).
-                                d[j] = xa - xb / 16.0;
-                                d[half + j] = xb / 16.0;
-                            } else {
-                                d[j] = xa;
-                                d[half + j] = xb;
-                            }
-                        }
-                    }
-                } else {
-                    dst.copy_from_slice(src);
-                }
-            }
-            if let QuantKind::Int4Group { group } = w.kind {
-                if group % cw == 0 {
-                    xg = int4_xg(x, rows, w.cols, group, cw);
-                }
-            }
-        }
-        Self { path, x, rows, w: *w, cw, xs, xstride, xg }
-    }
-
-    /// Computes outputs `o0..o1` of every row into `out`.
-    fn run(&self, o0: usize, o1: usize, out: &OutPtr) {
-        match self.path {
-            KernelPath::Scalar => scalar_block(&self.w, self.x, self.rows, o0, o1, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the path was checked available; shapes were validated.
-            KernelPath::Avx2Fma => unsafe { avx2::block(self, o0, o1, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above (AVX-512 availability implies AVX2 + FMA).
-            KernelPath::Avx512 => unsafe {
-                if self.cw == 32 {
-                    avx512::block(self, o0, o1, out)
-                } else {
-                    avx2::block(self, o0, o1, out)
-                }
-            },
-            #[cfg(not(target_arch = "x86_64"))]
-            KernelPath::Avx2Fma | KernelPath::Avx512 => unreachable!(),
-        }
-    }
-}
-
-/// `8 * sum` of x over each group's columns that lie in full chunks of `cw` columns
-/// (`rows x groups`, summed in column order; 0 for a group with none): the `- 8` part of
-/// the int4 weights, subtracted once per output (see `avx2::I4Dec`).
-fn int4_xg(x: &[f32], rows: usize, cols: usize, group: usize, cw: usize) -> Vec<f32> {
-    let (nfull, groups) = (cols / cw, cols.div_ceil(group));
-    let mut xg = vec![0f32; rows * groups];
-    for r in 0..rows {
-        for (c, v) in x[r * cols..r * cols + nfull * cw].iter().enumerate() {
-            xg[r * groups + c / group] += v;
-        }
-    }
-    xg.iter_mut().for_each(|v| *v *= 8.0);
-    xg
+/// Static share of `outputs` for thread `id` of `n`, in tiles of 8.
+pub fn output_share(outputs: usize, n: usize, id: usize) -> std::ops::Range<usize> {
+    split_range(outputs, n, id, 8)
 }
 
 // ---------------------------------------------------------------- scalar path
 
 /// Decodes row `o` of `w` into `dst[..w.cols]` (same values as [`crate::dequantize`]).
-fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
+pub fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
     let cols = w.cols;
     let dst = &mut dst[..cols];
     match w.kind {
@@ -455,6 +465,13 @@ fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
             let src = &w.payload[o * cols * 2..(o + 1) * cols * 2];
             for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *d = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            }
+        }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let ncb = cols.div_ceil(block_cols);
+            let sc = &w.scales[(o / block_rows) * ncb..(o / block_rows + 1) * ncb];
+            for (c, (d, &q)) in dst.iter_mut().zip(&w.payload[o * cols..(o + 1) * cols]).enumerate() {
+                *d = crate::fp8::fp8_e4m3_to_f32(q) * sc[c / block_cols];
             }
         }
         QuantKind::Int8Row => {
@@ -479,6 +496,31 @@ fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
     }
 }
 
+/// One decoded element `W[r, c]` (tails of SIMD loops).
+pub(crate) fn weight_at(w: &QMatrix, r: usize, c: usize) -> f32 {
+    let cols = w.cols;
+    match w.kind {
+        QuantKind::F32 => {
+            let b = &w.payload[(r * cols + c) * 4..][..4];
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }
+        QuantKind::Bf16 => {
+            let b = &w.payload[(r * cols + c) * 2..][..2];
+            f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
+        }
+        QuantKind::Fp8 { block_rows, block_cols } => {
+            let s = w.scales[(r / block_rows) * cols.div_ceil(block_cols) + c / block_cols];
+            crate::fp8::fp8_e4m3_to_f32(w.payload[r * cols + c]) * s
+        }
+        QuantKind::Int8Row => w.payload[r * cols + c] as i8 as f32 * w.scales[r],
+        QuantKind::Int4Group { group } => {
+            let byte = w.payload[r * cols.div_ceil(2) + c / 2];
+            let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            (nib as i32 - 8) as f32 * w.scales[r * cols.div_ceil(group) + c / group]
+        }
+    }
+}
+
 /// Dot product in a fixed order: 8 interleaved partial sums, a fixed tree, then the tail.
 #[inline]
 fn dot_scalar(w: &[f32], x: &[f32]) -> f32 {
@@ -496,15 +538,24 @@ fn dot_scalar(w: &[f32], x: &[f32]) -> f32 {
     s
 }
 
-fn scalar_block(w: &QMatrix, x: &[f32], rows: usize, o0: usize, o1: usize, out: &OutPtr) {
+fn scalar_block(w: &QMatrix, x: &[f32], rows: usize, o0: usize, o1: usize, out: &Out) {
     let cols = w.cols;
-    let mut wrow = vec![0f32; cols];
+    // A row of decoded weights on the stack for common widths (no allocation on the
+    // scalar path either).
+    let mut stack = [0f32; 4096];
+    let mut heap = Vec::new();
+    let wrow: &mut [f32] = if cols <= stack.len() {
+        &mut stack[..cols]
+    } else {
+        heap.resize(cols, 0.0);
+        &mut heap
+    };
     for o in o0..o1 {
-        dequant_row(w, o, &mut wrow);
+        dequant_row(w, o, wrow);
         for r in 0..rows {
-            let v = dot_scalar(&wrow, &x[r * cols..(r + 1) * cols]);
+            let v = dot_scalar(wrow, &x[r * cols..(r + 1) * cols]);
             // SAFETY: o in this task's block, r < rows.
-            unsafe { out.write(r, o, v) };
+            unsafe { out.put(r, o, v) };
         }
     }
 }

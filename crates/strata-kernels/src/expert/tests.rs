@@ -62,6 +62,9 @@ fn kinds(cols: usize) -> Vec<QuantKind> {
     for g in [16, 32, 64, 128, 2, 6, 10, cols + cols % 2] {
         k.push(QuantKind::Int4Group { group: g });
     }
+    for (br, bc) in [(128, 128), (1, 16), (3, 32), (2, 5), (4, 48)] {
+        k.push(QuantKind::Fp8 { block_rows: br, block_cols: bc });
+    }
     k
 }
 
@@ -166,26 +169,61 @@ fn a_row_alone_equals_the_row_in_a_batch_bit_for_bit() {
     }
 }
 
+/// Runs `w x` on a pool of `threads`, each thread taking its static share of outputs.
+fn pooled(pool: &crate::pool::ThreadPool, path: KernelPath, x: &[f32], rows: usize, w: &QMatrix) -> Vec<u32> {
+    let mut y = vec![0f32; rows * w.rows];
+    let mut st = Staging::default();
+    st.prepare(path, x, rows, w.kind, w.cols);
+    let p = Product::new(path, x, rows, *w, &st);
+    let out = Out::write(&mut y, w.rows);
+    pool.run(&|c| {
+        let r = output_share(w.rows, c.n, c.id);
+        p.run(r.start, r.end, &out);
+    });
+    y.iter().map(|v| v.to_bits()).collect()
+}
+
 #[test]
 fn thread_count_and_repetition_do_not_change_results() {
     let (out, cols) = (300, 200);
-    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let many = rayon::ThreadPoolBuilder::new().num_threads(5).build().unwrap();
-    for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::Int4Group { group: 64 }] {
+    let one = crate::pool::ThreadPool::new(1);
+    let many = crate::pool::ThreadPool::new(5);
+    for kind in [
+        QuantKind::F32,
+        QuantKind::Bf16,
+        QuantKind::Int8Row,
+        QuantKind::Int4Group { group: 64 },
+        QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
+    ] {
         let m = Owned::new(kind, out, cols, 5);
         for rows in [1usize, 3, 8] {
             let mut rng = rand::rngs::StdRng::seed_from_u64(rows as u64);
             let x = nonzero(&mut rng, rows * cols);
             for path in paths() {
-                let run = |pool: &rayon::ThreadPool| {
-                    let mut y = vec![0f32; rows * out];
-                    pool.install(|| qmatmul_with(path, &x, rows, &m.q(), &mut y));
-                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                };
-                let a = run(&one);
-                assert_eq!(a, run(&many), "{} {path:?} rows={rows}", kind.name());
-                assert_eq!(a, run(&many), "{} {path:?} rows={rows} (repeat)", kind.name());
+                let a = pooled(&one, path, &x, rows, &m.q());
+                assert_eq!(a, pooled(&many, path, &x, rows, &m.q()), "{} {path:?} rows={rows}", kind.name());
+                assert_eq!(a, pooled(&many, path, &x, rows, &m.q()), "{} {path:?} rows={rows} (repeat)", kind.name());
             }
+        }
+    }
+}
+
+#[test]
+fn accumulating_output_adds_to_what_is_there() {
+    let (out, cols, rows) = (40, 96, 3);
+    let m = Owned::new(QuantKind::Bf16, out, cols, 8);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let x = nonzero(&mut rng, rows * cols);
+    let base = nonzero(&mut rng, rows * out);
+    for path in paths() {
+        let mut y = vec![0f32; rows * out];
+        qmatmul_with(path, &x, rows, &m.q(), &mut y);
+        let mut acc = base.clone();
+        let st = Staging::default();
+        let p = Product::new(path, &x, rows, m.q(), &st);
+        p.run(0, out, &Out::add(&mut acc, out));
+        for i in 0..rows * out {
+            assert_eq!(acc[i], base[i] + y[i], "{path:?} [{i}]");
         }
     }
 }
@@ -305,7 +343,7 @@ fn batched_experts_equal_single_calls_bit_for_bit() {
     let rows = [1usize, 3, 0, 8];
     let mut rng = rand::rngs::StdRng::seed_from_u64(77);
     let xs: Vec<Vec<f32>> = rows.iter().map(|&r| nonzero(&mut rng, r * hidden)).collect();
-    let pools = [1usize, 4].map(|n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap());
+    let pools = [1usize, 4].map(crate::pool::ThreadPool::new);
     for path in paths() {
         let single: Vec<Vec<f32>> = (0..4)
             .map(|i| {
@@ -316,17 +354,34 @@ fn batched_experts_equal_single_calls_bit_for_bit() {
             })
             .collect();
         for pool in &pools {
-            let mut ys: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r * hidden]).collect();
-            let mut calls: Vec<ExpertCall> = ys
-                .iter_mut()
-                .enumerate()
-                .map(|(i, y)| {
+            // All experts over one stacked x, each on its own rows, outputs stacked.
+            let x: Vec<f32> = xs.concat();
+            let idx: Vec<Vec<u32>> = {
+                let mut at = 0u32;
+                rows.iter()
+                    .map(|&r| {
+                        let v = (at..at + r as u32).collect();
+                        at += r as u32;
+                        v
+                    })
+                    .collect()
+            };
+            let total: usize = rows.iter().sum();
+            let mut out_row = 0;
+            let jobs: Vec<ExpertJob> = (0..4)
+                .map(|i| {
                     let (g, u, d) = &experts[i];
-                    ExpertCall { x: &xs[i], rows: rows[i], gate: g.q(), up: u.q(), down: d.q(), y }
+                    let j = ExpertJob { gate: g.q(), up: u.q(), down: d.q(), rows: Some(&idx[i]), out_row };
+                    out_row += rows[i];
+                    j
                 })
                 .collect();
-            pool.install(|| swiglu_experts_with(path, &mut calls));
-            assert_eq!(ys, single, "{path:?}");
+            let mut y = vec![f32::NAN; total * hidden];
+            let mut runner = ExpertRunner::default();
+            for _ in 0..2 {
+                runner.run(pool, path, &x, total, &jobs, &mut y);
+                assert_eq!(y, single.concat(), "{path:?} {} threads", pool.threads());
+            }
         }
     }
 }

@@ -2,24 +2,182 @@
 //! Sparse Attention (the lightning indexer), and a DeepSeek-V3 `noaux_tc` MoE with a
 //! shared expert. Reference: transformers `models/glm_moe_dsa/modeling_glm_moe_dsa.py`.
 //!
-//! Files, in the order a token meets them: `model.rs` (embedding -> layers -> norm ->
-//! head, the KV cache), `attention.rs` (MLA + indexer), `moe.rs` (router + experts),
-//! `rope.rs`, `inspect.rs` (parameter accounting), `config.rs`.
+//! Files: `config.rs` (config.json, validated), `weights.rs` (every tensor's name, shape
+//! and role), `model.rs` (loading and the forward pass over the shared blocks),
+//! `synth.rs` (random checkpoints with real shapes).
 
-mod attention;
 mod config;
-mod convert;
-mod inspect;
-mod layout;
 mod model;
-mod moe;
-mod rope;
 mod synth;
+pub mod weights;
 
 pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
-pub use convert::{convert, ConvertOptions, ConvertReport};
-pub use inspect::{inspect, inspect_with_container, memory_needs, MemoryNeeds, TensorGroup, WeightSummary};
-pub use layout::{expected_tensors, TensorRole};
-pub use model::{GlmMoeDsa, GlmSession};
-pub use moe::route;
+pub use model::{Glm, GlmSession};
 pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthRng, SynthSpec};
+
+use crate::blocks::{MlaConfig, MlaScratch, MoeScratch};
+use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, MoeLayout};
+use crate::weights::WeightMap;
+use crate::{Model, ModelInfo};
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use strata_backend::cpu::CpuBackend;
+use strata_storage::WeightStore;
+
+pub static FAMILY: Family =
+    Family { name: "glm_moe_dsa", model_types: &["glm_moe_dsa"], chat: ChatFormat::Glm, parse: parse_arch };
+
+fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
+    Ok(Arc::new(GlmMoeDsaConfig::from_json(json)?))
+}
+
+pub(crate) fn info(cfg: &GlmMoeDsaConfig) -> ModelInfo {
+    ModelInfo {
+        family: FAMILY.name,
+        model_type: GlmMoeDsaConfig::MODEL_TYPE.into(),
+        vocab_size: cfg.vocab_size,
+        hidden_size: cfg.hidden_size,
+        max_context: cfg.max_position_embeddings,
+        eos_token_ids: cfg.eos_token_ids.clone(),
+        bos_token_id: cfg.bos_token_id,
+        num_layers: cfg.num_hidden_layers,
+    }
+}
+
+impl GlmMoeDsaConfig {
+    fn full_layers(&self) -> usize {
+        self.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count()
+    }
+
+    fn mla_config(&self) -> MlaConfig {
+        MlaConfig {
+            dims: strata_backend::MlaDims {
+                heads: self.num_attention_heads,
+                nope: self.qk_nope_head_dim,
+                rope: self.qk_rope_head_dim,
+                v: self.v_head_dim,
+                kv_lora: self.kv_lora_rank,
+                scale: (self.qk_head_dim() as f32).powf(-0.5),
+            },
+            index: strata_backend::IndexDims {
+                heads: self.index_n_heads,
+                dim: self.index_head_dim,
+                rope: self.qk_rope_head_dim,
+                topk: self.index_topk,
+            },
+            q_lora: self.q_lora_rank,
+            lora_eps: 1e-6,
+            index_eps: 1e-6,
+        }
+    }
+}
+
+impl Arch for GlmMoeDsaConfig {
+    fn family(&self) -> &'static Family {
+        &FAMILY
+    }
+
+    fn model_type(&self) -> &str {
+        Self::MODEL_TYPE
+    }
+
+    fn info(&self) -> ModelInfo {
+        info(self)
+    }
+
+    fn weight_map(&self) -> WeightMap {
+        weights::weight_map(self)
+    }
+
+    fn moe(&self) -> Option<MoeLayout> {
+        let layers: Vec<usize> =
+            (0..self.num_hidden_layers).filter(|&l| self.mlp_layer_types[l] == MlpKind::Sparse).collect();
+        if layers.is_empty() {
+            return None;
+        }
+        Some(MoeLayout {
+            layers,
+            experts_per_layer: self.n_routed_experts,
+            top_k: self.num_experts_per_tok,
+            hidden: self.hidden_size,
+            inter: self.moe_intermediate_size,
+            mtp_layers: (self.num_hidden_layers..self.num_hidden_layers + self.num_nextn_predict_layers).collect(),
+        })
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        4 * (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.full_layers() * self.index_head_dim) as u64
+    }
+
+    fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
+        let h = self.hidden_size as u64;
+        let r = rows as u64;
+        let moe = if self.sparse_layers() > 0 {
+            MoeScratch::<CpuBackend>::bytes(rows, self.hidden_size, self.n_routed_experts, self.num_experts_per_tok)
+        } else {
+            0
+        };
+        // Residual, normed input, MLP output, rotary tables; MLA and MoE scratch; one row
+        // of logits per sequence; the expert runner's gathered inputs and intermediates;
+        // per-thread attention scores.
+        let inter = self.intermediate_size.max(self.moe_intermediate_size * (self.num_experts_per_tok + 1)) as u64;
+        let threads = strata_kernels::pool::default_threads() as u64;
+        let heads = self.num_attention_heads.max(self.index_n_heads) as u64;
+        4 * (3 * r * h + r * self.qk_rope_head_dim as u64)
+            + MlaScratch::<CpuBackend>::bytes(&self.mla_config(), rows, context)
+            + moe
+            + 4 * (2 * h + self.vocab_size as u64)
+            + 4 * r * (h * (self.num_experts_per_tok as u64 + 1) + 2 * inter)
+            + 4 * threads * heads * self.index_topk.min(context.max(1)) as u64
+    }
+
+    fn fp8_block(&self) -> Option<(usize, usize)> {
+        self.fp8_block
+    }
+
+    fn describe(&self) -> Value {
+        json!({
+            "model_type": Self::MODEL_TYPE,
+            "hidden_size": self.hidden_size,
+            "layers": self.num_hidden_layers,
+            "dense_layers": self.mlp_layer_types.iter().filter(|k| **k == MlpKind::Dense).count(),
+            "moe_layers": self.sparse_layers(),
+            "attention_heads": self.num_attention_heads,
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "v_head_dim": self.v_head_dim,
+            "routed_experts": self.n_routed_experts,
+            "experts_per_token": self.num_experts_per_tok,
+            "shared_experts": self.n_shared_experts,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "intermediate_size": self.intermediate_size,
+            "index_topk": self.index_topk,
+            "index_heads": self.index_n_heads,
+            "index_head_dim": self.index_head_dim,
+            "indexer_layers_full": self.full_layers(),
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "mtp_layers": self.num_nextn_predict_layers,
+            "fp8_block": self.fp8_block,
+        })
+    }
+
+    fn load(&self, store: &WeightStore, device: Device, experts: ExpertsChoice) -> Result<Box<dyn Model>> {
+        match device {
+            Device::Cpu => {
+                let provider = match experts {
+                    ExpertsChoice::Resident => None,
+                    ExpertsChoice::Cpu(p) => Some(p),
+                };
+                Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, provider)?))
+            }
+            Device::Cuda(n) => {
+                bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+            }
+        }
+    }
+}

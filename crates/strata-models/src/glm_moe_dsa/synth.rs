@@ -3,7 +3,7 @@
 //! (never more than one tensor in memory).
 
 use super::config::GlmMoeDsaConfig;
-use super::layout::{expected_tensors, TensorRole};
+use crate::weights::Role;
 use anyhow::{bail, Result};
 use half::bf16;
 use std::path::Path;
@@ -71,14 +71,14 @@ impl SynthRng {
 }
 
 /// Values with std ~ 1/sqrt(fan_in), so activations stay O(1) through the layers.
-fn fill(rng: &mut SynthRng, shape: &[usize], role: TensorRole) -> Vec<f32> {
+fn fill(rng: &mut SynthRng, shape: &[usize], role: Role) -> Vec<f32> {
     let n: usize = shape.iter().product();
     let fan_in = *shape.last().unwrap() as f32;
     let (scale, offset) = match role {
-        TensorRole::Weight => ((3.0 / fan_in).sqrt(), 0.0),
-        TensorRole::NormScale => (0.1, 1.0),
-        TensorRole::NormBias => (0.1, 0.0),
-        TensorRole::RouterBias => (0.01, 0.0),
+        Role::Linear | Role::Embedding => ((3.0 / fan_in).sqrt(), 0.0),
+        Role::NormScale => (0.1, 1.0),
+        Role::NormBias => (0.1, 0.0),
+        Role::RouterBias => (0.01, 0.0),
     };
     (0..n).map(|_| rng.next_f32() * scale + offset).collect()
 }
@@ -98,22 +98,22 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
     std::fs::create_dir_all(out)?;
     let json = synth_config(spec);
     let cfg = GlmMoeDsaConfig::from_json(&json)?;
-    let tensors = expected_tensors(&cfg);
-    let is_expert = |n: &str| n.contains(".mlp.experts.");
+    let map = super::weights::weight_map(&cfg);
+    let tensors: Vec<_> = map.specs.iter().filter(|s| !s.optional).collect();
     let resident: Vec<_> = match spec.format {
-        SynthFormat::HfBf16 => tensors.iter().collect(),
-        SynthFormat::Container(_) => tensors.iter().filter(|t| !is_expert(&t.0)).collect(),
+        SynthFormat::HfBf16 => tensors.clone(),
+        SynthFormat::Container(_) => tensors.iter().copied().filter(|t| t.expert.is_none()).collect(),
     };
     let specs = resident
         .iter()
-        .map(|(n, s, _)| TensorSpec { name: n.clone(), dtype: ElementType::BF16, shape: s.clone() })
+        .map(|s| TensorSpec { name: s.name.clone(), dtype: ElementType::BF16, shape: s.shape.clone() })
         .collect::<Vec<_>>();
     let mut rng = SynthRng(spec.seed | 1);
     let total = tensors.len();
     let mut done = 0;
     let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
-    for (_, shape, role) in &resident {
-        w.write_next(&bf16_bytes(&fill(&mut rng, shape, *role)))?;
+    for s in &resident {
+        w.write_next(&bf16_bytes(&fill(&mut rng, &s.shape, s.role)))?;
         done += 1;
         progress(done, total);
     }
@@ -130,9 +130,9 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
         let mut cw = ContainerWriter::create(out, vec![tier])?;
         for &l in &layers {
             for e in 0..spec.experts {
-                let g = fill(&mut rng, &[inter, h], TensorRole::Weight);
-                let u = fill(&mut rng, &[inter, h], TensorRole::Weight);
-                let d = fill(&mut rng, &[h, inter], TensorRole::Weight);
+                let g = fill(&mut rng, &[inter, h], Role::Linear);
+                let u = fill(&mut rng, &[inter, h], Role::Linear);
+                let d = fill(&mut rng, &[h, inter], Role::Linear);
                 let (gq, gs) = quantize(kind, &g, inter, h);
                 let (uq, us) = quantize(kind, &u, inter, h);
                 let (dq, ds) = quantize(kind, &d, h, inter);

@@ -3,9 +3,11 @@
 //! aligned regions, one per expert, described by `strata-experts.json`. The MTP layer's
 //! experts form their own tier, int8 by default (int4 drafts are known to fail).
 
-use super::config::{GlmMoeDsaConfig, MlpKind};
+use crate::registry::read_arch;
+use crate::weights::{ExpertMatrix, WeightMap};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 use strata_kernels::{decode_to_f32, quantize, ElementType, QuantKind};
@@ -38,14 +40,26 @@ pub struct ConvertReport {
     pub seconds: f64,
 }
 
-/// True for routed-expert tensors (per-expert or fused), which leave the resident file.
-fn is_routed_expert(name: &str) -> bool {
-    name.contains(".mlp.experts.")
+/// Routed-expert tensors by (layer, expert, matrix), from the weight map.
+struct ExpertNames<'a>(HashMap<(usize, usize, u8), &'a str>);
+
+impl<'a> ExpertNames<'a> {
+    fn new(map: &'a WeightMap) -> Self {
+        Self(map.specs.iter().filter_map(|s| s.expert.map(|(l, e, m)| ((l, e, m as u8), s.name.as_str()))).collect())
+    }
+    fn get(&self, l: usize, e: usize, m: ExpertMatrix) -> Option<&'a str> {
+        self.0.get(&(l, e, m as u8)).copied()
+    }
+    /// Routed-expert tensors (per expert, or fused) leave the resident file.
+    fn is_expert(&self, map: &WeightMap, name: &str) -> bool {
+        map.get(name).is_some_and(|s| s.expert.is_some()) || name.contains(".mlp.experts.")
+    }
 }
 
 /// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
 fn expert_f32(
     store: &WeightStore,
+    names: &ExpertNames,
     layer: usize,
     e: usize,
     hidden: usize,
@@ -53,11 +67,12 @@ fn expert_f32(
     fp8: Option<(usize, usize)>,
 ) -> Result<[Vec<f32>; 3]> {
     let p = format!("model.layers.{layer}.mlp.experts");
-    if store.contains(&format!("{p}.{e}.gate_proj.weight")) {
+    if let Some(gate) = names.get(layer, e, ExpertMatrix::Gate).filter(|n| store.contains(n)) {
+        let name = |m| names.get(layer, e, m).expect("every expert matrix is in the map");
         return Ok([
-            store.load_f32(&format!("{p}.{e}.gate_proj.weight"), &[inter, hidden], fp8)?,
-            store.load_f32(&format!("{p}.{e}.up_proj.weight"), &[inter, hidden], fp8)?,
-            store.load_f32(&format!("{p}.{e}.down_proj.weight"), &[hidden, inter], fp8)?,
+            store.load_f32(gate, &[inter, hidden], fp8)?,
+            store.load_f32(name(ExpertMatrix::Up), &[inter, hidden], fp8)?,
+            store.load_f32(name(ExpertMatrix::Down), &[hidden, inter], fp8)?,
         ]);
     }
     // Fused [E, 2I, H] / [E, H, I]: decode just this expert's rows from the stored bytes.
@@ -83,10 +98,12 @@ fn expert_f32(
 }
 
 /// The MTP layers that carry routed experts in this checkpoint.
-fn mtp_layers(cfg: &GlmMoeDsaConfig, store: &WeightStore) -> Vec<usize> {
-    (cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers)
-        .filter(|l| {
-            store.contains(&format!("model.layers.{l}.mlp.experts.0.gate_proj.weight"))
+fn mtp_layers(candidates: &[usize], names: &ExpertNames, store: &WeightStore) -> Vec<usize> {
+    candidates
+        .iter()
+        .copied()
+        .filter(|&l| {
+            names.get(l, 0, ExpertMatrix::Gate).is_some_and(|n| store.contains(n))
                 || store.contains(&format!("model.layers.{l}.mlp.experts.gate_up_proj"))
         })
         .collect()
@@ -99,12 +116,14 @@ pub fn convert(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertReport> {
     let t0 = Instant::now();
-    let cfg_path = src.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("{}: cannot read", cfg_path.display()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
-    let cfg = GlmMoeDsaConfig::from_json(&json).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let arch = read_arch(src)?;
+    let Some(moe) = arch.moe() else {
+        bail!("{}: the model has no routed experts to convert", src.display());
+    };
     let store = WeightStore::open_dir(src)?;
+    let map = arch.weight_map();
+    map.check(&store, false)?;
+    let names = ExpertNames::new(&map);
     if src.canonicalize().ok() == out.canonicalize().ok() {
         bail!("{}: --out must differ from --model", out.display());
     }
@@ -117,7 +136,7 @@ pub fn convert(
     }
 
     // Resident tensors, bytes as stored.
-    let resident: Vec<&str> = store.names().filter(|n| !is_routed_expert(n)).collect();
+    let resident: Vec<&str> = store.names().filter(|n| !names.is_expert(&map, n)).collect();
     let specs = resident
         .iter()
         .map(|n| {
@@ -133,10 +152,9 @@ pub fn convert(
     }
     w.finish()?;
 
-    let (h, inter, n) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts);
-    let main_layers: Vec<usize> =
-        (0..cfg.num_hidden_layers).filter(|&l| cfg.mlp_layer_types[l] == MlpKind::Sparse).collect();
-    let mtp = mtp_layers(&cfg, &store);
+    let (h, inter, n) = (moe.hidden, moe.inter, moe.experts_per_layer);
+    let main_layers = moe.layers.clone();
+    let mtp = mtp_layers(&moe.mtp_layers, &names, &store);
     let mut tiers = vec![TierSpec {
         name: "main".into(),
         layout: ExpertLayout::new(opts.experts, opts.experts, h, inter),
@@ -158,7 +176,7 @@ pub fn convert(
     for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
         for &layer in layers {
             for e in 0..n {
-                let [g, u, d] = expert_f32(&store, layer, e, h, inter, cfg.fp8_block)?;
+                let [g, u, d] = expert_f32(&store, &names, layer, e, h, inter, arch.fp8_block())?;
                 let (gq, gs) = quantize(kind, &g, inter, h);
                 let (uq, us) = quantize(kind, &u, inter, h);
                 let (dq, ds) = quantize(kind, &d, h, inter);

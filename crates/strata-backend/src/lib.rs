@@ -1,0 +1,321 @@
+//! The device seam. A [`Backend`] owns weights in their stored precision ([`Backend::Mat`]),
+//! activations, KV caches and workspaces ([`Backend::Buf`], [`Backend::Idx`]), and runs
+//! the fused ops a forward pass is made of: embedding, norms, projections (several at
+//! once, optionally added into the residual), rotary tables, MLA attention with DSA
+//! selection, noaux_tc routing, batched SwiGLU experts and their combination.
+//!
+//! Model families ([`strata-models`]) compose these ops; they never touch device memory
+//! themselves. A step's per-row metadata (positions, sequences, KV blocks) is a [`Step`],
+//! built on the host once per forward. The only reads back to the host in a step are the
+//! routed expert ids (streamed experts need them to plan reads) and what the caller
+//! asks for (logits, hidden states).
+//!
+//! Backends: [`cpu::CpuBackend`] (strata-kernels on a persistent thread pool). A CUDA
+//! backend implements the same trait.
+
+pub mod cpu;
+pub mod profile;
+mod step;
+
+pub use step::Step;
+
+use anyhow::Result;
+use strata_kernels::QuantKind;
+
+/// A matrix in host memory as it comes from a checkpoint, in its stored precision
+/// (bf16, f32, FP8 with block scales, int8-row, int4-group), `[rows = out, cols = in]`.
+#[derive(Clone, Debug)]
+pub struct HostMatrix {
+    pub kind: QuantKind,
+    pub rows: usize,
+    pub cols: usize,
+    pub payload: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl HostMatrix {
+    pub fn f32(rows: usize, cols: usize, values: &[f32]) -> Self {
+        assert_eq!(values.len(), rows * cols, "HostMatrix::f32: {} values for {rows}x{cols}", values.len());
+        Self {
+            kind: QuantKind::F32,
+            rows,
+            cols,
+            payload: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            scales: Vec::new(),
+        }
+    }
+
+    /// Bytes held: payload and scales.
+    pub fn bytes(&self) -> u64 {
+        (self.payload.len() + 4 * self.scales.len()) as u64
+    }
+
+    /// FP8 with row blocks of more than one row re-expressed with one scale row per matrix
+    /// row (same values), so any row range is again a valid block-scaled matrix (MLA's
+    /// per-head slices of `kv_b_proj`).
+    pub fn with_row_scales(self) -> Self {
+        let QuantKind::Fp8 { block_rows, block_cols } = self.kind else { return self };
+        if block_rows == 1 {
+            return self;
+        }
+        let ncb = self.cols.div_ceil(block_cols);
+        let scales = (0..self.rows).flat_map(|r| self.scales[(r / block_rows) * ncb..][..ncb].to_vec()).collect();
+        Self { kind: QuantKind::Fp8 { block_rows: 1, block_cols }, scales, ..self }
+    }
+}
+
+/// Where one projection of a [`Backend::linears`] call writes: `out[r * stride + col + o]`,
+/// written or (with `add`) added to what is there (a residual add fused into the
+/// projection).
+pub struct LinearOut<'a, B: Backend> {
+    pub w: &'a B::Mat,
+    pub out: &'a mut B::Buf,
+    pub stride: usize,
+    pub col: usize,
+    pub add: bool,
+}
+
+impl<'a, B: Backend> LinearOut<'a, B> {
+    /// `out[r * w.rows + o] = (x W^T)[r, o]`.
+    pub fn new(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
+        let stride = b.mat_shape(w).0;
+        Self { w, out, stride, col: 0, add: false }
+    }
+    /// `out[r * w.rows + o] += (x W^T)[r, o]`.
+    pub fn add(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
+        Self { add: true, ..Self::new(b, w, out) }
+    }
+}
+
+/// Dimensions of MLA attention (absorbed `kv_b_proj`).
+#[derive(Clone, Copy, Debug)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+    /// Softmax scale, `qk_head_dim^-0.5`.
+    pub scale: f32,
+}
+
+impl MlaDims {
+    /// Width of a cached row (latent + rotated shared key) and of an absorbed query.
+    pub fn key_width(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+}
+
+/// The lightning indexer's dimensions.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexDims {
+    pub heads: usize,
+    pub dim: usize,
+    /// Leading dims of each query/key that are rotated.
+    pub rope: usize,
+    pub topk: usize,
+}
+
+/// Which positions each row attends to in an MLA layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// Every visible position (causal): no row sees more than `index_topk`.
+    Dense,
+    /// The rows' DSA selections, in the step's selection buffer.
+    Sparse,
+}
+
+/// DeepSeek-V3 `noaux_tc` routing parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterParams {
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub scaling: f32,
+}
+
+/// One expert's share of a [`Backend::experts`] call.
+pub struct ExpertTask<'a, B: Backend + 'a> {
+    pub weights: B::ExpertRef<'a>,
+    /// The rows of x it runs on (`None`: every row in order).
+    pub rows: Option<&'a [u32]>,
+    /// Its output rows start at this row of y.
+    pub out_row: usize,
+}
+
+/// The arguments of [`Backend::mla_prepare`].
+pub struct MlaPrepare<'a, B: Backend> {
+    pub dims: MlaDims,
+    /// `[rows, q_lora]`: normalised in place with `q_norm` (the query's low-rank state).
+    pub q_a: &'a mut B::Buf,
+    pub q_lora: usize,
+    pub q_norm: &'a B::Buf,
+    /// `[rows, kv_lora + rope]`: latent (normalised with `kv_norm`) and shared key.
+    pub kv_a: &'a B::Buf,
+    pub kv_norm: &'a B::Buf,
+    pub eps: f32,
+    /// Rotary tables of the step's rows, `[rows, rope / 2]`.
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
+    /// This layer's cache, `[slots, kv_lora + rope]`.
+    pub cache: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::mla_absorb`]: the per-row, per-head query over the latent.
+pub struct MlaAbsorb<'a, B: Backend> {
+    pub dims: MlaDims,
+    /// `[rows, heads * (nope + rope)]` from `q_b_proj`.
+    pub q: &'a B::Buf,
+    /// `kv_b_proj` `[heads * (nope + v), kv_lora]`, FP8 with per-row scales.
+    pub kv_b: &'a B::Mat,
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
+    /// Out: `[rows, heads, kv_lora + rope]`.
+    pub q_full: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::dsa_select`].
+pub struct DsaSelect<'a, B: Backend> {
+    pub dims: IndexDims,
+    /// `[rows, heads * dim]` from `wq_b` (rotated here).
+    pub q: &'a mut B::Buf,
+    /// `[rows, heads]` from `weights_proj`.
+    pub w: &'a B::Buf,
+    /// `[rows, dim]` from `wk` (normalised and rotated here, then cached).
+    pub k: &'a mut B::Buf,
+    pub k_norm_w: &'a B::Buf,
+    pub k_norm_b: &'a B::Buf,
+    pub eps: f32,
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
+    /// This layer's indexer key cache, `[slots, dim]`.
+    pub cache: &'a mut B::Buf,
+    /// Whether to score and select (some row sees more than `topk` positions) or only
+    /// cache the keys.
+    pub select: bool,
+    /// Out: `[rows, topk]` selected positions (ascending) and `[rows]` counts.
+    pub selected: &'a mut B::Idx,
+    pub counts: &'a mut B::Idx,
+    /// Scores scratch, `[rows, positions]` for the longest visible context.
+    pub work: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::mla_attend`].
+pub struct MlaAttend<'a, B: Backend> {
+    pub dims: MlaDims,
+    pub q_full: &'a B::Buf,
+    pub cache: &'a B::Buf,
+    pub selection: Selection,
+    pub selected: &'a B::Idx,
+    pub counts: &'a B::Idx,
+    pub topk: usize,
+    pub kv_b: &'a B::Mat,
+    /// Scratch: `[heads, rows, kv_lora]`.
+    pub latent_out: &'a mut B::Buf,
+    /// Out: `[rows, heads * v]`.
+    pub out: &'a mut B::Buf,
+}
+
+/// A compute device.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// f32 values in device memory.
+    type Buf: Send + Sync;
+    /// u32 values in device memory.
+    type Idx: Send + Sync;
+    /// A matrix in its stored precision.
+    type Mat: Send + Sync;
+    /// One expert's three matrices as the expert op reads them (resident matrices or a
+    /// slot of the expert slab).
+    type ExpertRef<'a>: Copy + Send + Sync;
+
+    /// "cpu (16 threads, avx512f)" and the like.
+    fn describe(&self) -> String;
+    /// Threads (CPU) or streaming multiprocessors working on one op: sizes workspaces.
+    fn parallelism(&self) -> usize;
+    /// Sizes the backend's own per-thread scratch for attention over up to `positions`
+    /// positions with `heads` heads (called when a session is made, so steps never grow
+    /// it).
+    fn reserve_workspace(&self, heads: usize, positions: usize);
+
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    fn alloc_idx(&self, len: usize) -> Result<Self::Idx>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    fn matrix(&self, m: HostMatrix) -> Result<Self::Mat>;
+    /// `(rows, cols)` of a matrix.
+    fn mat_shape(&self, m: &Self::Mat) -> (usize, usize);
+    /// An expert of resident matrices.
+    fn expert_ref<'a>(&self, gate: &'a Self::Mat, up: &'a Self::Mat, down: &'a Self::Mat) -> Self::ExpertRef<'a>;
+    /// Device -> host.
+    fn read(&self, src: &Self::Buf, offset: usize, dst: &mut [f32]);
+    fn read_idx(&self, src: &Self::Idx, offset: usize, dst: &mut [u32]);
+    /// Host -> device.
+    fn write(&self, dst: &mut Self::Buf, offset: usize, src: &[f32]);
+    fn write_idx(&self, dst: &mut Self::Idx, offset: usize, src: &[u32]);
+    /// The buffer's values when they live in host memory (no copy), else None.
+    fn host<'a>(&self, b: &'a Self::Buf) -> Option<&'a [f32]>;
+
+    /// `out[r] = table[tokens[r]]` for the step's token rows (`[rows, cols]`).
+    fn embed(&self, step: &Step, table: &Self::Mat, out: &mut Self::Buf) -> Result<()>;
+    /// Row-wise RMSNorm of `x` (`[rows, width]`) into `out`, with an optional scale.
+    fn rms_norm(&self, rows: usize, width: usize, x: &Self::Buf, w: Option<&Self::Buf>, eps: f32, out: &mut Self::Buf);
+    /// Several projections of the same input in one parallel region.
+    fn linears(&self, x: &Self::Buf, rows: usize, outs: &mut [LinearOut<'_, Self>]);
+    /// The step's rotary tables for `inv_freq` (`[half]`): `[rows, half]` each.
+    fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut Self::Buf, sin: &mut Self::Buf);
+    /// Normalises the query state and the latent, rotates the shared key, and writes the
+    /// latent and key into the layer's cache at the rows' positions.
+    fn mla_prepare(&self, step: &Step, a: MlaPrepare<'_, Self>);
+    /// Rotates each head's query and maps its non-rotated part onto the latent.
+    fn mla_absorb(&self, step: &Step, a: MlaAbsorb<'_, Self>);
+    /// The lightning indexer: caches the rows' keys and selects each row's top-k
+    /// positions (ties to the earlier position).
+    fn dsa_select(&self, step: &Step, a: DsaSelect<'_, Self>);
+    /// Attention over the latent cache at the selected (or all visible) positions, then
+    /// each head's value projection.
+    fn mla_attend(&self, step: &Step, a: MlaAttend<'_, Self>);
+    /// `noaux_tc` routing of `x` (`[rows, hidden]`) with the router `gate` (`[experts,
+    /// hidden]`) and bias: ids and weights, `[rows, top_k]` each (ids best first).
+    #[allow(clippy::too_many_arguments)]
+    fn route_noaux(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        gate: &Self::Mat,
+        bias: &Self::Buf,
+        p: RouterParams,
+        logits: &mut Self::Buf,
+        ids: &mut Self::Idx,
+        weights: &mut Self::Buf,
+    );
+    /// SwiGLU experts over rows of `x` (`[rows, hidden]`) into rows of `y`; task `i` is
+    /// `task(i)` for `i < n` (no slice of tasks to build per call).
+    fn experts<'a>(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut Self::Buf,
+    );
+    /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus
+    /// `y[shared + r]` when given: the fixed accumulation order every expert path shares.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(
+        &self,
+        rows: usize,
+        hidden: usize,
+        top_k: usize,
+        ids: &Self::Idx,
+        weights: &Self::Buf,
+        src: &Self::Idx,
+        y: &Self::Buf,
+        shared: Option<usize>,
+        out: &mut Self::Buf,
+    );
+    /// `dst[..len] += src[..len]`.
+    fn add(&self, len: usize, src: &Self::Buf, dst: &mut Self::Buf);
+    /// `dst[i] = src[rows[i]]`, rows of `width` (the rows whose logits or hidden states
+    /// are asked for).
+    fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[u32], dst: &mut Self::Buf);
+}

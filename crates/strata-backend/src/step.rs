@@ -1,0 +1,49 @@
+//! One forward step's rows as every op sees them.
+
+/// The rows of one forward: which sequence each belongs to, at which position, with which
+/// token, and the sequences' KV block tables. Built on the host by the session (cleared
+/// and refilled each step: no allocation once the vectors have grown).
+#[derive(Clone, Debug, Default)]
+pub struct Step {
+    /// Token id per row (`u32::MAX` for a row fed by an embedding).
+    pub tokens: Vec<u32>,
+    /// Position of each row in its sequence.
+    pub positions: Vec<u32>,
+    /// Per row: the index of its sequence's block table.
+    pub seq: Vec<u32>,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Block tables, `max_blocks` entries per sequence index.
+    pub blocks: Vec<u32>,
+    pub max_blocks: usize,
+}
+
+impl Step {
+    pub fn rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Positions row `r` may attend to (its own included).
+    #[inline]
+    pub fn visible(&self, r: usize) -> usize {
+        self.positions[r] as usize + 1
+    }
+
+    /// The cache slot holding position `pos` of row `r`'s sequence.
+    #[inline]
+    pub fn slot(&self, r: usize, pos: usize) -> usize {
+        let table = self.seq[r] as usize * self.max_blocks;
+        self.blocks[table + pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    /// The longest visible context of any row.
+    pub fn max_visible(&self) -> usize {
+        self.positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0)
+    }
+
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.positions.clear();
+        self.seq.clear();
+    }
+}

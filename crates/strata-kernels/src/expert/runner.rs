@@ -1,0 +1,255 @@
+//! A set of SwiGLU experts (a layer's routed experts, the shared expert, a dense MLP) in
+//! one pool region: gather each expert's rows, then gate/up of every expert in one
+//! parallel pass (`h = silu(g) * u`), then down of every expert, with work items handed
+//! out dynamically. All scratch lives in the runner and is reused, so after the first
+//! calls a step allocates nothing.
+
+use super::{block_size, silu, KernelPath, Out, Product, QMatrix, Staging};
+use crate::pool::ThreadPool;
+use crate::quant::QuantKind;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Weight bytes (times rows, up to a tile) worth a thread of their own.
+const BYTES_PER_THREAD: usize = 32 << 10;
+
+/// One expert's work: `y = down(silu(gate x) * up x)` over some rows of x.
+#[derive(Clone, Copy)]
+pub struct ExpertJob<'a> {
+    pub gate: QMatrix<'a>,
+    pub up: QMatrix<'a>,
+    pub down: QMatrix<'a>,
+    /// The rows of x this expert runs on, or `None` for all rows in order.
+    pub rows: Option<&'a [u32]>,
+    /// Row `i` of this job's output goes to row `out_row + i` of y.
+    pub out_row: usize,
+}
+
+#[derive(Default)]
+pub struct ExpertRunner {
+    gx: Vec<f32>,
+    g: Vec<f32>,
+    h: Vec<f32>,
+    st_in: Vec<Staging>,
+    st_h: Vec<Staging>,
+    /// Per job: (rows, gathered-x offset, h offset).
+    offs: Vec<(usize, usize, usize)>,
+    /// (job, o0, o1) over the intermediate (pass 1) and hidden (pass 2) outputs.
+    items1: Vec<(u32, u32, u32)>,
+    items2: Vec<(u32, u32, u32)>,
+}
+
+/// A pointer shared by the threads of a region, each touching disjoint elements.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+impl<T> Shared<T> {
+    /// (A method, so closures capture the wrapper, not the bare pointer.)
+    #[inline(always)]
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
+impl ExpertRunner {
+    /// Runs `jobs` over `x` (`x_rows x hidden`); job j's output rows are written to
+    /// `y[(out_row + i) * hidden ..]`. Panics on mismatched shapes.
+    pub fn run(
+        &mut self,
+        pool: &ThreadPool,
+        path: KernelPath,
+        x: &[f32],
+        x_rows: usize,
+        jobs: &[ExpertJob],
+        y: &mut [f32],
+    ) {
+        self.run_with(pool, path, x, x_rows, jobs.len(), &|j| jobs[j], y)
+    }
+
+    /// [`ExpertRunner::run`] with the jobs given by index (no slice of jobs to build).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with<'a>(
+        &mut self,
+        pool: &ThreadPool,
+        path: KernelPath,
+        x: &[f32],
+        x_rows: usize,
+        n_jobs: usize,
+        job_at: &(dyn Fn(usize) -> ExpertJob<'a> + Sync),
+        y: &mut [f32],
+    ) {
+        if n_jobs == 0 {
+            return;
+        }
+        let hidden = job_at(0).gate.cols;
+        assert_eq!(x.len(), x_rows * hidden, "experts: x has {} values, expected {x_rows} rows x {hidden}", x.len());
+        self.offs.clear();
+        self.items1.clear();
+        self.items2.clear();
+        let (mut gx_len, mut h_len) = (0usize, 0usize);
+        let mut work = 0usize;
+        let mut down_staged = false;
+        let threads = pool.threads();
+        for j in 0..n_jobs {
+            let job = job_at(j);
+            let (gate, up, down) = (&job.gate, &job.up, &job.down);
+            for m in [gate, up, down] {
+                m.validate();
+            }
+            let inter = gate.rows;
+            assert!(
+                gate.cols == hidden
+                    && up.rows == inter
+                    && up.cols == hidden
+                    && down.rows == hidden
+                    && down.cols == inter,
+                "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter] with hidden {hidden}",
+                gate.rows,
+                gate.cols,
+                up.rows,
+                up.cols,
+                down.rows,
+                down.cols
+            );
+            assert_eq!(gate.kind, up.kind, "swiglu_expert: gate and up must share an encoding");
+            let rows = match job.rows {
+                Some(r) => {
+                    assert!(r.iter().all(|&i| (i as usize) < x_rows), "experts: a job row is beyond x's {x_rows} rows");
+                    r.len()
+                }
+                None => x_rows,
+            };
+            assert!(
+                (job.out_row + rows) * hidden <= y.len(),
+                "experts: job {j} writes rows {}..{} of a y with {} rows",
+                job.out_row,
+                job.out_row + rows,
+                y.len() / hidden.max(1)
+            );
+            self.offs.push((rows, gx_len, h_len));
+            work += (gate.weight_bytes() + up.weight_bytes() + down.weight_bytes()) * rows.clamp(1, 8);
+            if job.rows.is_some() {
+                gx_len += rows * hidden;
+            }
+            h_len += rows * inter;
+            down_staged |= matches!(down.kind, QuantKind::Int4Group { .. });
+            if rows == 0 || inter == 0 || hidden == 0 {
+                continue;
+            }
+            let bs = block_size(gate, rows, threads);
+            for b in 0..inter.div_ceil(bs) {
+                self.items1.push((j as u32, (b * bs) as u32, ((b + 1) * bs).min(inter) as u32));
+            }
+            let bs = block_size(down, rows, threads);
+            for b in 0..hidden.div_ceil(bs) {
+                self.items2.push((j as u32, (b * bs) as u32, ((b + 1) * bs).min(hidden) as u32));
+            }
+        }
+        grow(&mut self.gx, gx_len);
+        grow(&mut self.g, h_len);
+        grow(&mut self.h, h_len);
+        while self.st_in.len() < n_jobs {
+            self.st_in.push(Staging::default());
+        }
+        while self.st_h.len() < n_jobs {
+            self.st_h.push(Staging::default());
+        }
+
+        let gx = Shared(self.gx.as_mut_ptr());
+        let (gp, hp) = (Shared(self.g.as_mut_ptr()), Shared(self.h.as_mut_ptr()));
+        let (st_in, st_h) = (Shared(self.st_in.as_mut_ptr()), Shared(self.st_h.as_mut_ptr()));
+        let yp = Shared(y.as_mut_ptr());
+        let y_len = y.len();
+        let (offs, items1, items2) = (&self.offs, &self.items1, &self.items2);
+        let (next1, next2) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        // Job j's input rows (gathered, or x itself).
+        let input = |j: usize| -> &[f32] {
+            let (rows, gx_off, _) = offs[j];
+            match job_at(j).rows {
+                // SAFETY: written in phase 0, read-only afterwards.
+                Some(_) => unsafe { std::slice::from_raw_parts(gx.ptr().add(gx_off), rows * hidden) },
+                None => x,
+            }
+        };
+        pool.run_on(work.div_ceil(BYTES_PER_THREAD), &|c| {
+            // Phase 0: gather rows and stage x for encodings that need it.
+            for j in c.split(n_jobs) {
+                let (rows, gx_off, _) = offs[j];
+                if let Some(idx) = job_at(j).rows {
+                    for (i, &r) in idx.iter().enumerate() {
+                        let r = r as usize;
+                        // SAFETY: job j's gathered rows are written by this thread only.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(gx.ptr().add(gx_off + i * hidden), hidden) };
+                        dst.copy_from_slice(&x[r * hidden..(r + 1) * hidden]);
+                    }
+                }
+                let g = job_at(j).gate;
+                // SAFETY: staging j is touched by this thread only in this phase.
+                unsafe { (*st_in.ptr().add(j)).prepare(path, input(j), rows, g.kind, g.cols) };
+            }
+            c.barrier();
+            // Pass 1: gate and up, h = silu(g) * u.
+            loop {
+                let i = next1.fetch_add(1, Ordering::Relaxed);
+                let Some(&(j, o0, o1)) = items1.get(i) else { break };
+                let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
+                let (rows, _, h_off) = offs[j];
+                let job = job_at(j);
+                let inter = job.gate.rows;
+                // SAFETY: read-only after phase 0.
+                let st = unsafe { &*st_in.ptr().add(j) };
+                let xin = input(j);
+                // SAFETY: this item owns outputs o0..o1 of job j's g and h rows; they are
+                // written through raw pointers (other items write other columns).
+                unsafe {
+                    let (g_ptr, h_ptr) = (gp.ptr().add(h_off), hp.ptr().add(h_off));
+                    let len = rows * inter;
+                    Product::new(path, xin, rows, job.gate, st).run(o0, o1, &Out::raw(g_ptr, len, inter, false));
+                    Product::new(path, xin, rows, job.up, st).run(o0, o1, &Out::raw(h_ptr, len, inter, false));
+                    for r in 0..rows {
+                        for o in o0..o1 {
+                            let k = r * inter + o;
+                            *h_ptr.add(k) *= silu(*g_ptr.add(k));
+                        }
+                    }
+                }
+            }
+            c.barrier();
+            if down_staged {
+                for j in c.split(n_jobs) {
+                    let (rows, _, h_off) = offs[j];
+                    let d = job_at(j).down;
+                    // SAFETY: h is complete (barrier); staging j is this thread's.
+                    unsafe {
+                        let h = std::slice::from_raw_parts(hp.ptr().add(h_off), rows * d.cols);
+                        (*st_h.ptr().add(j)).prepare(path, h, rows, d.kind, d.cols);
+                    }
+                }
+                c.barrier();
+            }
+            // Pass 2: down, into y.
+            loop {
+                let i = next2.fetch_add(1, Ordering::Relaxed);
+                let Some(&(j, o0, o1)) = items2.get(i) else { break };
+                let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
+                let (rows, _, h_off) = offs[j];
+                let job = job_at(j);
+                // SAFETY: h and the staging are read-only now; this item owns outputs
+                // o0..o1 of job j's y rows.
+                unsafe {
+                    let h = std::slice::from_raw_parts(hp.ptr().add(h_off), rows * job.down.cols);
+                    let st = &*st_h.ptr().add(j);
+                    let base = job.out_row * hidden;
+                    let out = Out::raw(yp.ptr().add(base), y_len - base, hidden, false);
+                    Product::new(path, h, rows, job.down, st).run(o0, o1, &out);
+                }
+            }
+        });
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}

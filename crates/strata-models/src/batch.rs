@@ -1,0 +1,99 @@
+//! A forward's rows: tokens (or embeddings) of one or more sequences.
+
+/// A sequence in a session (see [`crate::Session::add_sequence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u32);
+
+/// Which rows of a push want logits (and hidden states) out of the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    /// The last row pushed (the usual prefill and decode case).
+    Last,
+    /// Every row pushed (scoring a prompt, verifying draft tokens).
+    All,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Row {
+    pub seq: SeqId,
+    /// Token id, or `u32::MAX` for an embedding row.
+    pub token: u32,
+    /// Index of the row's embedding in `Batch::embeddings` (embedding rows).
+    pub embedding: u32,
+    pub logits: bool,
+}
+
+/// The rows of one forward. Each sequence's rows take consecutive positions after what
+/// its cache holds, in the order they are pushed. Reusable: `clear` keeps the capacity.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) embeddings: Vec<f32>,
+    pub(crate) embedding_width: usize,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.embeddings.clear();
+    }
+
+    /// Appends `tokens` of `seq`.
+    pub fn push(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) {
+        let n = tokens.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            let want = match logits {
+                Logits::None => false,
+                Logits::Last => i + 1 == n,
+                Logits::All => true,
+            };
+            self.rows.push(Row { seq, token: t, embedding: 0, logits: want });
+        }
+    }
+
+    /// Appends rows given as input embeddings (`rows x width`, e.g. projected image
+    /// features) instead of token ids.
+    pub fn push_embeddings(&mut self, seq: SeqId, values: &[f32], width: usize, logits: Logits) {
+        assert!(
+            width > 0 && values.len() % width == 0,
+            "push_embeddings: {} values are not rows of {width}",
+            values.len()
+        );
+        assert!(self.embedding_width == 0 || self.embedding_width == width || self.embeddings.is_empty());
+        self.embedding_width = width;
+        let n = values.len() / width;
+        for i in 0..n {
+            let want = match logits {
+                Logits::None => false,
+                Logits::Last => i + 1 == n,
+                Logits::All => true,
+            };
+            let idx = (self.embeddings.len() / width) as u32;
+            self.embeddings.extend_from_slice(&values[i * width..(i + 1) * width]);
+            self.rows.push(Row { seq, token: u32::MAX, embedding: idx, logits: want });
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Rows that want logits.
+    pub fn logit_rows(&self) -> usize {
+        self.rows.iter().filter(|r| r.logits).count()
+    }
+
+    /// Rows of `seq` in this batch.
+    pub fn rows_of(&self, seq: SeqId) -> usize {
+        self.rows.iter().filter(|r| r.seq == seq).count()
+    }
+}

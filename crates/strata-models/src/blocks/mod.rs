@@ -1,0 +1,10 @@
+//! Building blocks shared by families: each holds its weights on a backend and runs as a
+//! short sequence of the backend's fused ops.
+
+pub mod mla;
+pub mod mlp;
+pub mod moe;
+
+pub use mla::{MlaCache, MlaConfig, MlaScratch, MlaWeights};
+pub use mlp::SwiGlu;
+pub use moe::{ExpertSource, MoeScratch, MoeWeights};

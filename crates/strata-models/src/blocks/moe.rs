@@ -1,0 +1,151 @@
+//! DeepSeek-V3 MoE: `noaux_tc` router, routed SwiGLU experts and a shared expert.
+//!
+//! Routing runs on the backend; the ids come back to the host (the provider plans reads
+//! and counts selections), the rows' experts are deduplicated ([`Union`]), and the
+//! provider hands ready experts to one batched expert op (the shared expert rides in the
+//! first batch). The outputs are combined per row in ascending expert id, so the result
+//! does not depend on which experts were resident.
+
+use super::mlp::SwiGlu;
+use crate::experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
+use anyhow::Result;
+use std::sync::Arc;
+use strata_backend::{Backend, ExpertTask, RouterParams};
+
+/// Where a model's routed experts come from.
+pub enum ExpertSource<B: Backend> {
+    Resident(ResidentExperts<B>),
+    Provider(Arc<dyn ExpertProvider<B>>),
+}
+
+impl<B: Backend> ExpertSource<B> {
+    fn run(
+        &self,
+        b: &B,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<B>) -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            Self::Resident(r) => r.run(b, layer, experts, compute),
+            Self::Provider(p) => p.run(layer, experts, compute),
+        }
+    }
+
+    pub fn provider(&self) -> Option<&Arc<dyn ExpertProvider<B>>> {
+        match self {
+            Self::Provider(p) => Some(p),
+            Self::Resident(_) => None,
+        }
+    }
+}
+
+pub struct MoeWeights<B: Backend> {
+    pub layer: usize,
+    /// Router `[experts, hidden]`, computed in f32 as the reference does.
+    pub gate: B::Mat,
+    pub bias: B::Buf,
+    pub params: RouterParams,
+    pub experts: usize,
+    pub shared: SwiGlu<B>,
+}
+
+/// Activations of MoE layers for forwards of up to `rows` rows.
+pub struct MoeScratch<B: Backend> {
+    logits: B::Buf,
+    ids: B::Idx,
+    weights: B::Buf,
+    src: B::Idx,
+    /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`).
+    y: B::Buf,
+    host_ids: Vec<u32>,
+    host_weights: Vec<f32>,
+    union: Union,
+}
+
+impl<B: Backend> MoeScratch<B> {
+    pub fn new(b: &B, rows: usize, hidden: usize, experts: usize, top_k: usize) -> Result<Self> {
+        Ok(Self {
+            logits: b.alloc(rows * experts)?,
+            ids: b.alloc_idx(rows * top_k)?,
+            weights: b.alloc(rows * top_k)?,
+            src: b.alloc_idx(rows * top_k)?,
+            y: b.alloc(rows * (top_k + 1) * hidden)?,
+            host_ids: vec![0; rows * top_k],
+            host_weights: vec![0.0; rows * top_k],
+            union: Union::default(),
+        })
+    }
+
+    pub fn bytes(rows: usize, hidden: usize, experts: usize, top_k: usize) -> u64 {
+        4 * (rows * experts + 3 * rows * top_k + rows * (top_k + 1) * hidden) as u64 * 2
+    }
+}
+
+impl<B: Backend> MoeWeights<B> {
+    /// Routes `xn` and returns the ids to the host (`rows x top_k` in the scratch).
+    fn route(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>) {
+        b.route_noaux(xn, rows, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
+        let n = rows * self.params.top_k;
+        b.read_idx(&s.ids, 0, &mut s.host_ids[..n]);
+        b.read(&s.weights, 0, &mut s.host_weights[..n]);
+    }
+
+    /// Predicts this layer's routing from `xn` (the previous layer's residual, normed with
+    /// this layer's norm) and tells the provider (PILOT).
+    pub fn predict(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>, provider: &dyn ExpertProvider<B>) {
+        self.route(b, xn, rows, s);
+        provider.predicted(self.layer, &s.host_ids[..rows * self.params.top_k], self.params.top_k);
+    }
+
+    /// `x += moe(xn)`; records the routing in `routes`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_add(
+        &self,
+        b: &B,
+        experts: &ExpertSource<B>,
+        xn: &B::Buf,
+        rows: usize,
+        hidden: usize,
+        s: &mut MoeScratch<B>,
+        routes: &mut Routes,
+        x: &mut B::Buf,
+    ) -> Result<()> {
+        let k = self.params.top_k;
+        self.route(b, xn, rows, s);
+        let n = rows * k;
+        routes.push(self.layer, &s.host_ids[..n], &s.host_weights[..n]);
+        if let Some(p) = experts.provider() {
+            p.record(self.layer, &s.host_ids[..n], k);
+        }
+        s.union.build(&s.host_ids[..n], rows, k, self.experts);
+        b.write_idx(&mut s.src, 0, &s.union.src);
+        let shared_row = s.union.total();
+        let sh = &self.shared;
+        let union = &s.union;
+        let y = &mut s.y;
+        let mut first = true;
+        experts.run(b, self.layer, &union.experts, &mut |ready| {
+            let count = ready.len();
+            let with_shared = std::mem::take(&mut first);
+            let task = |i: usize| {
+                if i == count {
+                    let weights = b.expert_ref(&sh.gate, &sh.up, &sh.down);
+                    return ExpertTask { weights, rows: None, out_row: shared_row };
+                }
+                let (e, weights) = ready.get(i);
+                let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
+                ExpertTask { weights, rows: Some(rows_of), out_row }
+            };
+            b.experts(xn, rows, count + usize::from(with_shared), &task, y);
+            Ok(())
+        })?;
+        if first {
+            // (No routed expert was handed over: the shared expert still runs.)
+            let weights = b.expert_ref(&sh.gate, &sh.up, &sh.down);
+            b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
+        }
+        b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
+        Ok(())
+    }
+}

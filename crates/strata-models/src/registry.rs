@@ -1,0 +1,153 @@
+//! The family registry: `model_type` -> a family, which parses `config.json` once into an
+//! [`Arch`] that answers everything the engine asks before and while loading: the weight
+//! map, the routed-expert layout, KV and activation sizes, the chat format, the ledger's
+//! engine id, and how to build the model on a device. Engine, CLI and server reach
+//! families only through here.
+
+use crate::experts::ExpertProvider;
+use crate::weights::WeightMap;
+use crate::{Model, ModelInfo};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+use strata_backend::cpu::CpuBackend;
+use strata_storage::WeightStore;
+
+/// A compute device for a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Self::Cuda(n)),
+                _ => bail!("--device `{s}`: expected cpu, cuda or cuda:N"),
+            },
+        }
+    }
+
+    /// Fails, naming the device, when this build cannot run on it.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Self::Cpu => Ok(()),
+            Self::Cuda(n) => {
+                bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+            }
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Self::Cpu => "cpu".into(),
+            Self::Cuda(n) => format!("cuda:{n}"),
+        }
+    }
+}
+
+/// How a family's chat output marks tool calls and reasoning (for the server's parsers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatFormat {
+    /// GLM: `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`,
+    /// reasoning in `<think>...</think>`.
+    Glm,
+}
+
+/// Routed experts of an architecture: which layers, how many, their shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoeLayout {
+    /// Model layer ids with routed experts.
+    pub layers: Vec<usize>,
+    pub experts_per_layer: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    /// Width of one expert's intermediate activation.
+    pub inter: usize,
+    /// MTP layer ids (`num_hidden_layers ..`), whose experts may be in the checkpoint.
+    pub mtp_layers: Vec<usize>,
+}
+
+/// Where a model's routed experts run from.
+pub enum ExpertsChoice {
+    /// Read from the checkpoint and held by the model.
+    Resident,
+    /// Through the engine's slab runtime (CPU device).
+    Cpu(Arc<dyn ExpertProvider<CpuBackend>>),
+}
+
+/// A parsed, validated `config.json` of one family.
+pub trait Arch: Send + Sync + std::fmt::Debug {
+    fn family(&self) -> &'static Family;
+    fn model_type(&self) -> &str;
+    fn info(&self) -> ModelInfo;
+    /// Every tensor of the checkpoint (main model and, optional, the MTP layer).
+    fn weight_map(&self) -> WeightMap;
+    fn moe(&self) -> Option<MoeLayout>;
+    /// KV cache bytes per token of context (all layers, as the backend holds them).
+    fn kv_bytes_per_token(&self) -> u64;
+    /// Activation bytes of a forward of `rows` rows with up to `context` positions
+    /// visible (scratch a session allocates once).
+    fn activation_bytes(&self, rows: usize, context: usize) -> u64;
+    /// FP8 block size declared by the config, if any.
+    fn fp8_block(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Architecture fields for `inspect`.
+    fn describe(&self) -> Value;
+    /// Builds the model on `device` from `store` (routed experts per `experts`).
+    fn load(&self, store: &WeightStore, device: Device, experts: ExpertsChoice) -> Result<Box<dyn Model>>;
+}
+
+/// A model family.
+pub struct Family {
+    /// Also the engine name whose FNV-1a hash identifies the usage ledger's engine.
+    pub name: &'static str,
+    pub model_types: &'static [&'static str],
+    pub chat: ChatFormat,
+    pub parse: fn(&Value) -> Result<Arc<dyn Arch>>,
+}
+
+/// Every family strata runs.
+pub fn families() -> &'static [&'static Family] {
+    static FAMILIES: [&Family; 1] = [&crate::glm_moe_dsa::FAMILY];
+    &FAMILIES
+}
+
+/// The family of a `model_type`.
+pub fn family_of(model_type: &str) -> Option<&'static Family> {
+    families().iter().copied().find(|f| f.model_types.contains(&model_type))
+}
+
+/// Every `model_type` strata accepts.
+pub fn supported_model_types() -> Vec<&'static str> {
+    families().iter().flat_map(|f| f.model_types.iter().copied()).collect()
+}
+
+/// Parses a config value through its family.
+pub fn parse_config(json: &Value) -> Result<Arc<dyn Arch>> {
+    let model_type =
+        json.get("model_type").and_then(Value::as_str).ok_or_else(|| anyhow!("missing field `model_type`"))?;
+    let Some(family) = family_of(model_type) else {
+        bail!("unsupported model_type `{model_type}` (strata supports: {})", supported_model_types().join(", "))
+    };
+    (family.parse)(json)
+}
+
+/// Reads and parses `dir/config.json`; errors name the file.
+pub fn read_arch(dir: &Path) -> Result<Arc<dyn Arch>> {
+    if !dir.is_dir() {
+        bail!("{}: model directory not found", dir.display());
+    }
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("{}: cannot read: {e}", path.display()))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
+    parse_config(&json).map_err(|e| anyhow!("{}: {e}", path.display()))
+}

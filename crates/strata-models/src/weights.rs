@@ -1,0 +1,321 @@
+//! A family's weight map — every tensor a checkpoint holds: name, shape, role, group,
+//! and for routed experts which one — and the one rule for what a stored tensor becomes
+//! in memory. The map drives loading (shape checks from headers before any weight is
+//! read), `inspect` (parameters and bytes by group), `convert` (which tensors are routed
+//! experts), the memory plan (bytes as held) and `synth` (initial values by role).
+
+use anyhow::{anyhow, bail, Result};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use strata_backend::HostMatrix;
+use strata_kernels::{decode_to_f32, ElementType, QuantKind};
+use strata_storage::WeightStore;
+
+/// What a tensor is for; decides how it is held and how synthetic values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A projection `[out, in]`: held in its stored precision.
+    Linear,
+    /// An embedding table `[vocab, hidden]`: held in its stored precision, read by row.
+    Embedding,
+    /// A norm's scale (f32).
+    NormScale,
+    /// A norm's bias (f32).
+    NormBias,
+    /// A router's score-correction bias (f32).
+    RouterBias,
+}
+
+/// Groups for accounting (`inspect`, the plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorGroup {
+    Embeddings,
+    Attention,
+    Indexer,
+    Norms,
+    DenseMlp,
+    Router,
+    SharedExperts,
+    RoutedExperts,
+    Mtp,
+    Other,
+}
+
+/// The three matrices of a SwiGLU expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertMatrix {
+    Gate,
+    Up,
+    Down,
+}
+
+#[derive(Clone, Debug)]
+pub struct WeightSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: Role,
+    pub group: TensorGroup,
+    /// A routed expert's matrix: (layer, expert, which).
+    pub expert: Option<(usize, usize, ExpertMatrix)>,
+    /// Present in some checkpoints only (the MTP layer).
+    pub optional: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WeightMap {
+    pub specs: Vec<WeightSpec>,
+}
+
+/// Parameters and bytes of one group.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GroupSize {
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WeightSummary {
+    pub groups: BTreeMap<TensorGroup, GroupSize>,
+    pub total_parameters: u64,
+    pub total_bytes: u64,
+    /// Parameters a decode token touches in the main model (dense part + top-k experts).
+    pub active_parameters: u64,
+    /// Bytes of one routed expert (gate + up + down, with scales) as stored.
+    pub bytes_per_expert: u64,
+}
+
+impl WeightMap {
+    pub fn push(&mut self, name: String, shape: Vec<usize>, role: Role, group: TensorGroup) {
+        self.specs.push(WeightSpec { name, shape, role, group, expert: None, optional: false });
+    }
+
+    pub fn get(&self, name: &str) -> Option<&WeightSpec> {
+        self.specs.iter().find(|s| s.name == name)
+    }
+
+    /// Checks every tensor against the checkpoint's headers: required ones present, every
+    /// present one with the shape the config implies. `skip_experts`: routed experts live
+    /// in an expert container instead.
+    pub fn check(&self, store: &WeightStore, skip_experts: bool) -> Result<()> {
+        let fused = fused_expert_layers(store);
+        for s in &self.specs {
+            if s.expert.is_some() && (skip_experts || fused.contains(&s.expert.unwrap().0)) {
+                continue;
+            }
+            match store.get(&s.name) {
+                None if s.optional => {}
+                None => {
+                    let first = store.files().next().map(|p| p.display().to_string()).unwrap_or_default();
+                    bail!("{first}: missing tensor `{}`", s.name);
+                }
+                Some((file, t)) => {
+                    let quantized = store.contains(&format!("{}.qs", s.name));
+                    if !quantized && t.shape != s.shape {
+                        bail!(
+                            "{}: tensor `{}` has shape {:?} but the config implies {:?}",
+                            file.path().display(),
+                            s.name,
+                            t.shape,
+                            s.shape
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the non-expert tensors (main model and, with `mtp`, the MTP layer) take as
+    /// held in memory, by [`held_kind`].
+    pub fn resident_held_bytes(&self, store: &WeightStore, include_mtp: bool) -> u64 {
+        self.specs
+            .iter()
+            .filter(|s| s.expert.is_none() && (include_mtp || s.group != TensorGroup::Mtp))
+            .filter(|s| store.contains(&s.name))
+            .map(|s| held_bytes(store, &s.name, &s.shape, s.role).unwrap_or(0))
+            .sum()
+    }
+
+    /// The largest non-expert tensor as stored (the load transient: a tensor's mapped
+    /// pages are released once it is copied).
+    pub fn largest_stored(&self, store: &WeightStore) -> u64 {
+        self.specs
+            .iter()
+            .filter(|s| s.expert.is_none())
+            .filter_map(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Parameters and stored bytes by group, from the headers. Scale tensors
+    /// (`_scale_inv`, `.qs`) count as bytes of their matrix; a quantized payload counts
+    /// the parameters of the shape it encodes. `experts_per_token`: top-k times the
+    /// sparse layers (for the active count).
+    pub fn summarize(&self, store: &WeightStore, experts_per_token: u64, expert_count: u64) -> WeightSummary {
+        let by_name: HashMap<&str, &WeightSpec> = self.specs.iter().map(|s| (s.name.as_str(), s)).collect();
+        let mut groups: BTreeMap<TensorGroup, GroupSize> = BTreeMap::new();
+        for name in store.names() {
+            let Some((_, t)) = store.get(name) else { continue };
+            let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
+            let spec = by_name.get(base);
+            let group = spec.map_or_else(|| fused_group(base), |s| s.group);
+            let g = groups.entry(group).or_default();
+            g.bytes += t.byte_len() as u64;
+            if base != name {
+                continue;
+            }
+            g.tensors += 1;
+            g.parameters += match (store.contains(&format!("{name}.qs")), spec) {
+                (true, Some(s)) => s.shape.iter().product::<usize>() as u64,
+                _ => t.numel() as u64,
+            };
+        }
+        summarize_groups(groups, experts_per_token, expert_count)
+    }
+}
+
+/// Routed experts stored fused (transformers' runtime layout `mlp.experts.gate_up_proj`
+/// `[E, 2I, H]`) are grouped with the routed experts.
+fn fused_group(name: &str) -> TensorGroup {
+    if name.contains(".mlp.experts.") {
+        TensorGroup::RoutedExperts
+    } else {
+        TensorGroup::Other
+    }
+}
+
+/// Layers whose routed experts are stored fused.
+pub fn fused_expert_layers(store: &WeightStore) -> Vec<usize> {
+    store
+        .names()
+        .filter(|n| n.ends_with(".mlp.experts.gate_up_proj"))
+        .filter_map(|n| n.strip_prefix("model.layers.")?.split('.').next()?.parse().ok())
+        .collect()
+}
+
+pub fn summarize_groups(
+    groups: BTreeMap<TensorGroup, GroupSize>,
+    experts_per_token: u64,
+    expert_count: u64,
+) -> WeightSummary {
+    let total_parameters = groups.values().map(|g| g.parameters).sum();
+    let total_bytes = groups.values().map(|g| g.bytes).sum();
+    let routed = groups.get(&TensorGroup::RoutedExperts).cloned().unwrap_or_default();
+    let expert_count = expert_count.max(1);
+    let main_non_expert: u64 = groups
+        .iter()
+        .filter(|(k, _)| !matches!(k, TensorGroup::RoutedExperts | TensorGroup::Mtp))
+        .map(|(_, g)| g.parameters)
+        .sum();
+    WeightSummary {
+        active_parameters: main_non_expert + routed.parameters / expert_count * experts_per_token,
+        bytes_per_expert: routed.bytes / expert_count,
+        groups,
+        total_parameters,
+        total_bytes,
+    }
+}
+
+/// The one rule for what a stored tensor becomes in memory: matrices (projections,
+/// embeddings) keep their stored precision — bf16, f32, FP8 e4m3 with its block scales,
+/// int8/int4 payloads with `.qs` scales — except f16/f64, held as f32; vectors are f32.
+pub fn held_kind(
+    store: &WeightStore,
+    name: &str,
+    shape: &[usize],
+    role: Role,
+    fp8_block: Option<(usize, usize)>,
+) -> Result<QuantKind> {
+    let (file, t) = store.get(name).ok_or_else(|| anyhow!("missing tensor `{name}`"))?;
+    if !matches!(role, Role::Linear | Role::Embedding) || shape.len() != 2 {
+        return Ok(QuantKind::F32);
+    }
+    let (rows, cols) = (shape[0], shape[1]);
+    if let Some(kind) = store.quant_kind(name, rows, cols) {
+        return kind;
+    }
+    Ok(match t.dtype {
+        ElementType::BF16 => QuantKind::Bf16,
+        ElementType::F8E4M3 => {
+            let scale = format!("{name}_scale_inv");
+            let (_, s) = store
+                .get(&scale)
+                .ok_or_else(|| anyhow!("{}: FP8 tensor `{name}` has no `{scale}`", file.path().display()))?;
+            if s.shape.len() != 2 {
+                bail!("{}: `{scale}` must be 2-D", file.path().display());
+            }
+            let (br, bc) = fp8_block.unwrap_or((rows.div_ceil(s.shape[0].max(1)), cols.div_ceil(s.shape[1].max(1))));
+            QuantKind::Fp8 { block_rows: br, block_cols: bc }
+        }
+        _ => QuantKind::F32,
+    })
+}
+
+fn held_bytes(store: &WeightStore, name: &str, shape: &[usize], role: Role) -> Result<u64> {
+    let kind = held_kind(store, name, shape, role, None)?;
+    let n: usize = shape.iter().product();
+    Ok(match (kind, shape) {
+        (QuantKind::F32, _) => 4 * n as u64,
+        (k, [rows, cols]) => (k.payload_bytes(*rows, *cols) + 4 * k.scale_count(*rows, *cols)) as u64,
+        _ => 4 * n as u64,
+    })
+}
+
+/// Loads a matrix in its held precision ([`held_kind`]), checking its shape.
+pub fn load_matrix(
+    store: &WeightStore,
+    name: &str,
+    shape: [usize; 2],
+    role: Role,
+    fp8_block: Option<(usize, usize)>,
+) -> Result<HostMatrix> {
+    let (file, t) = store.get(name).ok_or_else(|| {
+        let first = store.files().next().map(|p| p.display().to_string()).unwrap_or_default();
+        anyhow!("{first}: missing tensor `{name}`")
+    })?;
+    let [rows, cols] = shape;
+    let kind = held_kind(store, name, &shape, role, fp8_block)?;
+    let quantized = store.contains(&format!("{name}.qs"));
+    if !quantized && t.shape != shape {
+        bail!("{}: tensor `{name}` has shape {:?} but the config implies {:?}", file.path().display(), t.shape, shape);
+    }
+    let m = match kind {
+        QuantKind::Bf16 => HostMatrix { kind, rows, cols, payload: file.bytes(t)?.to_vec(), scales: Vec::new() },
+        QuantKind::F32 => {
+            let v = store.load_f32(name, &shape, fp8_block)?;
+            HostMatrix::f32(rows, cols, &v)
+        }
+        QuantKind::Fp8 { .. } => {
+            let scale = format!("{name}_scale_inv");
+            let (_, s) = store.get(&scale).expect("held_kind checked the scale");
+            let scales = store.load_f32(&scale, &s.shape.clone(), None)?;
+            if scales.len() != kind.scale_count(rows, cols) {
+                bail!(
+                    "{}: `{scale}` has {} scales; blocks of {} need {}",
+                    file.path().display(),
+                    scales.len(),
+                    kind.name(),
+                    kind.scale_count(rows, cols)
+                );
+            }
+            HostMatrix { kind, rows, cols, payload: file.bytes(t)?.to_vec(), scales }
+        }
+        QuantKind::Int8Row | QuantKind::Int4Group { .. } => {
+            let qs = format!("{name}.qs");
+            let (qf, q) = store.get(&qs).expect("quant_kind found the scales");
+            let mut scales = vec![0f32; q.numel()];
+            decode_to_f32(ElementType::F32, qf.bytes(q)?, &mut scales)
+                .map_err(|e| anyhow!("{}: tensor `{qs}`: {e}", qf.path().display()))?;
+            HostMatrix { kind, rows, cols, payload: file.bytes(t)?.to_vec(), scales }
+        }
+    };
+    file.release(t);
+    Ok(m)
+}
+
+/// Loads a vector (norm scale, bias) as f32, checking its length.
+pub fn load_vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>> {
+    store.load_f32(name, &[len], None)
+}
