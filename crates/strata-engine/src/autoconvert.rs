@@ -8,7 +8,8 @@
 //! header plus 16 evenly spaced 64 KiB samples of its data), and the `config.json`
 //! fields that shape the conversion. Touching or editing `generation_config.json`, the
 //! tokenizer or the chat template reconverts nothing. A reconversion says what changed;
-//! a usage ledger kept in the old container is carried into the new one, never deleted.
+//! a usage ledger an older strata kept in the old container is moved to the model
+//! directory (where the ledger lives), never deleted.
 
 use anyhow::{anyhow, Context, Result};
 use std::fs::File;
@@ -161,7 +162,7 @@ pub fn container_for(dir: &Path, arch: &dyn Arch) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&tmp);
     convert(dir, &tmp, &ConvertOptions { experts: kind, mtp_experts: QuantKind::Int8Row }, &mut |_, _| {})?;
     std::fs::write(tmp.join(STAMP_FILE), &key)?;
-    carry_ledgers(&target, &tmp)?;
+    rescue_ledgers(&target, dir)?;
     let _ = std::fs::remove_dir_all(&target);
     if std::fs::rename(&tmp, &target).is_err() {
         // Another process finished the same conversion first: use its copy.
@@ -170,19 +171,27 @@ pub fn container_for(dir: &Path, arch: &dyn Arch) -> Result<PathBuf> {
     Ok(target)
 }
 
-/// Moves the usage ledger (and any damaged copies of it) from the old container into
-/// the new one, so a reconversion never deletes usage history.
-fn carry_ledgers(old: &Path, new: &Path) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(old) else { return Ok(()) };
+/// Moves usage ledgers an older strata kept inside the container (`.coli_usage`, and
+/// damaged copies) to the model directory, where the ledger lives now, before the old
+/// container is replaced: a reconversion never deletes usage history. A ledger already
+/// in the model directory is left as it is; the container's is then kept beside it as
+/// `.coli_usage.from-container-<unix time>` (merge by hand, or delete, at will).
+fn rescue_ledgers(container: &Path, model_dir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(container) else { return Ok(()) };
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name == ".coli_usage" || name.starts_with(".coli_usage.damaged-") {
-            let to = new.join(&name);
-            std::fs::rename(e.path(), &to)
-                .or_else(|_| std::fs::copy(e.path(), &to).map(|_| ()))
-                .with_context(|| format!("{}: cannot keep the usage ledger across reconversion", e.path().display()))?;
-            eprintln!("strata: kept the usage ledger {} as {}", e.path().display(), to.display());
+        if name != ".coli_usage" && !name.starts_with(".coli_usage.damaged-") {
+            continue;
         }
+        let mut to = model_dir.join(&name);
+        if to.exists() {
+            to = model_dir.join(format!("{name}.from-container-{secs}"));
+        }
+        std::fs::rename(e.path(), &to)
+            .or_else(|_| std::fs::copy(e.path(), &to).map(|_| ()))
+            .with_context(|| format!("{}: cannot keep the usage ledger across reconversion", e.path().display()))?;
+        eprintln!("strata: kept the usage ledger {} as {}", e.path().display(), to.display());
     }
     Ok(())
 }

@@ -26,7 +26,8 @@ fn only_weight_changes_reconvert_and_the_ledger_survives() {
     let arch = strata_models::read_arch(dir.path()).unwrap();
     let target = container_for(dir.path(), arch.as_ref()).unwrap();
     let stamp = std::fs::read_to_string(target.join(STAMP_FILE)).unwrap();
-    // A ledger and a marker that would vanish with a reconversion.
+    // A ledger where an older strata kept it, and a marker that would vanish with a
+    // reconversion.
     std::fs::write(target.join(".coli_usage"), "3 1 7\n").unwrap();
     std::fs::write(target.join("marker"), "x").unwrap();
 
@@ -53,5 +54,6 @@ fn only_weight_changes_reconvert_and_the_ledger_survives() {
     assert_eq!(container_for(dir.path(), arch.as_ref()).unwrap(), target);
     assert!(!target.join("marker").exists(), "reconverted");
     assert_ne!(std::fs::read_to_string(target.join(STAMP_FILE)).unwrap(), stamp);
-    assert_eq!(std::fs::read_to_string(target.join(".coli_usage")).unwrap(), "3 1 7\n", "ledger carried over");
+    let kept = dir.path().join(".coli_usage");
+    assert_eq!(std::fs::read_to_string(kept).unwrap(), "3 1 7\n", "ledger moved to the model directory");
 }
