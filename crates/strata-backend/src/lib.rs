@@ -233,10 +233,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn describe(&self) -> String;
     /// Threads (CPU) or streaming multiprocessors working on one op: sizes workspaces.
     fn parallelism(&self) -> usize;
-    /// Sizes the backend's own per-thread scratch for attention over up to `positions`
-    /// positions with `heads` heads (called when a session is made, so steps never grow
-    /// it).
-    fn reserve_workspace(&self, heads: usize, positions: usize);
+    /// Sizes the backend's own per-thread scratch for attention over up to `attended`
+    /// positions with `heads` heads and selection among up to `context` positions
+    /// (called when a session is made, so steps never grow it).
+    fn reserve_workspace(&self, heads: usize, attended: usize, context: usize);
 
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn alloc_idx(&self, len: usize) -> Result<Self::Idx>;

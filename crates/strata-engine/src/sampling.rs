@@ -81,11 +81,12 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        // Candidates sorted by descending logit (stable: ties keep the lower id).
+        // Candidates sorted by descending logit, ties to the lower id (an unstable sort
+        // with the id as tie-break: the same order, and no allocation).
         let cand = &mut self.cand;
         cand.clear();
         cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }

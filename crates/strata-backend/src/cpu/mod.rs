@@ -171,10 +171,10 @@ impl Backend for CpuBackend {
         self.pool.threads()
     }
 
-    fn reserve_workspace(&self, heads: usize, positions: usize) {
+    fn reserve_workspace(&self, heads: usize, attended: usize, context: usize) {
         for id in 0..self.scratch.len() {
-            drop(self.scratch(id, mla::attend_scratch(heads, positions)));
-            drop(self.iscratch(id, positions.max(1)));
+            drop(self.scratch(id, mla::attend_scratch(heads, attended)));
+            drop(self.iscratch(id, context.max(1)));
         }
     }
 

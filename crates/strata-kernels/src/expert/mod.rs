@@ -433,12 +433,12 @@ pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-/// Outputs per work item: a multiple of 8, about 64 KiB of weights (up to 1 MiB for many
-/// rows, since each item reads all of x), at least 4 items a thread. (Results do not
+/// Outputs per work item: a multiple of 8, about 256 KiB of weights (up to 4 MiB for
+/// many rows, since each item reads all of x), at least 4 items a thread. (Results do not
 /// depend on this split.)
 pub(crate) fn block_size(w: &QMatrix, rows: usize, threads: usize) -> usize {
     let row_bytes = w.kind.payload_bytes(1, w.cols).max(1);
-    let by_bytes = (64 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
+    let by_bytes = (256 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
     let by_threads = w.rows.div_ceil(threads.max(1) * 4);
     by_bytes.min(by_threads).max(8).next_multiple_of(8)
 }

@@ -283,7 +283,7 @@ impl<'m, B: Backend> GlmSession<'m, B> {
             true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok)?),
             false => None,
         };
-        b.reserve_workspace(cfg.num_attention_heads.max(cfg.index_n_heads), cfg.index_topk.min(max_len));
+        b.reserve_workspace(cfg.num_attention_heads.max(cfg.index_n_heads), cfg.index_topk.min(max_len), max_len);
         let want_cap = opts.max_seqs.min(rows).max(1);
         let mut step = Step { block_size: BLOCK_SIZE, ..Default::default() };
         step.tokens.reserve(rows);
