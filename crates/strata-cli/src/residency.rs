@@ -165,6 +165,20 @@ impl BudgetArgs {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        if budget.is_none() {
+            let flags: Vec<&str> =
+                [(!self.pin.is_empty(), "--pin"), (self.auto_pin, "--auto-pin"), (self.live_repin, "--live-repin")]
+                    .into_iter()
+                    .filter_map(|(set, flag)| set.then_some(flag))
+                    .collect();
+            if !flags.is_empty() {
+                return Err(anyhow!(
+                    "{} {} --budget: without a budget every expert is resident, so there is nothing to pin",
+                    flags.join(" and "),
+                    if flags.len() == 1 { "needs" } else { "need" }
+                ));
+            }
+        }
         if self.working_slots == 0 {
             return Err(anyhow!("--working-slots must be at least 1"));
         }

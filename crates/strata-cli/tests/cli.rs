@@ -252,6 +252,13 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "1:99"]), &["--pin 1:99", "no such routed expert"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "one"]), &["--pin `one`", "LAYER:EXPERT"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--auto-pin", "--usage", "off"]), &["--usage off"]);
+    // Pin flags without a budget would do nothing: refused.
+    assert_one_line_error(&run(&["--pin", "1:2"]), &["--pin needs --budget", "every expert is resident"]);
+    assert_one_line_error(&run(&["--auto-pin"]), &["--auto-pin needs --budget"]);
+    assert_one_line_error(
+        &run(&["--pin", "1:2", "--auto-pin", "--live-repin"]),
+        &["--pin and --auto-pin and --live-repin need --budget"],
+    );
 
     let out_dir = tempfile::tempdir().unwrap();
     let o = out_dir.path().join("c");

@@ -213,10 +213,12 @@ impl StreamedExperts {
     /// Submits the read that fills `slot` with `key`.
     fn submit(&self, slot: usize, key: ExpertKey) -> Result<ReadTicket> {
         let (segments, _) = self.source.locate(key.0, key.1)?;
+        let check = self.source.read_check(key.0, key.1);
         // SAFETY: the slot is in phase Loading: nothing reads or writes it until the
         // ticket is waited on.
         Ok(unsafe {
-            self.io.submit(segments, self.slab.as_ptr().add(slot * self.slot_bytes) as *mut u8, self.slot_bytes)
+            let dest = self.slab.as_ptr().add(slot * self.slot_bytes) as *mut u8;
+            self.io.submit_checked(segments, dest, self.slot_bytes, check)
         })
     }
 
@@ -362,6 +364,7 @@ impl StreamedExperts {
             if let Err(e) = ledger.flush() {
                 eprintln!("warning: usage ledger {} not saved: {e}", ledger.path().display());
             }
+            ledger.take_warnings().iter().for_each(|w| eprintln!("warning: {w}"));
         }
         self.relieve_pressure(&mut st);
         let report = RuntimeReport {
