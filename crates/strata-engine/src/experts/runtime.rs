@@ -63,6 +63,9 @@ pub struct RuntimeOptions {
     pub auto_pin: bool,
     pub live_repin: bool,
     pub usage: UsageSetting,
+    /// Use a ledger another engine wrote (its counts, rewritten under ours at the next
+    /// flush) instead of refusing it.
+    pub usage_import: bool,
     /// O_DIRECT reads (default); false uses the page cache.
     pub direct_io: bool,
     pub io_workers: usize,
@@ -78,6 +81,7 @@ impl Default for RuntimeOptions {
             auto_pin: false,
             live_repin: false,
             usage: UsageSetting::Default,
+            usage_import: false,
             direct_io: true,
             io_workers: 2,
             pilot: PilotMode::Off,
