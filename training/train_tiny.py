@@ -105,7 +105,9 @@ def full_config(cfg):
     c["head_dim"] = c["qk_rope_head_dim"]
     c["mlp_layer_types"] = ["dense"] * c["first_k_dense_replace"] + ["sparse"] * (L - c["first_k_dense_replace"])
     c["indexer_types"] = ["full"] * L
-    c["layer_types"] = ["indexed_attention"] * L
+    # "deepseek_sparse_attention": the name transformers 5.17 knows; 5.18 renamed it
+    # "indexed_attention" and still accepts (and maps) the old name, so both load.
+    c["layer_types"] = ["deepseek_sparse_attention"] * L
     return c
 
 

@@ -129,6 +129,10 @@ pub struct BudgetArgs {
     /// Usage ledger: a path, or `off` (default: <model>/.coli_usage).
     #[arg(long)]
     usage: Option<String>,
+    /// Use a usage ledger another engine wrote (its counts are kept and rewritten under
+    /// strata's id) instead of refusing it.
+    #[arg(long)]
+    usage_import: bool,
     /// Use the page cache for expert reads instead of O_DIRECT.
     #[arg(long)]
     page_cache: bool,
@@ -201,6 +205,20 @@ impl BudgetArgs {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        if budget.is_none() {
+            let flags: Vec<&str> =
+                [(!self.pin.is_empty(), "--pin"), (self.auto_pin, "--auto-pin"), (self.live_repin, "--live-repin")]
+                    .into_iter()
+                    .filter_map(|(set, flag)| set.then_some(flag))
+                    .collect();
+            if !flags.is_empty() {
+                return Err(anyhow!(
+                    "{} {} --budget: without a budget every expert is resident, so there is nothing to pin",
+                    flags.join(" and "),
+                    if flags.len() == 1 { "needs" } else { "need" }
+                ));
+            }
+        }
         if self.working_slots == 0 {
             return Err(anyhow!("--working-slots must be at least 1"));
         }
@@ -212,6 +230,9 @@ impl BudgetArgs {
             Some("off") => UsageSetting::Off,
             Some(p) => UsageSetting::Path(PathBuf::from(p)),
         };
+        if self.usage_import && usage == UsageSetting::Off {
+            return Err(anyhow!("--usage-import imports a usage ledger; drop --usage off"));
+        }
         if (self.auto_pin || self.live_repin) && usage == UsageSetting::Off {
             return Err(anyhow!("--auto-pin and --live-repin learn from the usage ledger; drop --usage off"));
         }
@@ -245,6 +266,7 @@ impl BudgetArgs {
                 auto_pin: self.auto_pin,
                 live_repin: self.live_repin,
                 usage,
+                usage_import: self.usage_import,
                 direct_io: !self.page_cache,
                 io_workers: self.io_workers,
                 pilot,

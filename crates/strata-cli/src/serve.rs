@@ -21,6 +21,9 @@ pub struct ServeArgs {
     /// Requests that may wait while one generates; beyond them, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    /// Largest request body accepted (4MiB, 512KiB or bytes); larger ones get 413.
+    #[arg(long, default_value = "4MiB")]
+    max_body: String,
     /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
     /// --context tokens.
     #[command(flatten)]
@@ -31,6 +34,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref() == Some("") {
         bail!("--api-key: the key is empty");
     }
+    let max_body = strata_residency::parse_size(&a.max_body).map_err(|e| anyhow::anyhow!("--max-body: {e}"))?;
+    if max_body == 0 || max_body > usize::MAX as u64 {
+        bail!("--max-body must be at least 1 byte, got {}", a.max_body);
+    }
     let load = a.budget.load_options_for(&a.model)?;
     strata_server::serve(strata_server::ServerConfig {
         model_dir: a.model,
@@ -39,5 +46,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         api_key: a.api_key,
         queue: a.queue,
         load,
+        max_body: max_body as usize,
     })
 }

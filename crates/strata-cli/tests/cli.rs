@@ -252,6 +252,27 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "1:99"]), &["--pin 1:99", "no such routed expert"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "one"]), &["--pin `one`", "LAYER:EXPERT"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--auto-pin", "--usage", "off"]), &["--usage off"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--usage-import", "--usage", "off"]), &["--usage-import"]);
+    // A ledger another engine wrote is refused unless imported.
+    let ledger = d.path().join(".coli_usage");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let foreign: String =
+        text.lines().map(|l| if l.starts_with("-2 ") { "-2 1 12345".into() } else { l.to_string() } + "\n").collect();
+    std::fs::write(&ledger, foreign).unwrap();
+    assert_one_line_error(&run(&["--budget", "200MiB"]), &["usage ledger", "--usage-import"]);
+    let out = run(&["--budget", "200MiB", "--usage-import"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(run(&["--budget", "200MiB"]).status.success(), "an imported ledger is rewritten under strata's id");
+    // --mtp on needs a draft layer; the fixture has none.
+    assert_one_line_error(&run(&["--mtp", "on"]), &["--mtp on", "no draft (MTP) layer"]);
+    assert_one_line_error(&run(&["--mtp", "maybe"]), &["--mtp `maybe`"]);
+    // Pin flags without a budget would do nothing: refused.
+    assert_one_line_error(&run(&["--pin", "1:2"]), &["--pin needs --budget", "every expert is resident"]);
+    assert_one_line_error(&run(&["--auto-pin"]), &["--auto-pin needs --budget"]);
+    assert_one_line_error(
+        &run(&["--pin", "1:2", "--auto-pin", "--live-repin"]),
+        &["--pin and --auto-pin and --live-repin need --budget"],
+    );
 
     let out_dir = tempfile::tempdir().unwrap();
     let o = out_dir.path().join("c");

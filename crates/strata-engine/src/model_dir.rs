@@ -12,7 +12,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_models::{read_arch, Arch, Device, ExpertsChoice, LoadSpec, Model};
-use strata_residency::UsageLedger;
+use strata_residency::{LedgerOpen, UsageLedger};
 use strata_storage::WeightStore;
 
 /// How to load: the device, the memory budget and the expert runtime's options.
@@ -256,9 +256,17 @@ fn open_experts(
             let mut rows = layers.clone();
             let moe = arch.moe().expect("an expert source implies routed experts");
             rows.extend(moe.mtp_layers.iter().take(1));
-            let (ledger, warnings) =
-                UsageLedger::open(&path, info.num_layers, source.experts_per_layer(), &rows, explicit)
-                    .map_err(|e| anyhow!("{e}"))?;
+            // The family names the engine that wrote the counts.
+            let how = LedgerOpen { explicit, allow_foreign: rt.usage_import };
+            let (ledger, warnings) = UsageLedger::open_with(
+                arch.family().name,
+                &path,
+                info.num_layers,
+                source.experts_per_layer(),
+                &rows,
+                how,
+            )
+            .map_err(|e| anyhow!("{e}"))?;
             for w in warnings {
                 eprintln!("warning: {w}");
             }

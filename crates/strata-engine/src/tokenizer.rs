@@ -35,6 +35,22 @@ impl TextTokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// The longest token's text in bytes (its vocabulary spelling, or its decoded text
+    /// if longer): a text of `n` bytes is at least `n / max_token_bytes()` tokens for
+    /// tokenizers without shrinking normalizers. At least 1.
+    pub fn max_token_bytes(&self) -> usize {
+        let n = self.vocab_size() as u32;
+        (0..n)
+            .map(|id| {
+                let raw = self.inner.id_to_token(id).map_or(0, |t| t.len());
+                let decoded = self.inner.decode(&[id], false).map_or(0, |t| t.len());
+                raw.max(decoded)
+            })
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
 }
 
 /// Turns a growing list of generated ids into text deltas. Holds back an incomplete

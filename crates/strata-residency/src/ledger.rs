@@ -14,11 +14,27 @@
 //! and sits in the third field because old readers parse that one with `%u`. `n_layers`
 //! is inclusive: rows `0..=n_layers` exist, the last one being the MTP layer. An empty
 //! history is written as a zero-byte file, as the C engine does.
+//!
+//! Trust rules (issue #10):
+//! - Damage is per line: a line that is not a record (wrong field count, not integers, a
+//!   negative count, not text) is reported with its line number; every readable record
+//!   is kept, and the damaged file is kept next to the ledger as
+//!   `<name>.damaged-<unix time>` before a cleaned file replaces it.
+//! - Counts of any size saturate at `u32::MAX`.
+//! - A ledger without write permission is left alone: flushes become no-ops (the first
+//!   one returns an error the caller prints as a warning).
+//! - Another engine's ledger is refused unless the caller asks to import it
+//!   ([`LedgerOpen::allow_foreign`]); naming the file is not enough.
+//! - Flushes merge: under an `flock` on a sidecar `<name>.lock`, the file on disk is
+//!   read, this process's counts since its last flush are added, and the result
+//!   replaces the file atomically (same-directory temp file, fsync, rename, directory
+//!   fsync). Concurrent processes on one model lose no count. Temp files left by killed
+//!   flushes (`<name>.tmp.<pid>.<seq>`) are removed by the next flush when their owner
+//!   is dead or they are older than a minute.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
@@ -31,10 +47,9 @@ pub const GLM_ENGINE: &str = "glm_moe_dsa";
 /// Engine names known to write this format, so a mismatch can name the writer.
 const KNOWN_ENGINES: [&str; 4] = ["glm_moe_dsa", "inkling", "olmoe", "kimi_k3"];
 
-/// The explicit-override warning is printed once per process, like the C engine's.
-static OVERRIDE_WARNED: AtomicBool = AtomicBool::new(false);
-/// Distinguishes concurrent flushes' temp files within one process.
-static FLUSH_SEQ: AtomicU64 = AtomicU64::new(0);
+mod disk;
+
+use disk::Line;
 
 /// 32-bit FNV-1a, the C engine's stable engine-id hash.
 pub fn fnv1a32(s: &str) -> u32 {
@@ -52,8 +67,8 @@ fn engine_name(id: u32) -> String {
 /// Why a ledger could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerError {
-    /// The file declares another model shape, a newer format, or (unless named
-    /// explicitly) another engine. The message names both sides.
+    /// The file declares another model shape, a newer format, or another engine (unless
+    /// importing). The message names both sides.
     Refused(String),
     /// The ledger's own configuration is invalid.
     InvalidConfig(String),
@@ -68,6 +83,17 @@ impl std::fmt::Display for LedgerError {
 }
 
 impl std::error::Error for LedgerError {}
+
+/// How to open a ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerOpen {
+    /// The user named the file (`--usage PATH`); only changes the wording of messages.
+    pub explicit: bool,
+    /// Import a ledger another engine wrote (`--usage-import`): its counts are used, with
+    /// a warning, and the next flush rewrites the file under this engine's id. Without
+    /// it such a file is refused.
+    pub allow_foreign: bool,
+}
 
 /// Ledger totals for telemetry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -86,10 +112,12 @@ pub struct LedgerSnapshot {
     pub dirty: bool,
 }
 
-/// Per tracked layer: persistent counts and session heat/recency.
+/// Per tracked layer: persistent counts, this process's counts since its last flush,
+/// and session heat/recency.
 #[derive(Debug, Clone)]
 struct Row {
     counts: Vec<u32>,
+    delta: Vec<u32>,
     heat: Vec<u32>,
     last: Vec<u64>,
 }
@@ -101,18 +129,30 @@ pub struct UsageLedger {
     engine: String,
     n_layers: usize,
     n_experts: usize,
+    opts: LedgerOpen,
     /// Indexed by model layer `0..=n_layers`; None for dense (untracked) layers.
     rows: Vec<Option<Row>>,
     clock: u64,
     session_selections: u64,
     ignored_selections: u64,
     dirty: bool,
+    /// The file is left alone (no write permission, or unreadable).
+    read_only: bool,
+    read_only_reported: bool,
+    /// Warnings raised by flushes, for [`Self::take_warnings`].
+    warnings: Vec<String>,
 }
 
-/// How reading a file failed.
-enum ReadFailure {
-    Damaged(String),
-    Refused(String),
+/// A file's contents as far as they are readable.
+struct Parsed {
+    /// Tracked (layer, expert, count) records.
+    records: Vec<(usize, usize, u32)>,
+    /// (line number, why) of every line that is not a record.
+    damaged: Vec<(usize, String)>,
+    /// Records naming layers or experts this model does not track.
+    dropped: u64,
+    /// The engine id of a foreign writer, when imported.
+    foreign: Option<String>,
 }
 
 impl UsageLedger {
@@ -137,23 +177,29 @@ impl UsageLedger {
             )));
         }
         let mut rows = vec![None; n_layers + 1];
+        let zeros = || vec![0; n_experts];
         for &l in sparse_layers {
-            rows[l] = Some(Row { counts: vec![0; n_experts], heat: vec![0; n_experts], last: vec![0; n_experts] });
+            rows[l] = Some(Row { counts: zeros(), delta: zeros(), heat: zeros(), last: vec![0; n_experts] });
         }
         Ok(UsageLedger {
             path: path.into(),
             engine: engine.to_string(),
             n_layers,
             n_experts,
+            opts: LedgerOpen::default(),
             rows,
             clock: 0,
             session_selections: 0,
             ignored_selections: 0,
             dirty: false,
+            read_only: false,
+            read_only_reported: false,
+            warnings: Vec::new(),
         })
     }
 
-    /// Opens the GLM-5 (`glm_moe_dsa`) ledger at `path`; see [`Self::open_for_engine`].
+    /// Opens the GLM-5 (`glm_moe_dsa`) ledger at `path`, refusing other engines' files;
+    /// see [`Self::open_with`].
     pub fn open(
         path: impl Into<PathBuf>,
         n_layers: usize,
@@ -161,24 +207,11 @@ impl UsageLedger {
         sparse_layers: &[usize],
         explicit: bool,
     ) -> Result<(Self, Vec<String>), LedgerError> {
-        Self::open_for_engine(GLM_ENGINE, path, n_layers, n_experts, sparse_layers, explicit)
+        let opts = LedgerOpen { explicit, allow_foreign: false };
+        Self::open_with(GLM_ENGINE, path, n_layers, n_experts, sparse_layers, opts)
     }
 
-    /// Opens a ledger, loading the file when it exists. Returns the ledger and any
-    /// warnings for the user.
-    ///
-    /// - A missing file gives an empty ledger; a headerless (legacy) file is accepted.
-    /// - A damaged or unreadable file gives a warning and an empty ledger (the next
-    ///   flush replaces it); never an error.
-    /// - Declared dimensions that differ, or a newer format version, are refused
-    ///   ([`LedgerError::Refused`], naming both sides).
-    /// - Another engine's file is refused unless `explicit` (the user named the path),
-    ///   in which case it is used with a warning, once per process.
-    /// - Records naming untracked layers or experts are dropped (with a warning);
-    ///   other negative layer ids are reserved header records and skipped.
-    ///
-    /// On refusal the caller decides: stop with the message, or run without a ledger.
-    /// Do not flush a fresh ledger over a refused file unless the user asks to.
+    /// [`Self::open_with`] without importing foreign files.
     pub fn open_for_engine(
         engine: &str,
         path: impl Into<PathBuf>,
@@ -187,115 +220,230 @@ impl UsageLedger {
         sparse_layers: &[usize],
         explicit: bool,
     ) -> Result<(Self, Vec<String>), LedgerError> {
+        let opts = LedgerOpen { explicit, allow_foreign: false };
+        Self::open_with(engine, path, n_layers, n_experts, sparse_layers, opts)
+    }
+
+    /// Opens a ledger, loading the file when it exists. Returns the ledger and warnings
+    /// for the caller to print.
+    ///
+    /// - A missing file gives an empty ledger; a headerless (legacy) file is accepted.
+    /// - Lines that are not records are reported by number; the readable records are
+    ///   kept; the damaged file is kept as `<name>.damaged-<time>` and replaced by the
+    ///   readable records (under the lock; skipped, with a warning, when read-only).
+    /// - An unreadable file or one without write permission is left alone: the ledger
+    ///   works in memory and never writes it.
+    /// - Declared dimensions that differ, or a newer format version, are refused
+    ///   ([`LedgerError::Refused`], naming both sides).
+    /// - Another engine's file is refused unless `opts.allow_foreign`.
+    /// - Records naming untracked layers or experts are dropped (with a warning);
+    ///   other negative layer ids are reserved header records and skipped.
+    pub fn open_with(
+        engine: &str,
+        path: impl Into<PathBuf>,
+        n_layers: usize,
+        n_experts: usize,
+        sparse_layers: &[usize],
+        opts: LedgerOpen,
+    ) -> Result<(Self, Vec<String>), LedgerError> {
         let mut ledger = Self::new(engine, path, n_layers, n_experts, sparse_layers)?;
+        ledger.opts = opts;
         let mut warnings = Vec::new();
+        let shown = ledger.path.display().to_string();
         let bytes = match fs::read(&ledger.path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((ledger, warnings)),
             Err(e) => {
-                warnings.push(format!("cannot read usage ledger {}: {e}; starting a fresh one", ledger.path.display()));
+                ledger.read_only = true;
+                ledger.read_only_reported = true;
+                warnings
+                    .push(format!("cannot read usage ledger {shown}: {e}; counting in memory, the file is left alone"));
                 return Ok((ledger, warnings));
             }
         };
-        match ledger.load(&bytes, explicit, &mut warnings) {
-            Ok(()) => Ok((ledger, warnings)),
-            Err(ReadFailure::Refused(msg)) => Err(LedgerError::Refused(msg)),
-            Err(ReadFailure::Damaged(detail)) => {
-                ledger.clear_counts();
-                warnings.push(format!(
-                    "ignoring damaged usage ledger {}: {detail}; starting a fresh one",
-                    ledger.path.display()
-                ));
-                Ok((ledger, warnings))
+        let parsed = ledger.absorb(&bytes, &mut warnings)?;
+        ledger.read_only = disk::is_read_only(&ledger.path);
+        if !parsed.damaged.is_empty() {
+            warnings.push(damage_message(&shown, &parsed));
+            if ledger.read_only {
+                warnings.push(format!("usage ledger {shown} is read-only: the damaged file is left as it is"));
+            } else {
+                // Set it aside and write back what was readable, under the lock.
+                match ledger.merge_and_write() {
+                    Ok(mut w) => warnings.append(&mut w),
+                    Err(e) => warnings.push(format!("usage ledger {shown}: could not set the damaged file aside: {e}")),
+                }
             }
         }
+        Ok((ledger, warnings))
     }
 
-    fn load(&mut self, bytes: &[u8], explicit: bool, warnings: &mut Vec<String>) -> Result<(), ReadFailure> {
-        let path = self.path.display().to_string();
-        let text = std::str::from_utf8(bytes).map_err(|e| ReadFailure::Damaged(format!("not text ({e})")))?;
-        let mut dropped = 0u64;
-        for (index, line) in text.lines().enumerate() {
-            let n = index + 1;
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.is_empty() {
-                continue;
-            }
-            let [f1, f2, f3] = fields[..] else {
-                return Err(ReadFailure::Damaged(format!(
-                    "line {n}: expected `<layer> <expert> <count>`, found {line:?}"
-                )));
+    /// A ledger from file contents held in memory (fuzzing, tests): the rules of
+    /// [`Self::open_with`], but nothing is read or written (damage is reported, not set
+    /// aside). The ledger's path is `path`, for messages and later flushes.
+    pub fn from_bytes(
+        engine: &str,
+        path: impl Into<PathBuf>,
+        n_layers: usize,
+        n_experts: usize,
+        sparse_layers: &[usize],
+        opts: LedgerOpen,
+        bytes: &[u8],
+    ) -> Result<(Self, Vec<String>), LedgerError> {
+        let mut ledger = Self::new(engine, path, n_layers, n_experts, sparse_layers)?;
+        ledger.opts = opts;
+        let mut warnings = Vec::new();
+        let parsed = ledger.absorb(bytes, &mut warnings)?;
+        if !parsed.damaged.is_empty() {
+            warnings.push(damage_message(&ledger.path.display().to_string(), &parsed));
+        }
+        Ok((ledger, warnings))
+    }
+
+    /// Parses `bytes` and adds their counts; warns about foreign writers and dropped
+    /// records (not damage: the caller decides what to do with it).
+    fn absorb(&mut self, bytes: &[u8], warnings: &mut Vec<String>) -> Result<Parsed, LedgerError> {
+        let shown = self.path.display().to_string();
+        let parsed = self.parse(bytes).map_err(LedgerError::Refused)?;
+        if let Some(writer) = &parsed.foreign {
+            warnings.push(format!(
+                "usage ledger {shown}: written by {writer}, this engine is {}; importing its counts as asked \
+                 (expert ids may not mean the same experts); the next save writes it as {}'s",
+                self.engine, self.engine
+            ));
+        }
+        if parsed.dropped > 0 {
+            warnings.push(format!(
+                "usage ledger {shown}: dropped {} records naming layers or experts this model does not track",
+                parsed.dropped
+            ));
+        }
+        for &(l, e, c) in &parsed.records {
+            let row = self.rows[l].as_mut().expect("parse keeps tracked rows only");
+            row.counts[e] = row.counts[e].saturating_add(c);
+        }
+        Ok(parsed)
+    }
+
+    /// Reads a file's records leniently; `Err` only for a refusal (another model's
+    /// shape, a newer format, another engine unless importing).
+    fn parse(&self, bytes: &[u8]) -> Result<Parsed, String> {
+        let path = self.path.display();
+        let mut parsed = Parsed { records: Vec::new(), damaged: Vec::new(), dropped: 0, foreign: None };
+        for (n, line) in disk::lines(bytes) {
+            let line = match line.and_then(disk::parse_line) {
+                Ok(line) => line,
+                Err(why) => {
+                    parsed.damaged.push((n, why));
+                    continue;
+                }
             };
-            let bad = |what: &str, field: &str| ReadFailure::Damaged(format!("line {n}: invalid {what} {field:?}"));
-            let layer: i64 = f1.parse().map_err(|_| bad("layer", f1))?;
-            let second: i64 = f2.parse().map_err(|_| bad("second field", f2))?;
-            let third: u64 = f3.parse().map_err(|_| bad("third field", f3))?;
-            match layer {
-                -1 => {
-                    if second != self.n_layers as i64 || third != self.n_experts as u64 {
-                        return Err(ReadFailure::Refused(format!(
-                            "usage ledger {path}: history is {second} layers x {third} experts, this model \
-                             is {} x {}; refusing rather than misreading it",
-                            self.n_layers, self.n_experts
-                        )));
+            match line {
+                Line::Blank | Line::Reserved => {}
+                Line::Dims(layers, experts) => {
+                    if layers != Some(self.n_layers as u64) || experts != Some(self.n_experts as u64) {
+                        let show = |v: Option<u64>| v.map_or("a negative number of".to_string(), |v| v.to_string());
+                        return Err(format!(
+                            "usage ledger {path}: history is {} layers x {} experts, this model is {} x {}; \
+                             refusing rather than misreading it",
+                            show(layers),
+                            show(experts),
+                            self.n_layers,
+                            self.n_experts
+                        ));
                     }
                 }
-                -2 => {
-                    if second > FORMAT_VERSION as i64 {
-                        return Err(ReadFailure::Refused(format!(
-                            "usage ledger {path}: format version {second}, this build reads {FORMAT_VERSION}; \
+                Line::Version(version, engine) => {
+                    if version.is_none_or(|v| v > FORMAT_VERSION as u64) {
+                        let v = version.map_or("negative".to_string(), |v| v.to_string());
+                        return Err(format!(
+                            "usage ledger {path}: format version {v}, this build reads {FORMAT_VERSION}; \
                              refusing rather than misreading it"
-                        )));
+                        ));
                     }
-                    let ours = fnv1a32(&self.engine);
-                    if third != ours as u64 {
-                        let writer = u32::try_from(third)
+                    let ours = fnv1a32(&self.engine) as u64;
+                    if engine != Some(ours) {
+                        let writer = engine
+                            .and_then(|id| u32::try_from(id).ok())
                             .map(engine_name)
-                            .unwrap_or_else(|_| format!("an unknown engine (id {third})"));
-                        if !explicit {
-                            return Err(ReadFailure::Refused(format!(
+                            .unwrap_or_else(|| "an unknown engine (invalid id)".to_string());
+                        if !self.opts.allow_foreign {
+                            return Err(format!(
                                 "usage ledger {path}: written by {writer}, this engine is {}; refusing \
-                                 (name the file explicitly to use it anyway)",
-                                self.engine
-                            )));
-                        }
-                        if !OVERRIDE_WARNED.swap(true, Ordering::Relaxed) {
-                            warnings.push(format!(
-                                "usage ledger {path}: written by {writer}, this engine is {}; honouring \
-                                 it because you named it explicitly (placement only; expert ids do not \
-                                 transfer between engines)",
+                                 (import its counts with --usage-import, or name another file with --usage)",
                                 self.engine
                             ));
                         }
+                        parsed.foreign = Some(writer);
                     }
                 }
-                l if l < 0 => {} // reserved for future header records
-                l => {
-                    let expert = usize::try_from(second).ok().filter(|&e| e < self.n_experts);
-                    let row = usize::try_from(l).ok().and_then(|l| self.rows.get_mut(l)).and_then(Option::as_mut);
-                    match (row, expert) {
-                        (Some(row), Some(e)) => {
-                            let add = u32::try_from(third).unwrap_or(u32::MAX);
-                            row.counts[e] = row.counts[e].saturating_add(add);
-                        }
-                        _ => dropped += 1,
+                Line::Record { layer, expert, count } => {
+                    let layer = usize::try_from(layer).ok().filter(|&l| self.rows.get(l).is_some_and(Option::is_some));
+                    let expert = expert.and_then(|e| usize::try_from(e).ok()).filter(|&e| e < self.n_experts);
+                    match (layer, expert) {
+                        (Some(l), Some(e)) => parsed.records.push((l, e, count)),
+                        _ => parsed.dropped += 1,
                     }
                 }
             }
         }
-        if dropped > 0 {
-            warnings.push(format!(
-                "usage ledger {path}: dropped {dropped} records naming layers or experts this model \
-                 does not track"
-            ));
-        }
-        Ok(())
+        Ok(parsed)
     }
 
-    fn clear_counts(&mut self) {
-        for row in self.rows.iter_mut().flatten() {
-            row.counts.fill(0);
+    /// Under the lock: reads the file on disk, adds this process's counts since its last
+    /// flush, replaces the file atomically, and takes the merged counts as its own.
+    /// A damaged file on disk is set aside first. Returns warnings.
+    fn merge_and_write(&mut self) -> io::Result<Vec<String>> {
+        let (dir, name) = disk::split(&self.path)?;
+        let _lock = disk::LedgerLock::acquire(&dir, &name)?;
+        let removed = disk::remove_stale_temps(&dir, &name);
+        let shown = self.path.display().to_string();
+        let mut warnings = Vec::new();
+        if removed > 0 {
+            warnings.push(format!("usage ledger {shown}: removed {removed} temp files left by killed runs"));
         }
+        if disk::is_read_only(&self.path) {
+            self.read_only = true;
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the file is read-only"));
+        }
+        let mut merged: Vec<Option<Vec<u32>>> =
+            self.rows.iter().map(|r| r.as_ref().map(|_| vec![0u32; self.n_experts])).collect();
+        match fs::read(&self.path) {
+            Ok(bytes) => {
+                let parsed = self.parse(&bytes).map_err(io::Error::other)?;
+                if !parsed.damaged.is_empty() {
+                    let aside = disk::set_aside(&self.path)?;
+                    warnings.push(format!(
+                        "{}; the damaged file is kept as {}",
+                        damage_message(&shown, &parsed),
+                        aside.display()
+                    ));
+                }
+                for (l, e, c) in parsed.records {
+                    let row = merged[l].as_mut().expect("tracked");
+                    row[e] = row[e].saturating_add(c);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        for (m, row) in merged.iter_mut().zip(&self.rows) {
+            if let (Some(m), Some(row)) = (m.as_mut(), row) {
+                for (c, d) in m.iter_mut().zip(&row.delta) {
+                    *c = c.saturating_add(*d);
+                }
+            }
+        }
+        let text = render(&self.engine, self.n_layers, self.n_experts, &merged);
+        disk::replace(&self.path, text.as_bytes())?;
+        for (m, row) in merged.into_iter().zip(self.rows.iter_mut()) {
+            if let (Some(m), Some(row)) = (m, row.as_mut()) {
+                row.counts = m;
+                row.delta.fill(0);
+            }
+        }
+        self.dirty = false;
+        Ok(warnings)
     }
 
     pub fn path(&self) -> &Path {
@@ -337,6 +485,7 @@ impl UsageLedger {
             }
             self.clock += 1;
             row.counts[e] = row.counts[e].saturating_add(1);
+            row.delta[e] = row.delta[e].saturating_add(1);
             row.heat[e] = row.heat[e].saturating_add(1);
             row.last[e] = self.clock;
             self.session_selections += 1;
@@ -408,68 +557,108 @@ impl UsageLedger {
         ranked
     }
 
-    /// The file contents: headers and sparse records, or nothing for an empty history.
+    /// The file contents of the in-memory counts: headers and sparse records, or
+    /// nothing for an empty history.
     pub fn to_text(&self) -> String {
-        let mut out = String::new();
-        if self.rows.iter().flatten().all(|r| r.counts.iter().all(|&c| c == 0)) {
-            return out;
-        }
-        use std::fmt::Write as _;
-        let _ = writeln!(out, "-1 {} {}", self.n_layers, self.n_experts);
-        let _ = writeln!(out, "-2 {} {}", FORMAT_VERSION, fnv1a32(&self.engine));
-        for (layer, row) in self.rows.iter().enumerate() {
-            for (expert, &count) in row.iter().flat_map(|r| r.counts.iter().enumerate()) {
-                if count > 0 {
-                    let _ = writeln!(out, "{layer} {expert} {count}");
-                }
-            }
-        }
-        out
+        let counts: Vec<Option<Vec<u32>>> = self.rows.iter().map(|r| r.as_ref().map(|r| r.counts.clone())).collect();
+        render(&self.engine, self.n_layers, self.n_experts, &counts)
     }
 
-    /// Writes the ledger atomically if counts changed since the last flush: a temp file
-    /// in the same directory, written and fsynced, renamed over the ledger, then the
-    /// directory fsynced. A crash at any moment leaves the old or the new file whole
-    /// (a killed process may leave a `.NAME.tmp.*` file behind). Returns whether it wrote.
+    /// Whether the file is left alone (no write permission, or unreadable at open).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Warnings raised by flushes (a damaged file set aside, temp files removed); print
+    /// them after [`Self::flush`].
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Saves the counts if they changed since the last flush, merging with the file:
+    /// under the sidecar lock, read the file, add this process's counts since its last
+    /// flush, and replace the file atomically (same-directory temp file, fsync, rename,
+    /// directory fsync). A crash at any moment leaves the old or the new file whole;
+    /// concurrent processes lose no count. Returns whether it wrote.
+    ///
+    /// A read-only (or unreadable) ledger is never written: the first flush with
+    /// something to save returns an error saying so (print it as a warning), later ones
+    /// return `Ok(false)`. Other errors leave the counts pending for the next flush.
     pub fn flush(&mut self) -> io::Result<bool> {
         if !self.dirty {
             return Ok(false);
         }
-        self.write_atomically()?;
-        self.dirty = false;
-        Ok(true)
+        self.save()
     }
 
     /// Like [`Self::flush`] but writes even when nothing changed.
-    pub fn write_atomically(&self) -> io::Result<()> {
-        let dir = match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self
-            .path
-            .file_name()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "usage ledger path has no file name"))?;
-        let temp = dir.join(format!(
-            ".{}.tmp.{}.{}",
-            name.to_string_lossy(),
-            std::process::id(),
-            FLUSH_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let result = (|| {
-            let mut file = File::create(&temp)?;
-            file.write_all(self.to_text().as_bytes())?;
-            file.sync_all()?;
-            drop(file);
-            fs::rename(&temp, &self.path)?;
-            // Make the rename itself durable.
-            File::open(&dir)?.sync_all()
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        result.map_err(|e| io::Error::new(e.kind(), format!("writing usage ledger {}: {e}", self.path.display())))
+    pub fn write_atomically(&mut self) -> io::Result<()> {
+        self.save().map(|_| ())
     }
+
+    fn save(&mut self) -> io::Result<bool> {
+        let shown = self.path.display().to_string();
+        if self.read_only {
+            if std::mem::replace(&mut self.read_only_reported, true) {
+                return Ok(false);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("usage ledger {shown} is read-only; leaving it alone (this session's counts are not saved)"),
+            ));
+        }
+        match self.merge_and_write() {
+            Ok(mut warnings) => {
+                self.warnings.append(&mut warnings);
+                Ok(true)
+            }
+            Err(e) if self.read_only || matches!(e.kind(), io::ErrorKind::PermissionDenied) => {
+                self.read_only = true;
+                self.read_only_reported = true;
+                Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "usage ledger {shown}: {e}; leaving it alone from now on (this session's counts are not saved)"
+                    ),
+                ))
+            }
+            Err(e) => Err(io::Error::new(e.kind(), format!("writing usage ledger {shown}: {e}"))),
+        }
+    }
+}
+
+/// One warning for a file's damaged lines (the first few by number).
+fn damage_message(path: &str, parsed: &Parsed) -> String {
+    const SHOWN: usize = 5;
+    let mut lines: Vec<String> = parsed.damaged.iter().take(SHOWN).map(|(n, why)| format!("line {n}: {why}")).collect();
+    if parsed.damaged.len() > SHOWN {
+        lines.push(format!("and {} more", parsed.damaged.len() - SHOWN));
+    }
+    format!(
+        "damaged usage ledger {path}: {} not a record ({}); kept the {} readable records",
+        if parsed.damaged.len() == 1 { "1 line is".to_string() } else { format!("{} lines are", parsed.damaged.len()) },
+        lines.join("; "),
+        parsed.records.len()
+    )
+}
+
+/// The file format: headers and sparse records, or nothing for an empty history.
+fn render(engine: &str, n_layers: usize, n_experts: usize, rows: &[Option<Vec<u32>>]) -> String {
+    let mut out = String::new();
+    if rows.iter().flatten().all(|r| r.iter().all(|&c| c == 0)) {
+        return out;
+    }
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "-1 {n_layers} {n_experts}");
+    let _ = writeln!(out, "-2 {} {}", FORMAT_VERSION, fnv1a32(engine));
+    for (layer, row) in rows.iter().enumerate() {
+        for (expert, &count) in row.iter().flat_map(|r| r.iter().enumerate()) {
+            if count > 0 {
+                let _ = writeln!(out, "{layer} {expert} {count}");
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub mod trace;
 pub mod union;
 
 pub use coupling::{coupling, CouplingOptions, CouplingReport};
-pub use ledger::{fnv1a32, LedgerError, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
+pub use ledger::{fnv1a32, LedgerError, LedgerOpen, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
     format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,
 };
@@ -60,7 +60,9 @@ pub use policy::{
 };
 pub use replay::{replay, PolicyResult, ReplayConfig, ReplayReport};
 pub use slots::{Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
-pub use trace::{parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, TRACE_HEADER};
+pub use trace::{
+    parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, GATED_TRACE_HEADER, TRACE_HEADER,
+};
 pub use union::{batch_union, UnionEntry};
 
 /// One routed expert: (model layer id, expert id within the layer).

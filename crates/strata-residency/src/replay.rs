@@ -2,24 +2,35 @@
 //! offline optimum at the same capacity (`strata replay`).
 //!
 //! Access model (the runtime's): the routes of all rows of one forward at one layer
-//! are deduplicated in stable order; each unique expert is one access, a hit if it is
-//! resident when the forward reaches the layer. Misses load through the working bank
-//! and are then admitted into the layer's `slots_per_layer` LRU slots; an expert used by
-//! the current forward is never the victim, so when a forward needs more experts than
-//! the layer has slots the rest are dropped after use. Policies:
+//! are deduplicated; each unique expert is one access, a hit if it is resident when the
+//! forward reaches the layer. Policies:
 //!
-//! - **LRU**: the runtime's rule: an empty slot first, else the oldest last use (the
-//!   forward number), ties to the lowest slot.
-//! - **LFRU**: evict the lowest `heat * 256 + max(0, 255 - age)`; heat counts every
-//!   selection (before dedup) and halves at each new segment (turn); age counts
-//!   selections since the expert's last one.
-//! - **pinned+LRU**: the `pinned` most selected (layer, expert) keys of the trace are
-//!   always resident (in `pinned` extra slots), LRU over the rest.
-//! - **Belady**: the offline optimum at `slots_per_layer`: after each forward, keep the
-//!   experts whose next use is soonest. Its hit count bounds LRU and LFRU from above;
-//!   pinned+LRU has `pinned` more slots, so it can exceed it.
+//! - **LRU**: the runtime itself: the same [`SlotTable`](crate::SlotTable) driven in the
+//!   runtime's order (see `replay/slab.rs`): misses load into the working bank in waves
+//!   of free working slots and are promoted into the layer's `slots_per_layer` slots by
+//!   role swap (victim: an empty slot, else the oldest last use, ties to the lowest
+//!   slot; the forward's hits are leased and never victims); an expert that found no
+//!   victim stays in the working bank and still hits until that slot is reused. So the
+//!   runtime's effective capacity is the layer slots plus whatever the working bank
+//!   still holds, and this row reproduces its hit rate on the same trace.
+//! - **pinned+LRU**: the runtime with the `pinned` most selected (layer, expert) keys of
+//!   the trace pinned (in `pinned` extra slots) before the first access.
+//! - **LFRU** (offline comparison, no working bank): evict the lowest
+//!   `heat * 256 + max(0, 255 - age)`; heat counts every selection (before dedup) and
+//!   halves at each new segment (turn); age counts selections since the expert's last one.
+//! - **Belady** (offline optimum with bypass, `slots_per_layer` per layer, no working
+//!   bank): after each forward keep the experts whose next use is soonest; a miss may
+//!   skip caching. It bounds LFRU from above; the runtime rows may beat it thanks to the
+//!   working bank and pins.
+//! - **Belady-nobypass**: the same without bypass: every missed expert is admitted
+//!   (up to `slots_per_layer` per forward, soonest next use first), evicting the
+//!   residents used farthest in the future.
 //!
-//! `waves` counts I/O waves: each access group's misses in chunks of `working`.
+//! `waves` counts I/O waves: for the runtime rows the waves the slot table formed (a
+//! wave holds the misses that found a free working slot); for the offline rows each
+//! access group's misses in chunks of `working`.
+
+mod slab;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -64,7 +75,8 @@ pub struct ReplayReport {
     pub forwards: usize,
     pub segments: usize,
     pub layers: usize,
-    /// LRU, LFRU, pinned+LRU, Belady, in that order.
+    /// LRU (the runtime's slot table), LFRU, pinned+LRU (the runtime's, with pins),
+    /// Belady (with bypass), Belady-nobypass, in that order.
     pub policies: Vec<PolicyResult>,
 }
 
@@ -95,13 +107,13 @@ impl fmt::Display for ReplayReport {
         )?;
         writeln!(
             f,
-            "{:<12} {:>8} {:>12} {:>12} {:>9} {:>10}",
+            "{:<16} {:>8} {:>12} {:>12} {:>9} {:>10}",
             "policy", "slots", "hits", "misses", "hit rate", "waves"
         )?;
         for p in &self.policies {
             writeln!(
                 f,
-                "{:<12} {:>8} {:>12} {:>12} {:>8.2}% {:>10}",
+                "{:<16} {:>8} {:>12} {:>12} {:>8.2}% {:>10}",
                 p.name,
                 p.slots,
                 p.hits,
@@ -240,30 +252,32 @@ impl Lfru {
     }
 }
 
-enum Victim {
-    Lru,
-    Lfru(Lfru),
+/// The runtime's slot table (LRU, or pinned+LRU with `pins`) over the trace.
+fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey]) -> Tally {
+    let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins);
+    let mut tally = slab::SlabTally::default();
+    for a in &g.accesses {
+        slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, &mut tally);
+    }
+    Tally { hits: tally.hits, misses: tally.misses, waves: tally.waves }
 }
 
-/// LRU / LFRU / pinned+LRU over per-layer slot banks.
-fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertKey]) -> Tally {
+/// LFRU over per-layer slot banks (an offline comparison: no working bank).
+fn lfru(g: &Grouped, cfg: &ReplayConfig) -> Tally {
     let cap = cfg.slots_per_layer;
     let working = cfg.working.max(1);
-    let pinned: HashSet<ExpertKey> = pinned.iter().copied().collect();
+    let mut lfru = Lfru::default();
     let mut banks: Vec<Vec<Option<usize>>> = vec![vec![None; cap]; g.layers.len()];
     let mut last_use: Vec<Vec<u64>> = vec![vec![0; cap]; g.layers.len()];
     let mut protected = vec![false; cap];
     let mut segment = None;
     let mut tally = Tally::default();
     for a in &g.accesses {
-        let layer = g.layers[a.layer_pos];
-        if let Victim::Lfru(lfru) = &mut rule {
-            if segment.is_some_and(|s| s != a.segment) {
-                lfru.epoch += 1; // turn boundary: heat halves
-            }
-            for &e in &a.selections {
-                lfru.record(a.layer_pos, e);
-            }
+        if segment.is_some_and(|s| s != a.segment) {
+            lfru.epoch += 1; // turn boundary: heat halves
+        }
+        for &e in &a.selections {
+            lfru.record(a.layer_pos, e);
         }
         segment = Some(a.segment);
         let (bank, last) = (&mut banks[a.layer_pos], &mut last_use[a.layer_pos]);
@@ -271,9 +285,7 @@ fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertK
         let mut hits = 0;
         let mut missed = Vec::new();
         for &e in &a.experts {
-            if pinned.contains(&(layer, e)) {
-                hits += 1;
-            } else if let Some(i) = bank.iter().position(|&s| s == Some(e)) {
+            if let Some(i) = bank.iter().position(|&s| s == Some(e)) {
                 hits += 1;
                 last[i] = a.time;
                 protected[i] = true;
@@ -283,11 +295,7 @@ fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertK
         }
         for &e in &missed {
             let victim = (0..cap).filter(|&i| !protected[i]).min_by_key(|&i| {
-                let rank = match (&rule, bank[i]) {
-                    (_, None) => 0,
-                    (Victim::Lru, Some(_)) => last[i],
-                    (Victim::Lfru(lfru), Some(k)) => lfru.score(a.layer_pos, k),
-                };
+                let rank = bank[i].map_or(0, |k| lfru.score(a.layer_pos, k));
                 (bank[i].is_some(), rank, i)
             });
             if let Some(i) = victim {
@@ -301,9 +309,11 @@ fn simulate(g: &Grouped, cfg: &ReplayConfig, mut rule: Victim, pinned: &[ExpertK
     tally
 }
 
-/// Belady's optimum per layer: after each access group keep the `cap` experts (of the
-/// resident set and the group) whose next use is soonest; never-used-again ones go.
-fn belady(g: &Grouped, cfg: &ReplayConfig) -> Tally {
+/// Belady's optimum per layer. With `bypass`: after each access group keep the `cap`
+/// experts (of the resident set and the group) whose next use is soonest;
+/// never-used-again ones go. Without: the group's experts are admitted first (the `cap`
+/// soonest when there are more), then the residents used soonest fill what is left.
+fn belady(g: &Grouped, cfg: &ReplayConfig, bypass: bool) -> Tally {
     const NEVER: usize = usize::MAX;
     let cap = cfg.slots_per_layer;
     let working = cfg.working.max(1);
@@ -324,15 +334,31 @@ fn belady(g: &Grouped, cfg: &ReplayConfig) -> Tally {
         let cache = &mut resident[a.layer_pos];
         let hits = a.experts.iter().filter(|e| cache.contains_key(e)).count();
         tally.add(hits, a.experts.len() - hits, working);
-        for (&e, &next) in a.experts.iter().zip(&next_use[i]) {
-            cache.insert(e, next);
+        if bypass {
+            for (&e, &next) in a.experts.iter().zip(&next_use[i]) {
+                cache.insert(e, next);
+            }
+            pool.clear();
+            pool.extend(cache.iter().map(|(&e, &next)| (next, e)).filter(|&(next, _)| next != NEVER));
+            pool.sort_unstable();
+            pool.truncate(cap);
+            cache.clear();
+            cache.extend(pool.iter().map(|&(next, e)| (e, next)));
+        } else {
+            let mut admitted: Vec<(usize, usize)> =
+                next_use[i].iter().copied().zip(a.experts.iter().copied()).collect();
+            admitted.sort_unstable();
+            admitted.truncate(cap);
+            for &(_, e) in &admitted {
+                cache.remove(&e);
+            }
+            pool.clear();
+            pool.extend(cache.iter().map(|(&e, &next)| (next, e)));
+            pool.sort_unstable();
+            pool.truncate(cap - admitted.len());
+            cache.clear();
+            cache.extend(admitted.iter().chain(pool.iter()).map(|&(next, e)| (e, next)));
         }
-        pool.clear();
-        pool.extend(cache.iter().map(|(&e, &next)| (next, e)).filter(|&(next, _)| next != NEVER));
-        pool.sort_unstable();
-        pool.truncate(cap);
-        cache.clear();
-        cache.extend(pool.iter().map(|&(next, e)| (e, next)));
     }
     tally
 }
@@ -356,10 +382,11 @@ pub fn replay(records: &[TraceRecord], cfg: &ReplayConfig) -> ReplayReport {
     let layer_slots = g.layers.len() * cfg.slots_per_layer;
     let pins = most_selected(records, cfg.pinned);
     let policies = vec![
-        simulate(&g, cfg, Victim::Lru, &[]).result("LRU", layer_slots),
-        simulate(&g, cfg, Victim::Lfru(Lfru::default()), &[]).result("LFRU", layer_slots),
-        simulate(&g, cfg, Victim::Lru, &pins).result("pinned+LRU", layer_slots + pins.len()),
-        belady(&g, cfg).result("Belady", layer_slots),
+        runtime(&g, cfg, &[]).result("LRU", layer_slots),
+        lfru(&g, cfg).result("LFRU", layer_slots),
+        runtime(&g, cfg, &pins).result("pinned+LRU", layer_slots + pins.len()),
+        belady(&g, cfg, true).result("Belady", layer_slots),
+        belady(&g, cfg, false).result("Belady-nobypass", layer_slots),
     ];
     ReplayReport {
         config: *cfg,

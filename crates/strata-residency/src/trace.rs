@@ -1,7 +1,10 @@
 //! Route traces: every routing decision, one record per (forward, batch row, layer),
 //! observed before batch-union dedup.
 //!
-//! Text format (`--trace PATH`), one record per line, whitespace-separated:
+//! Two text formats, one record per line, whitespace-separated; readers take either
+//! (and a mix), deciding per line.
+//!
+//! strata's v1 (`segment forward row layer experts...`):
 //!
 //! ```text
 //! # strata route trace v1: segment forward row layer experts...
@@ -11,16 +14,37 @@
 //! `segment` is the turn (LFRU heat halves between segments), `forward` numbers the
 //! model forwards, `row` the batch row within the forward, `layer` the model layer id,
 //! then the row's selected expert ids in router rank order. An expert may be written as
-//! `id:gate` (the C engine's trace token); the gate is ignored. Blank lines and lines
-//! starting with `#` are skipped.
+//! `id:gate`; the gate is checked and ignored.
+//!
+//! The reference (C engine) format, v2 here (`call row layer id:gate...`):
+//!
+//! ```text
+//! # strata route trace v2 (reference format): call row layer id:gate...
+//! # segment 0
+//! 0 0 3 17:0.2500 201:0.1250 5:0.0625
+//! ```
+//!
+//! `call` numbers MoE calls (one per layer per forward), then the batch row, the layer,
+//! and each selected expert as `id:gate` with the gate (routing weight) written with 4
+//! decimals. strata's superset: a comment line `# segment N` sets the turn of the lines
+//! that follow (0 before any); other readers skip it as a comment. A reference line is
+//! read as a record with `forward = call`.
+//!
+//! Detection: a line whose fourth field has no `:` is v1 (it has at least four integer
+//! fields); otherwise (fewer than four fields, or `id:gate` from the fourth on) it is
+//! the reference format. Blank lines and other lines starting with `#` are skipped.
 
 use std::fmt;
 use std::io::{self, BufRead, Write};
 
 use serde::Serialize;
 
-/// The header line [`TraceWriter`] starts a trace with.
+/// The header line [`TraceWriter::new`] starts a v1 trace with.
 pub const TRACE_HEADER: &str = "# strata route trace v1: segment forward row layer experts...";
+/// The header line [`TraceWriter::new_gated`] starts a reference-format trace with.
+pub const GATED_TRACE_HEADER: &str = "# strata route trace v2 (reference format): call row layer id:gate...";
+/// The comment that sets the segment of the reference-format lines after it.
+const SEGMENT_COMMENT: &str = "# segment ";
 
 /// One row's routing at one layer of one forward.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -43,29 +67,45 @@ impl TraceRecord {
         line
     }
 
-    /// Parses one line; `Ok(None)` for blank and comment lines.
+    /// Parses one line of either format; `Ok(None)` for blank and comment lines.
+    /// Reference-format lines get segment 0 (see [`read_trace`] for `# segment N`).
     pub fn parse_line(line: &str) -> Result<Option<TraceRecord>, String> {
+        Self::parse_line_in(line, 0)
+    }
+
+    fn parse_line_in(line: &str, segment: u32) -> Result<Option<TraceRecord>, String> {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             return Ok(None);
         }
-        let mut fields = line.split_whitespace();
-        let mut header = |name: &str| -> Result<u64, String> {
-            let field = fields
-                .next()
-                .ok_or_else(|| format!("missing {name}: expected `segment forward row layer experts...`"))?;
-            field.parse().map_err(|_| format!("invalid {name} {field:?}"))
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        let v1 = tokens.get(3).is_some_and(|t| !t.contains(':'));
+        let names: &[&str] = if v1 { &["segment", "forward", "row", "layer"] } else { &["call", "row", "layer"] };
+        let expected = if v1 { "`segment forward row layer experts...`" } else { "`call row layer id:gate...`" };
+        let mut header = Vec::with_capacity(4);
+        for (i, name) in names.iter().enumerate() {
+            let field = tokens.get(i).ok_or_else(|| format!("missing {name}: expected {expected}"))?;
+            header.push(field.parse::<u64>().map_err(|_| format!("invalid {name} {field:?}"))?);
+        }
+        let (segment, forward, row, layer) = if v1 {
+            (header[0], header[1], header[2], header[3])
+        } else {
+            (segment as u64, header[0], header[1], header[2])
         };
-        let segment = header("segment")?;
-        let forward = header("forward")?;
-        let row = header("row")?;
-        let layer = header("layer")?;
         let segment = u32::try_from(segment).map_err(|_| format!("segment {segment} is out of range"))?;
         let row = u32::try_from(row).map_err(|_| format!("row {row} is out of range"))?;
         let layer = usize::try_from(layer).map_err(|_| format!("layer {layer} is out of range"))?;
-        let experts = fields
+        let experts = tokens[names.len()..]
+            .iter()
             .map(|token| {
-                let id = token.split_once(':').map_or(token, |(id, _gate)| id);
+                let (id, gate) = match token.split_once(':') {
+                    Some((id, gate)) => (id, Some(gate)),
+                    None if v1 => (*token, None),
+                    None => return Err(format!("invalid expert {token:?}: expected `id:gate`")),
+                };
+                if let Some(gate) = gate {
+                    gate.parse::<f32>().map_err(|_| format!("invalid gate in {token:?}"))?;
+                }
                 id.parse::<usize>().map_err(|_| format!("invalid expert {token:?}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -101,9 +141,17 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRecord>, TraceError> {
 /// Parses a trace from a reader (e.g. a `BufReader<File>`).
 pub fn read_trace(reader: impl BufRead) -> Result<Vec<TraceRecord>, TraceError> {
     let mut records = Vec::new();
+    let mut segment = 0u32;
     for (index, line) in reader.lines().enumerate() {
         let line = line.map_err(|e| TraceError { line: 0, message: e.to_string() })?;
-        match TraceRecord::parse_line(&line) {
+        if let Some(n) = line.trim().strip_prefix(SEGMENT_COMMENT) {
+            segment = n.trim().parse().map_err(|_| TraceError {
+                line: index + 1,
+                message: format!("invalid segment {:?} in `# segment N`", n.trim()),
+            })?;
+            continue;
+        }
+        match TraceRecord::parse_line_in(&line, segment) {
             Ok(Some(record)) => records.push(record),
             Ok(None) => {}
             Err(message) => return Err(TraceError { line: index + 1, message }),
@@ -143,6 +191,42 @@ impl<W: Write> TraceWriter<W> {
             write!(self.out, "{segment} {forward} {row} {layer}")?;
             for e in experts.iter() {
                 write!(self.out, " {e}")?;
+            }
+            writeln!(self.out)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a reference-format trace (`call row layer id:gate...`): writes its header
+    /// line. Write records with [`Self::write_gated`], turns with [`Self::segment`].
+    pub fn new_gated(mut out: W) -> io::Result<Self> {
+        writeln!(out, "{GATED_TRACE_HEADER}")?;
+        Ok(TraceWriter { out })
+    }
+
+    /// Marks the start of turn `segment` in a reference-format trace (`# segment N`).
+    pub fn segment(&mut self, segment: u32) -> io::Result<()> {
+        writeln!(self.out, "{SEGMENT_COMMENT}{segment}")
+    }
+
+    /// Records every row of one MoE call in the reference format: `rows[row]` is that
+    /// row's (expert ids, gate weights) in router rank order; gates are written with 4
+    /// decimals. Fails (writing nothing) when a row's ids and gates differ in length.
+    pub fn write_gated(&mut self, call: u64, layer: usize, rows: &[(&[usize], &[f32])]) -> io::Result<()> {
+        if let Some((row, (ids, gates))) = rows.iter().enumerate().find(|(_, (i, g))| i.len() != g.len()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "route trace: call {call} layer {layer} row {row}: {} experts but {} gates",
+                    ids.len(),
+                    gates.len()
+                ),
+            ));
+        }
+        for (row, (ids, gates)) in rows.iter().enumerate() {
+            write!(self.out, "{call} {row} {layer}")?;
+            for (e, g) in ids.iter().zip(gates.iter()) {
+                write!(self.out, " {e}:{g:.4}")?;
             }
             writeln!(self.out)?;
         }
@@ -195,14 +279,44 @@ mod tests {
     }
 
     #[test]
+    fn reference_format_round_trips_and_is_detected_per_line() {
+        let mut w = TraceWriter::new_gated(Vec::new()).unwrap();
+        w.segment(0).unwrap();
+        w.write_gated(0, 3, &[(&[17, 201], &[0.25, 0.125]), (&[5, 17], &[0.7, 0.3])]).unwrap();
+        w.write_gated(1, 4, &[(&[9], &[1.0 / 3.0])]).unwrap();
+        w.segment(2).unwrap();
+        w.write_gated(2, 3, &[(&[], &[])]).unwrap();
+        let text = String::from_utf8(w.finish().unwrap()).unwrap();
+        assert!(text.starts_with(GATED_TRACE_HEADER), "{text}");
+        assert!(text.contains("\n0 0 3 17:0.2500 201:0.1250\n"), "{text}");
+        assert!(text.contains("\n1 0 4 9:0.3333\n"), "{text}");
+        assert!(text.contains("\n# segment 2\n2 0 3\n"), "{text}");
+        assert_eq!(
+            parse_trace(&text).unwrap(),
+            vec![rec(0, 0, 0, 3, &[17, 201]), rec(0, 0, 1, 3, &[5, 17]), rec(0, 1, 0, 4, &[9]), rec(2, 2, 0, 3, &[])]
+        );
+        // Both formats in one file: v1 keeps its own segment.
+        let mixed = "7 9 0 3 1 2\n4 0 5 6:0.5000\n";
+        assert_eq!(parse_trace(mixed).unwrap(), vec![rec(7, 9, 0, 3, &[1, 2]), rec(0, 4, 0, 5, &[6])]);
+        // Mismatched ids and gates are refused before anything is written.
+        let mut w = TraceWriter::new_gated(Vec::new()).unwrap();
+        assert!(w.write_gated(0, 3, &[(&[1, 2], &[0.5])]).is_err());
+        assert_eq!(String::from_utf8(w.finish().unwrap()).unwrap(), format!("{GATED_TRACE_HEADER}\n"));
+    }
+
+    #[test]
     fn malformed_lines_name_the_line_and_the_problem() {
         let cases = [
-            ("0 0 0 3 1\n0 0\n", 2, "missing row"),
+            ("0 0 0 3 1\n0 0\n", 2, "missing layer"),
             ("x 0 0 3 1\n", 1, "invalid segment \"x\""),
             ("0 0 0 3 1 -2\n", 1, "invalid expert \"-2\""),
             ("0 0 0 3 1 a:0.5\n", 1, "invalid expert \"a:0.5\""),
             ("4294967296 0 0 3\n", 1, "segment 4294967296 is out of range"),
             ("0 0 0 -3 1\n", 1, "invalid layer \"-3\""),
+            ("0 0 3 5:x\n", 1, "invalid gate in \"5:x\""),
+            ("0 0 3 5:0.5 6\n", 1, "invalid expert \"6\": expected `id:gate`"),
+            ("0 0\n", 1, "missing layer: expected `call row layer id:gate...`"),
+            ("# segment x\n", 1, "invalid segment \"x\""),
         ];
         for (text, line, needle) in cases {
             let err = parse_trace(text).unwrap_err();

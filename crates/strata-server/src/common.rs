@@ -40,6 +40,11 @@ pub struct AppState {
     /// Longest prompt plus answer served: the model's context, or less under a memory
     /// budget (the KV cache its plan reserved).
     pub context: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// Prompt text longer than this cannot fit the context whatever it says: refused
+    /// before tokenizing (`context` tokens of the tokenizer's longest token, twice).
+    pub max_prompt_bytes: usize,
 }
 
 pub type Shared = Arc<AppState>;
@@ -294,6 +299,16 @@ impl AppState {
         if messages.is_empty() {
             return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
         }
+        // Message texts (or their JSON) before rendering: refuse hopeless prompts early.
+        let content: usize = messages
+            .iter()
+            .map(|m| match m.get("content") {
+                Some(Value::String(s)) => s.len(),
+                Some(other) => other.to_string().len(),
+                None => 0,
+            })
+            .sum();
+        self.check_prompt_bytes(content)?;
         let template = self.model.chat_template().map_err(ApiError::from)?;
         let with_tools = tools.is_some();
         let mut opts = RenderOptions {
@@ -344,7 +359,21 @@ impl AppState {
         Ok(Prompt { text, ids, tools_fallback })
     }
 
+    /// Refuses, without tokenizing, prompt text too long for the context in any case.
+    pub fn check_prompt_bytes(&self, bytes: usize) -> ApiResult<()> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {bytes} bytes: more than this model's context of {} tokens can hold (at most {} bytes); \
+                 shorten the prompt",
+                self.context, self.max_prompt_bytes
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        Ok(())
+    }
+
     pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> ApiResult<Vec<u32>> {
+        self.check_prompt_bytes(text.len())?;
         let tok = self.model.tokenizer().map_err(ApiError::from)?;
         Ok(tok.encode(text, add_special_tokens)?)
     }

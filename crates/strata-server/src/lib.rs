@@ -5,6 +5,15 @@
 //! `/v1/models/{id}`, `/health`, `/stats`, `/metrics`. Generations run one at a time on
 //! a worker thread behind a bounded queue (429 with `Retry-After` beyond it); a client
 //! that disconnects cancels its generation.
+//!
+//! Bad input is refused before it costs much: request bodies are bounded
+//! ([`ServerConfig::max_body`], 413 naming the limit, read at most that far), and prompt
+//! text longer than the context could possibly hold (more bytes than `context` tokens of
+//! the tokenizer's longest token, twice over) is refused with 400 before tokenizing.
+//!
+//! SIGTERM or SIGINT shuts down gracefully: no new connections; generations running or
+//! queued stop at their next token and end properly (final events, finish reason
+//! `stop`); the expert runtime's end of turn flushes the usage ledger; exit status 0.
 
 pub mod anthropic;
 pub mod common;
@@ -36,8 +45,8 @@ use std::time::Instant;
 use strata_engine::model_dir::display_name;
 use strata_engine::{LoadOptions, LoadedModel};
 
-/// Largest request body accepted (long prompts are large).
-pub const MAX_BODY_BYTES: usize = 64 << 20;
+/// Default largest request body accepted (`--max-body`).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -49,6 +58,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// Memory budget and expert-runtime options.
     pub load: LoadOptions,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
 }
 
 /// The server's state around an opened model; starts the generation worker.
@@ -58,6 +69,17 @@ pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Share
 
 /// [`state`], serving at most `context_limit` tokens of prompt and answer.
 pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, context_limit: Option<usize>) -> Shared {
+    state_limited(model, api_key, queue, context_limit, MAX_BODY_BYTES)
+}
+
+/// [`state_with`], accepting request bodies of at most `max_body` bytes.
+pub fn state_limited(
+    model: LoadedModel,
+    api_key: Option<String>,
+    queue: usize,
+    context_limit: Option<usize>,
+    max_body: usize,
+) -> Shared {
     let model = Arc::new(model);
     let context = context_limit.map_or(model.context, |c| c.min(model.context));
     let metrics = Arc::new(Metrics::default());
@@ -68,6 +90,9 @@ pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, con
     };
     let markers_special = [tools::CALL_START, output::THINK_START, output::THINK_END].into_iter().any(special);
     let reasoning = tok.is_some_and(|t| t.token_id(output::THINK_END).is_some());
+    // Bytes per token, twice over: slack for normalizers that shrink text.
+    let max_prompt_bytes =
+        tok.map_or(usize::MAX, |t| context.saturating_mul(t.max_token_bytes().max(1)).saturating_mul(2));
     Arc::new(AppState {
         model_id: display_name(&model.dir),
         worker: Worker::start(model.clone(), queue, metrics.clone()),
@@ -79,6 +104,8 @@ pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, con
         markers_special,
         reasoning,
         context,
+        max_body,
+        max_prompt_bytes,
     })
 }
 
@@ -113,6 +140,42 @@ async fn count(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
     st.metrics.record_http(&path, resp.status().as_u16());
     resp
+}
+
+/// Reads the request body, at most `max_body` bytes: a larger one is refused with 413
+/// naming the limit as soon as its length (declared or read so far) passes it.
+async fn limit_body(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    use futures_util::StreamExt;
+    let limit = st.max_body;
+    let flavor = Flavor::of_path(req.uri().path());
+    let too_large = |len: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is {len} bytes, over this server's limit of {limit} bytes; send less, or start \
+                 the server with a larger --max-body"
+            ),
+        )
+        .into_response(flavor)
+    };
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(len) = declared.filter(|&len| len > limit as u64) {
+        return too_large(len.to_string());
+    }
+    let (parts, body) = req.into_parts();
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => return ApiError::bad_request(format!("cannot read the request body: {e}")).into_response(flavor),
+        };
+        if bytes.len() + chunk.len() > limit {
+            return too_large(format!("more than {}", bytes.len() + chunk.len() - 1));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
 async fn method_not_allowed(req: Request) -> Response {
@@ -236,19 +299,35 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/responses", post(responses::responses))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(st.max_body))
+        .layer(from_fn_with_state(st.clone(), limit_body))
         .layer(from_fn_with_state(st.clone(), auth))
         .layer(from_fn_with_state(st.clone(), count))
         .with_state(st)
 }
 
-/// Opens the model, binds, and serves until the process is stopped.
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        eprintln!("warning: cannot listen for SIGTERM/SIGINT; stop the server with SIGKILL");
+        return std::future::pending().await;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    eprintln!("strata serve: {name}: shutting down (no new connections; running generations end at their next token)");
+}
+
+/// Opens the model, binds, and serves until SIGTERM or SIGINT, then shuts down
+/// gracefully (see the crate docs).
 pub fn serve(cfg: ServerConfig) -> Result<()> {
     let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
     // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
     let limit = cfg.load.budget.map(|_| cfg.load.context);
-    let st = state_with(model, cfg.api_key.clone(), cfg.queue, limit);
+    let st = state_limited(model, cfg.api_key.clone(), cfg.queue, limit, cfg.max_body);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -272,7 +351,22 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
         if st.api_key.is_none() && !local.ip().is_loopback() {
             eprintln!("warning: serving {local} without --api-key: anyone who can reach it can use the model");
         }
-        axum::serve(listener, router(st)).await?;
+        let stopping = st.clone();
+        axum::serve(listener, router(st.clone()))
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                stopping.worker.shut_down();
+            })
+            .await?;
+        // Every connection is closed: the last generation's answer is out. Its end of turn
+        // may still be running on the worker; this one waits for it (the runtime's lock)
+        // and flushes whatever is left, so the ledger is saved before the process exits.
+        if let Some(experts) = &st.model.experts {
+            if let Err(e) = experts.end_turn() {
+                eprintln!("warning: expert runtime: end of turn at shutdown: {e:#}");
+            }
+        }
+        eprintln!("strata serve: stopped");
         Ok(())
     })
 }

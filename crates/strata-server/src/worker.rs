@@ -5,7 +5,7 @@
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,6 +35,7 @@ pub struct Worker {
     tx: SyncSender<Job>,
     capacity: usize,
     metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -42,11 +43,19 @@ impl Worker {
     pub fn start(model: Arc<LoadedModel>, capacity: usize, metrics: Arc<Metrics>) -> Self {
         let (tx, rx) = sync_channel::<Job>(capacity);
         let m = metrics.clone();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let stop = shutdown.clone();
         std::thread::Builder::new()
             .name("strata-generate".into())
-            .spawn(move || run(model, rx, m))
+            .spawn(move || run(model, rx, m, stop))
             .expect("spawn the generation thread");
-        Self { tx, capacity, metrics }
+        Self { tx, capacity, metrics, shutdown }
+    }
+
+    /// Server shutdown: the running generation stops at its next token (finishing
+    /// normally: its answer and final events go out); queued ones are refused.
+    pub fn shut_down(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
     }
 
     pub fn capacity(&self) -> usize {
@@ -86,7 +95,7 @@ fn matched_stop(model: &LoadedModel, req: &GenerateRequest, out: &GenerationOutp
     req.stop_strings.iter().find(|s| tail.starts_with(s.as_str())).cloned()
 }
 
-fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>) {
+fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>, shutdown: Arc<AtomicBool>) {
     let tok = model.tokenizer.as_ref();
     let mut gen = None;
     while let Ok(job) = rx.recv() {
@@ -94,6 +103,10 @@ fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>) {
         if job.events.is_closed() {
             // The client left while waiting.
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if shutdown.load(Ordering::SeqCst) {
+            let _ = job.events.send(Event::Done(Err("the server is shutting down".into())));
             continue;
         }
         let started = Instant::now();
@@ -104,9 +117,9 @@ fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>) {
                 gen = Some(model.generator()?);
             }
             let events = &job.events;
-            gen.as_mut()
-                .unwrap()
-                .generate(tok, &job.req, &mut |delta: &str| events.send(Event::Delta(delta.to_string())).is_ok())
+            gen.as_mut().unwrap().generate(tok, &job.req, &mut |delta: &str| {
+                events.send(Event::Delta(delta.to_string())).is_ok() && !shutdown.load(Ordering::SeqCst)
+            })
         }));
         metrics.active.store(0, Ordering::SeqCst);
         let done = match result {

@@ -353,6 +353,8 @@ fn reasoning_is_reported_apart_from_the_answer() {
         markers_special: false,
         reasoning: true,
         context: 256,
+        max_body: strata_server::MAX_BODY_BYTES,
+        max_prompt_bytes: usize::MAX,
     });
     let app = strata_server::router(st);
     block_on(async {
@@ -462,5 +464,77 @@ fn streamed_experts_report_their_traffic() {
         let r = post(&app, "/v1/chat/completions", json!({"messages": user(&long)})).await;
         assert_eq!(r.status, 400);
         assert!(r.json()["error"]["message"].as_str().unwrap().contains("128"), "{}", r.body);
+    });
+}
+
+#[test]
+fn bodies_are_bounded_and_hopeless_prompts_refused_before_tokenizing() {
+    let st = strata_server::state_limited(fixture(), None, 4, Some(64), 64 << 10);
+    let app = strata_server::router(st.clone());
+    block_on(async {
+        // Over the limit: 413 naming it, declared length or not.
+        let big = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(70 << 10));
+        let r = call(&app, "POST", "/v1/chat/completions", &[("content-type", "application/json")], &big).await;
+        assert_eq!(r.status, 413, "{}", r.body);
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains("limit of 65536 bytes") && msg.contains("--max-body"), "{msg}");
+        let r = call(&app, "POST", "/v1/messages", &[], &big).await;
+        assert_eq!((r.status.as_u16(), r.json()["error"]["type"].clone()), (413, json!("request_too_large")));
+        // Under the limit but far beyond what 64 tokens can say: 400 before tokenizing.
+        let per_token = st.model.tokenizer.as_ref().unwrap().max_token_bytes();
+        assert!(st.max_prompt_bytes == 64 * per_token * 2, "{} for {per_token}", st.max_prompt_bytes);
+        let long = "y".repeat(st.max_prompt_bytes + 1);
+        for (path, body) in [
+            ("/v1/chat/completions", json!({"messages": user(&long)})),
+            ("/v1/completions", json!({"prompt": long})),
+            ("/v1/messages", json!({"max_tokens": 4, "messages": user(&long)})),
+        ] {
+            let r = post(&app, path, body).await;
+            assert_eq!(r.status, 400, "{path}: {}", r.body);
+            let err = &r.json()["error"];
+            assert!(err["message"].as_str().unwrap().contains("more than this model's context of 64 tokens"), "{err}");
+        }
+        // A normal request still works.
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user("Hi"), "max_tokens": 2})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    });
+}
+
+#[test]
+fn shutdown_ends_running_streams_properly_and_refuses_queued_ones() {
+    // No EOS: only the context (or the shutdown) can end this generation.
+    let mut model = fixture();
+    model.eos_token_ids.clear();
+    let st = strata_server::state(model, None, 4);
+    let app = strata_server::router(st.clone());
+    block_on(async {
+        let stopper = st.clone();
+        let watcher = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while stopper.metrics.active.load(Ordering::SeqCst) == 0 {
+                assert!(t0.elapsed() < Duration::from_secs(20), "the generation never started");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            stopper.worker.shut_down();
+        });
+        let req = json!({"messages": user("Tell me everything"), "max_tokens": 100000, "stream": true,
+                         "temperature": 0, "stream_options": {"include_usage": true}});
+        let r = post(&app, "/v1/chat/completions", req.clone()).await;
+        watcher.join().unwrap();
+        assert_eq!(r.status, 200);
+        let events = r.events();
+        assert_eq!(events.last().unwrap().1, "[DONE]", "{}", r.body);
+        let last = events.iter().rev().find(|(_, d)| d.contains("finish_reason\":\"")).expect(&r.body);
+        let chunk: Value = serde_json::from_str(&last.1).unwrap();
+        assert_eq!(chunk["choices"][0]["finish_reason"], "stop", "{}", last.1);
+        let usage = events.iter().rev().find(|(_, d)| d.contains("\"usage\":{")).expect(&r.body);
+        let usage: Value = serde_json::from_str(&usage.1).unwrap();
+        let total = usage["usage"]["total_tokens"].as_u64().unwrap();
+        assert!((total as usize) < st.max_context(), "the stream was cut, not run to the context: {usage}");
+        // After shutdown, new work is refused with a message, not run.
+        let r = post(&app, "/v1/chat/completions", json!({"messages": user("Hi"), "max_tokens": 2})).await;
+        assert!(r.status.is_server_error(), "{}", r.body);
+        assert!(r.body.contains("shutting down"), "{}", r.body);
     });
 }

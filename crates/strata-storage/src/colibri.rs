@@ -17,6 +17,7 @@
 //! The dense weights load through [`WeightStore`], which dequantizes `<name>` +
 //! `<name>.qs` on the fly.
 
+use crate::checksum::ReadCheck;
 use crate::container::{ExpertLayout, ExpertRead, MatrixLayout, ALIGN};
 use crate::io::ReadSegment;
 use crate::safetensors_file::TensorRef;
@@ -193,6 +194,14 @@ impl ColibriExpert {
         out
     }
 
+    /// Where the six tensors lie in a slot filled by the covering read, as
+    /// `(offset, len)` in file order: the bytes the checksum covers.
+    pub fn tensor_ranges(&self) -> Vec<(usize, usize)> {
+        let mut spans = self.tensors.to_vec();
+        spans.sort_by_key(|s| s.offset);
+        spans.iter().map(|s| ((s.offset - self.cover_offset) as usize, s.len)).collect()
+    }
+
     /// Bytes of the six tensors.
     pub fn used_bytes(&self) -> usize {
         self.tensors.iter().map(|t| t.len).sum()
@@ -209,6 +218,9 @@ pub struct ColibriTier {
     pub slot_bytes: usize,
     /// `[layer_index * experts_per_layer + expert]`.
     pub experts: Vec<ColibriExpert>,
+    /// Checksums of the experts' covering reads, in `experts` order: empty until
+    /// [`ColibriContainer::ensure_checksums`] loads or computes them.
+    pub checksums: Vec<u64>,
 }
 
 impl ColibriTier {
@@ -225,6 +237,15 @@ impl ColibriTier {
             .expert(layer, expert)
             .ok_or_else(|| anyhow!("tier `{}` has no expert {expert} in layer {layer}", self.name))?;
         Ok((vec![e.cover_segment(0)], &e.layout))
+    }
+
+    /// What the covering read of (layer, expert) must hash to (None before
+    /// [`ColibriContainer::ensure_checksums`]).
+    pub fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        let li = self.layers.iter().position(|&l| l == layer)?;
+        let i = (expert < self.experts_per_layer).then_some(li * self.experts_per_layer + expert)?;
+        let sum = *self.checksums.get(i)?;
+        Some(ReadCheck::new(sum, format!("layer {layer} expert {expert}")).with_ranges(self.experts[i].tensor_ranges()))
     }
 
     /// The encodings (gate, up, down) when every expert of the tier has the same.
@@ -366,6 +387,7 @@ impl ColibriContainer {
             experts_per_layer: dims.n_experts,
             slot_bytes,
             experts,
+            checksums: Vec::new(),
         })
     }
 
@@ -392,6 +414,10 @@ impl ColibriContainer {
         &self.tiers
     }
 
+    pub(crate) fn tiers_mut(&mut self) -> &mut [ColibriTier] {
+        &mut self.tiers
+    }
+
     pub fn tier(&self, name: &str) -> Option<&ColibriTier> {
         self.tiers.iter().find(|t| t.name == name)
     }
@@ -411,7 +437,7 @@ impl ColibriContainer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::container::{ContainerWriter, ExpertManifest, TierSpec};
     use crate::io::{AlignedBuf, IoPool};
@@ -446,9 +472,9 @@ mod tests {
 
     /// A synthetic container: one main file with 2 sparse layers x 3 experts (int4 g8),
     /// one MTP file (int8), a dense int8 tensor and an F32 norm.
-    type Originals = Vec<((usize, usize), [Vec<f32>; 3])>;
+    pub(crate) type Originals = Vec<((usize, usize), [Vec<f32>; 3])>;
 
-    fn synthetic(dir: &Path) -> (GlmDims, Originals) {
+    pub(crate) fn synthetic(dir: &Path) -> (GlmDims, Originals) {
         let dims = GlmDims { hidden: 24, moe_inter: 8, n_experts: 3, sparse_layers: vec![1, 2], mtp_layers: vec![3] };
         let mut originals = Vec::new();
         let mut write = |path: &Path, layers: &[usize], kind: QuantKind, extra: bool| {

@@ -14,6 +14,7 @@
 //! encodings are `strata_kernels::QuantKind`'s. Every size and offset is in the manifest:
 //! nothing needs reading from the expert files to plan.
 
+use crate::checksum::{region_checksum, ReadCheck};
 use crate::io::ReadSegment;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,9 @@ pub const TENSOR_ALIGN: usize = 64;
 pub const MANIFEST_VERSION: u32 = 1;
 /// The `format` tag of a manifest.
 pub const MANIFEST_FORMAT: &str = "strata-experts";
+/// Largest matrix a layout may describe (elements): far beyond any model, small enough
+/// that no size computed from it overflows.
+pub const MAX_MATRIX_ELEMENTS: usize = 1 << 40;
 /// Default cap on one expert file's size (a new file starts beyond it).
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 << 30;
 
@@ -66,8 +70,10 @@ impl MatrixLayout {
     }
 
     /// One past the last byte used.
+    /// Saturates (a layout read from a manifest may hold any numbers; a saturated end
+    /// never fits a slot).
     pub fn end(&self) -> usize {
-        (self.payload_offset + self.payload_len).max(self.scales_offset + self.scales_len)
+        self.payload_offset.saturating_add(self.payload_len).max(self.scales_offset.saturating_add(self.scales_len))
     }
 
     pub fn scale_count(&self) -> usize {
@@ -76,7 +82,7 @@ impl MatrixLayout {
 
     /// The payload bytes inside a slot.
     pub fn payload<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
-        slot.get(self.payload_offset..self.payload_offset + self.payload_len).ok_or_else(|| {
+        slot.get(self.payload_offset..self.payload_offset.saturating_add(self.payload_len)).ok_or_else(|| {
             anyhow!(
                 "matrix payload {}..{} lies outside the {}-byte slot",
                 self.payload_offset,
@@ -100,7 +106,7 @@ impl MatrixLayout {
     }
 
     fn scale_bytes<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
-        slot.get(self.scales_offset..self.scales_offset + self.scales_len).ok_or_else(|| {
+        slot.get(self.scales_offset..self.scales_offset.saturating_add(self.scales_len)).ok_or_else(|| {
             anyhow!(
                 "matrix scales {}..{} lie outside the {}-byte slot",
                 self.scales_offset,
@@ -123,6 +129,15 @@ impl MatrixLayout {
     }
 
     fn check_sizes(&self) -> Result<(), String> {
+        // Bound the shape first: the encodings' size formulas assume it fits.
+        if self.rows.checked_mul(self.cols).is_none_or(|n| n > MAX_MATRIX_ELEMENTS) {
+            return Err(format!(
+                "{} [{}, {}] has more than {MAX_MATRIX_ELEMENTS} elements",
+                self.kind.name(),
+                self.rows,
+                self.cols
+            ));
+        }
         let (p, s) = (self.kind.payload_bytes(self.rows, self.cols), 4 * self.kind.scale_count(self.rows, self.cols));
         if self.payload_len != p || self.scales_len != s {
             return Err(format!(
@@ -249,6 +264,11 @@ pub struct TierEntry {
     pub experts_per_layer: usize,
     /// `[layer_index * experts_per_layer + expert]`, `layer_index` = position in `layers`.
     pub locations: Vec<ExpertLocation>,
+    /// [`CHECKSUM_ALGORITHM`](crate::CHECKSUM_ALGORITHM) of each whole region, in
+    /// `locations` order; empty in manifests written before checksums existed (their
+    /// reads are not verified).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checksums: Vec<u64>,
 }
 
 impl TierEntry {
@@ -256,8 +276,9 @@ impl TierEntry {
         self.layout.slot_bytes
     }
 
+    /// Saturates (a manifest may claim any counts; validation refuses the mismatch).
     pub fn expert_count(&self) -> usize {
-        self.layers.len() * self.experts_per_layer
+        self.layers.len().saturating_mul(self.experts_per_layer)
     }
 
     /// Index into `locations` of (model layer id, expert).
@@ -277,6 +298,12 @@ impl TierEntry {
             .read_segment(layer, expert, 0)
             .ok_or_else(|| anyhow!("tier `{}` has no expert {expert} in layer {layer}", self.name))?;
         Ok((vec![seg], &self.layout))
+    }
+
+    /// What a read of (layer, expert) must hash to (None without recorded checksums).
+    pub fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        let sum = *self.checksums.get(self.index(layer, expert)?)?;
+        Some(ReadCheck::new(sum, format!("tier `{}` layer {layer} expert {expert}", self.name)))
     }
 
     /// The one segment that reads (layer, expert) into a slot starting at `dest_offset`.
@@ -328,31 +355,59 @@ impl ExpertManifest {
             }
             Err(e) => return Err(anyhow!(e)).with_context(|| format!("{}: cannot read", path.display())),
         };
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| anyhow!("{}: corrupt manifest (invalid JSON): {e}", path.display()))?;
+        let m = Self::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        m.validate(dir).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        Ok(m)
+    }
+
+    /// Parses a manifest's text: format tag, version, fields, and every check that needs
+    /// no file ([`Self::validate_structure`]). Errors do not name the file.
+    pub fn parse(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| anyhow!("corrupt manifest (invalid JSON): {e}"))?;
         match value.get("format").and_then(|f| f.as_str()) {
             Some(MANIFEST_FORMAT) => {}
-            other => bail!("{}: corrupt manifest: format is {other:?}, expected \"{MANIFEST_FORMAT}\"", path.display()),
+            other => bail!("corrupt manifest: format is {other:?}, expected \"{MANIFEST_FORMAT}\""),
         }
         let version = value
             .get("version")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| anyhow!("{}: corrupt manifest: no numeric `version`", path.display()))?;
+            .ok_or_else(|| anyhow!("corrupt manifest: no numeric `version`"))?;
         if version > MANIFEST_VERSION as u64 {
             bail!(
-                "{}: manifest version {version} is newer than this build of strata reads (up to {MANIFEST_VERSION}); upgrade strata",
-                path.display()
+                "manifest version {version} is newer than this build of strata reads (up to {MANIFEST_VERSION}); upgrade strata"
             );
         }
-        let parsed: ManifestJson =
-            serde_json::from_value(value).map_err(|e| anyhow!("{}: corrupt manifest: {e}", path.display()))?;
+        let parsed: ManifestJson = serde_json::from_value(value).map_err(|e| anyhow!("corrupt manifest: {e}"))?;
         let m = parsed.manifest;
-        m.validate(dir).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        m.validate_structure()?;
         Ok(m)
     }
 
     /// Checks everything that can be checked without reading weights.
     pub fn validate(&self, dir: &Path) -> Result<()> {
+        let needs = self.validate_structure()?;
+        for (f, need) in self.files.iter().zip(needs) {
+            let p = dir.join(f);
+            let len = match std::fs::metadata(&p) {
+                Ok(m) => m.len(),
+                Err(_) => bail!("expert file {} is missing", p.display()),
+            };
+            if len < need {
+                bail!(
+                    "expert file {} is too short: {len} bytes, but its regions extend to byte {need} ({} bytes missing)",
+                    p.display(),
+                    need - len
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks that need no file: unique tiers, packed layouts, one aligned location
+    /// per expert, no overlapping regions, checksum counts. Returns the bytes each file
+    /// must hold.
+    pub fn validate_structure(&self) -> Result<Vec<u64>> {
         let mut needs = vec![0u64; self.files.len()];
         let mut seen = std::collections::HashSet::new();
         for t in &self.tiers {
@@ -368,6 +423,9 @@ impl ExpertManifest {
                     t.layers.len(),
                     t.experts_per_layer
                 );
+            }
+            if !t.checksums.is_empty() && t.checksums.len() != t.locations.len() {
+                bail!("tier `{}`: {} checksums for {} experts", t.name, t.checksums.len(), t.locations.len());
             }
             let slot = t.layout.slot_bytes as u64;
             let mut regions: Vec<(usize, u64, usize)> = Vec::with_capacity(t.locations.len());
@@ -388,7 +446,14 @@ impl ExpertManifest {
                         loc.offset
                     );
                 }
-                needs[loc.file] = needs[loc.file].max(loc.offset + slot);
+                let Some(end) = loc.offset.checked_add(slot) else {
+                    bail!(
+                        "tier `{}` layer {layer} expert {expert}: region at offset {} of {slot} bytes ends past 2^64",
+                        t.name,
+                        loc.offset
+                    );
+                };
+                needs[loc.file] = needs[loc.file].max(end);
                 regions.push((loc.file, loc.offset, i));
             }
             regions.sort_unstable();
@@ -405,21 +470,7 @@ impl ExpertManifest {
                 }
             }
         }
-        for (f, need) in self.files.iter().zip(needs) {
-            let p = dir.join(f);
-            let len = match std::fs::metadata(&p) {
-                Ok(m) => m.len(),
-                Err(_) => bail!("expert file {} is missing", p.display()),
-            };
-            if len < need {
-                bail!(
-                    "expert file {} is too short: {len} bytes, but its regions extend to byte {need} ({} bytes missing)",
-                    p.display(),
-                    need - len
-                );
-            }
-        }
-        Ok(())
+        Ok(needs)
     }
 
     /// Writes `dir/strata-experts.json` atomically (temp file, fsync, rename, fsync dir).
@@ -441,7 +492,10 @@ impl ExpertManifest {
 
     /// Bytes of all regions.
     pub fn total_expert_bytes(&self) -> u64 {
-        self.tiers.iter().map(|t| (t.expert_count() * t.layout.slot_bytes) as u64).sum()
+        self.tiers
+            .iter()
+            .map(|t| (t.expert_count() as u64).saturating_mul(t.layout.slot_bytes as u64))
+            .fold(0, u64::saturating_add)
     }
 
     /// The read of (layer, expert) of `tier` into a slot: one segment.
@@ -496,6 +550,7 @@ pub struct TierSpec {
 struct TierState {
     spec: TierSpec,
     locations: Vec<Option<ExpertLocation>>,
+    checksums: Vec<u64>,
     /// (manifest file index, writer, bytes written) of the file being filled.
     current: Option<(usize, BufWriter<File>, u64)>,
     next_file: usize,
@@ -536,6 +591,7 @@ impl ContainerWriter {
             .into_iter()
             .map(|spec| TierState {
                 locations: vec![None; spec.layers.len() * spec.experts_per_layer],
+                checksums: vec![0; spec.layers.len() * spec.experts_per_layer],
                 spec,
                 current: None,
                 next_file: 0,
@@ -628,6 +684,7 @@ impl ContainerWriter {
         let loc = ExpertLocation { file: *file, offset: *written };
         *written += slot;
         t.locations[idx] = Some(loc);
+        t.checksums[idx] = region_checksum(&self.region);
         Ok(loc)
     }
 
@@ -655,6 +712,7 @@ impl ContainerWriter {
                 layers: t.spec.layers.clone(),
                 experts_per_layer: t.spec.experts_per_layer,
                 locations: t.locations.iter().map(|l| l.unwrap()).collect(),
+                checksums: t.checksums.clone(),
             });
         }
         let manifest = ExpertManifest { version: MANIFEST_VERSION, files: self.files.clone(), tiers };

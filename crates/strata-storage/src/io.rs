@@ -13,11 +13,14 @@
 //! reads with a one-time warning ([`IoPool::warnings`]).
 //!
 //! Errors fail only their own ticket and name the file, offset and length; the pool stays
-//! usable. A segment may run past the end of the file (as measured when the pool opened)
+//! usable. A request submitted with a [`ReadCheck`] ([`IoPool::submit_checked`]) is
+//! hashed by its worker once its bytes land; a mismatch fails the ticket, naming the file
+//! and the label (layer and expert), so the caller never publishes the slot. A segment may run past the end of the file (as measured when the pool opened)
 //! by less than [`ALIGN`] bytes — the tail of a page-aligned covering read — and that
 //! overhang reads as zeros; any other short read (a file truncated under the reader) is an
 //! error.
 
+use crate::checksum::{parts_checksum, ReadCheck};
 use crate::container::ALIGN as ALIGN_U64;
 use anyhow::{anyhow, bail, Context, Result};
 use std::alloc::Layout;
@@ -178,6 +181,8 @@ pub struct ReadStats {
     pub service: Duration,
     /// Time the request waited in the queue before a worker took it.
     pub queued: Duration,
+    /// Of `service`, time spent verifying the checksum.
+    pub checksum: Duration,
 }
 
 impl ReadStats {
@@ -188,6 +193,7 @@ impl ReadStats {
         self.buffered_ops += other.buffered_ops;
         self.service += other.service;
         self.queued += other.queued;
+        self.checksum += other.checksum;
     }
 }
 
@@ -226,6 +232,7 @@ unsafe impl Send for SendPtr {}
 
 struct Job {
     segments: Vec<ReadSegment>,
+    check: Option<ReadCheck>,
     dest: SendPtr,
     submitted: Instant,
     reply: mpsc::SyncSender<Result<ReadStats>>,
@@ -382,11 +389,40 @@ impl IoPool {
     /// `dest` must be valid for writes of `dest_len` bytes, and neither read nor written
     /// by anyone else, until the ticket completes (is waited for or dropped).
     pub unsafe fn submit(&self, segments: Vec<ReadSegment>, dest: *mut u8, dest_len: usize) -> ReadTicket {
+        self.submit_checked(segments, dest, dest_len, None)
+    }
+
+    /// [`submit`](Self::submit) with an expected checksum: once the bytes land, the worker
+    /// hashes the segments' destination bytes in segment order
+    /// ([`parts_checksum`](crate::checksum::parts_checksum)); a mismatch fails the ticket
+    /// with an error naming the file and `check.label`. The destination then holds the
+    /// bad bytes: do not publish it.
+    ///
+    /// # Safety
+    /// As for [`submit`](Self::submit).
+    pub unsafe fn submit_checked(
+        &self,
+        segments: Vec<ReadSegment>,
+        dest: *mut u8,
+        dest_len: usize,
+        check: Option<ReadCheck>,
+    ) -> ReadTicket {
         if let Err(e) = self.validate(&segments, dest, dest_len) {
             return ReadTicket::ready(Err(e));
         }
+        if let Some(c) = &check {
+            if let Some(&(at, len)) =
+                c.ranges.iter().find(|&&(at, len)| at.checked_add(len).is_none_or(|e| e > dest_len))
+            {
+                return ReadTicket::ready(Err(anyhow!(
+                    "{}: checksum range {at}..{} lies outside the {dest_len}-byte destination",
+                    c.label,
+                    at.saturating_add(len)
+                )));
+            }
+        }
         let (reply, rx) = mpsc::sync_channel(1);
-        let job = Job { segments, dest: SendPtr(dest), submitted: Instant::now(), reply };
+        let job = Job { segments, check, dest: SendPtr(dest), submitted: Instant::now(), reply };
         match self.tx.as_ref().map(|tx| tx.send(job)) {
             Some(Ok(())) => ReadTicket { rx: Some(rx), done: None },
             _ => ReadTicket::ready(Err(anyhow!("I/O pool is shut down"))),
@@ -395,8 +431,18 @@ impl IoPool {
 
     /// Submits and waits: a safe wrapper for callers that own `dest` outright.
     pub fn read(&self, segments: Vec<ReadSegment>, dest: &mut [u8]) -> Result<ReadStats> {
+        self.read_checked(segments, dest, None)
+    }
+
+    /// [`read`](Self::read) verified against `check` (see [`submit_checked`](Self::submit_checked)).
+    pub fn read_checked(
+        &self,
+        segments: Vec<ReadSegment>,
+        dest: &mut [u8],
+        check: Option<ReadCheck>,
+    ) -> Result<ReadStats> {
         // SAFETY: `dest` is exclusively borrowed until `wait` returns.
-        unsafe { self.submit(segments, dest.as_mut_ptr(), dest.len()) }.wait()
+        unsafe { self.submit_checked(segments, dest.as_mut_ptr(), dest.len(), check) }.wait()
     }
 
     fn validate(&self, segments: &[ReadSegment], dest: *mut u8, dest_len: usize) -> Result<()> {
@@ -504,9 +550,42 @@ fn worker(shared: &Shared, rx: &Mutex<mpsc::Receiver<Job>>) {
                 break;
             }
         }
+        if let (Ok(()), Some(check)) = (&result, &job.check) {
+            let t = Instant::now();
+            result = verify(shared, &job, check);
+            stats.checksum = t.elapsed();
+        }
         stats.service = start.elapsed();
         let _ = job.reply.send(result.map(|()| stats));
     }
+}
+
+/// Hashes a finished job's destination bytes against `check`.
+fn verify(shared: &Shared, job: &Job, check: &ReadCheck) -> Result<()> {
+    let ranges: Vec<(usize, usize)> = if check.ranges.is_empty() {
+        job.segments.iter().map(|s| (s.dest_offset, s.len)).collect()
+    } else {
+        check.ranges.clone()
+    };
+    // SAFETY: as in `worker`: ranges validated against `dest_len` at submit, in the
+    // submitter's exclusive buffer.
+    let got =
+        parts_checksum(ranges.iter().map(|&(at, len)| unsafe { std::slice::from_raw_parts(job.dest.0.add(at), len) }));
+    if got == check.expected {
+        return Ok(());
+    }
+    let files: Vec<String> = job
+        .segments
+        .iter()
+        .map(|s| format!("{} at offset {} ({} bytes)", shared.files[s.file].path.display(), s.offset, s.len))
+        .collect();
+    bail!(
+        "{}: {}: checksum mismatch (expected {:016x}, read {got:016x}): the expert's bytes changed since they were \
+         recorded (file modified or damaged, or a bad disk read); not using them",
+        files.join(", "),
+        check.label,
+        check.expected
+    )
 }
 
 fn read_segment(shared: &Shared, s: &ReadSegment, dest: &mut [u8], stats: &mut ReadStats) -> Result<()> {

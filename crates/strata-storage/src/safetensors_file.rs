@@ -56,20 +56,28 @@ impl SafetensorsFile {
         // SAFETY: the mapping is read-only; a file truncated underneath us is the
         // documented hazard of mmap, which callers accept for model weights.
         let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{}: cannot mmap", path.display()))?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&mmap)
-            .map_err(|e| anyhow!("{}: corrupt safetensors header: {e}", path.display()))?;
+        let tensors = Self::parse_header(&mmap).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        Ok(Self { path: path.to_path_buf(), mmap, tensors })
+    }
+
+    /// Validates a safetensors header held in `bytes` (the file's start: the length,
+    /// the JSON header and as much data as it describes) and lists its tensors with
+    /// absolute byte ranges. Errors say what is wrong (without the file name).
+    pub fn parse_header(bytes: &[u8]) -> Result<BTreeMap<String, TensorRef>> {
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(bytes).map_err(|e| anyhow!("corrupt safetensors header: {e}"))?;
         let data_start = 8 + header_len;
         let mut tensors = BTreeMap::new();
         for (name, info) in metadata.tensors() {
             let dtype = element_type(info.dtype)
-                .ok_or_else(|| anyhow!("{}: tensor `{name}` has unsupported dtype {:?}", path.display(), info.dtype))?;
+                .ok_or_else(|| anyhow!("tensor `{name}` has unsupported dtype {:?}", info.dtype))?;
             let (s, e) = info.data_offsets;
             tensors.insert(
                 name,
                 TensorRef { dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e },
             );
         }
-        Ok(Self { path: path.to_path_buf(), mmap, tensors })
+        Ok(tensors)
     }
 
     pub fn path(&self) -> &Path {

@@ -63,6 +63,9 @@ pub struct RuntimeOptions {
     pub auto_pin: bool,
     pub live_repin: bool,
     pub usage: UsageSetting,
+    /// Use a ledger another engine wrote (its counts, rewritten under ours at the next
+    /// flush) instead of refusing it.
+    pub usage_import: bool,
     /// O_DIRECT reads (default); false uses the page cache.
     pub direct_io: bool,
     pub io_workers: usize,
@@ -78,6 +81,7 @@ impl Default for RuntimeOptions {
             auto_pin: false,
             live_repin: false,
             usage: UsageSetting::Default,
+            usage_import: false,
             direct_io: true,
             io_workers: 2,
             pilot: PilotMode::Off,
@@ -213,10 +217,12 @@ impl StreamedExperts {
     /// Submits the read that fills `slot` with `key`.
     fn submit(&self, slot: usize, key: ExpertKey) -> Result<ReadTicket> {
         let (segments, _) = self.source.locate(key.0, key.1)?;
+        let check = self.source.read_check(key.0, key.1);
         // SAFETY: the slot is in phase Loading: nothing reads or writes it until the
         // ticket is waited on.
         Ok(unsafe {
-            self.io.submit(segments, self.slab.as_ptr().add(slot * self.slot_bytes) as *mut u8, self.slot_bytes)
+            let dest = self.slab.as_ptr().add(slot * self.slot_bytes) as *mut u8;
+            self.io.submit_checked(segments, dest, self.slot_bytes, check)
         })
     }
 
@@ -362,6 +368,7 @@ impl StreamedExperts {
             if let Err(e) = ledger.flush() {
                 eprintln!("warning: usage ledger {} not saved: {e}", ledger.path().display());
             }
+            ledger.take_warnings().iter().for_each(|w| eprintln!("warning: {w}"));
         }
         self.relieve_pressure(&mut st);
         let report = RuntimeReport {

@@ -3,7 +3,9 @@
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 use strata_models::MoeLayout;
-use strata_storage::{ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadSegment, TierEntry};
+use strata_storage::{
+    ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadCheck, ReadSegment, TierEntry,
+};
 
 pub trait ExpertSource: Send + Sync {
     /// Bytes of one slot (identical for every expert of the tier).
@@ -18,6 +20,10 @@ pub trait ExpertSource: Send + Sync {
     fn locate(&self, layer: usize, expert: usize) -> Result<(Vec<ReadSegment>, &ExpertLayout)>;
     /// Where the matrices of `(layer, expert)` lie inside its slot.
     fn layout(&self, layer: usize, expert: usize) -> Result<&ExpertLayout>;
+    /// What a read of `(layer, expert)` must hash to; None: not verified.
+    fn read_check(&self, _layer: usize, _expert: usize) -> Option<ReadCheck> {
+        None
+    }
 }
 
 /// strata's own container: one aligned region per expert, one read.
@@ -55,6 +61,9 @@ impl ExpertSource for ContainerSource {
     fn layout(&self, _layer: usize, _expert: usize) -> Result<&ExpertLayout> {
         Ok(&self.tier.layout)
     }
+    fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        self.tier.read_check(layer, expert)
+    }
 }
 
 /// The public GLM-5.2 container (`out-*.safetensors`, U8 payloads + `.qs` scales), read
@@ -80,7 +89,10 @@ impl ColibriSource {
             sparse_layers: moe.layers.clone(),
             mtp_layers: moe.mtp_layers.clone(),
         };
-        let container = ColibriContainer::open(dir, &dims)?;
+        let mut container = ColibriContainer::open(dir, &dims)?;
+        for w in container.ensure_checksums()? {
+            eprintln!("warning: {w}");
+        }
         let Some(tier) = container.tier(tier).cloned() else { return Ok(None) };
         Ok(Some(Self { files: container.file_paths(), tier }))
     }
@@ -107,6 +119,9 @@ impl ExpertSource for ColibriSource {
             .expert(layer, expert)
             .map(|e| &e.layout)
             .ok_or_else(|| anyhow::anyhow!("the container has no expert {expert} in layer {layer}"))
+    }
+    fn read_check(&self, layer: usize, expert: usize) -> Option<ReadCheck> {
+        self.tier.read_check(layer, expert)
     }
 }
 

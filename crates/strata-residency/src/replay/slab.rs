@@ -1,0 +1,114 @@
+//! The runtime's own policy, replayed: the same [`SlotTable`] the expert runtime drives,
+//! in the runtime's order (`StreamedExperts::forward` in strata-engine), so a replay of
+//! a trace reproduces the runtime's hits and misses on that trace.
+//!
+//! Per access group (one forward at one layer), as the runtime does:
+//! 1. `tick` (the runtime ticks once per MoE layer call);
+//! 2. in ascending expert id: `lookup`; a hit is `lease`d (and, when it sits in a working
+//!    slot, remembered for promotion); a miss is queued;
+//! 3. waves: `begin_load` misses while a working slot is free, then for each in turn
+//!    `finish_load` and `promote` (a miss is computed before its promotion, so a later
+//!    miss of the same forward may evict it; with every layer slot leased it stays in
+//!    the working bank, where later lookups still hit it);
+//! 4. `release` the hits, then `promote` the hits found in working slots.
+//!
+//! Pins are `pin`ned and loaded before the first access, as at start-up.
+
+use crate::plan::{PlanInput, ResidencyPlan};
+use crate::slots::{SlotPhase, SlotRole, SlotTable};
+use crate::ExpertKey;
+
+/// Hits, misses and I/O waves of one replay.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlabTally {
+    pub hits: u64,
+    pub misses: u64,
+    pub waves: u64,
+    /// Misses that found no free working slot at all (every one leased): the runtime
+    /// fails that forward; replay counts them as misses that cache nothing.
+    pub stalled: u64,
+}
+
+/// A slot table laid out for `layers` at `slots_per_layer`, `working` and `pins.len()`
+/// pinned slots, with the pins resident.
+pub(crate) fn table(layers: &[usize], slots_per_layer: usize, working: usize, pins: &[ExpertKey]) -> SlotTable {
+    let working = working.max(1);
+    let input = PlanInput {
+        budget_bytes: u64::MAX,
+        fixed_bytes: 0,
+        slot_bytes: 1,
+        sparse_layers: layers.len(),
+        working_slots: working,
+        pinned_experts: pins.len(),
+        max_slots_per_layer: Some(slots_per_layer.max(1)),
+    };
+    let total = working + pins.len() + layers.len() * slots_per_layer.max(1);
+    let plan = ResidencyPlan {
+        input,
+        slots_per_layer: slots_per_layer.max(1),
+        total_slots: total,
+        slab_bytes: total as u64,
+        headroom_bytes: 0,
+    };
+    let mut table = SlotTable::new(&plan, layers);
+    for &key in pins {
+        if let Ok(slot) = table.pin(key) {
+            if table.slot(slot).phase == SlotPhase::Loading {
+                let generation = table.slot(slot).generation;
+                table.finish_load(slot, generation);
+            }
+        }
+    }
+    table
+}
+
+/// One forward of one layer over its unique `experts` (any order; the runtime visits
+/// them ascending).
+pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) {
+    let mut sorted = experts.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    table.tick();
+    let mut hits = Vec::new();
+    let mut to_promote = Vec::new();
+    let mut misses = Vec::new();
+    for e in sorted {
+        match table.lookup((layer, e)) {
+            Some(slot) => {
+                table.lease(slot);
+                hits.push(slot);
+                if table.slot(slot).role == SlotRole::Working {
+                    to_promote.push(slot);
+                }
+            }
+            None => misses.push(e),
+        }
+    }
+    tally.hits += hits.len() as u64;
+    tally.misses += misses.len() as u64;
+    let mut pending = misses.into_iter().peekable();
+    while pending.peek().is_some() {
+        let mut wave = Vec::new();
+        while let Some(&e) = pending.peek() {
+            let Some(loading) = table.begin_load((layer, e)) else { break };
+            pending.next();
+            wave.push(loading);
+        }
+        if wave.is_empty() {
+            tally.stalled += pending.count() as u64;
+            break;
+        }
+        tally.waves += 1;
+        for (slot, generation) in wave {
+            if table.finish_load(slot, generation) {
+                table.promote(slot);
+            }
+        }
+    }
+    for &slot in &hits {
+        table.release(slot);
+    }
+    for slot in to_promote {
+        table.promote(slot);
+    }
+}

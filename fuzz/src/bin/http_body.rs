@@ -1,0 +1,4 @@
+//! AFL harness: `strata_fuzz::http_body`.
+fn main() {
+    afl::fuzz!(|data: &[u8]| strata_fuzz::http_body(data));
+}
