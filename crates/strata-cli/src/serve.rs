@@ -38,13 +38,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if max_body == 0 || max_body > usize::MAX as u64 {
         bail!("--max-body must be at least 1 byte, got {}", a.max_body);
     }
+    let load = a.budget.load_options_for(&a.model)?;
     strata_server::serve(strata_server::ServerConfig {
         model_dir: a.model,
         host: a.host,
         port: a.port,
         api_key: a.api_key,
         queue: a.queue,
-        load: a.budget.load_options()?,
+        load,
         max_body: max_body as usize,
     })
 }
