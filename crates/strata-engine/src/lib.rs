@@ -8,6 +8,7 @@ pub mod fit;
 pub mod generate;
 pub mod model_dir;
 pub mod sampling;
+pub mod serving;
 pub mod stats;
 pub mod tokenizer;
 

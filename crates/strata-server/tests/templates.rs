@@ -17,8 +17,7 @@ fn root() -> PathBuf {
 
 /// The fixture model, with the official template `name` when given.
 fn app(template: Option<&str>) -> Router {
-    let mut model =
-        LoadedModel::open(&root().join("fixtures/glm5/dsa-sparse")).expect("fixture model");
+    let mut model = LoadedModel::open(&root().join("fixtures/glm5/dsa-sparse")).expect("fixture model");
     if let Some(name) = template {
         let src = std::fs::read_to_string(root().join("fixtures/chat_templates/templates").join(name)).unwrap();
         model.chat_template = Some(ChatTemplate::new(&src, String::new(), "<|endoftext|>".into()).unwrap());
@@ -155,8 +154,7 @@ fn template_variables_are_honoured_or_refused() {
 
 #[test]
 fn template_errors_are_400_naming_the_line() {
-    let mut model =
-        LoadedModel::open(&root().join("fixtures/glm5/dsa-sparse")).expect("fixture model");
+    let mut model = LoadedModel::open(&root().join("fixtures/glm5/dsa-sparse")).expect("fixture model");
     let src = "{% for m in messages %}\n{% if m.role == 'system' %}{{ raise_exception('no system messages') }}{% endif %}{% endfor %}";
     model.chat_template = Some(ChatTemplate::new(src, String::new(), String::new()).unwrap());
     let app = strata_server::router(strata_server::state(model, None, 4));
