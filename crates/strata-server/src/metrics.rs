@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use strata_engine::experts::RuntimeReport;
+use strata_engine::serving::EngineCounters;
 use strata_engine::GenerationStats;
 
 const BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -55,6 +56,10 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub queue_depth: AtomicUsize,
     pub active: AtomicUsize,
+    /// Requests accepted and not finished (running or waiting).
+    pub inflight: AtomicUsize,
+    /// The serving engine's counters after its last step.
+    pub engine: Mutex<EngineCounters>,
     pub queue_wait: Histogram,
     pub ttft: Histogram,
     pub generation_time: Histogram,

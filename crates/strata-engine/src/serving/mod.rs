@@ -38,6 +38,10 @@ pub struct ServeRequest {
     pub stop_token_ids: Vec<u32>,
     /// Added to the logits of these tokens before sampling.
     pub logit_bias: Vec<(u32, f32)>,
+    /// OpenAI's penalties over the generated tokens: each token that occurred loses
+    /// `presence_penalty`, and `frequency_penalty` per occurrence.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
     /// A grammar the output must follow.
@@ -52,6 +56,8 @@ impl ServeRequest {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             logprobs: None,
             constraint: None,
         }
@@ -64,8 +70,8 @@ pub struct Finished {
     pub output: GenerationOutput,
     /// The stop string that ended it, if one did.
     pub stop_sequence: Option<String>,
-    /// Every generated token's log-probabilities (when asked for), the sampled
-    /// end-of-sequence or stop id last when one ended it.
+    /// Every generated token's log-probabilities (when asked for; not those of an
+    /// end-of-sequence or stop id that ended it).
     pub logprobs: Vec<TokenLogprobs>,
     /// Seconds from submission to the start of its computation.
     pub queue_wait_s: f64,

@@ -140,6 +140,15 @@ impl Active {
             apply_mask(logits, mask);
         }
         apply_logit_bias(logits, &r.logit_bias);
+        if r.presence_penalty != 0.0 || r.frequency_penalty != 0.0 {
+            let mut seen = self.out.clone();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= r.presence_penalty + r.frequency_penalty * run.len() as f32;
+                }
+            }
+        }
         if self.out.len() < r.min_tokens {
             ban(logits, &r.gen.eos_token_ids);
             ban(logits, &r.stop_token_ids);
@@ -148,15 +157,15 @@ impl Active {
             bail!("no token is allowed here (the grammar, logit_bias and min_tokens exclude every one)");
         }
         let next = self.sampler.sample(logits, &self.tokens);
-        if let (Some(top), Some(raw)) = (want_logprobs, raw) {
-            let lp = logprobs(&raw, next, top);
-            self.pending_logprobs.push(lp.clone());
-            self.all_logprobs.push(lp);
-        }
         let r = &self.req;
         let eos = !r.ignore_eos && r.gen.eos_token_ids.contains(&next);
         if eos || r.stop_token_ids.contains(&next) {
             return Ok((self.flush(), Some(FinishReason::Stop)));
+        }
+        if let (Some(top), Some(raw)) = (want_logprobs, raw) {
+            let lp = logprobs(&raw, next, top);
+            self.pending_logprobs.push(lp.clone());
+            self.all_logprobs.push(lp);
         }
         self.out.push(next);
         self.tokens.push(next);
