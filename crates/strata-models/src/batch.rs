@@ -60,7 +60,7 @@ impl Batch {
     /// features) instead of token ids.
     pub fn push_embeddings(&mut self, seq: SeqId, values: &[f32], width: usize, logits: Logits) {
         assert!(
-            width > 0 && values.len() % width == 0,
+            width > 0 && values.len().is_multiple_of(width),
             "push_embeddings: {} values are not rows of {width}",
             values.len()
         );

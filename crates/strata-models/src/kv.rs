@@ -215,7 +215,7 @@ impl KvBlocks {
     pub fn truncate(&mut self, s: SeqId, len: usize) {
         let Some(Some(q)) = self.seqs.get_mut(s.0 as usize) else { return };
         let mut len = q.len.min(len);
-        if len % BLOCK_SIZE != 0 {
+        if !len.is_multiple_of(BLOCK_SIZE) {
             let b = q.blocks[len / BLOCK_SIZE];
             if self.refs[b as usize] > 1 {
                 len -= len % BLOCK_SIZE;

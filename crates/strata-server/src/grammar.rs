@@ -124,7 +124,7 @@ impl Grammars {
                         format!("call{i}")
                     })
                     .collect();
-                g.push_str(&format!("call: {}\n", names.join(" | ")));
+                g.push_str(&format!("call: {}\nARGTEXT: /[^<]*/\n", names.join(" | ")));
                 if *parallel {
                     "call (\"\\n\" call)*".to_string()
                 } else {
@@ -141,8 +141,9 @@ impl Grammars {
     }
 
     /// One tool's call: its name, then its arguments (required ones always, in the
-    /// schema's order; others optional), strings as plain text, other values as JSON
-    /// per their schema.
+    /// schema's order; others optional). String values are raw text: one of an `enum`,
+    /// a `pattern`, or text without `<` within `minLength`/`maxLength`; other values
+    /// are JSON per their schema.
     fn call_rule(&self, i: usize, f: &Value) -> String {
         let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
         let params = f.get("parameters").cloned().unwrap_or(json!({}));
@@ -155,14 +156,36 @@ impl Grammars {
         let mut extra = String::new();
         if let Some(props) = params.get("properties").and_then(Value::as_object) {
             for (j, (key, schema)) in props.iter().enumerate() {
-                let value =
-                    if schema.get("type").and_then(Value::as_str) == Some("string") && schema.get("enum").is_none() {
-                        "ARGTEXT".to_string()
-                    } else {
-                        let v = format!("call{i}_v{j}");
+                let string = schema.get("type").and_then(Value::as_str) == Some("string");
+                let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+                let hi = schema.get("maxLength").and_then(Value::as_u64);
+                let v = format!("call{i}_v{j}");
+                // String values are written raw (GLM's convention; the parser keeps them
+                // strings), everything else as JSON.
+                let value = match (string, schema.get("enum").and_then(Value::as_array), schema.get("pattern")) {
+                    (true, Some(options), _) => {
+                        let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(quote).collect();
+                        extra.push_str(&format!("{v}: {}\n", alts.join(" | ")));
+                        v
+                    }
+                    (true, None, Some(Value::String(p))) => {
+                        extra.push_str(&format!(
+                            "{v}: /{}/\n",
+                            p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/")
+                        ));
+                        v
+                    }
+                    (true, ..) if lo == 0 && hi.is_none() => "ARGTEXT".to_string(),
+                    (true, ..) => {
+                        let hi = hi.map_or(String::new(), |h| h.to_string());
+                        extra.push_str(&format!("{v}: /[^<]{{{lo},{hi}}}/\n"));
+                        v
+                    }
+                    _ => {
                         extra.push_str(&format!("{v}: %json {}\n", json_options(schema.clone())));
                         v
-                    };
+                    }
+                };
                 let pair = format!(
                     "{} {} {} {} {} {} \"\\n\"",
                     self.marker(ARG_KEY.0),
@@ -180,7 +203,7 @@ impl Grammars {
             }
         }
         rule.push_str(&format!(" {}\n", self.marker(CALL_END)));
-        format!("{rule}{extra}ARGTEXT: /[^<]*/\n")
+        format!("{rule}{extra}")
     }
 
     /// A constraint for `format`, or a 400 naming `param` when it does not compile.
