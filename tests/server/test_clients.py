@@ -357,16 +357,16 @@ def logprobs_and_several_choices():
 def forced_tool_call_and_prompt_cache():
     tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
     r = oa.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=20
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=40
     )
     assert r.choices[0].finish_reason == "tool_calls", r
     assert r.choices[0].message.tool_calls[0].function.name == "now"
     again = oa.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=20
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=40
     )
     assert again.usage.prompt_tokens_details.cached_tokens > 0, again.usage
     m = an.messages.create(
-        model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "Time?"}],
+        model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Time?"}],
         tools=[{"name": "now", "input_schema": {"type": "object", "properties": {}}}], tool_choice={"type": "any"},
     )
     assert m.stop_reason == "tool_use" and m.content[-1].type == "tool_use", m
