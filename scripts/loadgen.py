@@ -10,7 +10,8 @@ Usage:
 
 For each concurrency C it sends C * requests-per-stream requests, C at a time, and
 prints aggregate generated tokens per second (completion tokens over the level's wall
-time), p50/p99 time to first token, and, when the server is strata with streamed
+time), p50/p99 time to first token, with --pid the tokens per CPU-second the server
+used (steadier on a shared machine), and, when the server is strata with streamed
 experts, the expert bytes read per generated token (from /metrics). Every request asks
 for exactly --max-tokens tokens (`ignore_eos`, as llama.cpp's batched bench does);
 a server without that extension may stop earlier, and its numbers count what came.
@@ -19,6 +20,7 @@ a server without that extension may stop earlier, and its numbers count what cam
 import argparse
 import http.client
 import json
+import os
 import re
 import statistics
 import sys
@@ -98,7 +100,18 @@ def snapshot(client):
     return {k: metric(text, k) for k in keys}
 
 
-def run_level(client, model, conc, per_stream, words, max_tokens):
+def cpu_seconds(pid):
+    """User + system CPU seconds the process has used (Linux /proc), or None."""
+    if not pid:
+        return None
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run_level(client, model, conc, per_stream, words, max_tokens, pid=None):
     n = conc * per_stream
     next_i = [0]
     lock = threading.Lock()
@@ -125,6 +138,7 @@ def run_level(client, model, conc, per_stream, words, max_tokens):
                         ttfts.append(ttft)
 
     before = snapshot(client)
+    cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(conc)]
     for t in threads:
@@ -132,6 +146,10 @@ def run_level(client, model, conc, per_stream, words, max_tokens):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu1 = cpu_seconds(pid)
+    # The expert counters reach /metrics at the runtime's turn boundary, right after the
+    # batch empties: give it a moment.
+    time.sleep(0.5)
     after = snapshot(client)
     total = sum(tokens)
     q = sorted(ttfts)
@@ -142,6 +160,10 @@ def run_level(client, model, conc, per_stream, words, max_tokens):
     row = {"concurrency": conc, "requests": n, "errors": len(errors), "tokens": total,
            "seconds": round(wall, 3), "tokens_per_s": round(total / wall, 1),
            "ttft_p50_s": round(pct(50), 3), "ttft_p99_s": round(pct(99), 3)}
+    if cpu0 is not None and cpu1 is not None and cpu1 > cpu0:
+        # Tokens per CPU-second of the server: steadier than wall time on a shared machine.
+        row["server_cpu_s"] = round(cpu1 - cpu0, 2)
+        row["tokens_per_cpu_s"] = round(total / (cpu1 - cpu0), 1)
     rb, gt = 'strata_expert_read_bytes_total{cause="demand"}', "strata_generated_tokens_total"
     if before.get(rb) is not None and after.get(rb) is not None and after[gt] > before[gt]:
         row["expert_bytes_per_token"] = round((after[rb] - before[rb]) / (after[gt] - before[gt]))
@@ -160,6 +182,7 @@ def main():
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--label", default="")
+    ap.add_argument("--pid", type=int, default=None, help="the server's pid: also report tokens per server CPU-second")
     ap.add_argument("--json", default=None, help="append one JSON line per level to this file")
     a = ap.parse_args()
     client = Client(a.base, a.api_key)
@@ -168,12 +191,12 @@ def main():
         sys.exit(f"{a.base}/health answered {status}")
     # One short request first, so start-up costs are not in the first level.
     client.stream({"prompt": "warm up", "max_tokens": 2, "stream": True, **({"model": a.model} if a.model else {})})
-    print(f"{'label':<22} {'conc':>4} {'reqs':>5} {'tok/s':>8} {'ttft p50':>9} {'ttft p99':>9} {'B/token':>10} err")
+    print(f"{'label':<22} {'conc':>4} {'reqs':>5} {'tok/s':>8} {'tok/cpu-s':>9} {'ttft p50':>9} {'ttft p99':>9} {'B/token':>10} err")
     for c in a.concurrency:
-        row = run_level(client, a.model, c, a.requests_per_stream, a.prompt_words, a.max_tokens)
+        row = run_level(client, a.model, c, a.requests_per_stream, a.prompt_words, a.max_tokens, a.pid)
         row["label"] = a.label
         bpt = row.get("expert_bytes_per_token", "-")
-        print(f"{a.label:<22} {c:>4} {row['requests']:>5} {row['tokens_per_s']:>8} {row['ttft_p50_s']:>9} "
+        print(f"{a.label:<22} {c:>4} {row['requests']:>5} {row['tokens_per_s']:>8} {row.get('tokens_per_cpu_s', '-'):>9} {row['ttft_p50_s']:>9} "
               f"{row['ttft_p99_s']:>9} {bpt:>10} {row['errors']}", flush=True)
         if a.json:
             with open(a.json, "a") as f:

@@ -33,7 +33,7 @@ run() {
     sleep 0.1
   done
   # shellcheck disable=SC2086
-  python3 "$ROOT/scripts/loadgen.py" --base "http://127.0.0.1:$port" --label "$label" \
+  python3 "$ROOT/scripts/loadgen.py" --base "http://127.0.0.1:$port" --label "$label" --pid "$SERVER" \
     --concurrency $LEVELS --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --json "$OUT"
   kill "$SERVER"
   wait "$SERVER" 2>/dev/null || true

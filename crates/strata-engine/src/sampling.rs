@@ -179,6 +179,11 @@ pub trait TokenConstraint: Send {
     fn commit(&mut self, token: u32) -> Result<()>;
     /// Whether the text is complete and nothing may follow: generation stops.
     fn is_done(&self) -> bool;
+    /// Tokens that must come next whatever is sampled (fixed text in a grammar),
+    /// already followed: the engine appends them without sampling.
+    fn forced(&mut self) -> Result<Vec<u32>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Masks out every token `mask` does not allow (their logits become -inf).

@@ -258,4 +258,8 @@ impl TokenConstraint for Guided {
     fn is_done(&self) -> bool {
         self.m.is_stopped()
     }
+
+    fn forced(&mut self) -> Result<Vec<u32>> {
+        Ok(self.m.consume_ff_tokens())
+    }
 }

@@ -221,18 +221,52 @@ impl Metrics {
         let gauges: [(&str, &str, f64); 3] = [
             (
                 "strata_queue_depth",
-                "Requests waiting for the generation worker.",
+                "Requests waiting for a place in the batch.",
                 self.queue_depth.load(Ordering::Relaxed) as f64,
             ),
             ("strata_queue_capacity", "Requests that may wait before new ones get 429.", queue_capacity as f64),
             (
                 "strata_generation_active",
-                "Generations running now (0 or 1).",
+                "Requests in the running batch now.",
                 self.active.load(Ordering::Relaxed) as f64,
             ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let e = *self.engine.lock().unwrap();
+        let engine: [(&str, &str, &str, f64); 8] = [
+            ("strata_batch_steps_total", "counter", "Forwards run by the serving engine.", e.steps as f64),
+            (
+                "strata_batch_decode_rows_total",
+                "counter",
+                "Decode rows (one sampled token each).",
+                e.decode_rows as f64,
+            ),
+            (
+                "strata_batch_prefill_rows_total",
+                "counter",
+                "Prompt rows (chunked prefill, recomputation).",
+                e.prefill_rows as f64,
+            ),
+            (
+                "strata_preemptions_total",
+                "counter",
+                "Requests preempted for KV room (computed again later).",
+                e.preemptions as f64,
+            ),
+            (
+                "strata_prompt_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens served from the prompt cache.",
+                e.cache_hit_tokens as f64,
+            ),
+            ("strata_prompt_cache_blocks", "gauge", "KV blocks the prompt cache holds.", e.cache_blocks as f64),
+            ("strata_kv_free_blocks", "gauge", "Free KV blocks in the pool.", e.kv_free_blocks as f64),
+            ("strata_kv_blocks", "gauge", "KV blocks in the pool (16 positions each).", e.kv_total_blocks as f64),
+        ];
+        for (name, kind, help, v) in engine {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
         if let Some(s) = self.last.lock().unwrap().as_ref() {
             let _ = writeln!(out, "# HELP strata_last_decode_tokens_per_second Decode speed of the last generation.\n# TYPE strata_last_decode_tokens_per_second gauge\nstrata_last_decode_tokens_per_second {}", s.decode_tokens_per_s);

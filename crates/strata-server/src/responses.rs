@@ -301,7 +301,16 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     };
     let rx = st.worker.submit_many(gen)?;
     if req.stream.unwrap_or(false) {
-        let fmt = ResponsesStream { echo, seq: 0, parser, output: Vec::new(), open: None, status: "completed" };
+        let fmt = ResponsesStream {
+            echo,
+            seq: 0,
+            parser,
+            output: Vec::new(),
+            open: None,
+            status: "completed",
+            parallel,
+            calls: 0,
+        };
         return Ok(prompt.mark(sse(rx, fmt)));
     }
     let f = collect(rx.into_iter().next().expect("one generation")).await?;
@@ -336,6 +345,9 @@ struct ResponsesStream {
     open: Option<(Open, String, String)>,
     /// Status of the items closed from now on.
     status: &'static str,
+    /// `parallel_tool_calls`: false keeps the first call only.
+    parallel: bool,
+    calls: usize,
 }
 
 impl ResponsesStream {
@@ -434,6 +446,10 @@ impl ResponsesStream {
                 Piece::Text(t) => self.text(&mut evs, Open::Message, &t),
                 Piece::Reasoning(r) => self.text(&mut evs, Open::Reasoning, &r),
                 Piece::Call(c) => {
+                    if !self.parallel && self.calls > 0 {
+                        continue;
+                    }
+                    self.calls += 1;
                     self.close(&mut evs);
                     let index = self.output.len();
                     let (id, call_id, args) = (new_id("fc_"), new_id("call_"), c.arguments_json());

@@ -84,6 +84,9 @@ impl Worker {
             }
             out.push(rx);
         }
+        // The gauge at once (the worker refreshes it after each step).
+        let depth = m.inflight.load(Ordering::SeqCst).saturating_sub(m.active.load(Ordering::SeqCst));
+        m.queue_depth.store(depth, Ordering::SeqCst);
         Ok(out)
     }
 }

@@ -167,12 +167,61 @@ impl Active {
             self.pending_logprobs.push(lp.clone());
             self.all_logprobs.push(lp);
         }
-        self.out.push(next);
-        self.tokens.push(next);
         if let Some(c) = self.req.constraint.as_mut() {
             c.commit(next)?;
         }
-        let mut delta = None;
+        let (mut delta, mut finish) = self.accept(next, tok, context)?;
+        // Tokens the grammar forces next join without a sample each: they are fed
+        // together in the next forward (not when log-probabilities are wanted, which
+        // forced tokens have none of).
+        while finish.is_none() && want_logprobs.is_none() {
+            let Some(c) = self.req.constraint.as_mut() else { break };
+            if c.is_done() {
+                break;
+            }
+            let forced = c.forced()?;
+            if forced.is_empty() {
+                break;
+            }
+            for t in forced {
+                if self.req.gen.eos_token_ids.contains(&t) && !self.req.ignore_eos {
+                    finish = Some(FinishReason::Stop);
+                    break;
+                }
+                let (d, f) = self.accept(t, tok, context)?;
+                delta.push_str(&d);
+                finish = f;
+                if finish.is_some() {
+                    break;
+                }
+            }
+        }
+        if finish.is_none() && self.req.constraint.as_ref().is_some_and(|c| c.is_done()) {
+            finish = Some(FinishReason::Stop);
+        }
+        if finish.is_some() && self.stop_sequence.is_none() && tok.is_some() && self.text.len() > self.streamed {
+            delta.push_str(&self.text[self.streamed..]);
+            self.streamed = self.text.len();
+        }
+        let update = if !delta.is_empty() || (!self.pending_logprobs.is_empty() && tok.is_none()) {
+            self.delta(delta)
+        } else {
+            None
+        };
+        Ok((update, finish))
+    }
+
+    /// Appends a generated token: its text (up to a stop string), the token limit and
+    /// the context. Returns the printable text it adds and the finish it causes.
+    fn accept(
+        &mut self,
+        next: u32,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(String, Option<FinishReason>)> {
+        self.out.push(next);
+        self.tokens.push(next);
+        let mut delta = String::new();
         let stops_armed = self.out.len() >= self.req.min_tokens;
         if let Some(tok) = tok {
             let (full, _) = self.decoder.push(tok, next, self.req.gen.skip_special_tokens)?;
@@ -186,37 +235,22 @@ impl Active {
             if let Some((cut, s)) = found {
                 self.stop_sequence = Some(s.clone());
                 self.text.truncate(cut);
-                let d = if cut > self.streamed { self.text[self.streamed..].to_string() } else { String::new() };
+                if cut > self.streamed {
+                    delta = self.text[self.streamed..].to_string();
+                }
                 self.streamed = self.streamed.max(cut);
-                return Ok((self.delta(d), Some(FinishReason::Stop)));
+                return Ok((delta, Some(FinishReason::Stop)));
             }
             let emitted = self.decoder.emitted();
             let printable = emitted.len() - held_back(emitted, stops);
             if printable > self.streamed {
-                delta = Some(emitted[self.streamed..printable].to_string());
+                delta = emitted[self.streamed..printable].to_string();
                 self.streamed = printable;
             }
         }
-        let done = self.req.constraint.as_ref().is_some_and(|c| c.is_done());
-        let finish = if self.out.len() >= self.req.gen.max_tokens || self.tokens.len() > context {
-            Some(FinishReason::Length)
-        } else if done {
-            Some(FinishReason::Stop)
-        } else {
-            None
-        };
-        if finish.is_some() && tok.is_some() && self.text.len() > self.streamed {
-            let mut d = delta.unwrap_or_default();
-            d.push_str(&self.text[self.streamed..]);
-            self.streamed = self.text.len();
-            delta = Some(d);
-        }
-        let update = match delta {
-            Some(d) => self.delta(d),
-            None if !self.pending_logprobs.is_empty() && tok.is_none() => self.delta(String::new()),
-            None => None,
-        };
-        Ok((update, finish))
+        let finish =
+            (self.out.len() >= self.req.gen.max_tokens || self.tokens.len() > context).then_some(FinishReason::Length);
+        Ok((delta, finish))
     }
 
     fn delta(&mut self, text: String) -> Option<Update> {
