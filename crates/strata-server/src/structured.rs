@@ -33,7 +33,9 @@ pub fn response_format(v: Option<&Value>, param: &str) -> ApiResult<Option<Forma
             // {"name", "schema", "strict"} beside `type`.
             let holder = v.get("json_schema").unwrap_or(v);
             let schema = holder.get("schema").cloned().unwrap_or(Value::Null);
+            let strict = holder.get("strict").and_then(Value::as_bool).unwrap_or(false);
             match schema {
+                Value::Object(_) if strict => Format::JsonSchema(strictify(schema)),
                 Value::Object(_) => Format::JsonSchema(schema),
                 Value::Bool(true) | Value::Null if holder.get("schema").is_none() => {
                     return Err(bad(param, "type `json_schema` needs a `schema` object"))
@@ -50,6 +52,27 @@ pub fn response_format(v: Option<&Value>, param: &str) -> ApiResult<Option<Forma
             ))
         }
     }))
+}
+
+/// OpenAI's strict mode: objects hold only their declared properties
+/// (`additionalProperties` false where a schema does not say), at every depth.
+pub fn strictify(mut schema: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(o) => {
+                if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                    o.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                for (_, child) in o.iter_mut() {
+                    walk(child);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut schema);
+    schema
 }
 
 /// The tools a `tool_choice` forces a call to, if it forces one: "required" (any of
@@ -176,5 +199,10 @@ mod tests {
         assert_eq!((forced.unwrap().len(), parallel), (1, false));
         assert!(anthropic_tool_choice(Some(&json!({"type": "some"})), Some(&tools)).is_err());
         assert!(combine(Some(Format::JsonObject), Some(vec![]), true).is_err());
+        let s = strictify(json!({"type": "object", "properties": {"a": {"type": "object", "properties": {}},
+            "b": {"type": "object", "properties": {}, "additionalProperties": true}}}));
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["properties"]["a"]["additionalProperties"], false);
+        assert_eq!(s["properties"]["b"]["additionalProperties"], true);
     }
 }
