@@ -99,6 +99,22 @@ fn batched_chunked_and_cached_outputs_equal_running_alone() {
 }
 
 #[test]
+fn requests_with_a_common_prompt_compute_it_once() {
+    let m = model();
+    let p = prompts(&m)[2][..50].to_vec();
+    let reqs: Vec<GenerateRequest> = (0..3).map(|i| request(&m, p.clone(), 40 + i, 12)).collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, r, 256)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 256, 16)).unwrap();
+    let got = run_all(&mut engine, reqs.into_iter().map(ServeRequest::new).collect());
+    let cached: Vec<usize> =
+        got.iter().map(|(f, _)| f.output.stats.prompt_tokens - f.output.stats.prefill_tokens).collect();
+    assert_eq!(cached, vec![0, 48, 48]);
+    for ((f, _), w) in got.iter().zip(&want) {
+        assert_eq!(f.output.tokens, w.tokens);
+    }
+}
+
+#[test]
 fn preempted_requests_still_answer_the_same() {
     let m = model();
     let ps = prompts(&m);

@@ -3,7 +3,7 @@
 
 use super::prefix::PrefixCache;
 use super::request::Active;
-use super::schedule::{admits, plan_rows};
+use super::schedule::{admits, plan_rows, shared_blocks};
 use super::{Finished, ServeRequest, Update};
 use crate::generate::FinishReason;
 use crate::tokenizer::TextTokenizer;
@@ -174,9 +174,25 @@ impl<'m> BatchEngine<'m> {
     /// Starts waiting requests while the batch and the KV pool have room: each takes a
     /// sequence that starts from its longest cached prefix.
     fn admit(&mut self) -> Result<()> {
-        while self.running.len() < self.opts.max_batch {
-            let Some(a) = self.waiting.front() else { break };
+        let mut i = 0;
+        while self.running.len() < self.opts.max_batch && i < self.waiting.len() {
+            let a = &self.waiting[i];
             let cached = self.cache.lookup(&a.tokens);
+            // A prompt that shares more whole blocks with one still being computed waits
+            // for it (then finds them in the cache) instead of computing them twice: the
+            // choices of one request, a burst with a common system prompt.
+            let usable = (a.tokens.len() - 1) / BLOCK_SIZE;
+            let pending = self
+                .running
+                .iter()
+                .filter(|r| r.computed < r.prompt_len)
+                .map(|r| shared_blocks(&a.tokens, &r.tokens[..r.prompt_len]).min(usable))
+                .max()
+                .unwrap_or(0);
+            if pending > cached.len() {
+                i += 1;
+                continue;
+            }
             let pool = self.session.kv().expect("block KV");
             let need = (a.tokens.len() + 1).div_ceil(BLOCK_SIZE) - cached.len();
             // The cached prefix is in use from now on: only the rest can be evicted.
@@ -184,9 +200,10 @@ impl<'m> BatchEngine<'m> {
             if !admits(need, available, self.running.len()) {
                 break;
             }
-            let mut a = self.waiting.pop_front().expect("checked above");
+            let mut a = self.waiting.remove(i).expect("checked above");
             let seq = self.session.add_sequence()?;
             kv(&mut self.session).attach(seq, &cached)?;
+            self.cache.hit_tokens += (cached.len() * BLOCK_SIZE) as u64;
             a.seq = Some(seq);
             a.admitted(cached.len() * BLOCK_SIZE);
             self.running.push(a);

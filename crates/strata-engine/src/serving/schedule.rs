@@ -31,6 +31,11 @@ pub fn admits(need: usize, available: usize, running: usize) -> bool {
     running == 0 || need + running <= available
 }
 
+/// Whole KV blocks two token sequences have in common from their start.
+pub fn shared_blocks(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count() / strata_models::kv::BLOCK_SIZE
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +48,16 @@ mod tests {
         // More decoders than the budget: the oldest go first.
         assert_eq!(plan_rows(&[1, 1, 1], 2), vec![1, 1, 0]);
         assert_eq!(plan_rows(&[], 8), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn shared_prefixes_count_whole_blocks() {
+        let a: Vec<u32> = (0..40).collect();
+        let mut b = a.clone();
+        assert_eq!(shared_blocks(&a, &b), 2);
+        b[20] = 0;
+        assert_eq!(shared_blocks(&a, &b), 1);
+        assert_eq!(shared_blocks(&a, &a[..15]), 0);
     }
 
     #[test]
