@@ -153,7 +153,11 @@ expect "oversize prompt (completions): 400" 400 "$LONG_OK" -- "${AUTH[@]}" "${JS
 expect "oversize prompt (messages): 400" 400 "$AN_ERR and 'context length' in b['error']['message']" -- -H "x-api-key: $KEY" "${JSON[@]}" --data-binary "@$WORK/long_messages.json" "$MSG"
 expect "curl chat: 200" 200 'b["choices"][0]["message"]["role"] == "assistant" and b["usage"]["completion_tokens"] <= 4' -- "${AUTH[@]}" "${JSON[@]}" -d '{"model": "'"$MODEL_ID"'", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}' "$CHAT"
 expect "stats" 200 'b["model"]["id"] and b["queue"]["capacity"] == 16 and b["totals"]["generations"] > 0' -- "${AUTH[@]}" "$BASE/stats"
-if curl -s "${AUTH[@]}" "$BASE/metrics" | grep -q '^strata_http_requests_total{route="/v1/chat/completions",status="200"} [1-9]'; then
+# (Read whole first: `grep -q` stops early, and under pipefail curl's broken pipe would
+# fail the check.)
+METRICS=$(curl -s "${AUTH[@]}" "$BASE/metrics")
+if grep -q '^strata_http_requests_total{route="/v1/chat/completions",status="200"} [1-9]' <<<"$METRICS" &&
+  grep -q '^strata_batch_steps_total [1-9]' <<<"$METRICS"; then
   pass "metrics (Prometheus text)"
 else
   fail "metrics (Prometheus text)"
