@@ -50,6 +50,63 @@ impl HostMatrix {
         (self.payload.len() + 4 * self.scales.len()) as u64
     }
 
+    /// Splits the columns at `at`: `(W[:, ..at], W[:, at..])` (a projection of a
+    /// concatenated input, taken apart so each half multiplies its own input). Fails
+    /// when a scale group or FP8 block straddles the cut.
+    pub fn split_cols(self, at: usize) -> Result<(Self, Self)> {
+        let (rows, cols) = (self.rows, self.cols);
+        anyhow::ensure!(at > 0 && at < cols, "split_cols: cut {at} outside 1..{cols}");
+        let take = |kind: QuantKind, c0: usize, c1: usize| -> Self {
+            let width = c1 - c0;
+            let (payload, scales) = match kind {
+                QuantKind::F32 | QuantKind::Bf16 => {
+                    let e = if kind == QuantKind::F32 { 4 } else { 2 };
+                    let p = (0..rows)
+                        .flat_map(|r| self.payload[(r * cols + c0) * e..(r * cols + c1) * e].to_vec())
+                        .collect();
+                    (p, Vec::new())
+                }
+                QuantKind::Int8Row => {
+                    let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
+                    (p, self.scales.clone())
+                }
+                QuantKind::Int4Group { group } => {
+                    let half = cols.div_ceil(2);
+                    let groups = cols.div_ceil(group);
+                    let p = (0..rows)
+                        .flat_map(|r| self.payload[r * half + c0 / 2..r * half + c1.div_ceil(2)].to_vec())
+                        .collect();
+                    let s = (0..rows)
+                        .flat_map(|r| self.scales[r * groups + c0 / group..r * groups + c1.div_ceil(group)].to_vec())
+                        .collect();
+                    (p, s)
+                }
+                QuantKind::Fp8 { block_rows, block_cols } => {
+                    let ncb = cols.div_ceil(block_cols);
+                    let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
+                    let s = (0..rows.div_ceil(block_rows))
+                        .flat_map(|b| {
+                            self.scales[b * ncb + c0 / block_cols..b * ncb + c1.div_ceil(block_cols)].to_vec()
+                        })
+                        .collect();
+                    (p, s)
+                }
+            };
+            Self { kind, rows, cols: width, payload, scales }
+        };
+        let unit = match self.kind {
+            QuantKind::Int4Group { group } => group,
+            QuantKind::Fp8 { block_cols, .. } => block_cols,
+            _ => 1,
+        };
+        anyhow::ensure!(
+            at.is_multiple_of(unit),
+            "split_cols: cut {at} straddles a scale block of {unit} columns ({})",
+            self.kind.name()
+        );
+        Ok((take(self.kind, 0, at), take(self.kind, at, cols)))
+    }
+
     /// FP8 with row blocks of more than one row re-expressed with one scale row per matrix
     /// row (same values), so any row range is again a valid block-scaled matrix (MLA's
     /// per-head slices of `kv_b_proj`).
@@ -66,20 +123,25 @@ impl HostMatrix {
 
 /// Where one projection of a [`Backend::linears`] call writes: `out[r * stride + col + o]`,
 /// written or (with `add`) added to what is there (a residual add fused into the
-/// projection).
+/// projection), plus `bias[o]` when given.
 pub struct LinearOut<'a, B: Backend> {
     pub w: &'a B::Mat,
     pub out: &'a mut B::Buf,
     pub stride: usize,
     pub col: usize,
     pub add: bool,
+    pub bias: Option<&'a B::Buf>,
 }
 
 impl<'a, B: Backend> LinearOut<'a, B> {
     /// `out[r * w.rows + o] = (x W^T)[r, o]`.
     pub fn new(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
         let stride = b.mat_shape(w).0;
-        Self { w, out, stride, col: 0, add: false }
+        Self { w, out, stride, col: 0, add: false, bias: None }
+    }
+    /// `out[r * w.rows + o] = (x W^T)[r, o] + bias[o]`.
+    pub fn biased(b: &B, w: &'a B::Mat, bias: Option<&'a B::Buf>, out: &'a mut B::Buf) -> Self {
+        Self { bias, ..Self::new(b, w, out) }
     }
     /// `out[r * w.rows + o] += (x W^T)[r, o]`.
     pub fn add(b: &B, w: &'a B::Mat, out: &'a mut B::Buf) -> Self {
@@ -104,6 +166,53 @@ impl MlaDims {
     pub fn key_width(&self) -> usize {
         self.kv_lora + self.rope
     }
+}
+
+/// Dimensions of grouped-query attention over a K/V cache.
+#[derive(Clone, Copy, Debug)]
+pub struct GqaDims {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Leading dims of each head rotated (half-split RoPE); the rest pass through.
+    pub rotary: usize,
+    pub scale: f32,
+    /// Sliding window: a row sees only its last `window` positions.
+    pub window: Option<usize>,
+}
+
+impl GqaDims {
+    /// Width of a cached row: every KV head's key, then every KV head's value.
+    pub fn cache_width(&self) -> usize {
+        2 * self.kv_heads * self.head_dim
+    }
+}
+
+/// The arguments of [`Backend::gqa_prepare`].
+pub struct GqaPrepare<'a, B: Backend> {
+    pub dims: GqaDims,
+    /// `[rows, heads * head_dim]`: normalised per head (with `q_norm`) and rotated here.
+    pub q: &'a mut B::Buf,
+    /// `[rows, kv_heads * head_dim]` each.
+    pub k: &'a B::Buf,
+    pub v: &'a B::Buf,
+    pub q_norm: Option<&'a B::Buf>,
+    pub k_norm: Option<&'a B::Buf>,
+    pub eps: f32,
+    /// Rotary tables of the step's rows, `[rows, rotary / 2]`.
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
+    /// This layer's cache, `[slots, cache_width]`.
+    pub cache: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::gqa_attend`].
+pub struct GqaAttend<'a, B: Backend> {
+    pub dims: GqaDims,
+    pub q: &'a B::Buf,
+    pub cache: &'a B::Buf,
+    /// Out: `[rows, heads * head_dim]`.
+    pub out: &'a mut B::Buf,
 }
 
 /// The lightning indexer's dimensions.
@@ -233,10 +342,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn describe(&self) -> String;
     /// Threads (CPU) or streaming multiprocessors working on one op: sizes workspaces.
     fn parallelism(&self) -> usize;
-    /// Sizes the backend's own per-thread scratch for attention over up to `positions`
-    /// positions with `heads` heads (called when a session is made, so steps never grow
-    /// it).
-    fn reserve_workspace(&self, heads: usize, positions: usize);
+    /// Sizes the backend's own per-thread scratch for attention over up to `attended`
+    /// positions with `heads` heads and selection among up to `context` positions
+    /// (called when a session is made, so steps never grow it).
+    fn reserve_workspace(&self, heads: usize, attended: usize, context: usize);
 
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn alloc_idx(&self, len: usize) -> Result<Self::Idx>;
@@ -266,6 +375,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Normalises the query state and the latent, rotates the shared key, and writes the
     /// latent and key into the layer's cache at the rows' positions.
     fn mla_prepare(&self, step: &Step, a: MlaPrepare<'_, Self>);
+    /// Normalises (optionally) and rotates queries and keys, and writes keys and values
+    /// into the layer's cache at the rows' positions.
+    fn gqa_prepare(&self, step: &Step, a: GqaPrepare<'_, Self>);
+    /// Causal (optionally windowed) attention of each query head over its KV head's
+    /// cached keys and values.
+    fn gqa_attend(&self, step: &Step, a: GqaAttend<'_, Self>);
     /// Rotates each head's query and maps its non-rotated part onto the latent.
     fn mla_absorb(&self, step: &Step, a: MlaAbsorb<'_, Self>);
     /// The lightning indexer: caches the rows' keys and selects each row's top-k

@@ -90,6 +90,10 @@ pub struct DecodeArgs {
     /// Time each op of the decode steps (per-stage breakdown).
     #[arg(long)]
     profile: bool,
+    /// Speculative decoding: tokens the MTP layer drafts a round (0: off; needs a model
+    /// with an MTP layer and `--mtp on`).
+    #[arg(long, default_value_t = 0)]
+    draft_tokens: usize,
 }
 
 #[derive(Args)]
@@ -193,17 +197,34 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if let Some(path) = &a.trace {
         gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
     }
+    if a.draft_tokens > 0 && !gen.has_draft() {
+        bail!("--draft-tokens {}: {} has no MTP layer loaded (or --mtp off)", a.draft_tokens, a.model.display());
+    }
+    if a.draft_tokens == 0 {
+        gen.disable_draft();
+    }
     let t0 = Instant::now();
     gen.prefill(&prompt)?;
     let prefill_s = t0.elapsed().as_secs_f64();
-    let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
-    let mut next = gen.sample(&mut sampler);
+    let mut mtp = None;
     strata_backend::profile::enable(a.profile);
     let (allocs0, bytes0) = crate::alloc_count::snapshot();
     let t1 = Instant::now();
-    for _ in 1..a.decode_tokens {
-        gen.step(next)?;
-        next = gen.sample(&mut sampler);
+    if a.draft_tokens > 0 {
+        // Speculative: the generation loop itself (prefix already cached).
+        let req = strata_engine::GenerateRequest {
+            draft_tokens: a.draft_tokens,
+            ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
+        };
+        let out = gen.generate(None, &req, &mut |_| true)?;
+        mtp = out.stats.mtp;
+    } else {
+        let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
+        let mut next = gen.sample(&mut sampler);
+        for _ in 1..a.decode_tokens {
+            gen.step(next)?;
+            next = gen.sample(&mut sampler);
+        }
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let (allocs1, bytes1) = crate::alloc_count::snapshot();
@@ -263,6 +284,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "budget_bytes": opts.budget,
         "device": m.model.device(),
         "allocations_per_decode_token": (allocs1 - allocs0) as f64 / steps,
+        "mtp": mtp,
         "allocated_bytes_per_decode_token": (bytes1 - bytes0) as f64 / steps,
         "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,

@@ -35,6 +35,9 @@ pub struct SamplingArgs {
     /// (drop its oldest tokens).
     #[arg(long, default_value = "error")]
     truncate: String,
+    /// Tokens the MTP layer drafts per target forward (0: no speculation).
+    #[arg(long, default_value_t = 3)]
+    draft_tokens: usize,
 }
 
 impl SamplingArgs {
@@ -134,6 +137,17 @@ pub struct InspectArgs {
 /// After a generation: the turn boundary of the expert runtime, then the reports.
 fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::GenerationStats) -> Result<()> {
     let mut doc = serde_json::to_value(stats)?;
+    if let (true, Some(s)) = (report.stats, &stats.mtp) {
+        eprintln!(
+            "mtp: {} drafted, {} accepted ({:.1}%), {:.2} accepted a round, {:.2} tokens per target forward, {} forwards saved",
+            s.drafted,
+            s.accepted,
+            s.acceptance_rate * 100.0,
+            s.mean_accepted_length,
+            s.tokens_per_target_forward,
+            s.forwards_saved
+        );
+    }
     if let Some(experts) = &m.experts {
         let r = experts.end_turn()?;
         if report.stats {
@@ -211,6 +225,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         stop_strings: a.sampling.stop.clone(),
         eos_token_ids: m.eos_token_ids.clone(),
         truncate_left: a.sampling.truncate_left()?,
+        draft_tokens: a.sampling.draft_tokens,
         ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
     let mut gen = m.generator()?;
@@ -254,6 +269,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             stop_strings: a.sampling.stop.clone(),
             eos_token_ids: m.eos_token_ids.clone(),
             truncate_left,
+            draft_tokens: a.sampling.draft_tokens,
             ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {

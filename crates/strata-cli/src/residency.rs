@@ -131,11 +131,16 @@ pub struct BudgetArgs {
     /// I/O worker threads.
     #[arg(long, default_value_t = 2)]
     io_workers: usize,
-    /// Next-layer expert prediction: off, measure (score it), hint (also send advisory
+    /// Next-layer expert prediction: off, measure (score it), two-step (score the
+    /// predictor that first adds the layer's shared expert), hint (also send advisory
     /// WILLNEED hints; useful with --page-cache), or prefetch (also read predicted experts
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
+    /// Speculative decoding with the checkpoint's MTP (draft) layer: auto (use it where the
+    /// checkpoint has one), on (fail without one) or off (not loaded).
+    #[arg(long, default_value = "auto")]
+    mtp: String,
 }
 
 impl BudgetArgs {
@@ -179,12 +184,21 @@ impl BudgetArgs {
             "measure" => PilotMode::Measure,
             "hint" => PilotMode::Hint,
             "prefetch" => PilotMode::Prefetch,
-            other => return Err(anyhow!("--pilot `{other}`: expected off, measure, hint or prefetch")),
+            "two-step" => PilotMode::TwoStep,
+            other => return Err(anyhow!("--pilot `{other}`: expected off, measure, two-step, hint or prefetch")),
         };
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
+        let (mtp, require_mtp) = match self.mtp.as_str() {
+            "auto" => (true, false),
+            "on" => (true, true),
+            "off" => (false, false),
+            other => return Err(anyhow!("--mtp `{other}`: expected auto, on or off")),
+        };
         Ok(strata_engine::LoadOptions {
+            mtp,
+            require_mtp,
             device: self.device.device()?,
             budget,
             context: self.context,
@@ -218,12 +232,9 @@ pub fn fit(a: FitArgs) -> Result<()> {
     let opts = a.budget.load_options()?;
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
-    let fit = strata_engine::fit::fit_dir(
-        &a.model,
-        arch.as_ref(),
-        &store,
-        &strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime),
-    )?;
+    let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);
+    fit_opts.draft = opts.mtp;
+    let fit = strata_engine::fit::fit_dir(&a.model, arch.as_ref(), &store, &fit_opts)?;
     if a.json {
         let mut v = serde_json::to_value(&fit)?;
         v["error"] = fit.error.clone().into();

@@ -24,6 +24,8 @@ pub struct FitOptions {
     pub working_slots: usize,
     pub pinned: usize,
     pub max_slots_per_layer: Option<usize>,
+    /// Count the draft (MTP) layer: its weights, KV and expert slab.
+    pub draft: bool,
 }
 
 impl FitOptions {
@@ -34,6 +36,7 @@ impl FitOptions {
             working_slots: rt.working_slots,
             pinned: rt.pins.len(),
             max_slots_per_layer: rt.max_slots_per_layer,
+            draft: false,
         }
     }
 }
@@ -51,11 +54,18 @@ pub struct Fit {
     pub streamed: bool,
 }
 
-/// The fixed line items: resident weights as held, KV for `context`, transients, reserve.
-pub fn fixed_items(arch: &dyn Arch, store: &WeightStore, context: usize) -> Vec<FitItem> {
+/// The fixed line items: resident weights as held, KV for `context`, transients, reserve;
+/// with `draft`, the draft (MTP) layer's weights, KV and expert slab.
+pub fn fixed_items(
+    dir: &Path,
+    arch: &dyn Arch,
+    store: &WeightStore,
+    context: usize,
+    draft: bool,
+) -> Result<Vec<FitItem>> {
     let map = arch.weight_map();
     let chunk = crate::generate::PREFILL_CHUNK.min(context.max(1));
-    vec![
+    let mut items = vec![
         FitItem::new("resident weights (as held: stored precision)", map.resident_held_bytes(store, false)),
         FitItem::new(format!("KV cache ({context} positions)"), arch.kv_bytes_per_token() * context as u64),
         FitItem::new(
@@ -63,7 +73,17 @@ pub fn fixed_items(arch: &dyn Arch, store: &WeightStore, context: usize) -> Vec<
             arch.activation_bytes(chunk, context).max(map.largest_stored(store)),
         ),
         FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE),
-    ]
+    ];
+    if draft && arch.has_draft(store) {
+        let weights = map.resident_held_bytes(store, true) - map.resident_held_bytes(store, false);
+        let layers = arch.info().num_layers.max(1) as u64;
+        items.push(FitItem::new("draft (MTP) layer weights, as held", weights));
+        items.push(FitItem::new("draft (MTP) KV cache", arch.kv_bytes_per_token() / layers * context as u64));
+        if let Some(slab) = crate::experts::draft_slab_bytes(dir, arch)? {
+            items.push(FitItem::new("draft (MTP) expert slab (int8 tier)", slab));
+        }
+    }
+    Ok(items)
 }
 
 /// Slot size and count of the experts `dir` streams: its container's, or for an HF
@@ -81,7 +101,7 @@ fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64
 /// (refused with every number when one slot per layer does not fit). Without a budget:
 /// everything resident.
 pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
-    let items = fixed_items(arch, store, opts.context);
+    let items = fixed_items(dir, arch, store, opts.context, opts.draft)?;
     let Some(moe) = arch.moe() else {
         let total: u64 = items.iter().map(|i| i.bytes).sum();
         let report = FitReport::new(opts.budget.unwrap_or(total), items);

@@ -21,6 +21,9 @@ pub struct GenerateRequest {
     pub skip_special_tokens: bool,
     /// A prompt that does not fit the context loses its oldest tokens instead of failing.
     pub truncate_left: bool,
+    /// Tokens the draft (MTP) layer proposes per target forward; 0 decodes one token a
+    /// forward. Used when the model has a draft layer loaded.
+    pub draft_tokens: usize,
 }
 
 impl GenerateRequest {
@@ -33,6 +36,7 @@ impl GenerateRequest {
             eos_token_ids: Vec::new(),
             skip_special_tokens: true,
             truncate_left: false,
+            draft_tokens: 3,
         }
     }
 }
@@ -72,14 +76,21 @@ pub const PREFILL_CHUNK: usize = 256;
 /// One sequence on a session plus the tokens its cache holds, so a later prompt that
 /// extends an earlier conversation reuses the cached prefix (multi-turn chat).
 pub struct Generator<'m> {
-    model: &'m dyn Model,
-    session: Box<dyn Session + 'm>,
-    seq: SeqId,
-    tokens: Vec<u32>,
-    batch: Batch,
+    pub(crate) model: &'m dyn Model,
+    pub(crate) session: Box<dyn Session + 'm>,
+    pub(crate) seq: SeqId,
+    /// What the cache holds.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) batch: Batch,
     /// The last forward's logits (a copy the sampler may modify).
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
     trace: Option<RouteTrace>,
+    /// Feed the draft layer (when the model has one): its cache follows the target's.
+    pub(crate) draft: bool,
+    /// The target's final hidden state at the last cached position (draft input).
+    pub(crate) h_last: Vec<f32>,
+    /// Scratch: hidden rows copied out of the session.
+    pub(crate) hbuf: Vec<f32>,
 }
 
 /// Writes every routing decision in strata-residency's trace format (`segment forward
@@ -128,6 +139,78 @@ impl RouteTrace {
     }
 }
 
+/// Turns generated tokens into output: EOS ids and stop strings end it, printable text
+/// streams to the callback (held back where a stop string could still begin), the token
+/// limit ends it.
+pub(crate) struct Emitter<'a> {
+    tok: Option<&'a TextTokenizer>,
+    req: &'a GenerateRequest,
+    on_text: &'a mut dyn FnMut(&str) -> bool,
+    pub(crate) out: Vec<u32>,
+    decoder: StreamDecoder,
+    /// Bytes of the text handed to `on_text`.
+    streamed: usize,
+    pub(crate) text: String,
+    pub(crate) context: usize,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(
+        tok: Option<&'a TextTokenizer>,
+        req: &'a GenerateRequest,
+        on_text: &'a mut dyn FnMut(&str) -> bool,
+        context: usize,
+    ) -> Self {
+        Self {
+            tok,
+            req,
+            on_text,
+            out: Vec::with_capacity(req.max_tokens.min(context)),
+            decoder: StreamDecoder::default(),
+            streamed: 0,
+            text: String::new(),
+            context,
+        }
+    }
+
+    /// Emits `token`; `Some(reason)` when generation ends here (an EOS id is not kept).
+    pub(crate) fn push(&mut self, token: u32) -> Result<Option<FinishReason>> {
+        let req = self.req;
+        if req.eos_token_ids.contains(&token) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        self.out.push(token);
+        if let Some(tok) = self.tok {
+            let (full, _) = self.decoder.push(tok, token, req.skip_special_tokens)?;
+            self.text = full;
+            if let Some(cut) = req.stop_strings.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+                self.text.truncate(cut);
+                if cut > self.streamed {
+                    (self.on_text)(&self.text[self.streamed..]);
+                }
+                return Ok(Some(FinishReason::Stop));
+            }
+            let emitted = self.decoder.emitted();
+            let printable = emitted.len() - held_back(emitted, &req.stop_strings);
+            if printable > self.streamed {
+                let go_on = (self.on_text)(&emitted[self.streamed..printable]);
+                self.streamed = printable;
+                if !go_on {
+                    return Ok(Some(FinishReason::Cancelled));
+                }
+            }
+        }
+        Ok((self.out.len() >= req.max_tokens).then_some(FinishReason::Length))
+    }
+
+    /// Flushes text held back for stop strings that never came.
+    fn finish(&mut self, reason: FinishReason) {
+        if reason == FinishReason::Length && self.tok.is_some() && self.text.len() > self.streamed {
+            (self.on_text)(&self.text[self.streamed..]);
+        }
+    }
+}
+
 /// Where stop strings could still begin: the longest suffix of `text` that is a proper
 /// prefix of some stop string is held back from streaming.
 pub(crate) fn held_back(text: &str, stops: &[String]) -> usize {
@@ -153,14 +236,18 @@ impl<'m> Generator<'m> {
         let context = context.min(model.info().max_context).max(1);
         let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
         let seq = session.add_sequence()?;
+        let h = model.info().hidden_size;
         Ok(Self {
             model,
+            draft: session.has_draft(),
             session,
             seq,
             tokens: Vec::with_capacity(context),
             batch: Batch::new(),
             logits: Vec::with_capacity(model.info().vocab_size),
             trace: None,
+            h_last: vec![0.0; h],
+            hbuf: Vec::with_capacity(PREFILL_CHUNK.min(context) * h),
         })
     }
 
@@ -169,13 +256,23 @@ impl<'m> Generator<'m> {
         self.session.max_len()
     }
 
+    /// Whether a draft (MTP) layer is fed and used for speculative decoding.
+    pub fn has_draft(&self) -> bool {
+        self.draft
+    }
+
+    /// Stops feeding the draft layer (decoding then runs one token a forward).
+    pub fn disable_draft(&mut self) {
+        self.draft = false;
+    }
+
     /// Records every routing decision of later forwards to `trace`.
     pub fn set_trace(&mut self, trace: RouteTrace) {
         self.trace = Some(trace);
     }
 
     /// One forward over `ids` appended to the sequence.
-    fn forward(&mut self, ids: &[u32], want: Logits) -> Result<()> {
+    pub(crate) fn forward(&mut self, ids: &[u32], want: Logits) -> Result<()> {
         self.batch.clear();
         self.batch.push(self.seq, ids, want);
         self.session.forward(&self.batch)?;
@@ -187,10 +284,18 @@ impl<'m> Generator<'m> {
     }
 
     /// Copies the last position's logits for sampling, refusing non-finite values.
-    fn take_logits(&mut self) -> Result<()> {
+    pub(crate) fn take_logits(&mut self) -> Result<()> {
+        let vocab = self.model.info().vocab_size;
+        let l = self.session.logits();
+        self.take_logits_row(l.len() / vocab - 1)
+    }
+
+    /// Copies row `row` of the last forward's logits for sampling (refusing non-finite
+    /// values).
+    pub(crate) fn take_logits_row(&mut self, row: usize) -> Result<()> {
         let l = self.session.logits();
         let vocab = self.model.info().vocab_size;
-        let last = &l[l.len() - vocab..];
+        let last = &l[row * vocab..(row + 1) * vocab];
         if let Some(i) = last.iter().position(|v| !v.is_finite()) {
             bail!(
                 "the model produced a non-finite logit ({}) for token {i} at position {}: the weights or expert bytes are damaged",
@@ -204,23 +309,52 @@ impl<'m> Generator<'m> {
     }
 
     /// Makes the cache hold `prompt` (reusing the common prefix with what it holds) and
-    /// leaves the last position's logits ready; returns the tokens computed.
+    /// leaves the last position's logits ready; returns the tokens computed. With a draft
+    /// layer, every prompt position also feeds the draft cache (its row pairs a position's
+    /// target hidden state with the next token).
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<usize> {
         if prompt.is_empty() {
             bail!("the prompt is empty (no tokens to condition on)");
         }
-        // Reuse the cached prefix; at least one prompt token must be computed for logits.
+        // Reuse the cached prefix; at least one prompt token must be computed for logits
+        // (and, feeding a draft layer, the hidden state before the first fresh token).
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(prompt.len() - 1);
+        let mut keep = common.min(prompt.len() - 1);
+        if self.draft {
+            keep = keep.saturating_sub(1);
+            self.session.draft_truncate(self.seq, keep);
+        }
         self.session.truncate(self.seq, keep);
         self.tokens.truncate(keep);
         let fresh = &prompt[keep..];
         let chunk = self.session.max_rows();
         let n = fresh.len().div_ceil(chunk);
+        let h = self.model.info().hidden_size;
         for (i, part) in fresh.chunks(chunk).enumerate() {
-            self.forward(part, if i + 1 == n { Logits::Last } else { Logits::None })?;
+            let last = i + 1 == n;
+            if !self.draft {
+                self.forward(part, if last { Logits::Last } else { Logits::None })?;
+                continue;
+            }
+            let start = self.tokens.len();
+            self.forward(part, Logits::HiddenAll)?;
+            if last {
+                self.take_logits()?;
+            }
+            // Draft rows for positions start.. that have a next token in the prompt.
+            let rows = part.len().min(prompt.len() - 1 - start);
+            self.hbuf.clear();
+            self.hbuf.extend_from_slice(&self.session.hidden()[..part.len() * h]);
+            self.h_last.copy_from_slice(&self.hbuf[(part.len() - 1) * h..part.len() * h]);
+            if rows > 0 {
+                self.batch.clear();
+                self.batch.push(self.seq, &prompt[start + 1..start + 1 + rows], Logits::None);
+                self.session.draft_forward(&self.batch, &self.hbuf[..rows * h])?;
+            }
         }
-        self.take_logits()?;
+        if !self.draft {
+            self.take_logits()?;
+        }
         Ok(fresh.len())
     }
 
@@ -276,50 +410,19 @@ impl<'m> Generator<'m> {
             truncated_prompt_tokens: req.prompt_ids.len() - prompt.len(),
             ..Default::default()
         };
-        let mut out = Vec::with_capacity(req.max_tokens.min(context));
-        let mut decoder = StreamDecoder::default();
-        let mut streamed = 0usize; // bytes of the text handed to `on_text`
-        let mut text = String::new();
-        let mut finish = FinishReason::Length;
+        let mut em = Emitter::new(tok, req, on_text, context);
         let t_decode = Instant::now();
-        // `self.tokens` is what the cache holds: the prompt and every generated token but
-        // the last (which needs no forward).
-        while out.len() < req.max_tokens {
-            let next = self.sample(&mut sampler);
-            if req.eos_token_ids.contains(&next) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            out.push(next);
-            if let Some(tok) = tok {
-                let (full, _) = decoder.push(tok, next, req.skip_special_tokens)?;
-                text = full;
-                if let Some(cut) = req.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min() {
-                    text.truncate(cut);
-                    if cut > streamed {
-                        on_text(&text[streamed..]);
-                    }
-                    finish = FinishReason::Stop;
-                    break;
-                }
-                let printable = decoder.emitted().len() - held_back(decoder.emitted(), &req.stop_strings);
-                if printable > streamed {
-                    let go_on = on_text(&decoder.emitted()[streamed..printable]);
-                    streamed = printable;
-                    if !go_on {
-                        finish = FinishReason::Cancelled;
-                        break;
-                    }
-                }
-            }
-            if out.len() == req.max_tokens || self.tokens.len() >= context {
-                break;
-            }
-            self.step(next)?;
-        }
-        if finish == FinishReason::Length && tok.is_some() && text.len() > streamed {
-            on_text(&text[streamed..]);
-        }
+        let gamma = if self.draft { req.draft_tokens } else { 0 };
+        let finish = if gamma > 0 && req.max_tokens > 0 {
+            let (finish, mtp) = self.decode_speculative(&mut sampler, &mut em, gamma)?;
+            stats.mtp = Some(mtp);
+            finish
+        } else {
+            self.decode_plain(&mut sampler, &mut em)?
+        };
+        em.finish(finish);
+        let out = em.out;
+        let text = em.text;
         let decode_s = t_decode.elapsed().as_secs_f64();
         stats.generated_tokens = out.len();
         stats.decode_seconds = decode_s;
@@ -331,6 +434,33 @@ impl<'m> Generator<'m> {
             trace.segment += 1;
         }
         Ok(GenerationOutput { tokens: out, text, finish_reason: finish, stats })
+    }
+
+    /// One token a forward until the emitter says stop (or the context is full).
+    fn decode_plain(&mut self, sampler: &mut Sampler, em: &mut Emitter) -> Result<FinishReason> {
+        // `self.tokens` is what the cache holds: the prompt and every generated token but
+        // the last (which needs no forward).
+        loop {
+            let next = self.sample(sampler);
+            if let Some(f) = em.push(next)? {
+                return Ok(f);
+            }
+            if self.tokens.len() >= em.context {
+                return Ok(FinishReason::Length);
+            }
+            self.step(next)?;
+            if self.draft {
+                // Keep the draft cache in step (one row: the previous position's hidden
+                // state with this token).
+                let h = self.model.info().hidden_size;
+                self.hbuf.clear();
+                self.hbuf.extend_from_slice(&self.session.hidden()[..h]);
+                self.batch.clear();
+                self.batch.push(self.seq, &[next], Logits::None);
+                std::mem::swap(&mut self.h_last, &mut self.hbuf);
+                self.session.draft_forward(&self.batch, &self.hbuf)?;
+            }
+        }
     }
 
     /// Logits for `ids` from a fresh cache: every position, or the last.

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod model_dir;
 pub mod sampling;
 pub mod serving;
+pub mod speculative;
 pub mod stats;
 pub mod tokenizer;
 

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use strata_models::{read_arch, Arch, Device, ExpertsChoice, Model};
+use strata_models::{read_arch, Arch, Device, ExpertsChoice, LoadSpec, Model};
 use strata_residency::UsageLedger;
 use strata_storage::WeightStore;
 
@@ -24,11 +24,23 @@ pub struct LoadOptions {
     /// Context reserved for the KV cache in the plan (and the sessions' capacity).
     pub context: usize,
     pub runtime: RuntimeOptions,
+    /// Load the draft (MTP) layer where the checkpoint has one (speculative decoding).
+    pub mtp: bool,
+    /// Fail to open a model without a draft layer strata runs (`--mtp on`, as opposed to
+    /// the default of using one where present).
+    pub require_mtp: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, budget: None, context: 4096, runtime: RuntimeOptions::default() }
+        Self {
+            device: Device::Cpu,
+            budget: None,
+            context: 4096,
+            runtime: RuntimeOptions::default(),
+            mtp: true,
+            require_mtp: false,
+        }
     }
 }
 
@@ -115,6 +127,13 @@ impl LoadedModel {
             _ => dir.to_path_buf(),
         };
         let store = WeightStore::open_dir(&weights_dir)?;
+        if opts.require_mtp && !arch.has_draft(&store) {
+            bail!(
+                "--mtp on: {} has no draft (MTP) layer that strata runs for {} (use --mtp auto or off)",
+                dir.display(),
+                arch.model_type()
+            );
+        }
         let mut experts = None;
         let mut fit = None;
         let mut experts_dir = None;
@@ -123,7 +142,14 @@ impl LoadedModel {
                 let (backend, f) = open_experts(dir, &weights_dir, source, arch.as_ref(), &store, opts)?;
                 fit = Some(f);
                 experts_dir = Some(weights_dir.clone());
-                let model = arch.load(&store, opts.device, ExpertsChoice::Cpu(backend.clone()))?;
+                // The draft layer's experts: the container's int8 MTP tier, streamed
+                // through its own small slab.
+                let draft = match opts.mtp && arch.has_draft(&store) {
+                    true => crate::experts::draft_experts(dir, &weights_dir, arch.as_ref(), opts, &backend)?,
+                    false => None,
+                };
+                let spec = LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft };
+                let model = arch.load(&store, spec)?;
                 experts = Some(backend);
                 model
             }
@@ -140,7 +166,8 @@ impl LoadedModel {
                     }
                     fit = Some(f);
                 }
-                arch.load(&store, opts.device, ExpertsChoice::Resident)?
+                let draft = (opts.mtp && arch.has_draft(&store)).then_some(ExpertsChoice::Resident);
+                arch.load(&store, LoadSpec { device: opts.device, experts: ExpertsChoice::Resident, draft })?
             }
         };
         let tok_path = dir.join("tokenizer.json");
@@ -239,6 +266,7 @@ fn open_experts(
         }
     };
     let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
+    fit_opts.draft = opts.mtp && arch.has_draft(store);
     let mut pins = rt.pins.clone();
     if rt.auto_pin && pins.is_empty() {
         if let (Some(ledger), Some(budget)) = (&ledger, opts.budget) {
@@ -251,6 +279,7 @@ fn open_experts(
         bail!("{}: {} (see `strata fit`)", dir.display(), fit.error.clone().unwrap_or_default());
     };
     let resident_all = opts.budget.is_none();
+    let ledger = ledger.map(|l| Arc::new(std::sync::Mutex::new(l)));
     let backend = StreamedExperts::new(source, plan, &pins, ledger, rt, opts.budget)?;
     if resident_all {
         backend.preload_all()?;

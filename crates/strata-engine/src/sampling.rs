@@ -66,9 +66,52 @@ impl Sampler {
         Ok(Self { params, rng, seen: Vec::new(), cand: Vec::new(), probs: Vec::new() })
     }
 
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     /// Picks the next token from `logits`; `context` is every token so far (prompt and
     /// generated), for the repetition penalty.
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        if let Some(t) = self.prepare(logits, context) {
+            return t;
+        }
+        self.draw_prepared()
+    }
+
+    /// The distribution [`Sampler::sample`] draws from, as (token, probability) pairs
+    /// summing to 1 (greedy: the argmax with probability 1), into `out`.
+    pub fn distribution(&mut self, logits: &mut [f32], context: &[u32], out: &mut Vec<(u32, f64)>) {
+        out.clear();
+        if let Some(t) = self.prepare(logits, context) {
+            out.push((t, 1.0));
+            return;
+        }
+        let total: f64 = self.probs.iter().sum();
+        out.extend(self.cand.iter().zip(&self.probs).map(|(c, q)| (c.0, q / total)));
+    }
+
+    /// A draw from `dist` (probabilities summing to about 1) with this sampler's RNG.
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let total: f64 = dist.iter().map(|d| d.1).sum();
+        let mut r = self.rng.random::<f64>() * total;
+        for &(t, q) in dist {
+            r -= q;
+            if r <= 0.0 {
+                return t;
+            }
+        }
+        dist.last().map_or(0, |d| d.0)
+    }
+
+    /// A uniform number in [0, 1) from this sampler's RNG (speculative acceptance).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
+    /// Applies the penalty and, for greedy sampling, returns the token; otherwise leaves
+    /// the kept candidates and their unnormalised probabilities in `cand` / `probs`.
+    fn prepare(&mut self, logits: &mut [f32], context: &[u32]) -> Option<u32> {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             self.seen.clear();
@@ -84,13 +127,14 @@ impl Sampler {
             }
         }
         if p.temperature == 0.0 {
-            return argmax(logits);
+            return Some(argmax(logits));
         }
-        // Candidates sorted by descending logit (stable: ties keep the lower id).
+        // Candidates sorted by descending logit, ties to the lower id (an unstable sort
+        // with the id as tie-break: the same order, and no allocation).
         let cand = &mut self.cand;
         cand.clear();
         cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }
@@ -118,15 +162,21 @@ impl Sampler {
             let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
             probs.truncate(keep);
         }
-        let total: f64 = probs.iter().sum();
+        cand.truncate(probs.len());
+        None
+    }
+
+    /// A draw from the candidates `prepare` left.
+    fn draw_prepared(&mut self) -> u32 {
+        let total: f64 = self.probs.iter().sum();
         let mut r = self.rng.random::<f64>() * total;
-        for (i, q) in probs.iter().enumerate() {
+        for (i, q) in self.probs.iter().enumerate() {
             r -= q;
             if r <= 0.0 {
-                return cand[i].0;
+                return self.cand[i].0;
             }
         }
-        cand[probs.len() - 1].0
+        self.cand[self.probs.len() - 1].0
     }
 }
 

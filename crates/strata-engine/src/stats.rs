@@ -18,6 +18,9 @@ pub struct GenerationStats {
     pub finish_reason: String,
     /// Oldest prompt tokens dropped to fit the context (`--truncate left`).
     pub truncated_prompt_tokens: usize,
+    /// Speculative decoding with the draft (MTP) layer, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<crate::speculative::MtpStats>,
 }
 
 /// A `/proc/self/status` field in bytes (its kB value x 1024), 0 where unknown.

@@ -55,7 +55,7 @@ fn run_all(engine: &mut BatchEngine, reqs: Vec<ServeRequest>) -> Vec<(Finished, 
             match u {
                 Update::Delta { text: t, .. } => text.entry(id).or_default().push_str(&t),
                 Update::Done(r) => {
-                    done.insert(id, r.unwrap_or_else(|e| panic!("request {id}: {e}")));
+                    done.insert(id, *r.unwrap_or_else(|e| panic!("request {id}: {e}")));
                 }
             }
         }

@@ -11,7 +11,7 @@ use strata_models::convert::{convert, ConvertOptions};
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
 }
 
 fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
@@ -29,6 +29,8 @@ fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
 fn options(budget: Option<u64>, working: usize) -> LoadOptions {
     LoadOptions {
         device: strata_engine::Device::Cpu,
+        mtp: false,
+        require_mtp: false,
         budget,
         context: 256,
         runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
@@ -59,6 +61,7 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
             working_slots: working,
             pinned: 0,
             max_slots_per_layer: None,
+            draft: false,
         },
     )
     .unwrap();
@@ -68,7 +71,12 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
 
 #[test]
 fn streamed_equals_resident_bit_for_bit() {
-    for (name, kind) in [("dsa-sparse", QuantKind::Int4Group { group: 16 }), ("dsa-shared", QuantKind::Int8Row)] {
+    for (name, kind) in [
+        ("glm5/dsa-sparse", QuantKind::Int4Group { group: 16 }),
+        ("glm5/dsa-shared", QuantKind::Int8Row),
+        ("glm4_moe/gqa-bias", QuantKind::Int4Group { group: 16 }),
+        ("glm4_moe/bf16-mha", QuantKind::Int8Row),
+    ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));
         let min = min_budget(dir.path(), 2);
@@ -89,9 +97,9 @@ fn streamed_equals_resident_bit_for_bit() {
 #[test]
 fn container_matches_hf_model_when_experts_are_f32() {
     // f32 experts from the container's slab vs f32 experts held by the model: same function.
-    let dir = container("dsa-sparse", QuantKind::F32);
+    let dir = container("glm5/dsa-sparse", QuantKind::F32);
     let (a, _) = run(dir.path(), &options(None, 64));
-    let m = LoadedModel::open(&fixture("dsa-sparse")).unwrap();
+    let m = LoadedModel::open(&fixture("glm5/dsa-sparse")).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
     let b = m.generator().unwrap().logits(&prompt, true).unwrap();
     let worst = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
@@ -100,7 +108,7 @@ fn container_matches_hf_model_when_experts_are_f32() {
 
 #[test]
 fn io_fault_fails_one_request_and_the_next_succeeds() {
-    let dir = container("dsa-sparse", QuantKind::Int8Row);
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
     let min = min_budget(dir.path(), 2);
     let opts = options(Some(min), 2);
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
@@ -168,7 +176,7 @@ fn colibri_container_streams_in_place() {
 /// file holds the routing counts, and a hot unpinned expert replaces a cold pin.
 #[test]
 fn ledger_and_live_repin_across_turns() {
-    let dir = container("dsa-sparse", QuantKind::Int8Row);
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
     let ledger = dir.path().join("usage.txt");
     let cold = (1, 15); // pinned whatever the routing
     let mut opts = options(Some(min_budget(dir.path(), 2) + (64 << 10)), 2);
@@ -249,4 +257,50 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     }
     assert!(outputs.windows(2).all(|w| w[0] == w[1]), "PILOT must not change the output");
     assert!(hit_rates[1] > hit_rates[0], "prefetch should raise the hit rate: {hit_rates:?}");
+}
+
+/// The draft (MTP) layer's experts stream from the container's int8 tier through their
+/// own slab, count into the MTP row of the ledger, and speculation leaves greedy output
+/// unchanged.
+#[test]
+fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    convert(
+        &tiny,
+        dir.path(),
+        &ConvertOptions { experts: QuantKind::Bf16, mtp_experts: QuantKind::Int8Row },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let ledger = dir.path().join("usage.txt");
+    // Room for the draft layer's weights, KV and slab on top of the smallest main plan.
+    let mut opts = options(Some(min_budget(dir.path(), 8) + (8 << 20)), 8);
+    opts.mtp = true;
+    opts.runtime.usage = UsageSetting::Path(ledger.clone());
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
+    let prompt = m.tokenizer().unwrap().encode("And God said, Let there be light", true).unwrap();
+    let run = |draft| {
+        let mut g = m.generator().unwrap();
+        assert!(g.has_draft(), "the container's MTP tier loads the draft layer");
+        let req = GenerateRequest {
+            draft_tokens: draft,
+            ..GenerateRequest::new(prompt.clone(), 40, SamplingParams::default())
+        };
+        g.generate(None, &req, &mut |_| true).unwrap()
+    };
+    let plain = run(0);
+    let spec = run(3);
+    assert_eq!(spec.tokens, plain.tokens);
+    assert!(spec.stats.mtp.unwrap().accepted > 0);
+    m.experts.as_ref().unwrap().end_turn().unwrap();
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let mtp_row: u64 = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<i64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0] == 6).then_some(f[2] as u64)
+        })
+        .sum();
+    assert!(mtp_row > 0, "the MTP layer's selections count in its ledger row: {text}");
 }

@@ -26,7 +26,7 @@ pub const IDLE_PARK: Duration = Duration::from_millis(1);
 /// in steady state end well within it, so a step makes no system call; when another
 /// process holds a core, sleeping (instead of yielding, which hands that process the
 /// core for a whole time slice) bounds the cost of a late thread to its wake-up.
-const SPIN: Duration = Duration::from_micros(50);
+const SPIN: Duration = Duration::from_micros(250);
 
 /// Sleeping on a 32-bit word until it changes (Linux futex; elsewhere, yielding).
 mod futex {
@@ -74,7 +74,7 @@ fn wait_change(word: &AtomicU32, seen: u32, sleepers: &AtomicU32, spin: Duration
             return v;
         }
         i = i.wrapping_add(1);
-        if i % 64 == 0 && t0.elapsed() > spin {
+        if i.is_multiple_of(64) && t0.elapsed() > spin {
             break;
         }
         std::hint::spin_loop();

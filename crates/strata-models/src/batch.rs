@@ -4,7 +4,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u32);
 
-/// Which rows of a push want logits (and hidden states) out of the forward.
+/// Which rows of a push want logits and hidden states out of the forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
     None,
@@ -12,6 +12,18 @@ pub enum Logits {
     Last,
     /// Every row pushed (scoring a prompt, verifying draft tokens).
     All,
+    /// Hidden states of every row, logits of the last (a prompt feeding a draft layer).
+    HiddenAll,
+}
+
+/// (logits, hidden) for a row, last or not, of a push.
+fn wants(l: Logits, last: bool) -> (bool, bool) {
+    match l {
+        Logits::None => (false, false),
+        Logits::Last => (last, last),
+        Logits::All => (true, true),
+        Logits::HiddenAll => (last, true),
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +34,7 @@ pub(crate) struct Row {
     /// Index of the row's embedding in `Batch::embeddings` (embedding rows).
     pub embedding: u32,
     pub logits: bool,
+    pub hidden: bool,
 }
 
 /// The rows of one forward. Each sequence's rows take consecutive positions after what
@@ -47,12 +60,8 @@ impl Batch {
     pub fn push(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) {
         let n = tokens.len();
         for (i, &t) in tokens.iter().enumerate() {
-            let want = match logits {
-                Logits::None => false,
-                Logits::Last => i + 1 == n,
-                Logits::All => true,
-            };
-            self.rows.push(Row { seq, token: t, embedding: 0, logits: want });
+            let (logits, hidden) = wants(logits, i + 1 == n);
+            self.rows.push(Row { seq, token: t, embedding: 0, logits, hidden });
         }
     }
 
@@ -68,14 +77,10 @@ impl Batch {
         self.embedding_width = width;
         let n = values.len() / width;
         for i in 0..n {
-            let want = match logits {
-                Logits::None => false,
-                Logits::Last => i + 1 == n,
-                Logits::All => true,
-            };
+            let (logits, hidden) = wants(logits, i + 1 == n);
             let idx = (self.embeddings.len() / width) as u32;
             self.embeddings.extend_from_slice(&values[i * width..(i + 1) * width]);
-            self.rows.push(Row { seq, token: u32::MAX, embedding: idx, logits: want });
+            self.rows.push(Row { seq, token: u32::MAX, embedding: idx, logits, hidden });
         }
     }
 
@@ -85,6 +90,11 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// Rows whose hidden states come back.
+    pub fn hidden_rows(&self) -> usize {
+        self.rows.iter().filter(|r| r.hidden).count()
     }
 
     /// Rows that want logits.

@@ -37,6 +37,12 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
         false
     }
 
+    /// Whether the prediction should first add the current layer's shared expert to the
+    /// residual (the two-step predictor).
+    fn two_step_prediction(&self) -> bool {
+        false
+    }
+
     /// The routing of `layer` predicted one layer ahead. Advisory.
     fn predicted(&self, _layer: usize, _ids: &[u32], _top_k: usize) {}
 }

@@ -12,9 +12,12 @@ pub mod batch;
 pub mod blocks;
 pub mod convert;
 pub mod experts;
+mod fields;
+pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
 pub mod registry;
+mod session;
 pub mod weights;
 
 use anyhow::Result;
@@ -22,7 +25,7 @@ pub use batch::{Batch, Logits, SeqId};
 pub use experts::{ExpertProvider, ReadyExperts, Routes, Union};
 pub use registry::{
     families, family_of, parse_config, read_arch, supported_model_types, Arch, ChatFormat, Device, ExpertsChoice,
-    Family, MoeLayout,
+    Family, LoadSpec, MoeLayout,
 };
 pub use weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec, WeightSummary};
 
@@ -87,7 +90,9 @@ pub trait Session: Send {
     /// Logits of the last forward's rows that asked for them, in batch order, `vocab`
     /// values each.
     fn logits(&self) -> &[f32];
-    /// Final hidden states (before the last norm) of the same rows, `hidden` each.
+    /// Final hidden states (before the last norm) of the rows that asked for them
+    /// (every logits row, and every row of a [`Logits::HiddenAll`] push), in batch
+    /// order, `hidden` each.
     fn hidden(&self) -> &[f32];
     /// The last forward's routing, per MoE layer.
     fn routes(&self) -> &Routes;
@@ -99,4 +104,23 @@ pub trait Session: Send {
     fn kv_mut(&mut self) -> Option<&mut kv::KvBlocks> {
         None
     }
+
+    /// Whether the model has a draft (MTP) layer for speculative decoding.
+    fn has_draft(&self) -> bool {
+        false
+    }
+    /// Runs the draft layer over `batch`: row `r` combines its token with `hidden[r]`
+    /// (the final hidden state of the previous position: the target's, or the draft's own
+    /// when drafting ahead) and appends to its sequence's draft cache. Logits and the
+    /// draft's hidden states come back through [`Session::logits`] and
+    /// [`Session::hidden`] for the rows that ask.
+    fn draft_forward(&mut self, _batch: &Batch, _hidden: &[f32]) -> Result<()> {
+        anyhow::bail!("this model has no draft (MTP) layer")
+    }
+    /// Positions `seq`'s draft cache holds.
+    fn draft_len(&self, _seq: SeqId) -> usize {
+        0
+    }
+    /// Drops positions `len..` of `seq`'s draft cache.
+    fn draft_truncate(&mut self, _seq: SeqId, _len: usize) {}
 }

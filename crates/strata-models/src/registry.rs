@@ -83,6 +83,15 @@ pub enum ExpertsChoice {
     Cpu(Arc<dyn ExpertProvider<CpuBackend>>),
 }
 
+/// How to build a model.
+pub struct LoadSpec {
+    pub device: Device,
+    /// The main layers' routed experts.
+    pub experts: ExpertsChoice,
+    /// The draft (MTP) layer and where its experts come from; None leaves it out.
+    pub draft: Option<ExpertsChoice>,
+}
+
 /// A parsed, validated `config.json` of one family.
 pub trait Arch: Send + Sync + std::fmt::Debug {
     fn family(&self) -> &'static Family;
@@ -102,8 +111,12 @@ pub trait Arch: Send + Sync + std::fmt::Debug {
     }
     /// Architecture fields for `inspect`.
     fn describe(&self) -> Value;
-    /// Builds the model on `device` from `store` (routed experts per `experts`).
-    fn load(&self, store: &WeightStore, device: Device, experts: ExpertsChoice) -> Result<Box<dyn Model>>;
+    /// Whether the checkpoint in `store` carries a draft (MTP) layer this family runs.
+    fn has_draft(&self, _store: &WeightStore) -> bool {
+        false
+    }
+    /// Builds the model from `store` as `spec` says.
+    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>>;
 }
 
 /// A model family.
@@ -117,7 +130,7 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 1] = [&crate::glm_moe_dsa::FAMILY];
+    static FAMILIES: [&Family; 2] = [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY];
     &FAMILIES
 }
 

@@ -319,3 +319,66 @@ pub fn load_matrix(
 pub fn load_vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>> {
     store.load_f32(name, &[len], None)
 }
+
+/// Names of a layer's fused expert tensors (transformers' runtime layout):
+/// `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
+pub fn fused_expert_names(layer: usize) -> (String, String) {
+    let p = format!("model.layers.{layer}.mlp.experts");
+    (format!("{p}.gate_up_proj"), format!("{p}.down_proj"))
+}
+
+/// The shape of a layer's routed experts.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertShape {
+    pub experts: usize,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+/// One routed expert's (gate, up, down) as held: from its per-expert tensors `names`, or
+/// sliced out of the layer's fused 3-D tensors `fused` (`gate_up_proj [E, 2I, H]`,
+/// `down_proj [E, H, I]`, transformers' runtime layout; bf16 or f32).
+pub fn load_expert(
+    store: &WeightStore,
+    names: &[String; 3],
+    fused: &(String, String),
+    shape: ExpertShape,
+    e: usize,
+    fp8_block: Option<(usize, usize)>,
+) -> Result<[HostMatrix; 3]> {
+    let ExpertShape { experts: n, hidden: h, inter } = shape;
+    if store.contains(&names[0]) {
+        return Ok([
+            load_matrix(store, &names[0], [inter, h], Role::Linear, fp8_block)?,
+            load_matrix(store, &names[1], [inter, h], Role::Linear, fp8_block)?,
+            load_matrix(store, &names[2], [h, inter], Role::Linear, fp8_block)?,
+        ]);
+    }
+    let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize| -> Result<HostMatrix> {
+        let (file, t) =
+            store.get(tname).ok_or_else(|| anyhow!("missing tensor `{}` (and no fused `{tname}`)", names[0]))?;
+        if t.shape != shape {
+            bail!(
+                "{}: tensor `{tname}` has shape {:?} but the config implies {shape:?}",
+                file.path().display(),
+                t.shape
+            );
+        }
+        let kind = match t.dtype {
+            ElementType::BF16 => QuantKind::Bf16,
+            ElementType::F32 => QuantKind::F32,
+            other => bail!("{}: fused experts stored as {other:?} are not supported", file.path().display()),
+        };
+        let width = t.dtype.size_bytes();
+        let per_expert = shape[1] * shape[2] * width;
+        let bytes = file.bytes(t)?;
+        let start = e * per_expert + row0 * shape[2] * width;
+        let payload = bytes[start..start + rows * shape[2] * width].to_vec();
+        Ok(HostMatrix { kind, rows, cols: shape[2], payload, scales: Vec::new() })
+    };
+    Ok([
+        slice(&fused.0, [n, 2 * inter, h], 0, inter)?,
+        slice(&fused.0, [n, 2 * inter, h], inter, inter)?,
+        slice(&fused.1, [n, h, inter], 0, h)?,
+    ])
+}

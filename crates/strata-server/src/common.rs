@@ -482,7 +482,7 @@ pub async fn render_prompt(st: &Shared, input: ChatInput) -> ApiResult<Prompt> {
 pub async fn collect(mut rx: UnboundedReceiver<Event>) -> ApiResult<Finished> {
     while let Some(ev) = rx.recv().await {
         if let Event::Done(r) = ev {
-            return r.map_err(ApiError::internal);
+            return r.map(|f| *f).map_err(ApiError::internal);
         }
     }
     Err(ApiError::internal("the generation worker went away"))

@@ -447,6 +447,8 @@ fn streamed_experts_report_their_traffic() {
     }
     let opts = LoadOptions {
         device: strata_engine::Device::Cpu,
+        mtp: false,
+        require_mtp: false,
         budget: Some(u64::MAX / 4),
         context: 128,
         runtime: RuntimeOptions { working_slots: 4, usage: UsageSetting::Off, ..Default::default() },

@@ -5,6 +5,7 @@
 //! step to step (experts). Steady-state steps allocate nothing: scratch is per thread and
 //! reserved when a session is made.
 
+mod gqa;
 mod mla;
 mod moe;
 
@@ -171,10 +172,10 @@ impl Backend for CpuBackend {
         self.pool.threads()
     }
 
-    fn reserve_workspace(&self, heads: usize, positions: usize) {
+    fn reserve_workspace(&self, heads: usize, attended: usize, context: usize) {
         for id in 0..self.scratch.len() {
-            drop(self.scratch(id, mla::attend_scratch(heads, positions)));
-            drop(self.iscratch(id, positions.max(1)));
+            drop(self.scratch(id, mla::attend_scratch(heads, attended)));
+            drop(self.iscratch(id, context.max(1)));
         }
     }
 
@@ -286,7 +287,7 @@ impl Backend for CpuBackend {
         let mut dests = [const { None::<Out> }; 8];
         for (j, lo) in outs.iter_mut().enumerate() {
             let w = lo.w.q();
-            assert_eq!(x.len() >= rows * w.cols, true, "linears: x has {} values, needs {rows} x {}", x.len(), w.cols);
+            assert!(x.len() >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len(), w.cols);
             assert!(
                 lo.out.len() >= (rows - 1) * lo.stride + lo.col + w.rows,
                 "linears: output of {} values too small for {rows} rows (stride {}, col {}, {} outputs)",
@@ -300,7 +301,11 @@ impl Backend for CpuBackend {
             let len = lo.out.len() - lo.col;
             // SAFETY: the region below writes disjoint outputs of each destination.
             dests[j] = Some(unsafe { Out::raw(lo.out.as_mut_ptr().add(lo.col), len, lo.stride, lo.add) });
+            if let Some(bias) = lo.bias {
+                assert_eq!(bias.len(), w.rows, "linears: bias of {} values for {} outputs", bias.len(), w.rows);
+            }
         }
+        let biases: [Option<&[f32]>; 8] = std::array::from_fn(|j| outs.get(j).and_then(|lo| lo.bias.map(|b| &b[..])));
         let n_out = outs.len();
         let costs = &costs[..n_out];
         let total: usize = costs.iter().map(|(o, c)| o * c).sum();
@@ -313,7 +318,12 @@ impl Backend for CpuBackend {
                 if o0 < o1 {
                     let w = mats[j].unwrap();
                     let p = Product::new(path, &x[..rows * w.cols], rows, w, &staging[j]);
-                    p.run(o0, o1, dests[j].as_ref().unwrap());
+                    let dest = dests[j].as_ref().unwrap();
+                    p.run(o0, o1, dest);
+                    if let Some(bias) = biases[j] {
+                        // SAFETY: outputs o0..o1 of every row are this thread's.
+                        unsafe { dest.add_bias(rows, o0, o1, bias) };
+                    }
                 }
             }
         };
@@ -327,6 +337,16 @@ impl Backend for CpuBackend {
             let (c, s) = (&mut cos[r * half..(r + 1) * half], &mut sin[r * half..(r + 1) * half]);
             strata_kernels::ops::rope_angles(step.positions[r] as usize, inv_freq, c, s);
         }
+    }
+
+    fn gqa_prepare(&self, step: &Step, a: crate::GqaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        gqa::prepare(self, step, a)
+    }
+
+    fn gqa_attend(&self, step: &Step, a: crate::GqaAttend<'_, Self>) {
+        let _t = Timer::start(Op::MlaAttend);
+        gqa::attend(self, step, a)
     }
 
     fn mla_prepare(&self, step: &Step, a: crate::MlaPrepare<'_, Self>) {

@@ -7,5 +7,79 @@ mod runtime;
 mod source;
 pub mod telemetry;
 
-pub use runtime::{PilotMode, RuntimeOptions, RuntimeReport, StreamedExperts, UsageSetting};
+pub use runtime::{PilotMode, RuntimeOptions, RuntimeReport, SharedLedger, StreamedExperts, UsageSetting};
 pub use source::{is_container, open_source, ColibriSource, ContainerSource, ExpertSource};
+
+use crate::model_dir::LoadOptions;
+use anyhow::Result;
+use std::path::Path;
+use std::sync::Arc;
+use strata_models::{Arch, ExpertsChoice};
+use strata_residency::{plan, PlanInput};
+
+/// Draft rows a round carries (at most): the draft tier's working bank holds the top-k of
+/// this many rows, so a round's misses load in one wave.
+pub const DRAFT_WORKING_ROWS: usize = 4;
+
+/// The slab bytes of the draft (MTP) tier of the container in `dir`, if it has one.
+pub fn draft_slab_bytes(dir: &Path, arch: &dyn Arch) -> Result<Option<u64>> {
+    let Some(moe) = arch.moe() else { return Ok(None) };
+    let Some(source) = open_tier(dir, &moe, "mtp")? else { return Ok(None) };
+    Ok(Some(source.slot_bytes() as u64 * (moe.top_k * DRAFT_WORKING_ROWS + 1) as u64))
+}
+
+fn open_tier(dir: &Path, moe: &strata_models::MoeLayout, tier: &str) -> Result<Option<Box<dyn ExpertSource>>> {
+    if strata_storage::ExpertManifest::exists(dir) {
+        let m = strata_storage::ExpertManifest::read(dir)?;
+        if m.tier(tier).is_none() {
+            return Ok(None);
+        }
+        return Ok(Some(Box::new(ContainerSource::open(dir, tier)?)));
+    }
+    if strata_storage::ColibriContainer::detect(dir) {
+        return Ok(ColibriSource::open_tier(dir, moe, tier)?.map(|s| Box::new(s) as Box<dyn ExpertSource>));
+    }
+    Ok(None)
+}
+
+/// The draft (MTP) layer's experts of the container in `dir`: the int8 tier streamed
+/// through its own small slab (top-k times [`DRAFT_WORKING_ROWS`] working slots and one
+/// layer slot), counting into the main tier's ledger. None when the container has no
+/// draft tier (the model then runs without speculation).
+pub fn draft_experts(
+    _model_dir: &Path,
+    dir: &Path,
+    arch: &dyn Arch,
+    opts: &LoadOptions,
+    main: &Arc<StreamedExperts>,
+) -> Result<Option<ExpertsChoice>> {
+    let Some(moe) = arch.moe() else { return Ok(None) };
+    let Some(source) = open_tier(dir, &moe, "mtp")? else {
+        eprintln!("strata: {}: no MTP expert tier in the container; decoding without the draft layer", dir.display());
+        return Ok(None);
+    };
+    let slot = source.slot_bytes() as u64;
+    let working = moe.top_k * DRAFT_WORKING_ROWS;
+    let p = plan(PlanInput {
+        budget_bytes: u64::MAX / 4,
+        fixed_bytes: 0,
+        slot_bytes: slot,
+        sparse_layers: source.layers().len(),
+        working_slots: working,
+        pinned_experts: 0,
+        max_slots_per_layer: Some(1),
+    })
+    .map_err(|e| anyhow::anyhow!("{}: draft tier: {e}", dir.display()))?;
+    let rt = RuntimeOptions {
+        pins: Vec::new(),
+        auto_pin: false,
+        live_repin: false,
+        pilot: PilotMode::Off,
+        ..opts.runtime.clone()
+    };
+    let draft = StreamedExperts::new(source, p, &[], main.ledger().cloned(), &rt, None)?.share_ledger();
+    if opts.budget.is_none() {
+        draft.preload_all()?;
+    }
+    Ok(Some(ExpertsChoice::Cpu(Arc::new(draft))))
+}

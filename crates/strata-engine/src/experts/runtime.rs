@@ -49,6 +49,10 @@ pub enum PilotMode {
     /// while the current layer computes; a correct prediction turns the next layer's
     /// miss into a hit whose read already happened.
     Prefetch,
+    /// The reference's two-step predictor, measured: the current layer's shared expert is
+    /// added to the residual before the next router runs (costs one extra shared-expert
+    /// product a layer; no I/O).
+    TwoStep,
 }
 
 #[derive(Clone, Debug)]
@@ -83,7 +87,6 @@ impl Default for RuntimeOptions {
 
 struct State {
     table: SlotTable,
-    ledger: Option<UsageLedger>,
     demand: Traffic,
     policy: Traffic,
     layer_forward: Latencies,
@@ -96,7 +99,14 @@ struct State {
     landed: std::collections::HashSet<ExpertKey>,
 }
 
+/// The usage ledger, shared by the runtimes of one model (the main and the draft tier
+/// count into the same `.coli_usage`).
+pub type SharedLedger = std::sync::Arc<Mutex<UsageLedger>>;
+
 pub struct StreamedExperts {
+    ledger: Option<SharedLedger>,
+    /// Whether this runtime flushes the ledger at the end of a turn (the main tier does).
+    owns_ledger: bool,
     /// The process budget pressure correction holds the footprint under.
     budget: Option<u64>,
     live_repin: bool,
@@ -139,10 +149,11 @@ impl StreamedExperts {
         source: Box<dyn ExpertSource>,
         plan: ResidencyPlan,
         pins: &[ExpertKey],
-        ledger: Option<UsageLedger>,
+        ledger: Option<SharedLedger>,
         options: &RuntimeOptions,
         budget: Option<u64>,
     ) -> Result<Self> {
+        let owns_ledger = true;
         let slot_bytes = source.slot_bytes();
         let io = IoPool::open(source.files(), options.io_workers, options.direct_io)?;
         let mut slab = AlignedBuf::new(plan.total_slots * slot_bytes)
@@ -153,7 +164,6 @@ impl StreamedExperts {
         let table = SlotTable::new(&plan, source.layers());
         let state = State {
             table,
-            ledger,
             demand: Traffic::default(),
             policy: Traffic::default(),
             layer_forward: Latencies::default(),
@@ -163,6 +173,8 @@ impl StreamedExperts {
             landed: Default::default(),
         };
         let me = Self {
+            ledger,
+            owns_ledger,
             budget,
             live_repin: options.live_repin && budget.is_some(),
             pilot: options.pilot,
@@ -175,6 +187,17 @@ impl StreamedExperts {
         };
         me.preload(pins)?;
         Ok(me)
+    }
+
+    /// Another runtime (the main tier) flushes the shared ledger at turn ends.
+    pub fn share_ledger(mut self) -> Self {
+        self.owns_ledger = false;
+        self
+    }
+
+    /// The shared usage ledger, if any.
+    pub fn ledger(&self) -> Option<&SharedLedger> {
+        self.ledger.as_ref()
     }
 
     pub fn plan(&self) -> &ResidencyPlan {
@@ -292,12 +315,13 @@ impl StreamedExperts {
     /// Live repin: per layer, the hottest unpinned expert replaces the coldest pin when
     /// it wins by the hysteresis; at most four swaps, highest gain first.
     fn live_repin(&self, st: &mut State) -> Result<Vec<(usize, usize, usize)>> {
-        let Some(ledger) = st.ledger.as_ref() else { return Ok(Vec::new()) };
+        let Some(ledger) = self.ledger.as_ref() else { return Ok(Vec::new()) };
+        let ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
         let pinned = st.table.pinned_keys();
         let mut candidates = Vec::new();
         for &layer in self.source.layers() {
             let experts: Vec<usize> = pinned.iter().filter(|k| k.0 == layer).map(|k| k.1).collect();
-            if let Some(c) = repin_candidate(ledger, layer, &experts) {
+            if let Some(c) = repin_candidate(&ledger, layer, &experts) {
                 candidates.push(c);
             }
         }
@@ -332,7 +356,8 @@ impl StreamedExperts {
         let mut st = self.state.lock().unwrap();
         self.settle_prefetches(&mut st, |_| true);
         let repins = if self.live_repin { self.live_repin(&mut st)? } else { Vec::new() };
-        if let Some(ledger) = st.ledger.as_mut() {
+        if let Some(ledger) = self.ledger.as_ref().filter(|_| self.owns_ledger) {
+            let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
             ledger.decay_heat();
             if let Err(e) = ledger.flush() {
                 eprintln!("warning: usage ledger {} not saved: {e}", ledger.path().display());
@@ -549,7 +574,9 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
                 st.pilot.score(&predicted, &actual);
             }
         }
-        if let Some(ledger) = st.ledger.as_mut() {
+        drop(st);
+        if let Some(ledger) = self.ledger.as_ref() {
+            let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
             let mut row = [0usize; 64];
             for r in ids.chunks(top_k.max(1)) {
                 let n = r.len().min(row.len());
@@ -575,6 +602,10 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
 
     fn wants_prediction(&self) -> bool {
         self.pilot != PilotMode::Off
+    }
+
+    fn two_step_prediction(&self) -> bool {
+        self.pilot == PilotMode::TwoStep
     }
 
     fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {

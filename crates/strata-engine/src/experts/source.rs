@@ -67,6 +67,12 @@ pub struct ColibriSource {
 
 impl ColibriSource {
     pub fn open(dir: &Path, moe: &MoeLayout) -> Result<Self> {
+        Self::open_tier(dir, moe, "main")?
+            .ok_or_else(|| anyhow::anyhow!("{}: Colibri container has no main experts", dir.display()))
+    }
+
+    /// The container's `tier` (`main` or `mtp`), if it has one.
+    pub fn open_tier(dir: &Path, moe: &MoeLayout, tier: &str) -> Result<Option<Self>> {
         let dims = GlmDims {
             hidden: moe.hidden,
             moe_inter: moe.inter,
@@ -75,10 +81,8 @@ impl ColibriSource {
             mtp_layers: moe.mtp_layers.clone(),
         };
         let container = ColibriContainer::open(dir, &dims)?;
-        let Some(tier) = container.tier("main").cloned() else {
-            bail!("{}: Colibri container has no main experts", dir.display());
-        };
-        Ok(Self { files: container.file_paths(), tier })
+        let Some(tier) = container.tier(tier).cloned() else { return Ok(None) };
+        Ok(Some(Self { files: container.file_paths(), tier }))
     }
 }
 

@@ -347,7 +347,7 @@ impl<'m> BatchEngine<'m> {
             let mut a = self.running.remove(i);
             self.release(&mut a);
             let update = match result {
-                Ok(reason) => Update::Done(Ok(self.finish(&mut a, reason))),
+                Ok(reason) => Update::Done(Ok(Box::new(self.finish(&mut a, reason)))),
                 Err(e) => Update::Done(Err(e)),
             };
             out.push((a.id, update));

@@ -87,5 +87,5 @@ pub enum Update {
         text: String,
         logprobs: Vec<TokenLogprobs>,
     },
-    Done(Result<Finished, String>),
+    Done(Result<Box<Finished>, String>),
 }

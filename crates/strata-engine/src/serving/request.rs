@@ -286,6 +286,7 @@ impl Active {
             peak_rss_bytes: peak_rss_bytes(),
             finish_reason: finish.as_str().to_string(),
             truncated_prompt_tokens: self.truncated,
+            ..Default::default()
         };
         let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };
         (out, self.stop_sequence.clone(), std::mem::take(&mut self.all_logprobs))

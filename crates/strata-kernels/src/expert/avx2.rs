@@ -339,7 +339,7 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
             let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
             if group % 16 == 0 {
-                let (p, scales, xg) = (w.payload, w.scales, &job.xg[..]);
+                let (p, scales, xg) = (w.payload, w.scales, job.xg);
                 let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
                 rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
             } else {

@@ -295,7 +295,7 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
             let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
             debug_assert_eq!(group % 32, 0, "int4 groups not a multiple of 32 run on the AVX2 code");
-            let (p, scales, xg) = (w.payload, w.scales, &job.xg[..]);
+            let (p, scales, xg) = (w.payload, w.scales, job.xg);
             let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
             rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }

@@ -241,6 +241,20 @@ impl Out {
     pub unsafe fn raw(ptr: *mut f32, len: usize, stride: usize, add: bool) -> Self {
         Self { ptr, stride, len, add }
     }
+    /// Adds `bias[o]` to outputs `o0..o1` of rows `0..rows`.
+    ///
+    /// # Safety
+    /// Those outputs are in bounds and owned by the calling thread.
+    pub unsafe fn add_bias(&self, rows: usize, o0: usize, o1: usize, bias: &[f32]) {
+        for r in 0..rows {
+            for (o, b) in bias.iter().enumerate().take(o1).skip(o0) {
+                let i = r * self.stride + o;
+                debug_assert!(i < self.len);
+                *self.ptr.add(i) += b;
+            }
+        }
+    }
+
     /// # Safety
     /// `r, o` in bounds and owned by the calling thread.
     #[inline(always)]
@@ -433,12 +447,12 @@ pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-/// Outputs per work item: a multiple of 8, about 64 KiB of weights (up to 1 MiB for many
-/// rows, since each item reads all of x), at least 4 items a thread. (Results do not
+/// Outputs per work item: a multiple of 8, about 256 KiB of weights (up to 4 MiB for
+/// many rows, since each item reads all of x), at least 4 items a thread. (Results do not
 /// depend on this split.)
 pub(crate) fn block_size(w: &QMatrix, rows: usize, threads: usize) -> usize {
     let row_bytes = w.kind.payload_bytes(1, w.cols).max(1);
-    let by_bytes = (64 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
+    let by_bytes = (256 * 1024 * (rows / 8).clamp(1, 16)) / row_bytes;
     let by_threads = w.rows.div_ceil(threads.max(1) * 4);
     by_bytes.min(by_threads).max(8).next_multiple_of(8)
 }
@@ -515,7 +529,7 @@ pub(crate) fn weight_at(w: &QMatrix, r: usize, c: usize) -> f32 {
         QuantKind::Int8Row => w.payload[r * cols + c] as i8 as f32 * w.scales[r],
         QuantKind::Int4Group { group } => {
             let byte = w.payload[r * cols.div_ceil(2) + c / 2];
-            let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            let nib = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
             (nib as i32 - 8) as f32 * w.scales[r * cols.div_ceil(group) + c / group]
         }
     }

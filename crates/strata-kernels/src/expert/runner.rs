@@ -1,13 +1,12 @@
 //! A set of SwiGLU experts (a layer's routed experts, the shared expert, a dense MLP) in
 //! one pool region: gather each expert's rows, then gate/up of every expert in one
-//! parallel pass (`h = silu(g) * u`), then down of every expert, with work items handed
-//! out dynamically. All scratch lives in the runner and is reused, so after the first
+//! parallel pass (`h = silu(g) * u`), then down of every expert, work items split by cost
+//! into one contiguous run per thread. All scratch lives in the runner and is reused, so after the first
 //! calls a step allocates nothing.
 
 use super::{block_size, silu, KernelPath, Out, Product, QMatrix, Staging};
 use crate::pool::ThreadPool;
 use crate::quant::QuantKind;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Weight bytes (times rows, up to a tile) worth a thread of their own.
 const BYTES_PER_THREAD: usize = 32 << 10;
@@ -33,9 +32,23 @@ pub struct ExpertRunner {
     st_h: Vec<Staging>,
     /// Per job: (rows, gathered-x offset, h offset).
     offs: Vec<(usize, usize, usize)>,
-    /// (job, o0, o1) over the intermediate (pass 1) and hidden (pass 2) outputs.
+    /// (job, o0, o1) over the intermediate (pass 1) and hidden (pass 2) outputs, and
+    /// the running cost (weight bytes times rows) before each item.
     items1: Vec<(u32, u32, u32)>,
     items2: Vec<(u32, u32, u32)>,
+    cost1: Vec<u64>,
+    cost2: Vec<u64>,
+}
+
+/// Thread `id` of `n`'s items: those whose running cost starts in its equal share, so
+/// each thread streams a contiguous run of weights (the prefetchers' best case) and the
+/// shares balance by cost, not by count.
+fn share(cost: &[u64], n: usize, id: usize) -> std::ops::Range<usize> {
+    let total = *cost.last().unwrap_or(&0);
+    let at = |t: usize| {
+        cost[..cost.len() - 1].partition_point(|&c| (c as u128) * (n as u128) < (t as u128) * (total as u128))
+    };
+    at(id)..at(id + 1)
 }
 
 /// A pointer shared by the threads of a region, each touching disjoint elements.
@@ -86,6 +99,10 @@ impl ExpertRunner {
         self.offs.clear();
         self.items1.clear();
         self.items2.clear();
+        self.cost1.clear();
+        self.cost2.clear();
+        self.cost1.push(0);
+        self.cost2.push(0);
         let (mut gx_len, mut h_len) = (0usize, 0usize);
         let mut work = 0usize;
         let mut down_staged = false;
@@ -137,12 +154,18 @@ impl ExpertRunner {
                 continue;
             }
             let bs = block_size(gate, rows, threads);
+            let per_out = (2 * gate.weight_bytes() / inter.max(1) * rows) as u64;
             for b in 0..inter.div_ceil(bs) {
-                self.items1.push((j as u32, (b * bs) as u32, ((b + 1) * bs).min(inter) as u32));
+                let (o0, o1) = (b * bs, ((b + 1) * bs).min(inter));
+                self.items1.push((j as u32, o0 as u32, o1 as u32));
+                self.cost1.push(self.cost1.last().unwrap() + per_out * (o1 - o0) as u64);
             }
             let bs = block_size(down, rows, threads);
+            let per_out = (down.weight_bytes() / hidden.max(1) * rows) as u64;
             for b in 0..hidden.div_ceil(bs) {
-                self.items2.push((j as u32, (b * bs) as u32, ((b + 1) * bs).min(hidden) as u32));
+                let (o0, o1) = (b * bs, ((b + 1) * bs).min(hidden));
+                self.items2.push((j as u32, o0 as u32, o1 as u32));
+                self.cost2.push(self.cost2.last().unwrap() + per_out * (o1 - o0) as u64);
             }
         }
         grow(&mut self.gx, gx_len);
@@ -161,7 +184,7 @@ impl ExpertRunner {
         let yp = Shared(y.as_mut_ptr());
         let y_len = y.len();
         let (offs, items1, items2) = (&self.offs, &self.items1, &self.items2);
-        let (next1, next2) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let (cost1, cost2) = (&self.cost1, &self.cost2);
         // Job j's input rows (gathered, or x itself).
         let input = |j: usize| -> &[f32] {
             let (rows, gx_off, _) = offs[j];
@@ -189,9 +212,8 @@ impl ExpertRunner {
             }
             c.barrier();
             // Pass 1: gate and up, h = silu(g) * u.
-            loop {
-                let i = next1.fetch_add(1, Ordering::Relaxed);
-                let Some(&(j, o0, o1)) = items1.get(i) else { break };
+            for i in share(cost1, c.n, c.id) {
+                let (j, o0, o1) = items1[i];
                 let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
                 let (rows, _, h_off) = offs[j];
                 let job = job_at(j);
@@ -228,9 +250,8 @@ impl ExpertRunner {
                 c.barrier();
             }
             // Pass 2: down, into y.
-            loop {
-                let i = next2.fetch_add(1, Ordering::Relaxed);
-                let Some(&(j, o0, o1)) = items2.get(i) else { break };
+            for i in share(cost2, c.n, c.id) {
+                let (j, o0, o1) = items2[i];
                 let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
                 let (rows, _, h_off) = offs[j];
                 let job = job_at(j);

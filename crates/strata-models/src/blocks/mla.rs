@@ -100,6 +100,12 @@ impl<B: Backend> MlaScratch<B> {
         })
     }
 
+    /// Forgets the last full layer's selection (a forward whose first layer has no
+    /// indexer of its own attends densely).
+    pub fn reset_selection(&mut self) {
+        self.selection = Selection::Dense;
+    }
+
     /// Bytes these buffers take, for the memory plan.
     pub fn bytes(cfg: &MlaConfig, rows: usize, max_len: usize) -> u64 {
         let (d, ix) = (cfg.dims, cfg.index);

@@ -15,4 +15,11 @@ impl<B: Backend> SwiGlu<B> {
         b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, y);
         b.add(rows * hidden, y, x);
     }
+
+    /// `out = x + mlp(xn)`, leaving `x` as it is.
+    pub fn forward_add_into(&self, b: &B, xn: &B::Buf, rows: usize, hidden: usize, x: &B::Buf, out: &mut B::Buf) {
+        let weights = b.expert_ref(&self.gate, &self.up, &self.down);
+        b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, out);
+        b.add(rows * hidden, x, out);
+    }
 }

@@ -3,6 +3,7 @@
 //! Fields that fix tensor shapes are required; the rest take transformers' defaults.
 //! Every error names the field.
 
+use crate::fields::Fields;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -56,61 +57,6 @@ pub struct GlmMoeDsaConfig {
     pub fp8_block: Option<(usize, usize)>,
 }
 
-struct Fields<'a>(&'a serde_json::Map<String, Value>);
-
-impl Fields<'_> {
-    fn get(&self, k: &str) -> Option<&Value> {
-        self.0.get(k).filter(|v| !v.is_null())
-    }
-    fn usize_req(&self, k: &str) -> Result<usize> {
-        let v = self.get(k).ok_or_else(|| anyhow!("missing field `{k}`"))?;
-        v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("field `{k}` must be a non-negative integer, got {v}"))
-    }
-    fn usize_or(&self, k: &str, default: usize) -> Result<usize> {
-        if self.get(k).is_some() {
-            self.usize_req(k)
-        } else {
-            Ok(default)
-        }
-    }
-    fn f64_or(&self, k: &str, default: f64) -> Result<f64> {
-        match self.get(k) {
-            None => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `{k}` must be a number, got {v}")),
-        }
-    }
-    fn bool_or(&self, k: &str, default: bool) -> Result<bool> {
-        match self.get(k) {
-            None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| anyhow!("field `{k}` must be true or false, got {v}")),
-        }
-    }
-    fn str_list(&self, k: &str) -> Result<Option<Vec<String>>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|i| i.as_str().map(str::to_owned).ok_or_else(|| anyhow!("field `{k}` must be a list of strings")))
-                .collect::<Result<Vec<_>>>()
-                .map(Some),
-            Some(v) => bail!("field `{k}` must be a list of strings, got {v}"),
-        }
-    }
-    fn token_ids(&self, k: &str) -> Result<Vec<u32>> {
-        match self.get(k) {
-            None => Ok(vec![]),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|i| i.as_u64().map(|x| x as u32).ok_or_else(|| anyhow!("field `{k}` must hold token ids")))
-                .collect(),
-            Some(v) => v
-                .as_u64()
-                .map(|x| vec![x as u32])
-                .ok_or_else(|| anyhow!("field `{k}` must be a token id or a list of them, got {v}")),
-        }
-    }
-}
-
 impl GlmMoeDsaConfig {
     pub const MODEL_TYPE: &'static str = "glm_moe_dsa";
 
@@ -123,11 +69,11 @@ impl GlmMoeDsaConfig {
             Some(other) => bail!("model_type `{other}` is not `{}`", Self::MODEL_TYPE),
             None => bail!("missing field `model_type`"),
         }
-        let num_hidden_layers = f.usize_req("num_hidden_layers")?;
+        let num_hidden_layers = f.layers("num_hidden_layers")?;
         let num_attention_heads = f.usize_req("num_attention_heads")?;
         let n_routed_experts = match f.get("n_routed_experts") {
-            Some(_) => f.usize_req("n_routed_experts")?,
-            None => f.usize_req("num_experts").map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
+            Some(_) => f.experts("n_routed_experts")?,
+            None => f.experts("num_experts").map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
         };
         if f.get("q_lora_rank").is_none() {
             bail!("missing field `q_lora_rank` (glm_moe_dsa needs the low-rank query path)");
@@ -199,31 +145,7 @@ impl GlmMoeDsaConfig {
         };
         let mut eos_token_ids = f.token_ids("eos_token_id")?;
         eos_token_ids.dedup();
-        let fp8_block = match f.get("quantization_config") {
-            None => None,
-            Some(q) => {
-                let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
-                if method != "fp8" {
-                    bail!("field `quantization_config.quant_method` is `{method}`; only `fp8` is supported");
-                }
-                match q.get("weight_block_size").and_then(Value::as_array) {
-                    Some(b) if b.len() == 2 => {
-                        let dim = |v: &Value| v.as_u64().filter(|&x| x > 0).map(|x| x as usize);
-                        Some((
-                            dim(&b[0]).ok_or_else(|| {
-                                anyhow!("field `quantization_config.weight_block_size` must hold two positive integers")
-                            })?,
-                            dim(&b[1]).ok_or_else(|| {
-                                anyhow!("field `quantization_config.weight_block_size` must hold two positive integers")
-                            })?,
-                        ))
-                    }
-                    _ => {
-                        bail!("field `quantization_config.weight_block_size` must be [rows, cols]")
-                    }
-                }
-            }
-        };
+        let fp8_block = f.fp8_block()?;
         let cfg = Self {
             vocab_size: f.usize_req("vocab_size")?,
             hidden_size: f.usize_req("hidden_size")?,
@@ -250,7 +172,10 @@ impl GlmMoeDsaConfig {
             rope_theta,
             max_position_embeddings: f.usize_or("max_position_embeddings", 202752)?,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            num_nextn_predict_layers: f.usize_or("num_nextn_predict_layers", 0)?,
+            num_nextn_predict_layers: match f.get("num_nextn_predict_layers") {
+                Some(_) => f.layers("num_nextn_predict_layers")?,
+                None => 0,
+            },
             mlp_layer_types,
             indexer_types,
             eos_token_ids,
@@ -412,5 +337,20 @@ mod tests {
             let err = GlmMoeDsaConfig::from_json(&json).unwrap_err().to_string();
             assert!(err.contains(want), "want `{want}` in `{err}`");
         }
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    /// A corrupt layer count is refused before it sizes per-layer lists (fuzz finding).
+    #[test]
+    fn absurd_layer_counts_are_refused() {
+        let j = serde_json::json!({
+            "model_type": "glm_moe_dsa", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1_000_000_000_000_000u64,
+        });
+        let e = format!("{:#}", GlmMoeDsaConfig::from_json(&j).unwrap_err());
+        assert!(e.contains("num_hidden_layers"), "{e}");
     }
 }

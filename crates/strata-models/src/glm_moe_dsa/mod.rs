@@ -7,6 +7,7 @@
 //! `synth.rs` (random checkpoints with real shapes).
 
 mod config;
+mod load;
 mod model;
 mod synth;
 pub mod weights;
@@ -16,7 +17,7 @@ pub use model::{Glm, GlmSession};
 pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthRng, SynthSpec};
 
 use crate::blocks::{MlaConfig, MlaScratch, MoeScratch};
-use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, MoeLayout};
+use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, LoadSpec, MoeLayout};
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{bail, Result};
@@ -51,25 +52,7 @@ impl GlmMoeDsaConfig {
     }
 
     fn mla_config(&self) -> MlaConfig {
-        MlaConfig {
-            dims: strata_backend::MlaDims {
-                heads: self.num_attention_heads,
-                nope: self.qk_nope_head_dim,
-                rope: self.qk_rope_head_dim,
-                v: self.v_head_dim,
-                kv_lora: self.kv_lora_rank,
-                scale: (self.qk_head_dim() as f32).powf(-0.5),
-            },
-            index: strata_backend::IndexDims {
-                heads: self.index_n_heads,
-                dim: self.index_head_dim,
-                rope: self.qk_rope_head_dim,
-                topk: self.index_topk,
-            },
-            q_lora: self.q_lora_rank,
-            lora_eps: 1e-6,
-            index_eps: 1e-6,
-        }
+        load::mla_config(self)
     }
 }
 
@@ -166,14 +149,19 @@ impl Arch for GlmMoeDsaConfig {
         })
     }
 
-    fn load(&self, store: &WeightStore, device: Device, experts: ExpertsChoice) -> Result<Box<dyn Model>> {
-        match device {
+    fn has_draft(&self, store: &WeightStore) -> bool {
+        load::has_mtp(self, store)
+    }
+
+    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
+        let cpu = |c: ExpertsChoice| match c {
+            ExpertsChoice::Resident => load::ExpertsFrom::Checkpoint,
+            ExpertsChoice::Cpu(p) => load::ExpertsFrom::Provider(p),
+        };
+        match spec.device {
             Device::Cpu => {
-                let provider = match experts {
-                    ExpertsChoice::Resident => None,
-                    ExpertsChoice::Cpu(p) => Some(p),
-                };
-                Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, provider)?))
+                let draft = spec.draft.map(cpu);
+                Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, cpu(spec.experts), draft)?))
             }
             Device::Cuda(n) => {
                 bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")

@@ -2,229 +2,54 @@
 //! noaux_tc MoE) -> final norm -> LM head, and its batch-first session.
 
 use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
-use super::weights::{fused_expert_names, name, spec, Key, LayerKey};
 use crate::batch::{Batch, SeqId};
-use crate::blocks::mla::IndexerWeights;
-use crate::blocks::{ExpertSource, MlaCache, MlaConfig, MlaScratch, MlaWeights, MoeScratch, MoeWeights, SwiGlu};
-use crate::experts::{ExpertProvider, ResidentExperts, Routes};
-use crate::kv::{KvBlocks, BLOCK_SIZE};
-use crate::weights::{load_matrix, load_vector, ExpertMatrix};
+use crate::blocks::{
+    pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, MlaCache, MlaConfig, MlaScratch, MlaWeights, MoeScratch,
+    PILOT_MAX_ROWS,
+};
+use crate::experts::Routes;
+use crate::kv::KvBlocks;
+use crate::session::{Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
-use anyhow::{anyhow, bail, ensure, Result};
-use std::sync::Arc;
-use strata_backend::{Backend, HostMatrix, IndexDims, LinearOut, MlaDims, RouterParams, Step};
-use strata_kernels::{ElementType, QuantKind};
-use strata_storage::WeightStore;
+use anyhow::{bail, ensure, Result};
+use strata_backend::{Backend, LinearOut};
 
-/// transformers builds `q_a_layernorm` / `kv_a_layernorm` and the indexer's key norm
-/// with their default eps (1e-6), not `rms_norm_eps`.
-const LORA_NORM_EPS: f32 = 1e-6;
-const INDEX_NORM_EPS: f32 = 1e-6;
-/// Next-layer prediction runs on forwards of at most this many rows.
-const PILOT_MAX_ROWS: usize = 8;
-
-enum Mlp<B: Backend> {
-    Dense(SwiGlu<B>),
-    Moe(MoeWeights<B>),
+pub(super) struct Layer<B: Backend> {
+    pub input_norm: B::Buf,
+    pub post_norm: B::Buf,
+    pub attn: MlaWeights<B>,
+    pub mlp: Ffn<B>,
 }
 
-struct Layer<B: Backend> {
-    input_norm: B::Buf,
-    post_norm: B::Buf,
-    attn: MlaWeights<B>,
-    mlp: Mlp<B>,
+/// The MTP layer: `z = eh_proj([enorm(embed(t)); hnorm(h)])`, a full decoder layer with
+/// its own experts and cache, then `shared_head.norm` and the LM head. It drafts the
+/// token after next from the previous position's final hidden state.
+pub(super) struct Mtp<B: Backend> {
+    pub enorm: B::Buf,
+    pub hnorm: B::Buf,
+    /// `eh_proj` split by input: the embedding half and the hidden half.
+    pub eh_e: B::Mat,
+    pub eh_h: B::Mat,
+    pub head_norm: B::Buf,
+    /// Own copies of the embedding and head when the checkpoint has them.
+    pub embed: Option<B::Mat>,
+    pub head: Option<B::Mat>,
+    pub block: Layer<B>,
+    pub experts: ExpertSource<B>,
 }
 
 pub struct Glm<B: Backend> {
-    b: B,
-    cfg: GlmMoeDsaConfig,
-    info: ModelInfo,
-    mla: MlaConfig,
-    embed: B::Mat,
-    lm_head: Option<B::Mat>,
-    norm: B::Buf,
-    layers: Vec<Layer<B>>,
-    experts: ExpertSource<B>,
-    rope_inv: Vec<f32>,
-}
-
-struct Loader<'a, B: Backend> {
-    b: &'a B,
-    store: &'a WeightStore,
-    cfg: &'a GlmMoeDsaConfig,
-}
-
-impl<B: Backend> Loader<'_, B> {
-    fn host(&self, k: Key) -> Result<HostMatrix> {
-        let (shape, role, _) = spec(self.cfg, k);
-        load_matrix(self.store, &name(k), [shape[0], shape[1]], role, self.cfg.fp8_block)
-    }
-    fn mat(&self, k: Key) -> Result<B::Mat> {
-        self.b.matrix(self.host(k)?)
-    }
-    fn vec(&self, k: Key) -> Result<B::Buf> {
-        let (shape, _, _) = spec(self.cfg, k);
-        self.b.upload(&load_vector(self.store, &name(k), shape[0])?)
-    }
-    fn swiglu(&self, layer: usize, keys: [LayerKey; 3]) -> Result<SwiGlu<B>> {
-        let [g, u, d] = keys.map(|k| Key::Layer(layer, k));
-        Ok(SwiGlu { gate: self.mat(g)?, up: self.mat(u)?, down: self.mat(d)? })
-    }
-
-    /// One routed expert from per-expert tensors or a slice of the fused 3-D ones.
-    fn expert(&self, layer: usize, e: usize) -> Result<[B::Mat; 3]> {
-        let per = |m| Key::Layer(layer, LayerKey::Expert(e, m));
-        if self.store.contains(&name(per(ExpertMatrix::Gate))) {
-            return Ok([
-                self.mat(per(ExpertMatrix::Gate))?,
-                self.mat(per(ExpertMatrix::Up))?,
-                self.mat(per(ExpertMatrix::Down))?,
-            ]);
-        }
-        let (h, inter, n) = (self.cfg.hidden_size, self.cfg.moe_intermediate_size, self.cfg.n_routed_experts);
-        let (gu_name, down_name) = fused_expert_names(layer);
-        let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize| -> Result<HostMatrix> {
-            let (file, t) = self.store.get(tname).ok_or_else(|| {
-                anyhow!("missing tensor `{}` (and no fused `{tname}`)", name(per(ExpertMatrix::Gate)))
-            })?;
-            if t.shape != shape {
-                bail!(
-                    "{}: tensor `{tname}` has shape {:?} but the config implies {shape:?}",
-                    file.path().display(),
-                    t.shape
-                );
-            }
-            let kind = match t.dtype {
-                ElementType::BF16 => QuantKind::Bf16,
-                ElementType::F32 => QuantKind::F32,
-                other => bail!("{}: fused experts stored as {other:?} are not supported", file.path().display()),
-            };
-            let width = t.dtype.size_bytes();
-            let per_expert = shape[1] * shape[2] * width;
-            let bytes = file.bytes(t)?;
-            let start = e * per_expert + row0 * shape[2] * width;
-            let payload = bytes[start..start + rows * shape[2] * width].to_vec();
-            Ok(HostMatrix { kind, rows, cols: shape[2], payload, scales: Vec::new() })
-        };
-        let gate = slice(&gu_name, [n, 2 * inter, h], 0, inter)?;
-        let up = slice(&gu_name, [n, 2 * inter, h], inter, inter)?;
-        let down = slice(&down_name, [n, h, inter], 0, h)?;
-        Ok([self.b.matrix(gate)?, self.b.matrix(up)?, self.b.matrix(down)?])
-    }
-
-    fn attention(&self, i: usize) -> Result<MlaWeights<B>> {
-        use LayerKey::*;
-        let k = |lk| Key::Layer(i, lk);
-        let indexer = match self.cfg.indexer_types[i] {
-            IndexerKind::Shared => None,
-            IndexerKind::Full => Some(IndexerWeights {
-                wq_b: self.mat(k(IndexWqB))?,
-                wk: self.mat(k(IndexWk))?,
-                k_norm_w: self.vec(k(IndexKNormW))?,
-                k_norm_b: self.vec(k(IndexKNormB))?,
-                weights_proj: self.mat(k(IndexWeights))?,
-            }),
-        };
-        Ok(MlaWeights {
-            q_a: self.mat(k(QA))?,
-            q_a_norm: self.vec(k(QANorm))?,
-            q_b: self.mat(k(QB))?,
-            kv_a: self.mat(k(KvA))?,
-            kv_a_norm: self.vec(k(KvANorm))?,
-            // Per-head slices of kv_b must be valid matrices on their own.
-            kv_b: self.b.matrix(self.host(k(KvB))?.with_row_scales())?,
-            o: self.mat(k(O))?,
-            indexer,
-        })
-    }
-}
-
-impl<B: Backend> Glm<B> {
-    /// Loads the main model from `store`; routed experts come from `provider` when given,
-    /// else from the checkpoint (held by the model).
-    pub fn load(
-        b: B,
-        cfg: GlmMoeDsaConfig,
-        store: &WeightStore,
-        provider: Option<Arc<dyn ExpertProvider<B>>>,
-    ) -> Result<Self> {
-        super::weights::weight_map(&cfg).check(store, provider.is_some())?;
-        let ld = Loader { b: &b, store, cfg: &cfg };
-        let h = cfg.hidden_size;
-        let embed = ld.mat(Key::Embed)?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(ld.mat(Key::LmHead)?) };
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        let mut resident: Vec<Option<Vec<[B::Mat; 3]>>> = Vec::new();
-        for i in 0..cfg.num_hidden_layers {
-            use LayerKey::*;
-            let mlp = match cfg.mlp_layer_types[i] {
-                MlpKind::Dense => Mlp::Dense(ld.swiglu(i, [MlpGate, MlpUp, MlpDown])?),
-                MlpKind::Sparse => {
-                    if provider.is_none() {
-                        resident.resize_with(i + 1, || None);
-                        resident[i] = Some((0..cfg.n_routed_experts).map(|e| ld.expert(i, e)).collect::<Result<_>>()?);
-                    }
-                    Mlp::Moe(MoeWeights {
-                        layer: i,
-                        gate: ld.mat(Key::Layer(i, Router))?,
-                        bias: ld.vec(Key::Layer(i, RouterBias))?,
-                        params: RouterParams {
-                            top_k: cfg.num_experts_per_tok,
-                            n_group: cfg.n_group,
-                            topk_group: cfg.topk_group,
-                            norm_topk_prob: cfg.norm_topk_prob,
-                            scaling: cfg.routed_scaling_factor,
-                        },
-                        experts: cfg.n_routed_experts,
-                        shared: ld.swiglu(i, [SharedGate, SharedUp, SharedDown])?,
-                    })
-                }
-            };
-            layers.push(Layer {
-                input_norm: ld.vec(Key::Layer(i, InputNorm))?,
-                post_norm: ld.vec(Key::Layer(i, PostNorm))?,
-                attn: ld.attention(i)?,
-                mlp,
-            });
-        }
-        let norm = ld.vec(Key::Norm)?;
-        let experts = match provider {
-            Some(p) => ExpertSource::Provider(p),
-            None => ExpertSource::Resident(ResidentExperts::new(resident)),
-        };
-        let mla = MlaConfig {
-            dims: MlaDims {
-                heads: cfg.num_attention_heads,
-                nope: cfg.qk_nope_head_dim,
-                rope: cfg.qk_rope_head_dim,
-                v: cfg.v_head_dim,
-                kv_lora: cfg.kv_lora_rank,
-                scale: (cfg.qk_head_dim() as f32).powf(-0.5),
-            },
-            index: IndexDims {
-                heads: cfg.index_n_heads,
-                dim: cfg.index_head_dim,
-                rope: cfg.qk_rope_head_dim,
-                topk: cfg.index_topk,
-            },
-            q_lora: cfg.q_lora_rank,
-            lora_eps: LORA_NORM_EPS,
-            index_eps: INDEX_NORM_EPS,
-        };
-        let _ = h;
-        Ok(Self {
-            info: super::info(&cfg),
-            rope_inv: strata_kernels::ops::rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta),
-            b,
-            mla,
-            embed,
-            lm_head,
-            norm,
-            layers,
-            experts,
-            cfg,
-        })
-    }
+    pub(super) b: B,
+    pub(super) cfg: GlmMoeDsaConfig,
+    pub(super) info: ModelInfo,
+    pub(super) mla: MlaConfig,
+    pub(super) embed: B::Mat,
+    pub(super) lm_head: Option<B::Mat>,
+    pub(super) norm: B::Buf,
+    pub(super) layers: Vec<Layer<B>>,
+    pub(super) experts: ExpertSource<B>,
+    pub(super) mtp: Option<Mtp<B>>,
+    pub(super) rope_inv: Vec<f32>,
 }
 
 impl<B: Backend> Model for Glm<B> {
@@ -241,13 +66,8 @@ impl<B: Backend> Model for Glm<B> {
     }
 }
 
-/// The model with KV caches for a set of sequences and the scratch of one forward.
-pub struct GlmSession<'m, B: Backend> {
-    m: &'m Glm<B>,
-    max_rows: usize,
-    kv: KvBlocks,
-    caches: Vec<MlaCache<B>>,
-    step: Step,
+/// Activations of one forward (shared by every layer, main and draft).
+struct Scratch<B: Backend> {
     x: B::Buf,
     xn: B::Buf,
     y: B::Buf,
@@ -255,16 +75,23 @@ pub struct GlmSession<'m, B: Backend> {
     sin: B::Buf,
     mla: MlaScratch<B>,
     moe: Option<MoeScratch<B>>,
-    /// Rows per sequence in the current forward.
-    pending: Vec<(SeqId, usize)>,
-    want: Vec<u32>,
-    want_cap: usize,
-    hidden: B::Buf,
-    xsn: B::Buf,
-    logits: B::Buf,
-    host_logits: Vec<f32>,
-    host_hidden: Vec<f32>,
-    last_rows: usize,
+}
+
+/// The draft layer's caches.
+struct Draft<B: Backend> {
+    kv: KvBlocks,
+    cache: MlaCache<B>,
+}
+
+/// The model with KV caches for a set of sequences and the scratch of one forward.
+pub struct GlmSession<'m, B: Backend> {
+    m: &'m Glm<B>,
+    kv: KvBlocks,
+    caches: Vec<MlaCache<B>>,
+    draft: Option<Draft<B>>,
+    rows: Rows,
+    s: Scratch<B>,
+    out: Outputs<B>,
     routes: Routes,
 }
 
@@ -278,23 +105,20 @@ impl<'m, B: Backend> GlmSession<'m, B> {
         let caches = (0..cfg.num_hidden_layers)
             .map(|i| MlaCache::new(b, &m.mla, slots, cfg.indexer_types[i] == IndexerKind::Full))
             .collect::<Result<Vec<_>>>()?;
+        let draft = match &m.mtp {
+            Some(mtp) => Some(Draft {
+                kv: KvBlocks::new(opts.kv_tokens.max(1), opts.max_seqs, max_len),
+                cache: MlaCache::new(b, &m.mla, slots, mtp.block.attn.indexer.is_some())?,
+            }),
+            None => None,
+        };
         let (rows, h) = (opts.max_rows, cfg.hidden_size);
-        let moe = match cfg.mlp_layer_types.contains(&MlpKind::Sparse) {
+        let moe = match cfg.mlp_layer_types.contains(&MlpKind::Sparse) || m.mtp.is_some() {
             true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok)?),
             false => None,
         };
-        b.reserve_workspace(cfg.num_attention_heads.max(cfg.index_n_heads), cfg.index_topk.min(max_len));
-        let want_cap = opts.max_seqs.min(rows).max(1);
-        let mut step = Step { block_size: BLOCK_SIZE, ..Default::default() };
-        step.tokens.reserve(rows);
-        step.positions.reserve(rows);
-        step.seq.reserve(rows);
-        step.blocks.reserve(opts.max_seqs * kv.max_blocks());
-        Ok(Self {
-            m,
-            max_rows: rows,
-            caches,
-            step,
+        b.reserve_workspace(cfg.num_attention_heads.max(cfg.index_n_heads), cfg.index_topk.min(max_len), max_len);
+        let s = Scratch {
             x: b.alloc(rows * h)?,
             xn: b.alloc(rows * h)?,
             y: b.alloc(rows * h)?,
@@ -302,78 +126,50 @@ impl<'m, B: Backend> GlmSession<'m, B> {
             sin: b.alloc(rows * cfg.qk_rope_head_dim / 2)?,
             mla: MlaScratch::new(b, &m.mla, rows, max_len)?,
             moe,
-            pending: Vec::with_capacity(opts.max_seqs),
-            want: Vec::with_capacity(rows),
-            want_cap,
-            hidden: b.alloc(want_cap * h)?,
-            xsn: b.alloc(want_cap * h)?,
-            logits: b.alloc(want_cap * cfg.vocab_size)?,
-            host_logits: Vec::new(),
-            host_hidden: Vec::new(),
-            last_rows: 0,
+        };
+        Ok(Self {
+            m,
+            caches,
+            draft,
+            rows: Rows::new(&opts, kv.max_blocks()),
+            s,
+            out: Outputs::new(b, opts.max_seqs.min(rows).max(1), h, cfg.vocab_size)?,
             routes: Routes::default(),
             kv,
         })
     }
+}
 
-    /// Fills the step's rows from `batch` and reserves their KV blocks.
-    fn plan_step(&mut self, batch: &Batch) -> Result<()> {
-        let rows = batch.len();
-        ensure!(rows > 0, "forward needs at least one row");
-        ensure!(rows <= self.max_rows, "a forward of {rows} rows exceeds the session's {} rows", self.max_rows);
-        self.step.clear();
-        self.pending.clear();
-        self.want.clear();
-        let vocab = self.m.cfg.vocab_size;
-        for (r, row) in batch.rows.iter().enumerate() {
-            ensure!(self.kv.contains(row.seq), "sequence {} is not in this session", row.seq.0);
-            if row.token != u32::MAX && row.token as usize >= vocab {
-                bail!("token id {} is outside the vocabulary ({vocab})", row.token);
-            }
-            let i = match self.pending.iter().position(|(s, _)| *s == row.seq) {
-                Some(i) => i,
-                None => {
-                    self.pending.push((row.seq, 0));
-                    self.pending.len() - 1
-                }
-            };
-            let pos = self.kv.len(row.seq) + self.pending[i].1;
-            self.pending[i].1 += 1;
-            self.step.tokens.push(row.token);
-            self.step.positions.push(pos as u32);
-            self.step.seq.push(row.seq.0);
-            if row.logits {
-                self.want.push(r as u32);
-            }
-        }
-        for &(s, n) in &self.pending {
-            self.kv.reserve(s, n)?;
-        }
-        self.kv.write_tables(&mut self.step.blocks);
-        self.step.max_blocks = self.kv.max_blocks();
-        self.step.block_size = BLOCK_SIZE;
-        Ok(())
-    }
-
-    fn ensure_logit_rows(&mut self, n: usize) -> Result<()> {
-        if n > self.want_cap {
-            let (b, h, v) = (&self.m.b, self.m.cfg.hidden_size, self.m.cfg.vocab_size);
-            self.hidden = b.alloc(n * h)?;
-            self.xsn = b.alloc(n * h)?;
-            self.logits = b.alloc(n * v)?;
-            self.want_cap = n;
-        }
-        Ok(())
-    }
+/// The feed-forward half of a layer: `x += ffn(norm(x))`.
+fn ffn_forward<B: Backend>(
+    m: &Glm<B>,
+    layer: &Layer<B>,
+    experts: &ExpertSource<B>,
+    rows: usize,
+    s: &mut Scratch<B>,
+    routes: &mut Routes,
+) -> Result<()> {
+    let (b, h, eps) = (&m.b, m.cfg.hidden_size, m.cfg.rms_norm_eps as f32);
+    b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
+    let bufs = FfnBufs { y: &mut s.y, moe: s.moe.as_mut() };
+    layer.mlp.forward_add(b, experts, &s.xn, rows, h, bufs, routes, &mut s.x)
 }
 
 impl<B: Backend> Session for GlmSession<'_, B> {
     fn add_sequence(&mut self) -> Result<SeqId> {
-        self.kv.add()
+        let s = self.kv.add()?;
+        if let Some(d) = self.draft.as_mut() {
+            let ds = d.kv.add()?;
+            debug_assert_eq!(s, ds, "draft sequences mirror the main ones");
+        }
+        Ok(s)
     }
 
     fn remove_sequence(&mut self, seq: SeqId) {
-        self.kv.remove(seq)
+        self.kv.remove(seq);
+        if let Some(d) = self.draft.as_mut() {
+            d.kv.remove(seq);
+        }
     }
 
     fn len(&self, seq: SeqId) -> usize {
@@ -389,95 +185,40 @@ impl<B: Backend> Session for GlmSession<'_, B> {
     }
 
     fn max_rows(&self) -> usize {
-        self.max_rows
+        self.rows.max_rows
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<()> {
-        self.plan_step(batch)?;
         let m = self.m;
         let (b, cfg) = (&m.b, &m.cfg);
+        self.rows.plan(&mut self.kv, batch, cfg.vocab_size)?;
         let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
-        b.embed(&self.step, &m.embed, &mut self.x)?;
-        for (r, row) in batch.rows.iter().enumerate() {
-            if row.token == u32::MAX {
-                ensure!(
-                    batch.embedding_width == h,
-                    "embedding rows of width {} for a model of width {h}",
-                    batch.embedding_width
-                );
-                let e = row.embedding as usize;
-                b.write(&mut self.x, r * h, &batch.embeddings[e * h..(e + 1) * h]);
-            }
-        }
-        b.rope_tables(&self.step, &m.rope_inv, &mut self.cos, &mut self.sin);
+        self.rows.embed(b, batch, &m.embed, h, &mut self.s.x)?;
+        let step = &self.rows.step;
+        b.rope_tables(step, &m.rope_inv, &mut self.s.cos, &mut self.s.sin);
         self.routes.clear(rows, cfg.num_experts_per_tok);
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
+        let s = &mut self.s;
         for (i, layer) in m.layers.iter().enumerate() {
-            b.rms_norm(rows, h, &self.x, Some(&layer.input_norm), eps, &mut self.xn);
-            layer.attn.forward_add(
-                b,
-                &self.step,
-                &m.mla,
-                &self.xn,
-                &self.cos,
-                &self.sin,
-                &mut self.caches[i],
-                &mut self.mla,
-                &mut self.x,
-            );
-            // PILOT: the next MoE layer's router on this residual, one layer early.
-            if let (Some(p), Some(next)) = (predict, m.layers.get(i + 1)) {
-                if let (Mlp::Moe(moe), Some(s)) = (&next.mlp, self.moe.as_mut()) {
-                    b.rms_norm(rows, h, &self.x, Some(&next.post_norm), eps, &mut self.xn);
-                    moe.predict(b, &self.xn, rows, s, p.as_ref());
-                }
+            b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
+            layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut self.caches[i], &mut s.mla, &mut s.x);
+            if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
+                let cur = FfnLayer { ffn: &layer.mlp, norm: &layer.post_norm };
+                let next = FfnLayer { ffn: &next.mlp, norm: &next.post_norm };
+                pilot_predict(b, p.as_ref(), cur, next, rows, h, eps, &s.x, &mut s.xn, &mut s.y, ms);
             }
-            b.rms_norm(rows, h, &self.x, Some(&layer.post_norm), eps, &mut self.xn);
-            match &layer.mlp {
-                Mlp::Dense(mlp) => mlp.forward_add(b, &self.xn, rows, h, &mut self.y, &mut self.x),
-                Mlp::Moe(moe) => {
-                    let s = self.moe.as_mut().expect("MoE scratch");
-                    moe.forward_add(b, &m.experts, &self.xn, rows, h, s, &mut self.routes, &mut self.x)?;
-                }
-            }
+            ffn_forward(m, layer, &m.experts, rows, s, &mut self.routes)?;
         }
-        for &(s, n) in &self.pending {
-            let len = self.kv.len(s) + n;
-            self.kv.set_len(s, len);
-        }
-        // Logits (and hidden states) of the rows that want them.
-        let n = self.want.len();
-        self.last_rows = n;
-        if n > 0 {
-            self.ensure_logit_rows(n)?;
-            b.gather_rows(&self.x, h, &self.want, &mut self.hidden);
-            b.rms_norm(n, h, &self.hidden, Some(&m.norm), eps, &mut self.xsn);
-            let head = m.lm_head.as_ref().unwrap_or(&m.embed);
-            b.linears(&self.xsn, n, &mut [LinearOut::new(b, head, &mut self.logits)]);
-            if b.host(&self.logits).is_none() {
-                self.host_logits.resize(n * cfg.vocab_size, 0.0);
-                b.read(&self.logits, 0, &mut self.host_logits);
-                self.host_hidden.resize(n * h, 0.0);
-                b.read(&self.hidden, 0, &mut self.host_hidden);
-            }
-        }
-        Ok(())
+        self.rows.commit(&mut self.kv);
+        self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
     fn logits(&self) -> &[f32] {
-        let n = self.last_rows * self.m.cfg.vocab_size;
-        match self.m.b.host(&self.logits) {
-            Some(l) => &l[..n],
-            None => &self.host_logits[..n],
-        }
+        self.out.logits(&self.m.b)
     }
 
     fn hidden(&self) -> &[f32] {
-        let n = self.last_rows * self.m.cfg.hidden_size;
-        match self.m.b.host(&self.hidden) {
-            Some(l) => &l[..n],
-            None => &self.host_hidden[..n],
-        }
+        self.out.hidden(&self.m.b)
     }
 
     fn routes(&self) -> &Routes {
@@ -490,5 +231,51 @@ impl<B: Backend> Session for GlmSession<'_, B> {
 
     fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
         Some(&mut self.kv)
+    }
+
+    fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    fn draft_forward(&mut self, batch: &Batch, hidden: &[f32]) -> Result<()> {
+        let m = self.m;
+        let (Some(mtp), Some(draft)) = (m.mtp.as_ref(), self.draft.as_mut()) else {
+            bail!("this model has no draft (MTP) layer loaded")
+        };
+        let (b, cfg) = (&m.b, &m.cfg);
+        let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
+        ensure!(hidden.len() == rows * h, "draft forward: {} hidden values for {rows} rows of {h}", hidden.len());
+        self.rows.plan(&mut draft.kv, batch, cfg.vocab_size)?;
+        // z = W_e enorm(embed(t)) + W_h hnorm(h).
+        let s = &mut self.s;
+        let step = &self.rows.step;
+        b.write(&mut s.x, 0, hidden);
+        b.rms_norm(rows, h, &s.x, Some(&mtp.hnorm), eps, &mut s.xn);
+        b.embed(step, mtp.embed.as_ref().unwrap_or(&m.embed), &mut s.x)?;
+        b.rms_norm(rows, h, &s.x, Some(&mtp.enorm), eps, &mut s.y);
+        b.linears(&s.y, rows, &mut [LinearOut::new(b, &mtp.eh_e, &mut s.x)]);
+        b.linears(&s.xn, rows, &mut [LinearOut::add(b, &mtp.eh_h, &mut s.x)]);
+        b.rope_tables(step, &m.rope_inv, &mut s.cos, &mut s.sin);
+        self.routes.clear(rows, cfg.num_experts_per_tok);
+        let layer = &mtp.block;
+        if layer.attn.indexer.is_none() {
+            s.mla.reset_selection();
+        }
+        b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
+        layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut draft.cache, &mut s.mla, &mut s.x);
+        ffn_forward(m, layer, &mtp.experts, rows, s, &mut self.routes)?;
+        self.rows.commit(&mut draft.kv);
+        let head = mtp.head.as_ref().or(m.lm_head.as_ref()).unwrap_or(&m.embed);
+        self.out.compute(b, &self.rows.want, &s.x, &mtp.head_norm, eps, head)
+    }
+
+    fn draft_len(&self, seq: SeqId) -> usize {
+        self.draft.as_ref().map_or(0, |d| d.kv.len(seq))
+    }
+
+    fn draft_truncate(&mut self, seq: SeqId, len: usize) {
+        if let Some(d) = self.draft.as_mut() {
+            d.kv.truncate(seq, len);
+        }
     }
 }

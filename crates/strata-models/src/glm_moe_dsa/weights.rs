@@ -98,13 +98,6 @@ fn expert_part(m: ExpertMatrix) -> &'static str {
     }
 }
 
-/// Names of a layer's fused expert tensors (transformers' runtime layout):
-/// `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
-pub fn fused_expert_names(layer: usize) -> (String, String) {
-    let p = format!("model.layers.{layer}.mlp.experts");
-    (format!("{p}.gate_up_proj"), format!("{p}.down_proj"))
-}
-
 /// The shape and role of every tensor.
 pub fn spec(cfg: &GlmMoeDsaConfig, k: Key) -> (Vec<usize>, Role, TensorGroup) {
     use LayerKey::*;

@@ -1,6 +1,7 @@
-//! Parity with transformers on the committed fixtures (`fixtures/glm5/*`, made by
-//! `scripts/make_glm5_fixtures.py`): logits at every prompt position within 1e-4, the
-//! 32 greedy tokens identical, and each decode step's logits within 1e-4.
+//! Parity with transformers on the committed fixtures (`fixtures/glm5/*` and
+//! `fixtures/glm4_moe/*`, made by `scripts/make_glm5_fixtures.py` and
+//! `scripts/make_glm4_moe_fixtures.py`): logits at every prompt position within 1e-4,
+//! the 32 greedy tokens identical, and each decode step's logits within 1e-4.
 
 use std::path::{Path, PathBuf};
 use strata_engine::{GenerateRequest, LoadedModel, SamplingParams};
@@ -43,8 +44,8 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-pub fn fixture_dirs() -> Vec<PathBuf> {
-    let root = repo_root().join("fixtures/glm5");
+pub fn fixture_dirs(family: &str) -> Vec<PathBuf> {
+    let root = repo_root().join("fixtures").join(family);
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .map(|e| e.unwrap().path())
@@ -98,9 +99,18 @@ fn check_fixture(dir: &Path) {
 }
 
 #[test]
-fn every_fixture_matches_transformers() {
-    let dirs = fixture_dirs();
+fn glm5_fixtures_match_transformers() {
+    let dirs = fixture_dirs("glm5");
     assert!(dirs.len() >= 3, "expected at least three fixtures, found {dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+#[test]
+fn glm4_moe_fixtures_match_transformers() {
+    let dirs = fixture_dirs("glm4_moe");
+    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);
     }

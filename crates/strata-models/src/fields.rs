@@ -1,0 +1,126 @@
+//! Reading `config.json` fields with errors that name the field (shared by families).
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+pub(crate) struct Fields<'a>(pub &'a serde_json::Map<String, Value>);
+
+/// More layers than any published model by far: a bound that keeps a corrupt count from
+/// sizing per-layer lists before anything else is checked.
+pub(crate) const MAX_LAYERS: usize = 4096;
+/// Routed experts per layer, bounded likewise (the weight map names every one).
+pub(crate) const MAX_EXPERTS: usize = 1 << 16;
+
+impl Fields<'_> {
+    pub(crate) fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+    pub(crate) fn usize_req(&self, k: &str) -> Result<usize> {
+        let v = self.get(k).ok_or_else(|| anyhow!("missing field `{k}`"))?;
+        v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("field `{k}` must be a non-negative integer, got {v}"))
+    }
+    pub(crate) fn usize_or(&self, k: &str, default: usize) -> Result<usize> {
+        if self.get(k).is_some() {
+            self.usize_req(k)
+        } else {
+            Ok(default)
+        }
+    }
+    pub(crate) fn f64_or(&self, k: &str, default: f64) -> Result<f64> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `{k}` must be a number, got {v}")),
+        }
+    }
+    pub(crate) fn bool_or(&self, k: &str, default: bool) -> Result<bool> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| anyhow!("field `{k}` must be true or false, got {v}")),
+        }
+    }
+    pub(crate) fn str_list(&self, k: &str) -> Result<Option<Vec<String>>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_owned).ok_or_else(|| anyhow!("field `{k}` must be a list of strings")))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => bail!("field `{k}` must be a list of strings, got {v}"),
+        }
+    }
+    pub(crate) fn token_ids(&self, k: &str) -> Result<Vec<u32>> {
+        match self.get(k) {
+            None => Ok(vec![]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| token_id(i).ok_or_else(|| anyhow!("field `{k}` must hold token ids, got {i}")))
+                .collect(),
+            Some(v) => token_id(v)
+                .map(|x| vec![x])
+                .ok_or_else(|| anyhow!("field `{k}` must be a token id or a list of them, got {v}")),
+        }
+    }
+}
+
+impl Fields<'_> {
+    /// `rope_theta` and `partial_rotary_factor` from `rope_parameters` (or the legacy
+    /// `rope_scaling` / top-level fields); only default RoPE is supported.
+    pub(crate) fn rope(&self, theta_default: f64, partial_default: f64) -> Result<(f64, f64)> {
+        let params = match self.get("rope_parameters").or_else(|| self.get("rope_scaling")) {
+            Some(Value::Object(p)) => Some(p),
+            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
+            None => None,
+        };
+        let from = |k: &str, default: f64| -> Result<f64> {
+            match params.and_then(|p| p.get(k)).filter(|v| !v.is_null()) {
+                Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}")),
+                None => self.f64_or(k, default),
+            }
+        };
+        let kind = params
+            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            bail!("field `rope_parameters.rope_type` is `{kind}`; only `default` RoPE is supported");
+        }
+        Ok((from("rope_theta", theta_default)?, from("partial_rotary_factor", partial_default)?))
+    }
+    /// A layer count, bounded by [`MAX_LAYERS`].
+    pub(crate) fn layers(&self, k: &str) -> Result<usize> {
+        let n = self.usize_req(k)?;
+        if n > MAX_LAYERS {
+            bail!("field `{k}` ({n}) exceeds {MAX_LAYERS} layers");
+        }
+        Ok(n)
+    }
+    /// A routed-expert count, bounded by [`MAX_EXPERTS`].
+    pub(crate) fn experts(&self, k: &str) -> Result<usize> {
+        let n = self.usize_req(k)?;
+        if n > MAX_EXPERTS {
+            bail!("field `{k}` ({n}) exceeds {MAX_EXPERTS} experts");
+        }
+        Ok(n)
+    }
+    /// FP8 checkpoints: the `weight_block_size` of `quantization_config`.
+    pub(crate) fn fp8_block(&self) -> Result<Option<(usize, usize)>> {
+        let Some(q) = self.get("quantization_config") else { return Ok(None) };
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        if method != "fp8" {
+            bail!("field `quantization_config.quant_method` is `{method}`; only `fp8` is supported");
+        }
+        let bad = || anyhow!("field `quantization_config.weight_block_size` must hold two positive integers");
+        match q.get("weight_block_size").and_then(Value::as_array) {
+            Some(b) if b.len() == 2 => {
+                let dim = |v: &Value| v.as_u64().filter(|&x| x > 0 && x <= u32::MAX as u64).map(|x| x as usize);
+                Ok(Some((dim(&b[0]).ok_or_else(bad)?, dim(&b[1]).ok_or_else(bad)?)))
+            }
+            _ => bail!("field `quantization_config.weight_block_size` must be [rows, cols]"),
+        }
+    }
+}
+
+fn token_id(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|x| u32::try_from(x).ok())
+}

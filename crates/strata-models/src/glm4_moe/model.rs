@@ -1,0 +1,182 @@
+//! The whole model: embedding -> decoder layers (grouped-query attention; dense SwiGLU or
+//! `noaux_tc` MoE with a shared expert) -> final norm -> LM head, and its session.
+
+use super::config::Glm4MoeConfig;
+use crate::batch::{Batch, SeqId};
+use crate::blocks::{
+    pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, GqaScratch, GqaWeights, MoeScratch, PILOT_MAX_ROWS,
+};
+use crate::experts::Routes;
+use crate::kv::KvBlocks;
+use crate::session::{Outputs, Rows};
+use crate::{Model, ModelInfo, Session, SessionOptions};
+use anyhow::{ensure, Result};
+use strata_backend::{Backend, GqaDims};
+
+pub(super) struct Layer<B: Backend> {
+    pub input_norm: B::Buf,
+    pub post_norm: B::Buf,
+    pub attn: GqaWeights<B>,
+    pub ffn: Ffn<B>,
+}
+
+pub struct Glm4<B: Backend> {
+    pub(super) b: B,
+    pub(super) cfg: Glm4MoeConfig,
+    pub(super) info: ModelInfo,
+    pub(super) dims: GqaDims,
+    pub(super) embed: B::Mat,
+    pub(super) lm_head: Option<B::Mat>,
+    pub(super) norm: B::Buf,
+    pub(super) layers: Vec<Layer<B>>,
+    pub(super) experts: ExpertSource<B>,
+    pub(super) rope_inv: Vec<f32>,
+}
+
+impl<B: Backend> Model for Glm4<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn device(&self) -> String {
+        self.b.describe()
+    }
+
+    fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>> {
+        Ok(Box::new(Glm4Session::new(self, opts)?))
+    }
+}
+
+/// Activations of one forward, shared by every layer.
+struct Scratch<B: Backend> {
+    x: B::Buf,
+    xn: B::Buf,
+    y: B::Buf,
+    cos: B::Buf,
+    sin: B::Buf,
+    gqa: GqaScratch<B>,
+    moe: Option<MoeScratch<B>>,
+}
+
+/// The model with K/V caches for a set of sequences.
+pub struct Glm4Session<'m, B: Backend> {
+    m: &'m Glm4<B>,
+    kv: KvBlocks,
+    /// Per layer: `[slots, 2 * kv_heads * head_dim]` (keys, then values).
+    caches: Vec<B::Buf>,
+    rows: Rows,
+    s: Scratch<B>,
+    out: Outputs<B>,
+    routes: Routes,
+}
+
+impl<'m, B: Backend> Glm4Session<'m, B> {
+    fn new(m: &'m Glm4<B>, opts: SessionOptions) -> Result<Self> {
+        let (b, cfg) = (&m.b, &m.cfg);
+        ensure!(opts.max_rows > 0 && opts.max_seqs > 0, "a session needs room for at least one row and one sequence");
+        let max_len = opts.max_len.min(cfg.max_position_embeddings).max(1);
+        let kv = KvBlocks::new(opts.kv_tokens.max(1), opts.max_seqs, max_len);
+        let caches = (0..cfg.num_hidden_layers)
+            .map(|_| b.alloc(kv.slots() * m.dims.cache_width()))
+            .collect::<Result<Vec<_>>>()?;
+        let (rows, h) = (opts.max_rows, cfg.hidden_size);
+        let moe = match cfg.sparse_layers() > 0 {
+            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok)?),
+            false => None,
+        };
+        // Attention scores: one row per head of a KV group over the visible context.
+        b.reserve_workspace(cfg.num_attention_heads / cfg.num_key_value_heads, max_len, max_len);
+        let s = Scratch {
+            x: b.alloc(rows * h)?,
+            xn: b.alloc(rows * h)?,
+            y: b.alloc(rows * h)?,
+            cos: b.alloc(rows * m.dims.rotary / 2)?,
+            sin: b.alloc(rows * m.dims.rotary / 2)?,
+            gqa: GqaScratch::new(b, &m.dims, rows)?,
+            moe,
+        };
+        Ok(Self {
+            m,
+            caches,
+            rows: Rows::new(&opts, kv.max_blocks()),
+            s,
+            out: Outputs::new(b, opts.max_seqs.min(rows).max(1), h, cfg.vocab_size)?,
+            routes: Routes::default(),
+            kv,
+        })
+    }
+}
+
+impl<B: Backend> Session for Glm4Session<'_, B> {
+    fn add_sequence(&mut self) -> Result<SeqId> {
+        self.kv.add()
+    }
+
+    fn remove_sequence(&mut self, seq: SeqId) {
+        self.kv.remove(seq)
+    }
+
+    fn len(&self, seq: SeqId) -> usize {
+        self.kv.len(seq)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        self.kv.truncate(seq, len)
+    }
+
+    fn max_len(&self) -> usize {
+        self.kv.max_len()
+    }
+
+    fn max_rows(&self) -> usize {
+        self.rows.max_rows
+    }
+
+    fn forward(&mut self, batch: &Batch) -> Result<()> {
+        let m = self.m;
+        let (b, cfg) = (&m.b, &m.cfg);
+        self.rows.plan(&mut self.kv, batch, cfg.vocab_size)?;
+        let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
+        self.rows.embed(b, batch, &m.embed, h, &mut self.s.x)?;
+        let step = &self.rows.step;
+        let s = &mut self.s;
+        b.rope_tables(step, &m.rope_inv, &mut s.cos, &mut s.sin);
+        self.routes.clear(rows, cfg.num_experts_per_tok);
+        let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
+        for (i, layer) in m.layers.iter().enumerate() {
+            b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
+            let cache = &mut self.caches[i];
+            layer.attn.forward_add(b, step, m.dims, eps, &s.xn, &s.cos, &s.sin, cache, &mut s.gqa, &mut s.x);
+            if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
+                let cur = FfnLayer { ffn: &layer.ffn, norm: &layer.post_norm };
+                let next = FfnLayer { ffn: &next.ffn, norm: &next.post_norm };
+                pilot_predict(b, p.as_ref(), cur, next, rows, h, eps, &s.x, &mut s.xn, &mut s.y, ms);
+            }
+            b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
+            let bufs = FfnBufs { y: &mut s.y, moe: s.moe.as_mut() };
+            layer.ffn.forward_add(b, &m.experts, &s.xn, rows, h, bufs, &mut self.routes, &mut s.x)?;
+        }
+        self.rows.commit(&mut self.kv);
+        self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
+    }
+
+    fn logits(&self) -> &[f32] {
+        self.out.logits(&self.m.b)
+    }
+
+    fn hidden(&self) -> &[f32] {
+        self.out.hidden(&self.m.b)
+    }
+
+    fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
+    fn kv(&self) -> Option<&KvBlocks> {
+        Some(&self.kv)
+    }
+
+    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
+        Some(&mut self.kv)
+    }
+}

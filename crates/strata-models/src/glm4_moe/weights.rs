@@ -1,0 +1,174 @@
+//! Every tensor of a `glm4_moe` checkpoint, named as on the Hub: the only place these
+//! names are spelled.
+
+use super::config::Glm4MoeConfig;
+use crate::weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    Embed,
+    Norm,
+    LmHead,
+    Layer(usize, LayerKey),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKey {
+    InputNorm,
+    PostNorm,
+    Q,
+    K,
+    V,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    O,
+    MlpGate,
+    MlpUp,
+    MlpDown,
+    Router,
+    RouterBias,
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    Expert(usize, ExpertMatrix),
+    MtpEnorm,
+    MtpHnorm,
+    MtpEhProj,
+    MtpHeadNorm,
+}
+
+pub fn name(k: Key) -> String {
+    use LayerKey::*;
+    let (i, lk) = match k {
+        Key::Embed => return "model.embed_tokens.weight".into(),
+        Key::Norm => return "model.norm.weight".into(),
+        Key::LmHead => return "lm_head.weight".into(),
+        Key::Layer(i, lk) => (i, lk),
+    };
+    let p = format!("model.layers.{i}");
+    let a = format!("{p}.self_attn");
+    match lk {
+        InputNorm => format!("{p}.input_layernorm.weight"),
+        PostNorm => format!("{p}.post_attention_layernorm.weight"),
+        Q => format!("{a}.q_proj.weight"),
+        K => format!("{a}.k_proj.weight"),
+        V => format!("{a}.v_proj.weight"),
+        QBias => format!("{a}.q_proj.bias"),
+        KBias => format!("{a}.k_proj.bias"),
+        VBias => format!("{a}.v_proj.bias"),
+        QNorm => format!("{a}.q_norm.weight"),
+        KNorm => format!("{a}.k_norm.weight"),
+        O => format!("{a}.o_proj.weight"),
+        MlpGate => format!("{p}.mlp.gate_proj.weight"),
+        MlpUp => format!("{p}.mlp.up_proj.weight"),
+        MlpDown => format!("{p}.mlp.down_proj.weight"),
+        Router => format!("{p}.mlp.gate.weight"),
+        RouterBias => format!("{p}.mlp.gate.e_score_correction_bias"),
+        SharedGate => format!("{p}.mlp.shared_experts.gate_proj.weight"),
+        SharedUp => format!("{p}.mlp.shared_experts.up_proj.weight"),
+        SharedDown => format!("{p}.mlp.shared_experts.down_proj.weight"),
+        Expert(e, m) => format!(
+            "{p}.mlp.experts.{e}.{}_proj.weight",
+            match m {
+                ExpertMatrix::Gate => "gate",
+                ExpertMatrix::Up => "up",
+                ExpertMatrix::Down => "down",
+            }
+        ),
+        MtpEnorm => format!("{p}.enorm.weight"),
+        MtpHnorm => format!("{p}.hnorm.weight"),
+        MtpEhProj => format!("{p}.eh_proj.weight"),
+        MtpHeadNorm => format!("{p}.shared_head.norm.weight"),
+    }
+}
+
+pub fn spec(cfg: &Glm4MoeConfig, k: Key) -> (Vec<usize>, Role, TensorGroup) {
+    use LayerKey::*;
+    use Role::*;
+    use TensorGroup::*;
+    let h = cfg.hidden_size;
+    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+    let (inter, moe, n) = (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.n_routed_experts);
+    let (layer, lk) = match k {
+        Key::Embed => return (vec![cfg.vocab_size, h], Embedding, Embeddings),
+        Key::Norm => return (vec![h], NormScale, Norms),
+        Key::LmHead => return (vec![cfg.vocab_size, h], Linear, Embeddings),
+        Key::Layer(i, lk) => (i, lk),
+    };
+    let (shape, role, group) = match lk {
+        InputNorm | PostNorm | MtpEnorm | MtpHnorm | MtpHeadNorm => (vec![h], NormScale, Norms),
+        Q => (vec![q, h], Linear, Attention),
+        K | V => (vec![kv, h], Linear, Attention),
+        QBias => (vec![q], NormBias, Attention),
+        KBias | VBias => (vec![kv], NormBias, Attention),
+        QNorm | KNorm => (vec![cfg.head_dim], NormScale, Norms),
+        O => (vec![h, q], Linear, Attention),
+        MlpGate | MlpUp => (vec![inter, h], Linear, DenseMlp),
+        MlpDown => (vec![h, inter], Linear, DenseMlp),
+        LayerKey::Router => (vec![n, h], Linear, TensorGroup::Router),
+        LayerKey::RouterBias => (vec![n], Role::RouterBias, TensorGroup::Router),
+        SharedGate | SharedUp => (vec![moe * cfg.n_shared_experts, h], Linear, SharedExperts),
+        SharedDown => (vec![h, moe * cfg.n_shared_experts], Linear, SharedExperts),
+        Expert(_, ExpertMatrix::Down) => (vec![h, moe], Linear, RoutedExperts),
+        Expert(_, _) => (vec![moe, h], Linear, RoutedExperts),
+        MtpEhProj => (vec![h, 2 * h], Linear, Attention),
+    };
+    let group = if layer >= cfg.num_hidden_layers { Mtp } else { group };
+    (shape, role, group)
+}
+
+fn layer_keys(cfg: &Glm4MoeConfig, sparse: bool) -> Vec<LayerKey> {
+    use LayerKey::*;
+    let mut keys = vec![InputNorm, PostNorm, Q, K, V, O];
+    if cfg.attention_bias {
+        keys.extend([QBias, KBias, VBias]);
+    }
+    if cfg.use_qk_norm {
+        keys.extend([QNorm, KNorm]);
+    }
+    if sparse {
+        keys.extend([Router, RouterBias, SharedGate, SharedUp, SharedDown]);
+        for e in 0..cfg.n_routed_experts {
+            keys.extend([ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down].map(|m| Expert(e, m)));
+        }
+    } else {
+        keys.extend([MlpGate, MlpUp, MlpDown]);
+    }
+    keys
+}
+
+/// Every tensor: the main model, then the (optional) MTP layers.
+pub fn weight_map(cfg: &Glm4MoeConfig) -> WeightMap {
+    let mut map = WeightMap::default();
+    let mut add = |k: Key, optional: bool| {
+        let (shape, role, group) = spec(cfg, k);
+        let expert = match k {
+            Key::Layer(l, LayerKey::Expert(e, m)) => Some((l, e, m)),
+            _ => None,
+        };
+        map.specs.push(WeightSpec { name: name(k), shape, role, group, expert, optional });
+    };
+    add(Key::Embed, false);
+    for i in 0..cfg.num_hidden_layers {
+        for lk in layer_keys(cfg, cfg.is_sparse(i)) {
+            add(Key::Layer(i, lk), false);
+        }
+    }
+    add(Key::Norm, false);
+    if !cfg.tie_word_embeddings {
+        add(Key::LmHead, false);
+    }
+    for i in cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers {
+        use LayerKey::*;
+        for lk in [MtpEnorm, MtpHnorm, MtpEhProj, MtpHeadNorm] {
+            add(Key::Layer(i, lk), true);
+        }
+        for lk in layer_keys(cfg, true) {
+            add(Key::Layer(i, lk), true);
+        }
+    }
+    map
+}

@@ -1,0 +1,205 @@
+//! The parts of a decoder session every family shares: planning a forward's rows against
+//! the KV blocks, embedding them, and the outputs (hidden states and logits of the rows
+//! that ask). A family's session adds its caches and layers.
+
+use crate::batch::{Batch, SeqId};
+use crate::kv::{KvBlocks, BLOCK_SIZE};
+use crate::SessionOptions;
+use anyhow::{bail, ensure, Result};
+use strata_backend::{Backend, LinearOut, Step};
+
+/// Which rows of a forward go out.
+#[derive(Default)]
+pub(crate) struct Wants {
+    pub hidden: Vec<u32>,
+    pub logits: Vec<u32>,
+}
+
+/// A forward's rows: the step every op reads, rows per sequence, rows wanted out.
+pub(crate) struct Rows {
+    pub step: Step,
+    pub pending: Vec<(SeqId, usize)>,
+    pub want: Wants,
+    pub max_rows: usize,
+}
+
+impl Rows {
+    pub fn new(opts: &SessionOptions, max_blocks: usize) -> Self {
+        let rows = opts.max_rows;
+        let mut step = Step { block_size: BLOCK_SIZE, ..Default::default() };
+        step.tokens.reserve(rows);
+        step.positions.reserve(rows);
+        step.seq.reserve(rows);
+        step.blocks.reserve(opts.max_seqs * max_blocks);
+        Self {
+            step,
+            pending: Vec::with_capacity(opts.max_seqs),
+            want: Wants { hidden: Vec::with_capacity(rows), logits: Vec::with_capacity(rows) },
+            max_rows: rows,
+        }
+    }
+
+    /// Fills the step from `batch` against `kv` (each sequence's rows at its next
+    /// positions) and reserves their blocks. Nothing about a sequence changes on error.
+    pub fn plan(&mut self, kv: &mut KvBlocks, batch: &Batch, vocab: usize) -> Result<()> {
+        let rows = batch.len();
+        ensure!(rows > 0, "forward needs at least one row");
+        ensure!(rows <= self.max_rows, "a forward of {rows} rows exceeds the session's {} rows", self.max_rows);
+        let (step, pending, want) = (&mut self.step, &mut self.pending, &mut self.want);
+        step.clear();
+        pending.clear();
+        want.hidden.clear();
+        want.logits.clear();
+        for (r, row) in batch.rows.iter().enumerate() {
+            ensure!(kv.contains(row.seq), "sequence {} is not in this session", row.seq.0);
+            if row.token != u32::MAX && row.token as usize >= vocab {
+                bail!("token id {} is outside the vocabulary ({vocab})", row.token);
+            }
+            let i = match pending.iter().position(|(s, _)| *s == row.seq) {
+                Some(i) => i,
+                None => {
+                    pending.push((row.seq, 0));
+                    pending.len() - 1
+                }
+            };
+            let pos = kv.len(row.seq) + pending[i].1;
+            pending[i].1 += 1;
+            step.tokens.push(row.token);
+            step.positions.push(pos as u32);
+            step.seq.push(row.seq.0);
+            if row.hidden || row.logits {
+                want.hidden.push(r as u32);
+            }
+            if row.logits {
+                want.logits.push(r as u32);
+            }
+        }
+        for &(s, n) in pending.iter() {
+            kv.reserve(s, n)?;
+        }
+        kv.write_tables(&mut step.blocks);
+        step.max_blocks = kv.max_blocks();
+        step.block_size = BLOCK_SIZE;
+        Ok(())
+    }
+
+    /// Records that the planned rows are in the caches (after a successful forward).
+    pub fn commit(&self, kv: &mut KvBlocks) {
+        for &(seq, n) in &self.pending {
+            let len = kv.len(seq) + n;
+            kv.set_len(seq, len);
+        }
+    }
+
+    /// Embeds the step's rows into `x`: token rows from `table`, embedding rows as given.
+    pub fn embed<B: Backend>(&self, b: &B, batch: &Batch, table: &B::Mat, hidden: usize, x: &mut B::Buf) -> Result<()> {
+        b.embed(&self.step, table, x)?;
+        for (r, row) in batch.rows.iter().enumerate() {
+            if row.token == u32::MAX {
+                ensure!(
+                    batch.embedding_width == hidden,
+                    "embedding rows of width {} for a model of width {hidden}",
+                    batch.embedding_width
+                );
+                let e = row.embedding as usize;
+                b.write(x, r * hidden, &batch.embeddings[e * hidden..(e + 1) * hidden]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hidden states and logits of the rows that ask, on the device and (for a device whose
+/// memory the host cannot read) copied back.
+pub(crate) struct Outputs<B: Backend> {
+    hidden_size: usize,
+    vocab: usize,
+    hidden: B::Buf,
+    normed: B::Buf,
+    gathered: B::Buf,
+    logits: B::Buf,
+    hidden_cap: usize,
+    logits_cap: usize,
+    host_logits: Vec<f32>,
+    host_hidden: Vec<f32>,
+    last_logits: usize,
+    last_hidden: usize,
+}
+
+impl<B: Backend> Outputs<B> {
+    /// Room for `rows` rows of each to start with (one a sequence is the decode case).
+    pub fn new(b: &B, rows: usize, hidden_size: usize, vocab: usize) -> Result<Self> {
+        Ok(Self {
+            hidden_size,
+            vocab,
+            hidden: b.alloc(rows * hidden_size)?,
+            normed: b.alloc(rows * hidden_size)?,
+            gathered: b.alloc(rows * hidden_size)?,
+            logits: b.alloc(rows * vocab)?,
+            hidden_cap: rows,
+            logits_cap: rows,
+            host_logits: Vec::new(),
+            host_hidden: Vec::new(),
+            last_logits: 0,
+            last_hidden: 0,
+        })
+    }
+
+    /// Grows the buffers for `hidden` hidden-state rows and `logits` logit rows.
+    fn ensure(&mut self, b: &B, hidden: usize, logits: usize) -> Result<()> {
+        let h = self.hidden_size;
+        if hidden > self.hidden_cap {
+            self.hidden = b.alloc(hidden * h)?;
+            self.hidden_cap = hidden;
+        }
+        if logits > self.logits_cap {
+            self.normed = b.alloc(logits * h)?;
+            self.gathered = b.alloc(logits * h)?;
+            self.logits = b.alloc(logits * self.vocab)?;
+            self.logits_cap = logits;
+        }
+        Ok(())
+    }
+
+    /// Hidden states of the wanted rows of `x`, and logits (through `norm`, `head`, and a
+    /// final soft cap `c * tanh(l / c)` where the family has one) of the rows that want
+    /// them.
+    pub fn compute(&mut self, b: &B, want: &Wants, x: &B::Buf, norm: &B::Buf, eps: f32, head: &B::Mat) -> Result<()> {
+        let h = self.hidden_size;
+        let (nh, nl) = (want.hidden.len(), want.logits.len());
+        self.last_hidden = nh;
+        self.last_logits = nl;
+        self.ensure(b, nh, nl)?;
+        if nh > 0 {
+            b.gather_rows(x, h, &want.hidden, &mut self.hidden);
+        }
+        if nl > 0 {
+            b.gather_rows(x, h, &want.logits, &mut self.gathered);
+            b.rms_norm(nl, h, &self.gathered, Some(norm), eps, &mut self.normed);
+            b.linears(&self.normed, nl, &mut [LinearOut::new(b, head, &mut self.logits)]);
+        }
+        if b.host(&self.logits).is_none() {
+            self.host_logits.resize(nl * self.vocab, 0.0);
+            b.read(&self.logits, 0, &mut self.host_logits);
+            self.host_hidden.resize(nh * h, 0.0);
+            b.read(&self.hidden, 0, &mut self.host_hidden);
+        }
+        Ok(())
+    }
+
+    pub fn logits<'a>(&'a self, b: &B) -> &'a [f32] {
+        let n = self.last_logits * self.vocab;
+        match b.host(&self.logits) {
+            Some(l) => &l[..n],
+            None => &self.host_logits[..n],
+        }
+    }
+
+    pub fn hidden<'a>(&'a self, b: &B) -> &'a [f32] {
+        let n = self.last_hidden * self.hidden_size;
+        match b.host(&self.hidden) {
+            Some(l) => &l[..n],
+            None => &self.host_hidden[..n],
+        }
+    }
+}
