@@ -55,6 +55,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         bail!("--step-tokens ({}) must be at least --max-batch ({})", a.step_tokens, a.max_batch);
     }
     let mut load = a.budget.load_options()?;
+    // The serving engine runs no draft (MTP) layer: loading one would only take memory
+    // from the plan.
+    if load.require_mtp {
+        bail!("--mtp on: strata serve does not run speculative decoding; use --mtp auto or off");
+    }
+    load.mtp = false;
     let context = load.context;
     let kv_tokens = a.kv_tokens.unwrap_or(context);
     if kv_tokens < context {

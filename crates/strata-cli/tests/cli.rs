@@ -303,6 +303,7 @@ fn serve_refuses_bad_batching_options_before_loading() {
         (vec!["--kv-tokens", "100", "--context", "200"], "--kv-tokens"),
         (vec!["--prompt-cache", "lots"], "--prompt-cache"),
         (vec!["--cors", "example.com"], "--cors"),
+        (vec!["--mtp", "on"], "--mtp"),
     ] {
         let mut all = vec!["serve", "--model", m, "--port", "0"];
         all.extend(args);
