@@ -10,6 +10,7 @@ pub mod generate;
 pub mod model_dir;
 pub mod perplexity;
 pub mod sampling;
+pub mod serving;
 pub mod speculative;
 pub mod stats;
 pub mod tokenizer;
