@@ -18,14 +18,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 pub use strata_engine::serving::{Finished, Update as Event};
 
-enum Job {
-    Run {
-        req: ServeRequest,
-        events: UnboundedSender<Event>,
-        accepted: Instant,
-    },
-    /// Nothing to run: makes an idle worker look at the shutdown flag.
-    Wake,
+struct Job {
+    req: ServeRequest,
+    events: UnboundedSender<Event>,
+    accepted: Instant,
 }
 
 pub struct Worker {
@@ -60,9 +56,8 @@ impl Worker {
     /// Server shutdown: running generations stop at the next step (finishing normally:
     /// their answers and final events go out); queued ones are refused.
     pub fn shut_down(&self) {
+        // (An idle worker has nothing to stop; it refuses what arrives next.)
         self.shutdown.store(true, Ordering::SeqCst);
-        // Wake an idle worker so it sees the flag.
-        let _ = self.tx.send(Job::Wake);
     }
 
     /// Requests that may wait beyond the running batch.
@@ -95,7 +90,7 @@ impl Worker {
         let mut out = Vec::with_capacity(n);
         for req in reqs {
             let (events, rx) = unbounded_channel();
-            if self.tx.send(Job::Run { req, events, accepted: Instant::now() }).is_err() {
+            if self.tx.send(Job { req, events, accepted: Instant::now() }).is_err() {
                 m.inflight.fetch_sub(n - out.len(), Ordering::SeqCst);
                 return Err(ApiError::internal("the generation worker has stopped"));
             }
@@ -134,10 +129,8 @@ fn run(
             let msg = format!("the serving engine could not start: {e:#}");
             eprintln!("error: {msg}");
             while let Ok(job) = rx.recv() {
-                if let Job::Run { events, .. } = job {
-                    let _ = events.send(Event::Done(Err(msg.clone())));
-                    metrics.inflight.fetch_sub(1, Ordering::SeqCst);
-                }
+                let _ = job.events.send(Event::Done(Err(msg.clone())));
+                metrics.inflight.fetch_sub(1, Ordering::SeqCst);
             }
             return;
         }
@@ -158,7 +151,7 @@ fn run(
         };
         let stopping = shutdown.load(Ordering::SeqCst);
         while let Some(job) = next.take().or_else(|| rx.try_recv().ok()) {
-            let Job::Run { req, events, accepted } = job else { continue };
+            let Job { req, events, accepted } = job;
             if stopping {
                 metrics.inflight.fetch_sub(1, Ordering::SeqCst);
                 let _ = events.send(Event::Done(Err(SHUTTING_DOWN.into())));
