@@ -13,7 +13,7 @@ pub enum BenchCommand {
     /// dense, one MoE with `--experts` routed experts of width 6144 x 2048).
     Synth(SynthArgs),
     /// Prefill and decode throughput on a model directory (no tokenizer needed).
-    Decode(DecodeArgs),
+    Decode(Box<DecodeArgs>),
     /// Main-memory read bandwidth (the decode floor's denominator).
     Mem(MemArgs),
     /// Random whole-expert reads from a container (O_DIRECT by default): the disk's
@@ -65,6 +65,9 @@ pub struct SynthArgs {
     /// of an HF bf16 checkpoint.
     #[arg(long)]
     container: Option<String>,
+    /// Add an MTP (draft) layer (`num_nextn_predict_layers` 1), int8 experts in a container.
+    #[arg(long)]
+    mtp: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -94,6 +97,9 @@ pub struct DecodeArgs {
     /// with an MTP layer and `--mtp on`).
     #[arg(long, default_value_t = 0)]
     draft_tokens: usize,
+    /// fixed, adaptive or auto (adaptive here: the bench decodes greedily); see generate.
+    #[arg(long, default_value = "auto")]
+    draft_policy: String,
 }
 
 #[derive(Args)]
@@ -108,7 +114,7 @@ pub struct MemArgs {
 pub fn run(c: BenchCommand) -> Result<()> {
     match c {
         BenchCommand::Synth(a) => synth(a),
-        BenchCommand::Decode(a) => decode(a),
+        BenchCommand::Decode(a) => decode(*a),
         BenchCommand::Io(a) => io(a),
         BenchCommand::Mem(a) => {
             let gbs = memory_bandwidth(a.mib)?;
@@ -144,6 +150,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         experts: a.experts,
         top_k: a.top_k,
         vocab: a.vocab,
+        mtp: a.mtp,
         format,
         seed: a.seed,
     };
@@ -206,6 +213,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let t0 = Instant::now();
     gen.prefill(&prompt)?;
     let prefill_s = t0.elapsed().as_secs_f64();
+    // Expert traffic of the prefill, so the decode's can be told apart.
+    let prefill_experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
+    let prefill_draft = m.draft_experts.as_ref().map(|e| e.end_turn()).transpose()?;
     let mut mtp = None;
     strata_backend::profile::enable(a.profile);
     let (allocs0, bytes0) = crate::alloc_count::snapshot();
@@ -214,6 +224,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         // Speculative: the generation loop itself (prefix already cached).
         let req = strata_engine::GenerateRequest {
             draft_tokens: a.draft_tokens,
+            draft_policy: strata_engine::DraftPolicy::parse(&a.draft_policy)?,
             ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
         };
         let out = gen.generate(None, &req, &mut |_| true)?;
@@ -244,6 +255,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     };
     let s = &s;
     let experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
+    let draft = m.draft_experts.as_ref().map(|e| e.end_turn()).transpose()?;
 
     // Bytes a decode token must read: the resident part as held (one row of the
     // embedding table), and the top-k routed experts of each sparse layer as held.
@@ -290,18 +302,28 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "expert_bytes_used_per_token": expert_bytes_per_token,
         "decode_bytes_read_per_token": token_bytes,
     });
-    if let Some(r) = &experts {
+    if let (Some(r), Some(p)) = (&experts, &prefill_experts) {
         let d = &r.turn.demand;
+        let all_bytes = d.read_bytes + p.turn.demand.read_bytes;
         let tokens = (s.prompt_tokens + s.generated_tokens).max(1) as f64;
         report["expert_hit_rate"] = d.hit_rate.into();
-        report["expert_read_bytes"] = d.read_bytes.into();
-        report["expert_read_bytes_per_token_all_forwards"] = (d.read_bytes as f64 / tokens).into();
+        report["expert_read_bytes"] = all_bytes.into();
+        report["expert_read_bytes_per_token_all_forwards"] = (all_bytes as f64 / tokens).into();
+        // The decode's own reads per generated token, draft (MTP) tier included.
+        let draft_bytes = draft.as_ref().map_or(0, |r| r.turn.demand.read_bytes);
+        report["decode_expert_read_bytes_per_token"] =
+            ((d.read_bytes + draft_bytes) as f64 / s.generated_tokens.max(1) as f64).into();
         report["expert_read_gb_per_s_in_service"] =
             (d.read_bytes as f64 / d.disk_service.total_s.max(1e-9) / 1e9).into();
         report["expert_foreground_wait_s"] = d.foreground_wait.total_s.into();
         report["expert_slab_bytes"] = r.plan.slab_bytes.into();
         report["expert_total_bytes"] = m.fit.as_ref().map_or(0, |f| f.expert_bytes_total).into();
         report["experts"] = serde_json::to_value(&r.turn)?;
+    }
+    if let (Some(r), Some(p)) = (&draft, &prefill_draft) {
+        report["draft_experts"] = serde_json::json!({
+            "decode": r.turn, "prefill": p.turn, "slots": r.slots.total, "slab_bytes": r.plan.slab_bytes,
+        });
     }
     if a.floor {
         let gbs = memory_bandwidth(1024)?;
@@ -324,9 +346,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
                 report["decode_floor_tokens_per_s_disk_at_this_hit_rate"] = (1.0 / disk_s.max(1e-12)).into();
                 report["decode_floor_tokens_per_s"] = floor.into();
                 report["decode_fraction_of_floor"] = (s.decode_tokens_per_s / floor).into();
-                let secs = s.prefill_seconds + s.decode_seconds;
                 report["expert_read_gb_per_s_achieved"] =
-                    (r.turn.demand.read_bytes as f64 / secs.max(1e-9) / 1e9).into();
+                    (r.turn.demand.read_bytes as f64 / s.decode_seconds.max(1e-9) / 1e9).into();
             }
         }
     }

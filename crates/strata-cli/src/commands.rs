@@ -6,7 +6,7 @@ use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use strata_engine::generate::RouteTrace;
-use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
+use strata_engine::{DraftPolicy, GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
 use strata_models::TensorGroup;
 use strata_storage::WeightStore;
 
@@ -38,6 +38,11 @@ pub struct SamplingArgs {
     /// Tokens the MTP layer drafts per target forward (0: no speculation).
     #[arg(long, default_value_t = 3)]
     draft_tokens: usize,
+    /// How many to draft each round: `fixed` (always --draft-tokens), `adaptive` (0 up to
+    /// --draft-tokens, from measured acceptance and speed; a seeded sampled run may then
+    /// vary between runs) or `auto` (adaptive for greedy decoding, fixed for sampling).
+    #[arg(long, default_value = "auto")]
+    draft_policy: String,
 }
 
 impl SamplingArgs {
@@ -139,11 +144,14 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
     let mut doc = serde_json::to_value(stats)?;
     if let (true, Some(s)) = (report.stats, &stats.mtp) {
         eprintln!(
-            "mtp: {} drafted, {} accepted ({:.1}%), {:.2} accepted a round, {:.2} tokens per target forward, {} forwards saved",
+            "mtp ({}, up to {} drafts): {} drafted, {} accepted ({:.1}%), {:.2} accepted a drafting round, {} plain rounds, {:.2} tokens per target forward, {} forwards saved",
+            s.policy,
+            s.draft_tokens,
             s.drafted,
             s.accepted,
             s.acceptance_rate * 100.0,
             s.mean_accepted_length,
+            s.plain_rounds,
             s.tokens_per_target_forward,
             s.forwards_saved
         );
@@ -196,6 +204,21 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
         }
         doc["experts"] = serde_json::to_value(&r)?;
     }
+    if let Some(draft) = &m.draft_experts {
+        let r = draft.end_turn()?;
+        if report.stats {
+            let d = &r.turn.demand;
+            eprintln!(
+                "draft experts (MTP tier): {} hits, {} misses ({:.1}% hit), {} read; {} slots",
+                d.hits,
+                d.misses,
+                d.hit_rate * 100.0,
+                human_bytes(d.read_bytes),
+                r.slots.total,
+            );
+        }
+        doc["draft_experts"] = serde_json::to_value(&r)?;
+    }
     if let Some(path) = &report.stats_json {
         write_stats(path, &doc)?;
     }
@@ -226,6 +249,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         eos_token_ids: m.eos_token_ids.clone(),
         truncate_left: a.sampling.truncate_left()?,
         draft_tokens: a.sampling.draft_tokens,
+        draft_policy: DraftPolicy::parse(&a.sampling.draft_policy).context("--draft-policy")?,
         ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
     let mut gen = m.generator()?;
@@ -270,6 +294,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             eos_token_ids: m.eos_token_ids.clone(),
             truncate_left,
             draft_tokens: a.sampling.draft_tokens,
+            draft_policy: DraftPolicy::parse(&a.sampling.draft_policy).context("--draft-policy")?,
             ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {

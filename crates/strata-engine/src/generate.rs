@@ -2,6 +2,7 @@
 //! against the cache; stop on EOS ids, stop strings, the token limit or the context;
 //! stream text.
 
+use crate::draft_policy::DraftPolicy;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
@@ -24,6 +25,8 @@ pub struct GenerateRequest {
     /// Tokens the draft (MTP) layer proposes per target forward; 0 decodes one token a
     /// forward. Used when the model has a draft layer loaded.
     pub draft_tokens: usize,
+    /// Whether each round drafts `draft_tokens` or adapts (see [`DraftPolicy`]).
+    pub draft_policy: DraftPolicy,
 }
 
 impl GenerateRequest {
@@ -37,6 +40,7 @@ impl GenerateRequest {
             skip_special_tokens: true,
             truncate_left: false,
             draft_tokens: 3,
+            draft_policy: DraftPolicy::Auto,
         }
     }
 }
@@ -414,7 +418,8 @@ impl<'m> Generator<'m> {
         let t_decode = Instant::now();
         let gamma = if self.draft { req.draft_tokens } else { 0 };
         let finish = if gamma > 0 && req.max_tokens > 0 {
-            let (finish, mtp) = self.decode_speculative(&mut sampler, &mut em, gamma)?;
+            let adaptive = req.draft_policy.adapts(req.sampling.temperature == 0.0);
+            let (finish, mtp) = self.decode_speculative(&mut sampler, &mut em, gamma, adaptive)?;
             stats.mtp = Some(mtp);
             finish
         } else {

@@ -4,6 +4,7 @@
 pub mod atlas;
 pub mod autoconvert;
 pub mod chat;
+pub mod draft_policy;
 pub mod experts;
 pub mod fit;
 pub mod generate;
@@ -16,6 +17,7 @@ pub mod stats;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
+pub use draft_policy::DraftPolicy;
 pub use generate::{FinishReason, GenerateRequest, GenerationOutput, Generator};
 pub use model_dir::{GenerationDefaults, LoadOptions, LoadedModel};
 pub use sampling::{Sampler, SamplingParams};

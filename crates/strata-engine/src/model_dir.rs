@@ -65,6 +65,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     /// The expert runtime, for expert-container directories.
     pub experts: Option<Arc<StreamedExperts>>,
+    /// The draft (MTP) layer's expert runtime (its own int8 tier), when one is loaded.
+    pub draft_experts: Option<Arc<StreamedExperts>>,
     /// The memory plan (expert containers).
     pub fit: Option<Fit>,
     /// Where the expert container is (the model dir, or its `.strata/` conversion).
@@ -135,6 +137,7 @@ impl LoadedModel {
             );
         }
         let mut experts = None;
+        let mut draft_experts = None;
         let mut fit = None;
         let mut experts_dir = None;
         let model = match open_source(&weights_dir, moe.as_ref())? {
@@ -145,10 +148,11 @@ impl LoadedModel {
                 experts_dir = Some(weights_dir.clone());
                 // The draft layer's experts: the container's int8 MTP tier, streamed
                 // through its own small slab.
-                let draft = match opts.mtp && arch.has_draft(&store) {
+                draft_experts = match opts.mtp && arch.has_draft(&store) {
                     true => crate::experts::draft_experts(&weights_dir, arch.as_ref(), opts, &backend, headroom)?,
                     false => None,
                 };
+                let draft = draft_experts.clone().map(|d| ExpertsChoice::Cpu(d as _));
                 let spec = LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft };
                 let model = arch.load(&store, spec)?;
                 experts = Some(backend);
@@ -198,6 +202,7 @@ impl LoadedModel {
             generation,
             eos_token_ids,
             experts,
+            draft_experts,
             fit,
             experts_dir,
         })

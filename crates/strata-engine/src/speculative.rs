@@ -13,24 +13,33 @@
 //! output is then distributed exactly as the target's (greedy: `d` is kept iff it is the
 //! target's argmax, so greedy output equals decoding without a draft).
 
+use crate::draft_policy::DraftController;
 use crate::generate::{Emitter, FinishReason, Generator};
 use crate::sampling::Sampler;
 use anyhow::Result;
 use serde::Serialize;
+use std::time::Instant;
 use strata_models::Logits;
+
+/// Draft-cache rows a run of rounds without drafts may owe before they are written.
+const OWED_MAX: usize = 64;
 
 /// What speculation did over a generation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MtpStats {
-    /// Draft tokens proposed per round.
+    /// Draft tokens proposed per round (at most).
     pub draft_tokens: usize,
-    /// Rounds: target forwards that verified drafts.
+    /// `fixed` or `adaptive` (rounds choose 0..=draft_tokens drafts).
+    pub policy: &'static str,
+    /// Rounds: target forwards of the speculative loop.
     pub rounds: u64,
+    /// Rounds in which the adaptive policy drafted nothing (plain one-token forwards).
+    pub plain_rounds: u64,
     pub drafted: u64,
     pub accepted: u64,
     /// accepted / drafted.
     pub acceptance_rate: f64,
-    /// Drafts accepted per round.
+    /// Drafts accepted per drafting round.
     pub mean_accepted_length: f64,
     /// Tokens emitted per target forward (1 without speculation).
     pub tokens_per_target_forward: f64,
@@ -40,12 +49,14 @@ pub struct MtpStats {
     pub draft_forwards: u64,
     /// Tokens emitted by the rounds.
     pub tokens: u64,
+    /// The adaptive policy's final acceptance estimate (per draft).
+    pub estimated_acceptance: f64,
 }
 
 impl MtpStats {
     fn close(&mut self) {
         self.acceptance_rate = self.accepted as f64 / self.drafted.max(1) as f64;
-        self.mean_accepted_length = self.accepted as f64 / self.rounds.max(1) as f64;
+        self.mean_accepted_length = self.accepted as f64 / (self.rounds - self.plain_rounds).max(1) as f64;
         self.tokens_per_target_forward = self.tokens as f64 / self.rounds.max(1) as f64;
         self.forwards_saved = self.tokens.saturating_sub(self.rounds);
     }
@@ -103,10 +114,13 @@ impl<'m> Generator<'m> {
         sampler: &mut Sampler,
         em: &mut Emitter,
         gamma: usize,
+        adaptive: bool,
     ) -> Result<(FinishReason, MtpStats)> {
         let h = self.model.info().hidden_size;
         let vocab = self.model.info().vocab_size;
-        let mut stats = MtpStats { draft_tokens: gamma, ..Default::default() };
+        let policy = if adaptive { "adaptive" } else { "fixed" };
+        let mut stats = MtpStats { draft_tokens: gamma, policy, ..Default::default() };
+        let mut ctl = DraftController::new(gamma, adaptive);
         let mut r = Round { q: (0..gamma).map(|_| Vec::new()).collect(), ..Default::default() };
         // The first token comes from the prefill's logits.
         let mut x = self.sample(sampler);
@@ -115,25 +129,57 @@ impl<'m> Generator<'m> {
             return Ok((f, stats));
         }
         stats.tokens += 1;
+        let close = |mut stats: MtpStats, ctl: &DraftController| {
+            stats.estimated_acceptance = ctl.acceptance();
+            stats.close();
+            stats
+        };
         loop {
             let p0 = self.tokens.len();
-            // Room for x and the drafts; near the end of the context, one token a forward.
-            let g = gamma.min(em.context.saturating_sub(p0 + 1));
-            if g == 0 {
-                stats.close();
-                return Ok((FinishReason::Length, stats));
+            if p0 >= em.context {
+                return Ok((FinishReason::Length, close(stats, &ctl)));
             }
-            // Draft: the owed rows, then (h_last, x), then chained on the draft's own state.
-            self.batch.clear();
-            self.batch.push(self.seq, &r.owed_tokens, Logits::None);
-            self.batch.push(self.seq, &[x], Logits::Last);
-            r.owed_hidden.extend_from_slice(&self.h_last);
-            self.session.draft_forward(&self.batch, &r.owed_hidden)?;
-            stats.draft_forwards += 1;
+            // Room for x and the drafts; near the end of the context, one token a forward.
+            let g = ctl.choose(em.context.saturating_sub(p0 + 1));
             r.drafts.clear();
             r.context.clear();
             r.context.extend_from_slice(&self.tokens);
             r.context.push(x);
+            let (mut draft_s, mut timed) = (0.0, 0);
+            // The draft layer's row for x: its input is the hidden state before x.
+            r.owed_tokens.push(x);
+            r.owed_hidden.extend_from_slice(&self.h_last);
+            if g == 0 && r.owed_tokens.len() >= OWED_MAX {
+                // No drafts for a while: write the owed rows in one forward.
+                self.batch.clear();
+                self.batch.push(self.seq, &r.owed_tokens, Logits::None);
+                self.session.draft_forward(&self.batch, &r.owed_hidden)?;
+                r.owed_tokens.clear();
+                r.owed_hidden.clear();
+            }
+            if g > 0 {
+                // Draft: the owed rows (x last), then chained on the draft's own state.
+                let mut n = r.owed_tokens.len();
+                if n > gamma + 1 {
+                    // Catch up on rows owed from rounds without drafts first, so the
+                    // draft below is timed as what it is.
+                    self.batch.clear();
+                    self.batch.push(self.seq, &r.owed_tokens[..n - 1], Logits::None);
+                    self.session.draft_forward(&self.batch, &r.owed_hidden[..(n - 1) * h])?;
+                    r.owed_tokens.drain(..n - 1);
+                    r.owed_hidden.drain(..(n - 1) * h);
+                    n = 1;
+                }
+                self.batch.clear();
+                self.batch.push(self.seq, &r.owed_tokens[..n - 1], Logits::None);
+                self.batch.push(self.seq, &r.owed_tokens[n - 1..], Logits::Last);
+                let t = Instant::now();
+                self.session.draft_forward(&self.batch, &r.owed_hidden)?;
+                (draft_s, timed) = (t.elapsed().as_secs_f64(), 1);
+                stats.draft_forwards += 1;
+                r.owed_tokens.clear();
+                r.owed_hidden.clear();
+            }
             for k in 0..g {
                 r.logits.clear();
                 r.logits.extend_from_slice(&self.session.logits()[..vocab]);
@@ -146,7 +192,10 @@ impl<'m> Generator<'m> {
                     self.hbuf.extend_from_slice(&self.session.hidden()[..h]);
                     self.batch.clear();
                     self.batch.push(self.seq, &[d], Logits::Last);
+                    let t = Instant::now();
                     self.session.draft_forward(&self.batch, &self.hbuf)?;
+                    draft_s += t.elapsed().as_secs_f64();
+                    timed += 1;
                     stats.draft_forwards += 1;
                 }
             }
@@ -154,8 +203,11 @@ impl<'m> Generator<'m> {
             r.verify.clear();
             r.verify.push(x);
             r.verify.extend_from_slice(&r.drafts);
+            let t = Instant::now();
             self.forward_verify(&r.verify)?;
+            let verify_s = t.elapsed().as_secs_f64();
             stats.rounds += 1;
+            stats.plain_rounds += u64::from(g == 0);
             stats.drafted += g as u64;
             let mut accepted = 0usize;
             let mut next = None;
@@ -180,6 +232,7 @@ impl<'m> Generator<'m> {
                 }
             };
             stats.accepted += accepted as u64;
+            ctl.record(g, accepted, verify_s, draft_s, timed);
             // Keep x and the accepted drafts; the target hidden states of those rows feed
             // the draft cache next round.
             let kept = p0 + 1 + accepted;
@@ -188,27 +241,22 @@ impl<'m> Generator<'m> {
             self.session.truncate(self.seq, kept);
             self.tokens.truncate(kept);
             self.session.draft_truncate(self.seq, p0);
-            r.owed_tokens.clear();
             r.owed_tokens.extend_from_slice(&r.drafts[..accepted]);
-            r.owed_hidden.clear();
             r.owed_hidden.extend_from_slice(&self.hbuf[..accepted * h]);
             self.h_last.copy_from_slice(&self.hbuf[accepted * h..(accepted + 1) * h]);
             // Emit the accepted drafts, then y.
             for k in 0..accepted {
                 stats.tokens += 1;
                 if let Some(f) = em.push(r.drafts[k])? {
-                    stats.close();
-                    return Ok((f, stats));
+                    return Ok((f, close(stats, &ctl)));
                 }
             }
             stats.tokens += 1;
             if let Some(f) = em.push(y)? {
-                stats.close();
-                return Ok((f, stats));
+                return Ok((f, close(stats, &ctl)));
             }
             if self.tokens.len() >= em.context {
-                stats.close();
-                return Ok((FinishReason::Length, stats));
+                return Ok((FinishReason::Length, close(stats, &ctl)));
             }
             x = y;
         }

@@ -84,32 +84,41 @@ fn strata_tiny_mtp_layer_matches_its_training_code() {
     }
 }
 
-/// Greedy decoding with speculation (the MTP layer drafting 1-4 tokens a round) gives
-/// exactly the tokens of decoding one token a forward; drafts are mostly accepted.
+/// Greedy decoding with speculation (the MTP layer drafting 1-4 tokens a round, or as
+/// many as the adaptive policy chooses, plain rounds and draft-cache catch-up included)
+/// gives exactly the tokens of decoding one token a forward; drafts are mostly accepted.
 #[test]
 fn speculative_greedy_equals_plain_greedy() {
-    use strata_engine::{GenerateRequest, SamplingParams};
+    use strata_engine::{DraftPolicy, GenerateRequest, SamplingParams};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let m = LoadedModel::open(&root.join("models/strata-tiny")).unwrap();
     let tok = m.tokenizer().unwrap();
     for text in ["In the beginning God created the heaven", "The quick brown fox", "def main():\n    x ="] {
         let prompt = tok.encode(text, true).unwrap();
-        let run = |draft| {
+        let run = |draft, draft_policy| {
             let mut g = m.generator().unwrap();
             let req = GenerateRequest {
                 draft_tokens: draft,
+                draft_policy,
                 ..GenerateRequest::new(prompt.clone(), 80, SamplingParams::default())
             };
             g.generate(None, &req, &mut |_| true).unwrap()
         };
-        let plain = run(0);
+        let plain = run(0, DraftPolicy::Fixed);
         assert!(plain.stats.mtp.is_none());
         for draft in [1, 3, 4] {
-            let spec = run(draft);
+            let spec = run(draft, DraftPolicy::Fixed);
             assert_eq!(spec.tokens, plain.tokens, "{text:?}: draft {draft}");
             let mtp = spec.stats.mtp.expect("speculation ran");
             assert!(mtp.acceptance_rate > 0.3, "{text:?}: acceptance {}", mtp.acceptance_rate);
             assert_eq!(mtp.tokens as usize, spec.tokens.len());
+            assert_eq!(mtp.plain_rounds, 0);
         }
+        // Auto is adaptive under greedy decoding: at least the one measuring plain round.
+        let spec = run(3, DraftPolicy::Auto);
+        assert_eq!(spec.tokens, plain.tokens, "{text:?}: adaptive");
+        let mtp = spec.stats.mtp.expect("speculation ran");
+        assert_eq!((mtp.policy, mtp.tokens as usize), ("adaptive", spec.tokens.len()));
+        assert!(mtp.plain_rounds >= 1 && mtp.drafted >= 6, "{mtp:?}");
     }
 }

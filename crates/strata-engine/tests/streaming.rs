@@ -285,6 +285,7 @@ fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
         assert!(g.has_draft(), "the container's MTP tier loads the draft layer");
         let req = GenerateRequest {
             draft_tokens: draft,
+            draft_policy: strata_engine::DraftPolicy::Fixed,
             ..GenerateRequest::new(prompt.clone(), 40, SamplingParams::default())
         };
         g.generate(None, &req, &mut |_| true).unwrap()

@@ -14,7 +14,7 @@ use crate::model_dir::LoadOptions;
 use anyhow::Result;
 use std::path::Path;
 use std::sync::Arc;
-use strata_models::{Arch, ExpertsChoice};
+use strata_models::Arch;
 use strata_residency::{plan, PlanInput};
 
 /// Draft rows a round carries (at most): the draft tier's working bank holds the top-k of
@@ -54,7 +54,7 @@ pub fn draft_experts(
     opts: &LoadOptions,
     main: &Arc<StreamedExperts>,
     headroom: u64,
-) -> Result<Option<ExpertsChoice>> {
+) -> Result<Option<Arc<StreamedExperts>>> {
     let Some(moe) = arch.moe() else { return Ok(None) };
     let Some(source) = open_tier(dir, &moe, "mtp")? else {
         eprintln!("strata: {}: no MTP expert tier in the container; decoding without the draft layer", dir.display());
@@ -87,5 +87,5 @@ pub fn draft_experts(
     if opts.budget.is_none() {
         draft.preload_all()?;
     }
-    Ok(Some(ExpertsChoice::Cpu(Arc::new(draft))))
+    Ok(Some(Arc::new(draft)))
 }

@@ -34,6 +34,8 @@ pub struct SynthSpec {
     pub experts: usize,
     pub top_k: usize,
     pub vocab: usize,
+    /// Add GLM-5's MTP (draft) layer; in a container its experts are the int8 "mtp" tier.
+    pub mtp: bool,
     pub format: SynthFormat,
     pub seed: u64,
 }
@@ -47,6 +49,7 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
         "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
         "vocab_size": s.vocab, "hidden_size": h, "intermediate_size": inter, "moe_intermediate_size": moe,
         "num_hidden_layers": s.layers, "first_k_dense_replace": s.dense_layers,
+        "num_nextn_predict_layers": usize::from(s.mtp),
         "num_attention_heads": heads, "num_key_value_heads": heads, "n_routed_experts": s.experts,
         "num_experts_per_tok": s.top_k, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
         "norm_topk_prob": true, "routed_scaling_factor": 2.5, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
@@ -99,7 +102,8 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
     let json = synth_config(spec);
     let cfg = GlmMoeDsaConfig::from_json(&json)?;
     let map = super::weights::weight_map(&cfg);
-    let tensors: Vec<_> = map.specs.iter().filter(|s| !s.optional).collect();
+    // The only optional tensors are the MTP layer's.
+    let tensors: Vec<_> = map.specs.iter().filter(|s| !s.optional || spec.mtp).collect();
     let resident: Vec<_> = match spec.format {
         SynthFormat::HfBf16 => tensors.clone(),
         SynthFormat::Container(_) => tensors.iter().copied().filter(|t| t.expert.is_none()).collect(),
@@ -120,25 +124,37 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
     w.finish()?;
     if let SynthFormat::Container(kind) = spec.format {
         let (h, inter) = (cfg.hidden_size, cfg.moe_intermediate_size);
-        let layers: Vec<usize> = (spec.dense_layers..spec.layers).collect();
-        let tier = TierSpec {
+        let main: Vec<usize> = (spec.dense_layers..spec.layers).collect();
+        let mut tiers = vec![TierSpec {
             name: "main".into(),
             layout: ExpertLayout::new(kind, kind, h, inter),
-            layers: layers.clone(),
+            layers: main.clone(),
             experts_per_layer: spec.experts,
-        };
-        let mut cw = ContainerWriter::create(out, vec![tier])?;
-        for &l in &layers {
-            for e in 0..spec.experts {
-                let g = fill(&mut rng, &[inter, h], Role::Linear);
-                let u = fill(&mut rng, &[inter, h], Role::Linear);
-                let d = fill(&mut rng, &[h, inter], Role::Linear);
-                let (gq, gs) = quantize(kind, &g, inter, h);
-                let (uq, us) = quantize(kind, &u, inter, h);
-                let (dq, ds) = quantize(kind, &d, h, inter);
-                cw.add_expert("main", l, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
-                done += 3;
-                progress(done, total);
+        }];
+        if spec.mtp {
+            // As `strata convert` writes it: the draft layer's experts in int8.
+            tiers.push(TierSpec {
+                name: "mtp".into(),
+                layout: ExpertLayout::new(QuantKind::Int8Row, QuantKind::Int8Row, h, inter),
+                layers: vec![spec.layers],
+                experts_per_layer: spec.experts,
+            });
+        }
+        let mut cw = ContainerWriter::create(out, tiers.clone())?;
+        for tier in &tiers {
+            let kind = tier.layout.gate.kind;
+            for &l in &tier.layers {
+                for e in 0..spec.experts {
+                    let g = fill(&mut rng, &[inter, h], Role::Linear);
+                    let u = fill(&mut rng, &[inter, h], Role::Linear);
+                    let d = fill(&mut rng, &[h, inter], Role::Linear);
+                    let (gq, gs) = quantize(kind, &g, inter, h);
+                    let (uq, us) = quantize(kind, &u, inter, h);
+                    let (dq, ds) = quantize(kind, &d, h, inter);
+                    cw.add_expert(&tier.name, l, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
+                    done += 3;
+                    progress(done, total);
+                }
             }
         }
         cw.finish()?;
