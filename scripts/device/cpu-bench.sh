@@ -48,6 +48,17 @@ for r in json.load(sys.stdin):
     print(json.dumps({'engine':'llama.cpp','threads':$t,kind:r['avg_ts'],'stddev':r['stddev_ts']}))" >>"$res"
   fi
 done
+# MTP: the same decode with the draft layer, fixed and adaptive draft lengths.
+for t in ${MTP_THREADS:-"1 4 16"}; do
+  for pol in fixed adaptive; do
+    for rep in 1 2 3; do
+      taskset -c "$(cpus $t)" $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 128 \
+        --threads "$t" --draft-tokens 3 --draft-policy $pol --json 2>>"$OUT/strata.err" | python3 -c "
+import json,sys; r=json.load(sys.stdin); m=r['mtp']
+print(json.dumps({'engine':'strata','mtp':'$pol','threads':$t,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'acceptance':m['acceptance_rate'],'tokens_per_target_forward':m['tokens_per_target_forward'],'plain_rounds':m['plain_rounds'],'rounds':m['rounds']}))" >>"$res"
+    done
+  done
+done
 # One profile of a decode token at 1 and at all threads.
 for t in 1 ${THREADS##* }; do
   taskset -c "$(cpus $t)" $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 256 --threads "$t" --profile \
