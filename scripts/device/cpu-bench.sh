@@ -9,7 +9,7 @@
 #   pool_bench.xz, matvec_bench.xz   (optional) kernel examples
 # Writes $OUT/cpu-bench.jsonl (one JSON object per measurement) and logs.
 set -uo pipefail
-C=.devcarry
+C=${C:-.devcarry}
 OUT=${OUT:-/tmp/strata-out}
 mkdir -p "$OUT"
 THREADS=${THREADS:-"1 2 4 8 16"}
