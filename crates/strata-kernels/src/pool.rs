@@ -15,7 +15,7 @@
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -105,8 +105,11 @@ struct Shared {
     /// Incremented once per region; workers run the job of each new epoch once.
     epoch: AtomicU32,
     epoch_sleepers: AtomicU32,
-    /// Threads taking part in the current region (workers with a higher id sit it out).
-    active: AtomicUsize,
+    /// The epoch a region is published under (high 32 bits) and the threads taking part
+    /// in it (low 32; workers with a higher id sit it out). Written before that epoch is,
+    /// so a worker that saw an epoch can tell whether the region it reads is that one: a
+    /// worker waking late must not take a later region's thread count for the one it saw.
+    region: AtomicU64,
     /// The current region's closure (valid while `pending > 0` for that epoch).
     job: UnsafeCell<Option<*const Job>>,
     /// Workers that have not finished the current region.
@@ -126,7 +129,7 @@ impl Shared {
             n,
             epoch: AtomicU32::new(0),
             epoch_sleepers: AtomicU32::new(0),
-            active: AtomicUsize::new(active),
+            region: AtomicU64::new(active as u64),
             job: UnsafeCell::new(None),
             pending: AtomicU32::new(0),
             pending_sleepers: AtomicU32::new(0),
@@ -253,7 +256,9 @@ impl ThreadPool {
         }
         s.poisoned.store(false, Ordering::Relaxed);
         s.pending.store((n - 1) as u32, Ordering::Relaxed);
-        s.active.store(n, Ordering::Relaxed);
+        // Only the region owner (holding `run_lock`) moves the epoch while workers run.
+        let next = s.epoch.load(Ordering::SeqCst).wrapping_add(1);
+        s.region.store(((next as u64) << 32) | n as u64, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::SeqCst);
         wake(&s.epoch, &s.epoch_sleepers);
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&Ctx { id: 0, n, shared: s })));
@@ -299,7 +304,13 @@ fn worker(s: Arc<Shared>, id: usize) {
         if s.shutdown.load(Ordering::SeqCst) {
             return;
         }
-        let n = s.active.load(Ordering::Relaxed);
+        let region = s.region.load(Ordering::SeqCst);
+        if (region >> 32) as u32 != seen {
+            // The region of the epoch we saw has ended and the next is being published:
+            // wait for its epoch (it cannot have needed us, or it would not have ended).
+            continue;
+        }
+        let n = (region & u32::MAX as u64) as usize;
         if id >= n {
             continue; // not in this region
         }
@@ -382,6 +393,29 @@ mod tests {
                 });
                 assert_eq!(stage.load(Ordering::SeqCst), n);
             }
+        }
+    }
+
+    /// Regions of alternating sizes, back to back, on more threads than cores: each runs
+    /// its job on exactly its threads, once each. (A worker that woke late once took the
+    /// next region's thread count for the region it saw, ran a job twice and found none.)
+    #[test]
+    fn alternating_region_sizes_run_each_job_exactly_on_its_threads() {
+        let pool = ThreadPool::new(12);
+        let ran = AtomicUsize::new(0);
+        let mut want = 0;
+        for i in 0..3_000usize {
+            let n = [12, 2, 7, 1, 12, 3][i % 6];
+            let region = i;
+            let seen = [(); 12].map(|_| AtomicUsize::new(usize::MAX));
+            pool.run_on(n, &|c| {
+                assert_eq!(c.n, n);
+                let prev = seen[c.id].swap(region, Ordering::SeqCst);
+                assert_ne!(prev, region, "thread {} ran region {region} twice", c.id);
+                ran.fetch_add(1, Ordering::SeqCst);
+            });
+            want += n;
+            assert_eq!(ran.load(Ordering::SeqCst), want, "region {region} of {n} threads");
         }
     }
 
