@@ -1,7 +1,8 @@
-//! Parity with transformers on the committed fixtures (`fixtures/glm5/*` and
-//! `fixtures/glm4_moe/*`, made by `scripts/make_glm5_fixtures.py` and
-//! `scripts/make_glm4_moe_fixtures.py`): logits at every prompt position within 1e-4,
-//! the 32 greedy tokens identical, and each decode step's logits within 1e-4.
+//! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
+//! `fixtures/glm4_moe/*` and `fixtures/gemma4/*`, made by `scripts/make_glm5_fixtures.py`,
+//! `scripts/make_glm4_moe_fixtures.py` and `scripts/make_gemma4_fixtures.py`): logits at
+//! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
+//! step's logits within 1e-4.
 
 use std::path::{Path, PathBuf};
 use strata_engine::{GenerateRequest, LoadedModel, SamplingParams};
@@ -116,6 +117,18 @@ fn glm4_moe_fixtures_match_transformers() {
     }
 }
 
+/// Gemma 4 dense (PLE, KV sharing, double-wide MLP, soft cap) and MoE (dense MLP beside
+/// GELU experts, k_eq_v, the `gemma4` wrapper's weight names); every prompt is longer than
+/// the sliding window, and decoding runs past it through the sliding layers' rings.
+#[test]
+fn gemma4_fixtures_match_transformers() {
+    let dirs = fixture_dirs("gemma4");
+    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
 /// transformers' runtime layout (fused `gate_up_proj` / `down_proj` per layer) loads to the
 /// same model as the per-expert layout of the Hub checkpoints.
 #[test]
@@ -183,4 +196,66 @@ fn fused_expert_layout_matches_per_expert() {
         g.logits(&ids, true).unwrap()
     };
     assert_eq!(logits(&src), logits(dir.path()));
+}
+
+/// The sliding layers' rings wrap: forwards of 3 rows (rings of 16 positions for a window
+/// of 8) give the reference's prompt and decode logits; two sequences in one batch each
+/// keep their own ring; a rollback inside the ring continues exactly, one past it starts
+/// the sequence over.
+#[test]
+fn gemma4_sliding_rings_wrap_roll_back_and_batch() {
+    use strata_models::{Batch, Logits, SessionOptions};
+    let dir = repo_root().join("fixtures/gemma4/dense-ple");
+    let m = LoadedModel::open(&dir).unwrap();
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let (prompt, want) = (r.ids("prompt_ids"), r.matrix("prompt_logits"));
+    let (gen_ids, gen_logits) = (r.ids("generated_ids"), r.matrix("generated_logits"));
+    let vocab = m.model.info().vocab_size;
+    let opts = SessionOptions { max_seqs: 2, kv_tokens: 512, max_len: 256, max_rows: 6 };
+    let mut s = m.model.new_session(opts).unwrap();
+    let (a, b) = (s.add_sequence().unwrap(), s.add_sequence().unwrap());
+    let mut batch = Batch::new();
+    // Sequence a in chunks of 3 rows, sequence b in chunks of 3 beside it (6 rows a forward).
+    for (i, chunk) in prompt.chunks(3).enumerate() {
+        batch.clear();
+        batch.push(a, chunk, Logits::All);
+        batch.push(b, chunk, Logits::All);
+        s.forward(&batch).unwrap();
+        let l = s.logits();
+        for (j, row) in l.chunks(vocab).enumerate() {
+            let pos = i * 3 + j % chunk.len();
+            let d = max_abs_diff(row, &want[pos]);
+            assert!(d < TOL, "chunked prefill, row {j} (position {pos}) differs by {d}");
+        }
+    }
+    // Decode both; then roll a back 2 positions (inside its ring) and redo them.
+    let steps = 12;
+    let mut seen = Vec::new();
+    for i in 0..steps {
+        batch.clear();
+        let t = if i == 0 { None } else { Some(gen_ids[i - 1]) };
+        if let Some(t) = t {
+            batch.push(a, &[t], Logits::Last);
+            batch.push(b, &[t], Logits::Last);
+            s.forward(&batch).unwrap();
+            for row in s.logits().chunks(vocab) {
+                let d = max_abs_diff(row, &gen_logits[i]);
+                assert!(d < TOL, "decode step {i} differs by {d}");
+            }
+            seen.push(s.logits()[..vocab].to_vec());
+        }
+    }
+    let len = s.len(a);
+    s.truncate(a, len - 2);
+    assert_eq!(s.len(a), len - 2, "a rollback inside the ring keeps the positions");
+    for k in 0..2 {
+        batch.clear();
+        batch.push(a, &[gen_ids[steps - 3 + k]], Logits::Last);
+        s.forward(&batch).unwrap();
+        let d = max_abs_diff(&s.logits()[..vocab], &seen[seen.len() - 2 + k]);
+        assert!(d == 0.0, "redone step {k} differs by {d}");
+    }
+    // Past the ring (16 positions held, window 8): the sequence starts over.
+    s.truncate(b, 20);
+    assert_eq!(s.len(b), 0, "a rollback past the ring starts the sequence over");
 }

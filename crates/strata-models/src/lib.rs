@@ -13,6 +13,7 @@ pub mod blocks;
 pub mod convert;
 pub mod experts;
 mod fields;
+pub mod gemma4;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
@@ -78,7 +79,9 @@ pub trait Session: Send {
     fn remove_sequence(&mut self, seq: SeqId);
     /// Positions `seq`'s cache holds.
     fn len(&self, seq: SeqId) -> usize;
-    /// Drops positions `len..` of `seq` (rollback).
+    /// Drops positions `len..` of `seq` (rollback). A session may drop more (a sliding
+    /// window's ring cannot restore positions it has overwritten): [`Session::len`] tells
+    /// what it kept.
     fn truncate(&mut self, seq: SeqId, len: usize);
     /// Positions one sequence may hold.
     fn max_len(&self) -> usize;
