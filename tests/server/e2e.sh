@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of `strata serve` on loopback: the official openai and anthropic
 # Python packages (tests/server/test_clients.py), curl for errors and auth, and a bounded
-# load test (100 concurrent requests against --queue 16).
+# load test (100 concurrent requests against --max-batch 16 --queue 16).
 #
 # Usage: bash tests/server/e2e.sh PATH/TO/strata MODEL_DIR
 # Builds nothing. Makes a Python venv (default target/pyvenv, or $STRATA_PYVENV) with the
@@ -124,7 +124,11 @@ expect "messages of the wrong type: 400" 400 "$OA_ERR" -- "${AUTH[@]}" "${JSON[@
 expect "max_tokens of the wrong type: 400" 400 "$OA_ERR" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}' "$CHAT"
 expect "negative temperature: 400" 400 "$OA_ERR" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "temperature": -1}' "$CHAT"
 expect "unknown role: 400" 400 "$OA_ERR" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "wizard", "content": "x"}]}' "$CHAT"
-expect "n=2: 400" 400 "$OA_ERR" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "n": 2}' "$CHAT"
+expect "n=0: 400 naming n" 400 "$OA_ERR and b['error']['param'] == 'n'" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "n": 0}' "$CHAT"
+expect "unknown field: 400 naming it" 400 "$OA_ERR and b['error']['param'] == 'wat'" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "wat": 1}' "$CHAT"
+expect "temperature out of range: 400" 400 "$OA_ERR and b['error']['param'] == 'temperature'" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}], "temperature": 7}' "$CHAT"
+expect "lowercase bearer: 200" 200 'b["data"][0]["id"]' -- -H "Authorization: bearer $KEY" "$BASE/v1/models"
+expect "messages without max_tokens: 400" 400 "$AN_ERR and 'max_tokens' in b['error']['message']" -- -H "x-api-key: $KEY" "${JSON[@]}" -d '{"messages": [{"role": "user", "content": "x"}]}' "$MSG"
 expect "empty messages (chat): 400" 400 "$OA_ERR and b['error']['param'] == 'messages'" -- "${AUTH[@]}" "${JSON[@]}" -d '{"messages": []}' "$CHAT"
 expect "empty messages (messages): 400" 400 "$AN_ERR" -- -H "x-api-key: $KEY" "${JSON[@]}" -d '{"model": "'"$MODEL_ID"'", "max_tokens": 5, "messages": []}' "$MSG"
 expect "malformed JSON (messages): 400" 400 "$AN_ERR" -- -H "x-api-key: $KEY" "${JSON[@]}" -d '{"messages": ' "$MSG"
@@ -149,7 +153,11 @@ expect "oversize prompt (completions): 400" 400 "$LONG_OK" -- "${AUTH[@]}" "${JS
 expect "oversize prompt (messages): 400" 400 "$AN_ERR and 'context length' in b['error']['message']" -- -H "x-api-key: $KEY" "${JSON[@]}" --data-binary "@$WORK/long_messages.json" "$MSG"
 expect "curl chat: 200" 200 'b["choices"][0]["message"]["role"] == "assistant" and b["usage"]["completion_tokens"] <= 4' -- "${AUTH[@]}" "${JSON[@]}" -d '{"model": "'"$MODEL_ID"'", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}' "$CHAT"
 expect "stats" 200 'b["model"]["id"] and b["queue"]["capacity"] == 16 and b["totals"]["generations"] > 0' -- "${AUTH[@]}" "$BASE/stats"
-if curl -s "${AUTH[@]}" "$BASE/metrics" | grep -q '^strata_http_requests_total{route="/v1/chat/completions",status="200"} [1-9]'; then
+# (Read whole first: `grep -q` stops early, and under pipefail curl's broken pipe would
+# fail the check.)
+METRICS=$(curl -s "${AUTH[@]}" "$BASE/metrics")
+if grep -q '^strata_http_requests_total{route="/v1/chat/completions",status="200"} [1-9]' <<<"$METRICS" &&
+  grep -q '^strata_batch_steps_total [1-9]' <<<"$METRICS"; then
   pass "metrics (Prometheus text)"
 else
   fail "metrics (Prometheus text)"

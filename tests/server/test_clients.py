@@ -321,6 +321,57 @@ def sdk_errors():
         assert e.body["error"]["type"] == "authentication_error"
 
 
+@check
+def structured_output_json_schema():
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "ok"],
+        "properties": {"name": {"type": "string", "maxLength": 5}, "ok": {"type": "boolean"}},
+    }
+    r = oa.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name?"}],
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}},
+    )
+    v = json.loads(r.choices[0].message.content)
+    assert set(v) == {"name", "ok"} and len(v["name"]) <= 5 and isinstance(v["ok"], bool), v
+
+
+@check
+def logprobs_and_several_choices():
+    r = oa.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2, seed=1,
+        logprobs=True, top_logprobs=2,
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        for t in c.logprobs.content:
+            assert t.logprob <= 0 and len(t.top_logprobs) == 2, t
+    c = oa.completions.create(model=MODEL, prompt="a", max_tokens=3, logprobs=1, extra_body={"ignore_eos": True})
+    assert len(c.choices[0].logprobs.tokens) == 3
+
+
+@check
+def forced_tool_call_and_prompt_cache():
+    tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    r = oa.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=40
+    )
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert r.choices[0].message.tool_calls[0].function.name == "now"
+    again = oa.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=[tool], tool_choice="required", max_tokens=40
+    )
+    assert again.usage.prompt_tokens_details.cached_tokens > 0, again.usage
+    m = an.messages.create(
+        model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Time?"}],
+        tools=[{"name": "now", "input_schema": {"type": "object", "properties": {}}}], tool_choice={"type": "any"},
+    )
+    assert m.stop_reason == "tool_use" and m.content[-1].type == "tool_use", m
+
+
 passed, failed = results.count(True), results.count(False)
 print(f"clients: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -182,7 +182,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("--prompt-tokens must be >= 1 and --decode-tokens >= 2");
     }
-    let opts = a.budget.load_options()?;
+    let opts = a.budget.load_options_for(&a.model)?;
     let t_load = Instant::now();
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let load_s = t_load.elapsed().as_secs_f64();

@@ -208,7 +208,7 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let m = LoadedModel::open_with(&a.model, &a.budget.load_options()?)?;
+    let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let prompt_ids = if a.chat {
         let mut msgs = Vec::new();
@@ -243,7 +243,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let m = LoadedModel::open_with(&a.model, &a.budget.load_options()?)?;
+    let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
     let sampling = a.sampling.params(&m.generation.sampling)?;

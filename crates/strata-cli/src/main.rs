@@ -1,10 +1,14 @@
 //! `strata`: the command line. Thin: parsing and printing; the work lives in the crates.
 
 mod alloc_count;
+mod atlas;
+mod atlas_html;
 mod bench;
 mod commands;
+mod quality;
 mod residency;
 mod serve;
+mod trace_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -36,6 +40,15 @@ enum Command {
     /// Benchmarks: synthetic GLM-5-shaped models, decode speed, memory bandwidth.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Expert Atlas: which routed experts specialise in which topics (build, validate,
+    /// render).
+    #[command(subcommand)]
+    Atlas(atlas::AtlasCommand),
+    /// Perplexity of a model on a text (sliding windows of --context tokens).
+    Perplexity(quality::PerplexityArgs),
+    /// Offline analyses of route traces (coupling).
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
 }
 
 #[global_allocator]
@@ -53,6 +66,9 @@ fn main() {
         Command::Replay(a) => residency::replay(a),
         Command::Serve(a) => serve::serve(a),
         Command::Bench(b) => bench::run(b),
+        Command::Atlas(c) => atlas::run(c),
+        Command::Perplexity(a) => quality::run(a),
+        Command::Trace(c) => trace_cmd::run(c),
     };
     if let Err(e) = result {
         // One line: the chain of contexts, outermost first.

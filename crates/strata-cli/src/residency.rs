@@ -26,6 +26,8 @@ pub struct ConvertArgs {
     mtp_experts: String,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    quality: crate::quality::ReportArgs,
 }
 
 fn encoding(name: &str, group: usize) -> Result<QuantKind> {
@@ -43,6 +45,7 @@ fn encoding(name: &str, group: usize) -> Result<QuantKind> {
 pub fn convert(a: ConvertArgs) -> Result<()> {
     let experts = encoding(&a.experts, a.group)?;
     let mtp_experts = encoding(&a.mtp_experts, a.group)?;
+    a.quality.check()?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} experts, {elapsed} (eta {eta})")
@@ -55,6 +58,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
+    a.quality.write(&a.model, &a.out, &experts.name(), &report)?;
     if a.json {
         crate::commands::emit(&serde_json::to_string_pretty(&report)?)
     } else {
@@ -141,6 +145,14 @@ pub struct BudgetArgs {
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
+    /// Warm start without ledger history: pin the experts an Expert Atlas (`strata atlas
+    /// build`) expects the topic mix to use most, as much as auto-pin would (half the
+    /// resident tier).
+    #[arg(long, conflicts_with_all = ["pin", "auto_pin"])]
+    pin_from_atlas: Option<PathBuf>,
+    /// The expected mix for --pin-from-atlas: atlas topics, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', requires = "pin_from_atlas")]
+    topics: Vec<String>,
     /// Speculative decoding with the checkpoint's MTP (draft) layer: auto (use it where the
     /// checkpoint has one), on (fail without one) or off (not loaded).
     #[arg(long, default_value = "auto")]
@@ -152,7 +164,31 @@ impl BudgetArgs {
         self.page_cache
     }
 
+    /// `load_options`, plus the pins --pin-from-atlas chooses for the model in `dir`.
+    pub fn load_options_for(&self, dir: &std::path::Path) -> Result<strata_engine::LoadOptions> {
+        let Some(path) = &self.pin_from_atlas else { return self.load_options() };
+        let mut opts = self.load_options_unpinned()?;
+        let atlas = strata_engine::atlas::read_atlas(path)?;
+        let plan = strata_engine::atlas::atlas_pins(dir, &opts, &atlas, &self.topics)?;
+        eprintln!(
+            "pin-from-atlas: {} pins ({}) for {} ({:.1}% of the mix's selections)",
+            plan.pins.len(),
+            crate::commands::human_bytes(plan.planned_bytes),
+            plan.topics.join(", "),
+            plan.covered_share * 100.0
+        );
+        opts.runtime.pins = plan.keys();
+        Ok(opts)
+    }
+
     pub fn load_options(&self) -> Result<strata_engine::LoadOptions> {
+        if self.pin_from_atlas.is_some() {
+            return Err(anyhow!("--pin-from-atlas is not supported by this command"));
+        }
+        self.load_options_unpinned()
+    }
+
+    fn load_options_unpinned(&self) -> Result<strata_engine::LoadOptions> {
         use strata_engine::experts::{PilotMode, RuntimeOptions, UsageSetting};
         let budget = match &self.budget {
             Some(b) => Some(strata_residency::parse_size(b).map_err(|e| anyhow!("--budget: {e}"))?),
@@ -251,7 +287,7 @@ pub struct FitArgs {
 
 /// `strata fit`: the plan from headers alone; refuses (exit 1) when it cannot fit.
 pub fn fit(a: FitArgs) -> Result<()> {
-    let opts = a.budget.load_options()?;
+    let opts = a.budget.load_options_for(&a.model)?;
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
     let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);

@@ -1,6 +1,6 @@
 //! `strata serve`: the OpenAI/Anthropic-compatible HTTP server (crates/strata-server).
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -18,12 +18,29 @@ pub struct ServeArgs {
     /// `x-api-key: KEY`.
     #[arg(long)]
     api_key: Option<String>,
-    /// Requests that may wait while one generates; beyond them, 429 with Retry-After.
+    /// Requests that may wait beyond the running batch; beyond them, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Largest request body accepted (4MiB, 512KiB or bytes); larger ones get 413.
     #[arg(long, default_value = "4MiB")]
     max_body: String,
+    /// Requests generating at once (continuous batching: they share every forward).
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// KV cache positions shared by the running requests and the prompt cache (default:
+    /// --context). Under --budget the plan reserves them.
+    #[arg(long)]
+    kv_tokens: Option<usize>,
+    /// Rows one forward may carry: a decode row per running request, then prompt chunks.
+    #[arg(long, default_value_t = strata_engine::generate::PREFILL_CHUNK)]
+    step_tokens: usize,
+    /// KV the prompt cache may keep (e.g. 64MiB; default: all of the KV pool that running
+    /// requests leave; 0 turns it off).
+    #[arg(long)]
+    prompt_cache: Option<String>,
+    /// Answer browsers from these origins (CORS); `*` allows any.
+    #[arg(long, num_args = 1..)]
+    cors: Vec<String>,
     /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
     /// --context tokens.
     #[command(flatten)]
@@ -34,17 +51,54 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref() == Some("") {
         bail!("--api-key: the key is empty");
     }
-    let max_body = strata_residency::parse_size(&a.max_body).map_err(|e| anyhow::anyhow!("--max-body: {e}"))?;
+    if a.max_batch == 0 || a.max_batch > 1024 {
+        bail!("--max-batch must be in 1..=1024, got {}", a.max_batch);
+    }
+    if a.step_tokens < a.max_batch {
+        bail!("--step-tokens ({}) must be at least --max-batch ({})", a.step_tokens, a.max_batch);
+    }
+    let max_body = strata_residency::parse_size(&a.max_body).map_err(|e| anyhow!("--max-body: {e}"))?;
     if max_body == 0 || max_body > usize::MAX as u64 {
         bail!("--max-body must be at least 1 byte, got {}", a.max_body);
+    }
+    let mut load = a.budget.load_options_for(&a.model)?;
+    // The serving engine runs no draft (MTP) layer: loading one would only take memory
+    // from the plan.
+    if load.require_mtp {
+        bail!("--mtp on: strata serve does not run speculative decoding; use --mtp auto or off");
+    }
+    load.mtp = false;
+    let context = load.context;
+    let kv_tokens = a.kv_tokens.unwrap_or(context);
+    if kv_tokens < context {
+        bail!("--kv-tokens ({kv_tokens}) must hold one whole context (--context {context})");
+    }
+    // The plan reserves KV for the whole pool.
+    load.context = kv_tokens;
+    let prompt_cache_bytes = match &a.prompt_cache {
+        Some(s) => Some(strata_residency::parse_size(s).map_err(|e| anyhow!("--prompt-cache: {e}"))?),
+        None => None,
+    };
+    for o in &a.cors {
+        if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
+            bail!("--cors `{o}`: expected an origin such as https://example.com, or *");
+        }
     }
     strata_server::serve(strata_server::ServerConfig {
         model_dir: a.model,
         host: a.host,
         port: a.port,
-        api_key: a.api_key,
-        queue: a.queue,
-        load: a.budget.load_options()?,
-        max_body: max_body as usize,
+        load,
+        serve: strata_server::ServeOptions {
+            api_key: a.api_key,
+            queue: a.queue,
+            max_batch: a.max_batch,
+            kv_tokens: Some(kv_tokens),
+            step_tokens: a.step_tokens,
+            prompt_cache_bytes,
+            context_limit: Some(context),
+            cors: a.cors,
+            max_body: max_body as usize,
+        },
     })
 }

@@ -313,3 +313,23 @@ fn streaming_flags_and_their_errors() {
         &["/nonexistent/t"],
     );
 }
+
+#[test]
+fn serve_refuses_bad_batching_options_before_loading() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--max-batch", "0"], "--max-batch"),
+        (vec!["--max-batch", "8", "--step-tokens", "4"], "--step-tokens"),
+        (vec!["--kv-tokens", "100", "--context", "200"], "--kv-tokens"),
+        (vec!["--prompt-cache", "lots"], "--prompt-cache"),
+        (vec!["--cors", "example.com"], "--cors"),
+        (vec!["--mtp", "on"], "--mtp"),
+    ] {
+        let mut all = vec!["serve", "--model", m, "--port", "0"];
+        all.extend(args);
+        let out = strata(&all);
+        assert!(!out.status.success(), "{all:?}");
+        assert_one_line_error(&out, &[want]);
+    }
+}

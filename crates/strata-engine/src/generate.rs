@@ -213,7 +213,7 @@ impl<'a> Emitter<'a> {
 
 /// Where stop strings could still begin: the longest suffix of `text` that is a proper
 /// prefix of some stop string is held back from streaming.
-fn held_back(text: &str, stops: &[String]) -> usize {
+pub(crate) fn held_back(text: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
         for k in (1..s.len()).rev() {

@@ -1,13 +1,16 @@
 //! The generation engine: a model directory opened as a whole (model, tokenizer, chat
 //! template, generation defaults), sampling, and the prefill/decode loop with telemetry.
 
+pub mod atlas;
 pub mod autoconvert;
 pub mod chat;
 pub mod experts;
 pub mod fit;
 pub mod generate;
 pub mod model_dir;
+pub mod perplexity;
 pub mod sampling;
+pub mod serving;
 pub mod speculative;
 pub mod stats;
 pub mod tokenizer;

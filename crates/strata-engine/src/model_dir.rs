@@ -140,12 +140,13 @@ impl LoadedModel {
         let model = match open_source(&weights_dir, moe.as_ref())? {
             Some(source) => {
                 let (backend, f) = open_experts(dir, &weights_dir, source, arch.as_ref(), &store, opts)?;
+                let headroom = f.plan.as_ref().map_or(0, |p| p.headroom_bytes);
                 fit = Some(f);
                 experts_dir = Some(weights_dir.clone());
                 // The draft layer's experts: the container's int8 MTP tier, streamed
                 // through its own small slab.
                 let draft = match opts.mtp && arch.has_draft(&store) {
-                    true => crate::experts::draft_experts(dir, &weights_dir, arch.as_ref(), opts, &backend)?,
+                    true => crate::experts::draft_experts(&weights_dir, arch.as_ref(), opts, &backend, headroom)?,
                     false => None,
                 };
                 let spec = LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft };

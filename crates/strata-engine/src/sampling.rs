@@ -1,5 +1,10 @@
 //! Token sampling: repetition penalty, then temperature, top-k, top-p, min-p (the order
 //! of transformers' logits processors and warpers), with a seeded RNG.
+//!
+//! Before a sample the serving engine may narrow the logits: a grammar's token mask
+//! ([`TokenMask`], from a [`TokenConstraint`]), a per-token bias ([`apply_logit_bias`]),
+//! and banned ids ([`ban`]: EOS under `min_tokens`). [`logprobs`] reports the model's own
+//! distribution (the raw logits' log-softmax) for the chosen token and the top ones.
 
 use anyhow::{bail, Result};
 use rand::rngs::StdRng;
@@ -175,6 +180,122 @@ impl Sampler {
     }
 }
 
+/// A set of token ids (one bit each), e.g. the tokens a grammar allows next.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenMask {
+    words: Vec<u32>,
+}
+
+impl TokenMask {
+    /// An empty mask for `vocab` tokens.
+    pub fn new(vocab: usize) -> Self {
+        Self { words: vec![0; vocab.div_ceil(32)] }
+    }
+
+    /// Empties the mask for `vocab` tokens, keeping its storage.
+    pub fn reset(&mut self, vocab: usize) {
+        self.words.clear();
+        self.words.resize(vocab.div_ceil(32), 0);
+    }
+
+    /// The bit words (bit `i % 32` of word `i / 32` is token `i`).
+    pub fn words_mut(&mut self) -> &mut [u32] {
+        &mut self.words
+    }
+
+    pub fn allow(&mut self, id: u32) {
+        if let Some(w) = self.words.get_mut(id as usize / 32) {
+            *w |= 1 << (id % 32);
+        }
+    }
+
+    pub fn allows(&self, id: u32) -> bool {
+        self.words.get(id as usize / 32).is_some_and(|w| w & (1 << (id % 32)) != 0)
+    }
+
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+/// A constraint on what may be generated (a grammar): it says which tokens may come
+/// next and follows the tokens chosen. The engine masks the logits with it before each
+/// sample.
+pub trait TokenConstraint: Send {
+    /// Sets the bits of the tokens allowed next (`mask` comes empty, sized for the
+    /// vocabulary). End-of-sequence ids are allowed when the text may end here.
+    fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<()>;
+    /// Follows a chosen token (never an end-of-sequence id).
+    fn commit(&mut self, token: u32) -> Result<()>;
+    /// Whether the text is complete and nothing may follow: generation stops.
+    fn is_done(&self) -> bool;
+    /// Tokens that must come next whatever is sampled (fixed text in a grammar),
+    /// already followed: the engine appends them without sampling.
+    fn forced(&mut self) -> Result<Vec<u32>> {
+        Ok(Vec::new())
+    }
+}
+
+/// Masks out every token `mask` does not allow (their logits become -inf).
+pub fn apply_mask(logits: &mut [f32], mask: &TokenMask) {
+    for (i, l) in logits.iter_mut().enumerate() {
+        if !mask.allows(i as u32) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Adds `bias` to the logits of the given tokens (OpenAI's `logit_bias`: -100 bans a
+/// token in practice, 100 all but forces it).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l += b;
+        }
+    }
+}
+
+/// Bans `ids` (their logits become -inf).
+pub fn ban(logits: &mut [f32], ids: &[u32]) {
+    for &id in ids {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// A chosen token's log-probability and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities under `logits` (log-softmax) of `chosen` and the `top` most likely.
+pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let norm = max as f64 + sum.ln();
+    let lp = |l: f32| (l as f64 - norm) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() < top || l > best[best.len() - 1].1 {
+                let at = best.partition_point(|b| b.1 >= l);
+                best.insert(at, (i as u32, l));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenLogprobs {
+        token: chosen,
+        logprob: logits.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| lp(l)),
+        top: best.into_iter().map(|(i, l)| (i, lp(l))).collect(),
+    }
+}
+
 /// Index of the largest logit; ties go to the lowest id.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -242,6 +363,37 @@ mod tests {
         let mut l = [2.0f32, 1.0, -1.0];
         Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params(0.0) }).unwrap().sample(&mut l, &[2]);
         assert_eq!(l[2], -2.0);
+    }
+
+    #[test]
+    fn masks_bias_and_bans_narrow_the_choice() {
+        let mut mask = TokenMask::new(40);
+        mask.allow(3);
+        mask.allow(33);
+        assert!(mask.allows(33) && !mask.allows(2) && mask.count() == 2);
+        let mut l: Vec<f32> = (0..40).map(|i| i as f32).collect();
+        apply_mask(&mut l, &mask);
+        assert_eq!(argmax(&l), 33);
+        ban(&mut l, &[33]);
+        assert_eq!(argmax(&l), 3);
+        let mut l = vec![0.0f32, 1.0, 2.0];
+        apply_logit_bias(&mut l, &[(0, 5.0), (9, 1.0)]);
+        assert_eq!(argmax(&l), 0);
+        mask.reset(8);
+        assert_eq!(mask.count(), 0);
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax() {
+        let l = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY, 0.0];
+        let p = logprobs(&l, 0, 2);
+        assert!((p.logprob - (0.2f32).ln()).abs() < 1e-6, "{p:?}");
+        assert_eq!(p.top[0].0, 1);
+        assert!((p.top[0].1 - (0.6f32).ln()).abs() < 1e-6);
+        // Ties keep the lower id first.
+        assert_eq!(p.top[1].0, 0);
+        assert_eq!(logprobs(&l, 2, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprobs(&l, 2, 0).top.is_empty());
     }
 
     #[test]

@@ -129,26 +129,28 @@ pub fn chat_template(data: &[u8]) {
     let _ = template.render(&messages, true, v.get("tools"));
 }
 
-/// HTTP request bodies: the server's body parser (`common::parse_body`) into every
-/// request type, then the conversions that need no model (messages, tools, sampling).
+/// HTTP request bodies: the server's request parser (`params::parse_request`: known
+/// fields, typed) into every request type, then the conversions and checks that need
+/// no model (messages, tools, sampling ranges, logit bias).
 pub fn http_body(data: &[u8]) {
-    use strata_server::common::{parse_body, Body};
+    use strata_server::common::Body;
+    use strata_server::params::{parse_request, Api};
     use strata_server::{anthropic, openai, responses};
     let body: Body = Ok(axum::body::Bytes::copy_from_slice(data));
-    let defaults = strata_engine::SamplingParams::default();
-    if let Ok(r) = parse_body::<openai::ChatRequest>(&body) {
+    const VOCAB: usize = 512;
+    if let Ok(r) = parse_request::<openai::ChatRequest>(&body, Api::Chat) {
         let _ = openai::tool_schemas(r.tools.clone(), r.tool_choice.as_ref());
+        let _ = r.sampling.validate(Api::Chat, VOCAB).and_then(|_| r.sampling.bias(VOCAB));
         let _ = openai::chat_messages(r.messages);
-        let _ = r.sampling.params(&defaults);
     }
-    if let Ok(r) = parse_body::<openai::CompletionRequest>(&body) {
-        let _ = r.sampling.params(&defaults);
+    if let Ok(r) = parse_request::<openai::CompletionRequest>(&body, Api::Completions) {
+        let _ = r.sampling.validate(Api::Completions, VOCAB).and_then(|_| r.sampling.bias(VOCAB));
     }
-    if let Ok(r) = parse_body::<anthropic::MessagesRequest>(&body) {
+    if let Ok(r) = parse_request::<anthropic::MessagesRequest>(&body, Api::Messages) {
         let _ = anthropic::template_messages(r.system.as_ref(), &r.messages);
-        let _ = r.sampling.params(&defaults);
+        let _ = r.sampling.validate(Api::Messages, VOCAB).and_then(|_| r.sampling.bias(VOCAB));
     }
-    if let Ok(r) = parse_body::<responses::ResponsesRequest>(&body) {
+    if let Ok(r) = parse_request::<responses::ResponsesRequest>(&body, Api::Responses) {
         let _ = responses::input_messages(r.instructions.as_deref(), &r.input);
     }
     if let Ok(text) = std::str::from_utf8(data) {

@@ -99,6 +99,14 @@ pub trait Session: Send {
     fn hidden(&self) -> &[f32];
     /// The last forward's routing, per MoE layer.
     fn routes(&self) -> &Routes;
+    /// The session's KV block pool (for prefix sharing: [`kv::KvBlocks::attach`],
+    /// `retain`, `release`); `None` where a session keeps its cache otherwise.
+    fn kv(&self) -> Option<&kv::KvBlocks> {
+        None
+    }
+    fn kv_mut(&mut self) -> Option<&mut kv::KvBlocks> {
+        None
+    }
 
     /// Whether the model has a draft (MTP) layer for speculative decoding.
     fn has_draft(&self) -> bool {

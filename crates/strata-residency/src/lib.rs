@@ -13,6 +13,9 @@
 //! - [`batch_union`]: one forward's routes deduplicated in stable order.
 //! - [`trace`] and [`replay()`]: route traces and offline replay of LRU, LFRU,
 //!   pinned+LRU and the Belady optimum.
+//! - [`coupling()`]: cross-layer expert co-activation from traces (offline PILOT).
+//! - [`atlas`]: the Expert Atlas (which experts specialise in which topics), its
+//!   leave-one-prompt-out validation and the warm-start pin set it implies.
 //!
 //! Spec: `shared/reference/residency.md`; how it is composed: `ARCHITECTURE.md`.
 //!
@@ -36,6 +39,8 @@
 //!   -> `table.repin(cold, hot)` when hot is resident, else `unpin(cold)` + `pin(hot)`
 //!   + load; then `ledger.decay_heat()` and `ledger.flush()`.
 
+pub mod atlas;
+pub mod coupling;
 pub mod ledger;
 pub mod plan;
 pub mod policy;
@@ -44,6 +49,7 @@ pub mod slots;
 pub mod trace;
 pub mod union;
 
+pub use coupling::{coupling, CouplingOptions, CouplingReport};
 pub use ledger::{fnv1a32, LedgerError, LedgerOpen, LedgerSnapshot, UsageLedger, FORMAT_VERSION, GLM_ENGINE};
 pub use plan::{
     format_bytes, parse_size, plan, FitItem, FitReport, PlanError, PlanInput, ResidencyPlan, DEFAULT_WORKING_SLOTS,

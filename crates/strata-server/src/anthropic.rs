@@ -3,11 +3,13 @@
 //! content_block_start/delta/stop, message_delta, message_stop).
 
 use crate::common::{
-    collect, content_text, content_value, json_event, message, new_id, parse_body, render_prompt, sse,
-    template_tool_call, Body, ChatInput, Prompt, SamplingOptions, Shared, StreamFormat,
+    collect, content_text, content_value, json_event, message, new_id, render_prompt, sse, template_tool_call, Body,
+    ChatInput, GenSpec, Prompt, SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
+use crate::params::{parse_request, Api};
+use crate::structured::{anthropic_tool_choice, combine};
 use crate::tools::{from_anthropic_tools, Piece};
 use crate::worker::Finished;
 use axum::extract::State;
@@ -16,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use strata_engine::sampling::TokenLogprobs;
 use strata_engine::{FinishReason, Message};
 
 #[derive(Deserialize, Debug)]
@@ -202,6 +205,11 @@ async fn prompt(st: &Shared, req: &MessagesRequest) -> ApiResult<(Prompt, Option
         }
     }
     input.template_kwargs(req.chat_template_kwargs.as_ref())?;
+    // A final assistant message is a prefill: the answer continues it.
+    if req.messages.last().is_some_and(|m| m.role == "assistant") {
+        input.continue_final_message = true;
+        input.add_generation_prompt = Some(false);
+    }
     let p = render_prompt(st, input).await?;
     Ok((p, tools))
 }
@@ -223,7 +231,7 @@ pub async fn messages(State(st): State<Shared>, body: Body) -> Response {
 }
 
 pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
-    let r = match parse_body::<MessagesRequest>(&body) {
+    let r = match parse_request::<MessagesRequest>(&body, Api::Messages) {
         Ok(req) => prompt(&st, &req).await,
         Err(e) => Err(e),
     };
@@ -233,28 +241,52 @@ pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
     }
 }
 
+/// Anthropic's usage: input tokens read from the prompt cache apart from the others.
+fn usage(f: &Finished) -> Value {
+    let s = &f.output.stats;
+    json!({"input_tokens": s.prefill_tokens, "cache_read_input_tokens": s.prompt_tokens - s.prefill_tokens,
+           "cache_creation_input_tokens": 0, "output_tokens": s.generated_tokens})
+}
+
 async fn run(st: Shared, body: Body) -> ApiResult<Response> {
-    let req: MessagesRequest = parse_body(&body)?;
+    let req: MessagesRequest = parse_request(&body, Api::Messages)?;
+    let Some(max_tokens) = req.max_tokens else {
+        return Err(ApiError::bad_request("max_tokens: field required").with_param("max_tokens"));
+    };
+    let (forced, parallel) = anthropic_tool_choice(
+        req.tool_choice.as_ref(),
+        req.tools.as_ref().map(|t| Value::Array(from_anthropic_tools(t))).as_ref(),
+    )?;
+    let format = combine(None, forced, parallel)?;
     let (prompt, tools) = prompt(&st, &req).await?;
     let parser = st.output_parser(&prompt.text, tools.as_ref());
     let prompt_tokens = prompt.ids.len();
-    let ids = prompt.ids.clone();
-    let gen = st.generate_request(
-        ids,
-        req.max_tokens,
-        &req.sampling,
-        req.stop_sequences.clone().unwrap_or_default(),
-        parser.active(),
-    )?;
-    let rx = st.worker.submit(gen)?;
+    let mut spec = GenSpec::new(prompt.ids.clone(), Api::Messages, &req.sampling);
+    spec.max_tokens = Some(max_tokens);
+    spec.stop = req.stop_sequences.clone().unwrap_or_default();
+    spec.parsed = parser.active();
+    spec.format = format;
+    spec.think = st.starts_in_reasoning(&prompt.text);
+    let rx = st.worker.submit_many(st.serve_requests(spec)?)?;
     let id = new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let fmt =
-            MessagesStream { id, model: st.model_id.clone(), prompt_tokens, parser, blocks: 0, open: None, calls: 0 };
+        let fmt = MessagesStream {
+            id,
+            model: st.model_id.clone(),
+            prompt_tokens,
+            parser,
+            blocks: 0,
+            open: None,
+            calls: 0,
+            parallel,
+        };
         return Ok(prompt.mark(sse(rx, fmt)));
     }
-    let f = collect(rx).await?;
-    let p = parser.parse(&f.output.text);
+    let f = collect(rx.into_iter().next().expect("one generation")).await?;
+    let mut p = parser.parse(&f.output.text);
+    if !parallel {
+        p.calls.truncate(1);
+    }
     let mut content = Vec::new();
     if !p.reasoning.is_empty() {
         content.push(json!({"type": "thinking", "thinking": p.reasoning, "signature": ""}));
@@ -275,8 +307,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
         "content": content,
         "stop_reason": stop_reason(&f, !calls.is_empty()),
         "stop_sequence": f.stop_sequence,
-        "usage": {"input_tokens": f.output.stats.prompt_tokens,
-                  "output_tokens": f.output.stats.generated_tokens},
+        "usage": usage(&f),
     }))
     .into_response())
     .map(|r| prompt.mark(r))
@@ -292,6 +323,7 @@ struct MessagesStream {
     /// The kind of the open block (`text` or `thinking`), if one is open.
     open: Option<&'static str>,
     calls: usize,
+    parallel: bool,
 }
 
 fn ev(name: &str, data: Value) -> SseEvent {
@@ -342,6 +374,9 @@ impl MessagesStream {
                 Piece::Text(t) => self.text(&mut evs, "text", &t),
                 Piece::Reasoning(r) => self.text(&mut evs, "thinking", &r),
                 Piece::Call(c) => {
+                    if !self.parallel && self.calls > 0 {
+                        continue;
+                    }
                     self.close(&mut evs);
                     let index = self.blocks;
                     self.blocks += 1;
@@ -380,12 +415,12 @@ impl StreamFormat for MessagesStream {
         ]
     }
 
-    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+    fn delta(&mut self, _: usize, text: &str, _: &[TokenLogprobs]) -> Vec<SseEvent> {
         let pieces = self.parser.push(text);
         self.pieces(pieces)
     }
 
-    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+    fn finish(&mut self, _: usize, f: &Finished) -> Vec<SseEvent> {
         let rest = self.parser.finish();
         let mut evs = self.pieces(rest);
         if self.blocks == 0 {
@@ -404,7 +439,7 @@ impl StreamFormat for MessagesStream {
             json!({"type": "message_delta",
                    "delta": {"stop_reason": stop_reason(f, self.calls > 0),
                              "stop_sequence": f.stop_sequence},
-                   "usage": {"output_tokens": f.output.stats.generated_tokens}}),
+                   "usage": usage(f)}),
         ));
         evs.push(ev("message_stop", json!({"type": "message_stop"})));
         evs

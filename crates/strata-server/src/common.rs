@@ -3,14 +3,17 @@
 //! queued generation to a whole answer or to an SSE stream.
 
 use crate::error::{ApiError, ApiResult};
+use crate::grammar::{Format, Grammars};
 use crate::metrics::Metrics;
 use crate::output::{OutputParser, THINK_START};
+use crate::params::Api;
+pub use crate::params::SamplingOptions;
 use crate::worker::{Event, Finished, Worker};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
+use futures_util::{stream, StreamExt};
 use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -20,6 +23,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use strata_engine::chat::{inject_tool_calls, inject_tools, RenderOptions, RESERVED_VARIABLES};
+use strata_engine::sampling::TokenLogprobs;
+use strata_engine::serving::ServeRequest;
 use strata_engine::{GenerateRequest, LoadedModel, Message, SamplingParams};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -40,6 +45,10 @@ pub struct AppState {
     /// Longest prompt plus answer served: the model's context, or less under a memory
     /// budget (the KV cache its plan reserved).
     pub context: usize,
+    /// Structured output for this model, or why there is none (no tokenizer.json, say).
+    pub grammars: Result<Grammars, String>,
+    /// CORS origins (empty: none).
+    pub cors: Vec<String>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
     /// Prompt text longer than this cannot fit the context whatever it says: refused
@@ -231,33 +240,6 @@ fn flatten_parts(messages: &mut [Value]) {
     }
 }
 
-/// Sampling options common to every API; unset ones take the model's defaults.
-#[derive(Deserialize, Default, Debug, Clone)]
-pub struct SamplingOptions {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
-}
-
-impl SamplingOptions {
-    pub fn params(&self, defaults: &SamplingParams) -> ApiResult<SamplingParams> {
-        let p = SamplingParams {
-            temperature: self.temperature.unwrap_or(defaults.temperature),
-            top_p: self.top_p.unwrap_or(defaults.top_p),
-            top_k: self.top_k.map_or(defaults.top_k, |k| k.max(0) as usize),
-            min_p: self.min_p.unwrap_or(defaults.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-            // Without a seed every request samples differently, as the hosted APIs do.
-            seed: self.seed.unwrap_or_else(|| rand::rng().random()),
-        };
-        p.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
-        Ok(p)
-    }
-}
-
 /// `stop`: a string or a list of strings.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
@@ -378,6 +360,19 @@ impl AppState {
         Ok(tok.encode(text, add_special_tokens)?)
     }
 
+    /// Whether the answer to `prompt` starts inside reasoning (the prompt opened
+    /// `<think>`).
+    pub fn starts_in_reasoning(&self, prompt: &str) -> bool {
+        self.reasoning && prompt.trim_end().ends_with(THINK_START)
+    }
+
+    /// A token's text as it decodes alone (special tokens kept), and its bytes.
+    pub fn token_piece(&self, id: u32) -> (String, Vec<u8>) {
+        let text = self.model.tokenizer.as_ref().and_then(|t| t.decode(&[id], false).ok()).unwrap_or_default();
+        let bytes = text.as_bytes().to_vec();
+        (text, bytes)
+    }
+
     /// Longest prompt plus answer served.
     pub fn max_context(&self) -> usize {
         self.context
@@ -390,18 +385,13 @@ impl AppState {
         OutputParser::new(think, tools.cloned())
     }
 
-    /// A generation request for `prompt_ids`, refused with 400 when the prompt cannot
-    /// fit the context; `max_tokens` is clamped to the room left (default: all of it).
-    /// `parsed`: the answer goes through an [`OutputParser`].
-    pub fn generate_request(
-        &self,
-        prompt_ids: Vec<u32>,
-        max_tokens: Option<u64>,
-        sampling: &SamplingOptions,
-        stop: Vec<String>,
-        parsed: bool,
-    ) -> ApiResult<GenerateRequest> {
+    /// The generation requests for one API request (`spec.n` choices, the i-th seeded
+    /// `seed + i`), refused with 400 when the prompt cannot fit the context or a field
+    /// is out of range; `max_tokens` is clamped to the room left (default: all of it).
+    pub fn serve_requests(&self, spec: GenSpec<'_>) -> ApiResult<Vec<ServeRequest>> {
         let ctx = self.max_context();
+        let vocab = self.model.model.info().vocab_size;
+        let prompt_ids = spec.prompt_ids;
         if prompt_ids.is_empty() {
             return Err(ApiError::bad_request("the prompt is empty"));
         }
@@ -412,18 +402,96 @@ impl AppState {
             ))
             .with_code("context_length_exceeded"));
         }
-        if max_tokens == Some(0) {
-            return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
+        if spec.max_tokens == Some(0) {
+            return Err(ApiError::bad_request(format!("{} must be at least 1", spec.max_tokens_field))
+                .with_param(spec.max_tokens_field));
         }
+        let o = spec.sampling;
+        o.validate(spec.api, vocab)?;
         let room = ctx - prompt_ids.len();
-        let max_tokens = max_tokens.map_or(room, |m| (m.min(room as u64)) as usize);
-        let sampling = sampling.params(&self.model.generation.sampling)?;
-        Ok(GenerateRequest {
-            stop_strings: stop,
-            eos_token_ids: self.model.eos_token_ids.clone(),
-            skip_special_tokens: !(parsed && self.markers_special),
-            ..GenerateRequest::new(prompt_ids, max_tokens, sampling)
-        })
+        let max_tokens = spec.max_tokens.map_or(room, |m| (m.min(room as u64)) as usize);
+        let min_tokens = o.min_tokens.unwrap_or(0) as usize;
+        if min_tokens > max_tokens {
+            return Err(ApiError::bad_request(format!(
+                "min_tokens ({min_tokens}) exceeds the tokens this request may generate ({max_tokens})"
+            ))
+            .with_param("min_tokens"));
+        }
+        let d = &self.model.generation.sampling;
+        let seed = o.seed();
+        let bias = o.bias(vocab)?;
+        let mut out = Vec::with_capacity(spec.n);
+        for i in 0..spec.n {
+            let sampling = SamplingParams {
+                temperature: o.temperature.unwrap_or(d.temperature),
+                top_p: o.top_p.unwrap_or(d.top_p),
+                top_k: o.top_k.map_or(d.top_k, |k| k.max(0) as usize),
+                min_p: o.min_p.unwrap_or(d.min_p),
+                repetition_penalty: o.repetition_penalty.unwrap_or(d.repetition_penalty),
+                // Without a seed every request samples differently, as the hosted APIs do.
+                seed: seed.map_or_else(|| rand::rng().random(), |s| s.wrapping_add(i as u64)),
+            };
+            sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let gen = GenerateRequest {
+                stop_strings: spec.stop.clone(),
+                eos_token_ids: self.model.eos_token_ids.clone(),
+                skip_special_tokens: !(spec.parsed && self.markers_special),
+                ..GenerateRequest::new(prompt_ids.clone(), max_tokens, sampling)
+            };
+            let mut r = ServeRequest::new(gen);
+            r.min_tokens = min_tokens;
+            r.ignore_eos = o.ignore_eos.unwrap_or(false);
+            r.stop_token_ids = o.stop_token_ids.iter().flatten().map(|&t| t as u32).collect();
+            r.logit_bias = bias.clone();
+            r.presence_penalty = o.presence_penalty.unwrap_or(0.0);
+            r.frequency_penalty = o.frequency_penalty.unwrap_or(0.0);
+            r.logprobs = spec.logprobs;
+            if let Some((format, param)) = &spec.format {
+                let g = self.grammars.as_ref().map_err(|e| {
+                    ApiError::bad_request(format!("{param}: structured output is unavailable: {e}")).with_param(*param)
+                })?;
+                r.constraint = Some(g.constraint(format, spec.think, param)?);
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+}
+
+/// What [`AppState::serve_requests`] builds from.
+pub struct GenSpec<'a> {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: Option<u64>,
+    /// The request's name for `max_tokens`, for errors.
+    pub max_tokens_field: &'static str,
+    pub sampling: &'a SamplingOptions,
+    pub api: Api,
+    pub stop: Vec<String>,
+    /// The output goes through an [`OutputParser`] (special markers kept).
+    pub parsed: bool,
+    pub logprobs: Option<usize>,
+    /// A grammar the output must follow, with the field that asked for it.
+    pub format: Option<(Format, &'static str)>,
+    /// The output starts inside reasoning (the grammar lets it run to `</think>`).
+    pub think: bool,
+    pub n: usize,
+}
+
+impl<'a> GenSpec<'a> {
+    pub fn new(prompt_ids: Vec<u32>, api: Api, sampling: &'a SamplingOptions) -> Self {
+        Self {
+            prompt_ids,
+            max_tokens: None,
+            max_tokens_field: "max_tokens",
+            sampling,
+            api,
+            stop: Vec::new(),
+            parsed: false,
+            logprobs: None,
+            format: None,
+            think: false,
+            n: 1,
+        }
     }
 }
 
@@ -443,33 +511,55 @@ pub async fn render_prompt(st: &Shared, input: ChatInput) -> ApiResult<Prompt> {
 pub async fn collect(mut rx: UnboundedReceiver<Event>) -> ApiResult<Finished> {
     while let Some(ev) = rx.recv().await {
         if let Event::Done(r) = ev {
-            return r.map_err(ApiError::internal);
+            return r.map(|f| *f).map_err(ApiError::internal);
         }
     }
     Err(ApiError::internal("the generation worker went away"))
 }
 
-/// Turns engine events into one API's SSE events.
+/// Waits for every choice, in order.
+pub async fn collect_all(rxs: Vec<UnboundedReceiver<Event>>) -> ApiResult<Vec<Finished>> {
+    let mut out = Vec::with_capacity(rxs.len());
+    for rx in rxs {
+        out.push(collect(rx).await?);
+    }
+    Ok(out)
+}
+
+/// Turns engine events into one API's SSE events; `choice` tells the choices of one
+/// request (`n`) apart.
 pub trait StreamFormat: Send + 'static {
     fn start(&mut self) -> Vec<SseEvent>;
-    fn delta(&mut self, text: &str) -> Vec<SseEvent>;
-    fn finish(&mut self, done: &Finished) -> Vec<SseEvent>;
+    fn delta(&mut self, choice: usize, text: &str, logprobs: &[TokenLogprobs]) -> Vec<SseEvent>;
+    fn finish(&mut self, choice: usize, done: &Finished) -> Vec<SseEvent>;
+    /// After every choice finished.
+    fn end(&mut self) -> Vec<SseEvent> {
+        vec![]
+    }
     fn error(&mut self, message: &str) -> Vec<SseEvent>;
 }
 
+type Choices = stream::SelectAll<stream::BoxStream<'static, (usize, Event)>>;
+
 struct Driver<F> {
-    rx: UnboundedReceiver<Event>,
+    rx: Choices,
     fmt: F,
     pending: VecDeque<SseEvent>,
-    streamed: String,
+    streamed: Vec<String>,
+    open: usize,
     done: bool,
 }
 
-/// An SSE response fed by a queued generation. Dropping it (the client disconnected)
-/// drops the channel, which cancels the generation.
-pub fn sse<F: StreamFormat>(rx: UnboundedReceiver<Event>, mut fmt: F) -> Response {
+/// An SSE response fed by queued generations (one per choice). Dropping it (the client
+/// disconnected) drops their channels, which cancels them.
+pub fn sse<F: StreamFormat>(rxs: Vec<UnboundedReceiver<Event>>, mut fmt: F) -> Response {
     let pending = fmt.start().into();
-    let driver = Driver { rx, fmt, pending, streamed: String::new(), done: false };
+    let n = rxs.len();
+    let rx =
+        stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+            stream::unfold(rx, move |mut rx| async move { rx.recv().await.map(|e| ((i, e), rx)) }).boxed()
+        }));
+    let driver = Driver { rx, fmt, pending, streamed: vec![String::new(); n], open: n, done: false };
     let events = stream::unfold(driver, |mut d| async move {
         loop {
             if let Some(e) = d.pending.pop_front() {
@@ -478,22 +568,26 @@ pub fn sse<F: StreamFormat>(rx: UnboundedReceiver<Event>, mut fmt: F) -> Respons
             if d.done {
                 return None;
             }
-            let evs = match d.rx.recv().await {
-                Some(Event::Delta(t)) => {
-                    d.streamed.push_str(&t);
-                    d.fmt.delta(&t)
+            let evs = match d.rx.next().await {
+                Some((i, Event::Delta { text, logprobs })) => {
+                    d.streamed[i].push_str(&text);
+                    d.fmt.delta(i, &text, &logprobs)
                 }
-                Some(Event::Done(Ok(f))) => {
-                    d.done = true;
+                Some((i, Event::Done(Ok(f)))) => {
                     // Text the engine held back (a partial stop string at EOS, say).
-                    let mut evs = match f.output.text.strip_prefix(d.streamed.as_str()) {
-                        Some(rest) if !rest.is_empty() => d.fmt.delta(rest),
+                    let mut evs = match f.output.text.strip_prefix(d.streamed[i].as_str()) {
+                        Some(rest) if !rest.is_empty() => d.fmt.delta(i, rest, &[]),
                         _ => vec![],
                     };
-                    evs.extend(d.fmt.finish(&f));
+                    evs.extend(d.fmt.finish(i, &f));
+                    d.open -= 1;
+                    if d.open == 0 {
+                        d.done = true;
+                        evs.extend(d.fmt.end());
+                    }
                     evs
                 }
-                Some(Event::Done(Err(e))) => {
+                Some((_, Event::Done(Err(e)))) => {
                     d.done = true;
                     d.fmt.error(&e)
                 }
@@ -520,6 +614,7 @@ pub fn json_event(name: Option<&str>, data: &Value) -> SseEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::Api;
     use serde_json::json;
 
     #[test]
@@ -534,13 +629,29 @@ mod tests {
     }
 
     #[test]
-    fn sampling_options_override_defaults_and_validate() {
-        let d = SamplingParams { temperature: 0.7, top_p: 0.9, ..Default::default() };
-        let o: SamplingOptions = serde_json::from_value(json!({"top_k": -1, "seed": 5})).unwrap();
-        let p = o.params(&d).unwrap();
-        assert_eq!((p.temperature, p.top_p, p.top_k, p.seed), (0.7, 0.9, 0, 5));
-        let bad: SamplingOptions = serde_json::from_value(json!({"temperature": -1.0})).unwrap();
-        assert_eq!(bad.params(&d).unwrap_err().status, 400);
+    fn sampling_options_validate_each_range_by_name() {
+        let ok: SamplingOptions = serde_json::from_value(json!({"top_k": -1, "seed": -5, "temperature": 1.5})).unwrap();
+        ok.validate(Api::Chat, 100).unwrap();
+        assert_eq!(ok.seed(), Some(-5i64 as u64));
+        for (api, body, field) in [
+            (Api::Chat, json!({"temperature": -1.0}), "temperature"),
+            (Api::Chat, json!({"temperature": 2.5}), "temperature"),
+            (Api::Messages, json!({"temperature": 1.5}), "temperature"),
+            (Api::Chat, json!({"top_p": 0.0}), "top_p"),
+            (Api::Chat, json!({"top_k": -2}), "top_k"),
+            (Api::Chat, json!({"presence_penalty": 3.0}), "presence_penalty"),
+            (Api::Chat, json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (Api::Chat, json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
+            (Api::Chat, json!({"logit_bias": {"500": 1}}), "logit_bias.500"),
+            (Api::Chat, json!({"logit_bias": {"x": 1}}), "logit_bias.x"),
+            (Api::Chat, json!({"stop_token_ids": [100]}), "stop_token_ids"),
+            (Api::Chat, json!({"service_tier": "flex"}), "service_tier"),
+        ] {
+            let o: SamplingOptions = serde_json::from_value(body.clone()).unwrap();
+            let e = o.validate(api, 100).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
+            assert!(e.message.contains(field), "{}", e.message);
+        }
         let stop: StopField = serde_json::from_value(json!(["a", ""])).unwrap();
         assert_eq!(stop.into_vec(), vec!["a"]);
     }

@@ -2,12 +2,13 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/messages`,
 //! `/v1/messages/count_tokens`, `/v1/responses`, `/tokenize`; `GET /v1/models`,
-//! `/v1/models/{id}`, `/health`, `/stats`, `/metrics`. Generations run one at a time on
-//! a worker thread behind a bounded queue (429 with `Retry-After` beyond it); a client
-//! that disconnects cancels its generation.
+//! `/v1/models/{id}`, `/health`, `/stats`, `/metrics`. Generations run together in one
+//! continuously batched engine on a worker thread (strata_engine::serving), behind a
+//! bounded queue (429 with `Retry-After` beyond it); a client that disconnects cancels
+//! its generation.
 //!
 //! Bad input is refused before it costs much: request bodies are bounded
-//! ([`ServerConfig::max_body`], 413 naming the limit, read at most that far), and prompt
+//! ([`ServeOptions::max_body`], 413 naming the limit, read at most that far), and prompt
 //! text longer than the context could possibly hold (more bytes than `context` tokens of
 //! the tokenizer's longest token, twice over) is refused with 400 before tokenizing.
 //!
@@ -18,10 +19,13 @@
 pub mod anthropic;
 pub mod common;
 pub mod error;
+pub mod grammar;
 pub mod metrics;
 pub mod openai;
 pub mod output;
+pub mod params;
 pub mod responses;
+pub mod structured;
 pub mod tools;
 pub mod worker;
 
@@ -45,6 +49,7 @@ use std::time::Instant;
 use strata_engine::model_dir::display_name;
 use strata_engine::{LoadOptions, LoadedModel};
 
+/// Largest request body accepted (long prompts are large).
 /// Default largest request body accepted (`--max-body`).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 
@@ -53,13 +58,50 @@ pub struct ServerConfig {
     pub model_dir: PathBuf,
     pub host: String,
     pub port: u16,
-    pub api_key: Option<String>,
-    /// Requests that may wait while one generates.
-    pub queue: usize,
     /// Memory budget and expert-runtime options.
     pub load: LoadOptions,
+    pub serve: ServeOptions,
+}
+
+/// How the server runs its model.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub api_key: Option<String>,
+    /// Requests that may wait beyond the running batch.
+    pub queue: usize,
+    /// Requests running at once (rows of one decode step).
+    pub max_batch: usize,
+    /// KV positions for every running sequence and the prompt cache (default: the
+    /// context).
+    pub kv_tokens: Option<usize>,
+    /// Rows one forward may carry (decode rows plus prompt chunks).
+    pub step_tokens: usize,
+    /// Bytes of KV the prompt cache may keep (default: the whole pool; running requests
+    /// take blocks from it as they need them).
+    pub prompt_cache_bytes: Option<u64>,
+    /// Longest prompt plus answer (default: the model's context, or `--context` under a
+    /// budget).
+    pub context_limit: Option<usize>,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
+    pub cors: Vec<String>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            api_key: None,
+            queue: 64,
+            max_batch: 16,
+            kv_tokens: None,
+            step_tokens: strata_engine::generate::PREFILL_CHUNK,
+            prompt_cache_bytes: None,
+            context_limit: None,
+            cors: Vec::new(),
+            max_body: MAX_BODY_BYTES,
+        }
+    }
 }
 
 /// The server's state around an opened model; starts the generation worker.
@@ -69,19 +111,14 @@ pub fn state(model: LoadedModel, api_key: Option<String>, queue: usize) -> Share
 
 /// [`state`], serving at most `context_limit` tokens of prompt and answer.
 pub fn state_with(model: LoadedModel, api_key: Option<String>, queue: usize, context_limit: Option<usize>) -> Shared {
-    state_limited(model, api_key, queue, context_limit, MAX_BODY_BYTES)
+    state_opts(model, &ServeOptions { api_key, queue, context_limit, ..Default::default() })
 }
 
-/// [`state_with`], accepting request bodies of at most `max_body` bytes.
-pub fn state_limited(
-    model: LoadedModel,
-    api_key: Option<String>,
-    queue: usize,
-    context_limit: Option<usize>,
-    max_body: usize,
-) -> Shared {
+/// The server's state under `opts`.
+pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
     let model = Arc::new(model);
-    let context = context_limit.map_or(model.context, |c| c.min(model.context));
+    let context =
+        opts.context_limit.map_or(model.context, |c| c.min(model.context)).min(model.model.info().max_context);
     let metrics = Arc::new(Metrics::default());
     let tok = model.tokenizer.as_ref();
     // A marker that a decode skipping special tokens would drop.
@@ -90,21 +127,34 @@ pub fn state_limited(
     };
     let markers_special = [tools::CALL_START, output::THINK_START, output::THINK_END].into_iter().any(special);
     let reasoning = tok.is_some_and(|t| t.token_id(output::THINK_END).is_some());
+    let kv_bytes_per_token = model.arch.kv_bytes_per_token();
+    let kv_tokens = opts.kv_tokens.unwrap_or(context).max(context);
+    let engine = strata_engine::serving::EngineOptions {
+        max_batch: opts.max_batch.max(1),
+        kv_tokens,
+        context,
+        step_tokens: opts.step_tokens.max(1),
+        prompt_cache_bytes: opts.prompt_cache_bytes.unwrap_or(u64::MAX),
+        kv_bytes_per_token,
+    };
+    let grammars = grammar::Grammars::new(model.clone()).map_err(|e| format!("{e:#}"));
     // Bytes per token, twice over: slack for normalizers that shrink text.
     let max_prompt_bytes =
         tok.map_or(usize::MAX, |t| context.saturating_mul(t.max_token_bytes().max(1)).saturating_mul(2));
     Arc::new(AppState {
         model_id: display_name(&model.dir),
-        worker: Worker::start(model.clone(), queue, metrics.clone()),
+        worker: Worker::start(model.clone(), opts.queue, engine, metrics.clone()),
         model,
-        api_key: api_key.filter(|k| !k.is_empty()),
+        api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
         metrics,
         started: Instant::now(),
         created: common::now_unix(),
         markers_special,
         reasoning,
         context,
-        max_body,
+        grammars,
+        cors: opts.cors.clone(),
+        max_body: opts.max_body,
         max_prompt_bytes,
     })
 }
@@ -119,7 +169,7 @@ pub fn authorized(headers: &HeaderMap, key: &str) -> bool {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, k)| k))
         .is_some_and(|v| same(v.trim().as_bytes(), key.as_bytes()));
     let x_api_key = headers.get("x-api-key").is_some_and(|v| same(v.as_bytes(), key.as_bytes()));
     bearer || x_api_key
@@ -223,7 +273,9 @@ async fn stats(State(st): State<Shared>) -> Response {
             "capacity": st.worker.capacity(),
             "depth": m.queue_depth.load(Ordering::Relaxed),
             "active": m.active.load(Ordering::Relaxed),
+            "max_batch": st.worker.max_batch(),
         },
+        "engine": *m.engine.lock().unwrap(),
         "totals": {
             "generations": load(&m.generations),
             "generation_errors": load(&m.generation_errors),
@@ -284,8 +336,21 @@ async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
     }
 }
 
+/// The CORS layer for `origins` (`*`: any origin).
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    let layer = CorsLayer::new().allow_methods(Any).allow_headers(Any).expose_headers(Any);
+    if origins.iter().any(|o| o == "*") {
+        layer.allow_origin(Any)
+    } else {
+        let list = origins.iter().filter_map(|o| axum::http::HeaderValue::from_str(o).ok()).collect::<Vec<_>>();
+        layer.allow_origin(AllowOrigin::list(list))
+    }
+}
+
 pub fn router(st: Shared) -> Router {
-    Router::new()
+    let origins = st.cors.clone();
+    let app = Router::new()
         .route("/health", get(health))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
@@ -303,7 +368,13 @@ pub fn router(st: Shared) -> Router {
         .layer(from_fn_with_state(st.clone(), limit_body))
         .layer(from_fn_with_state(st.clone(), auth))
         .layer(from_fn_with_state(st.clone(), count))
-        .with_state(st)
+        .with_state(st);
+    // Outermost, so preflights (OPTIONS) are answered before auth.
+    if origins.is_empty() {
+        app
+    } else {
+        app.layer(cors(&origins))
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -326,8 +397,7 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
     let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
     // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
-    let limit = cfg.load.budget.map(|_| cfg.load.context);
-    let st = state_limited(model, cfg.api_key.clone(), cfg.queue, limit, cfg.max_body);
+    let st = state_opts(model, &cfg.serve);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -341,10 +411,11 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
             _ => String::new(),
         };
         eprintln!(
-            "strata serve: {} ({}, context {}{experts}), queue {}, auth {}; listening on http://{local}",
+            "strata serve: {} ({}, context {}{experts}), batch {}, queue {}, auth {}; listening on http://{local}",
             st.model_id,
             st.model.model_type,
             st.max_context(),
+            st.worker.max_batch(),
             st.worker.capacity(),
             if st.api_key.is_some() { "on" } else { "off" },
         );

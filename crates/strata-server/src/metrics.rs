@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use strata_engine::experts::RuntimeReport;
+use strata_engine::serving::EngineCounters;
 use strata_engine::GenerationStats;
 
 const BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -55,6 +56,10 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub queue_depth: AtomicUsize,
     pub active: AtomicUsize,
+    /// Requests accepted and not finished (running or waiting).
+    pub inflight: AtomicUsize,
+    /// The serving engine's counters after its last step.
+    pub engine: Mutex<EngineCounters>,
     pub queue_wait: Histogram,
     pub ttft: Histogram,
     pub generation_time: Histogram,
@@ -216,18 +221,52 @@ impl Metrics {
         let gauges: [(&str, &str, f64); 3] = [
             (
                 "strata_queue_depth",
-                "Requests waiting for the generation worker.",
+                "Requests waiting for a place in the batch.",
                 self.queue_depth.load(Ordering::Relaxed) as f64,
             ),
             ("strata_queue_capacity", "Requests that may wait before new ones get 429.", queue_capacity as f64),
             (
                 "strata_generation_active",
-                "Generations running now (0 or 1).",
+                "Requests in the running batch now.",
                 self.active.load(Ordering::Relaxed) as f64,
             ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let e = *self.engine.lock().unwrap();
+        let engine: [(&str, &str, &str, f64); 8] = [
+            ("strata_batch_steps_total", "counter", "Forwards run by the serving engine.", e.steps as f64),
+            (
+                "strata_batch_decode_rows_total",
+                "counter",
+                "Decode rows (one sampled token each).",
+                e.decode_rows as f64,
+            ),
+            (
+                "strata_batch_prefill_rows_total",
+                "counter",
+                "Prompt rows (chunked prefill, recomputation).",
+                e.prefill_rows as f64,
+            ),
+            (
+                "strata_preemptions_total",
+                "counter",
+                "Requests preempted for KV room (computed again later).",
+                e.preemptions as f64,
+            ),
+            (
+                "strata_prompt_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens served from the prompt cache.",
+                e.cache_hit_tokens as f64,
+            ),
+            ("strata_prompt_cache_blocks", "gauge", "KV blocks the prompt cache holds.", e.cache_blocks as f64),
+            ("strata_kv_free_blocks", "gauge", "Free KV blocks in the pool.", e.kv_free_blocks as f64),
+            ("strata_kv_blocks", "gauge", "KV blocks in the pool (16 positions each).", e.kv_total_blocks as f64),
+        ];
+        for (name, kind, help, v) in engine {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
         if let Some(s) = self.last.lock().unwrap().as_ref() {
             let _ = writeln!(out, "# HELP strata_last_decode_tokens_per_second Decode speed of the last generation.\n# TYPE strata_last_decode_tokens_per_second gauge\nstrata_last_decode_tokens_per_second {}", s.decode_tokens_per_s);

@@ -2,11 +2,13 @@
 //! (`/v1/completions`) and Models (`/v1/models`).
 
 use crate::common::{
-    blocking, collect, content_value, json_event, new_id, now_unix, parse_arguments, parse_body, render_prompt, sse,
-    Body, ChatInput, SamplingOptions, Shared, StopField, StreamFormat,
+    blocking, collect_all, content_value, json_event, new_id, now_unix, parse_arguments, render_prompt, sse, Body,
+    ChatInput, GenSpec, SamplingOptions, Shared, StopField, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
+use crate::params::{check_n, check_store, check_top_logprobs, parse_request, Api};
+use crate::structured::{combine, openai_tool_choice, response_format};
 use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
 use axum::extract::{Path, State};
@@ -15,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use strata_engine::sampling::TokenLogprobs;
 use strata_engine::FinishReason;
 
 #[derive(Deserialize, Debug, Default)]
@@ -48,9 +51,19 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: Option<bool>,
     #[serde(default)]
+    pub top_logprobs: Option<u64>,
+    #[serde(default)]
     pub tools: Option<Vec<Value>>,
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub store: Option<bool>,
+    #[serde(default)]
+    pub modalities: Option<Vec<String>>,
     #[serde(flatten)]
     pub template: TemplateFields,
     #[serde(flatten)]
@@ -188,15 +201,36 @@ fn finish_reason(f: &Finished, tool_calls: bool) -> &'static str {
     }
 }
 
-fn usage(f: &Finished) -> Value {
-    let (p, c) = (f.output.stats.prompt_tokens, f.output.stats.generated_tokens);
+/// Usage over every choice: the prompt once, the completions summed; cached tokens are
+/// the prompt tokens the prompt cache supplied (none recomputed).
+fn usage(fs: &[Finished]) -> Value {
+    let p = fs.first().map_or(0, |f| f.output.stats.prompt_tokens);
+    let cached = fs.first().map_or(0, |f| f.output.stats.prompt_tokens - f.output.stats.prefill_tokens);
+    let c: usize = fs.iter().map(|f| f.output.stats.generated_tokens).sum();
     json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-           "prompt_tokens_details": {"cached_tokens": p - f.output.stats.prefill_tokens}})
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 fn openai_tool_call(index: usize, c: &ToolCall) -> Value {
     json!({"index": index, "id": new_id("call_"), "type": "function",
            "function": {"name": c.name, "arguments": c.arguments_json()}})
+}
+
+/// Chat Completions' `logprobs.content` entries.
+fn chat_logprobs(st: &Shared, lps: &[TokenLogprobs]) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let (text, bytes) = st.token_piece(id);
+        json!({"token": text, "logprob": lp, "bytes": bytes})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut e = entry(l.token, l.logprob);
+            e["top_logprobs"] = l.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
 }
 
 pub async fn chat_completions(State(st): State<Shared>, body: Body) -> Response {
@@ -206,87 +240,128 @@ pub async fn chat_completions(State(st): State<Shared>, body: Body) -> Response 
     }
 }
 
+/// `logprobs` and `top_logprobs` as the engine's option.
+fn chat_logprob_option(logprobs: Option<bool>, top: Option<u64>) -> ApiResult<Option<usize>> {
+    let top = check_top_logprobs("top_logprobs", top)?;
+    match (logprobs.unwrap_or(false), top) {
+        (true, t) => Ok(Some(t.unwrap_or(0))),
+        (false, Some(_)) => Err(ApiError::bad_request("top_logprobs needs logprobs: true").with_param("top_logprobs")),
+        (false, None) => Ok(None),
+    }
+}
+
 async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
-    let req: ChatRequest = parse_body(&body)?;
+    let req: ChatRequest = parse_request(&body, Api::Chat)?;
     st.check_model(req.model.as_deref())?;
-    if req.n.unwrap_or(1) != 1 {
-        return Err(ApiError::bad_request("only n=1 is supported").with_param("n"));
+    check_store(req.store)?;
+    if let Some(m) = req.modalities.as_ref().and_then(|m| m.iter().find(|m| *m != "text")) {
+        return Err(ApiError::bad_request(format!("modalities: `{m}` output is not supported (text only)"))
+            .with_param("modalities"));
     }
-    if req.logprobs == Some(true) {
-        return Err(ApiError::bad_request("logprobs are not supported").with_param("logprobs"));
-    }
+    let n = check_n(req.n, st.worker.max_batch())?;
+    let logprobs = chat_logprob_option(req.logprobs, req.top_logprobs)?;
+    let declared = req.tools.clone().map(Value::Array);
+    let forced = openai_tool_choice(req.tool_choice.as_ref(), declared.as_ref())?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let format = combine(response_format(req.response_format.as_ref(), "response_format")?, forced, parallel)?;
     let tools = tool_schemas(req.tools, req.tool_choice.as_ref())?;
     let messages = chat_messages(req.messages)?;
     let input = req.template.input(messages, tools.clone())?;
     let prompt = render_prompt(&st, input).await?;
-    let ids = prompt.ids.clone();
-    let parser = st.output_parser(&prompt.text, tools.as_ref());
-    let gen = st.generate_request(
-        ids,
-        req.max_completion_tokens.or(req.max_tokens),
-        &req.sampling,
-        req.stop.map(StopField::into_vec).unwrap_or_default(),
-        parser.active(),
-    )?;
-    let rx = st.worker.submit(gen)?;
+    let parsers: Vec<OutputParser> = (0..n).map(|_| st.output_parser(&prompt.text, tools.as_ref())).collect();
+    let mut spec = GenSpec::new(prompt.ids.clone(), Api::Chat, &req.sampling);
+    spec.max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    if req.max_completion_tokens.is_some() {
+        spec.max_tokens_field = "max_completion_tokens";
+    }
+    spec.stop = req.stop.map(StopField::into_vec).unwrap_or_default();
+    spec.parsed = parsers[0].active();
+    spec.logprobs = logprobs;
+    spec.format = format;
+    spec.think = st.starts_in_reasoning(&prompt.text);
+    spec.n = n;
+    let rxs = st.worker.submit_many(st.serve_requests(spec)?)?;
     let id = new_id("chatcmpl-");
     let created = now_unix();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let fmt = ChatStream { id, created, model: st.model_id.clone(), include_usage, parser, calls: 0 };
-        return Ok(prompt.mark(sse(rx, fmt)));
+        let fmt = ChatStream {
+            st: st.clone(),
+            id,
+            created,
+            include_usage,
+            parsers,
+            calls: vec![0; n],
+            parallel,
+            done: Vec::new(),
+        };
+        return Ok(prompt.mark(sse(rxs, fmt)));
     }
-    let f = collect(rx).await?;
-    let p = parser.parse(&f.output.text);
-    let mut msg = json!({"role": "assistant", "content": p.content});
-    if !p.reasoning.is_empty() {
-        msg["reasoning_content"] = json!(p.reasoning);
-    }
-    if !p.calls.is_empty() {
-        if p.content.is_empty() {
-            msg["content"] = Value::Null;
-        }
-        msg["tool_calls"] = p
-            .calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let mut v = openai_tool_call(i, c);
-                v.as_object_mut().unwrap().remove("index");
-                v
-            })
-            .collect();
-    }
-    let calls = p.calls;
-    Ok(Json(json!({
+    let fs = collect_all(rxs).await?;
+    let choices: Vec<Value> = fs
+        .iter()
+        .zip(parsers)
+        .enumerate()
+        .map(|(i, (f, parser))| {
+            let mut p = parser.parse(&f.output.text);
+            if !parallel {
+                p.calls.truncate(1);
+            }
+            let mut msg = json!({"role": "assistant", "content": p.content});
+            if !p.reasoning.is_empty() {
+                msg["reasoning_content"] = json!(p.reasoning);
+            }
+            if !p.calls.is_empty() {
+                if p.content.is_empty() {
+                    msg["content"] = Value::Null;
+                }
+                msg["tool_calls"] = p
+                    .calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let mut v = openai_tool_call(i, c);
+                        v.as_object_mut().unwrap().remove("index");
+                        v
+                    })
+                    .collect();
+            }
+            let lp = if logprobs.is_some() { chat_logprobs(&st, &f.logprobs) } else { Value::Null };
+            json!({"index": i, "message": msg, "logprobs": lp,
+                   "finish_reason": finish_reason(f, !p.calls.is_empty())})
+        })
+        .collect();
+    let resp = Json(json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": st.model_id,
-        "choices": [{"index": 0, "message": msg, "logprobs": null,
-                     "finish_reason": finish_reason(&f, !calls.is_empty())}],
-        "usage": usage(&f),
+        "choices": choices,
+        "usage": usage(&fs),
         "system_fingerprint": null,
     }))
-    .into_response())
-    .map(|r| prompt.mark(r))
+    .into_response();
+    Ok(prompt.mark(resp))
 }
 
 struct ChatStream {
+    st: Shared,
     id: String,
     created: u64,
-    model: String,
     include_usage: bool,
-    parser: OutputParser,
-    calls: usize,
+    parsers: Vec<OutputParser>,
+    /// Tool calls sent so far, per choice.
+    calls: Vec<usize>,
+    parallel: bool,
+    done: Vec<Finished>,
 }
 
 impl ChatStream {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> SseEvent {
+    fn chunk(&self, i: usize, delta: Value, finish: Option<&str>, logprobs: Value) -> SseEvent {
         let mut c = json!({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model, "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "model": self.st.model_id, "system_fingerprint": null,
+            "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.include_usage {
             c["usage"] = Value::Null;
@@ -294,18 +369,27 @@ impl ChatStream {
         json_event(None, &c)
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>) -> Vec<SseEvent> {
+    fn pieces(&mut self, i: usize, pieces: Vec<Piece>, logprobs: &[TokenLogprobs]) -> Vec<SseEvent> {
         let mut evs = Vec::new();
+        let mut lp = if logprobs.is_empty() { Value::Null } else { chat_logprobs(&self.st, logprobs) };
         for p in pieces {
-            match p {
-                Piece::Text(t) => evs.push(self.chunk(json!({"content": t}), None)),
-                Piece::Reasoning(r) => evs.push(self.chunk(json!({"reasoning_content": r}), None)),
+            let delta = match p {
+                Piece::Text(t) => json!({"content": t}),
+                Piece::Reasoning(r) => json!({"reasoning_content": r}),
                 Piece::Call(c) => {
-                    let call = openai_tool_call(self.calls, &c);
-                    self.calls += 1;
-                    evs.push(self.chunk(json!({"tool_calls": [call]}), None));
+                    if !self.parallel && self.calls[i] > 0 {
+                        continue;
+                    }
+                    let call = openai_tool_call(self.calls[i], &c);
+                    self.calls[i] += 1;
+                    json!({"tool_calls": [call]})
                 }
-            }
+            };
+            evs.push(self.chunk(i, delta, None, std::mem::take(&mut lp)));
+        }
+        if !lp.is_null() {
+            // Tokens whose text is held back (or is markup) still report their logprobs.
+            evs.push(self.chunk(i, json!({}), None, lp));
         }
         evs
     }
@@ -313,24 +397,32 @@ impl ChatStream {
 
 impl StreamFormat for ChatStream {
     fn start(&mut self) -> Vec<SseEvent> {
-        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+        (0..self.parsers.len())
+            .map(|i| self.chunk(i, json!({"role": "assistant", "content": ""}), None, Value::Null))
+            .collect()
     }
 
-    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
-        let p = self.parser.push(text);
-        self.pieces(p)
+    fn delta(&mut self, i: usize, text: &str, logprobs: &[TokenLogprobs]) -> Vec<SseEvent> {
+        let p = self.parsers[i].push(text);
+        self.pieces(i, p, logprobs)
     }
 
-    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
-        let p = self.parser.finish();
-        let mut evs = self.pieces(p);
-        evs.push(self.chunk(json!({}), Some(finish_reason(f, self.calls > 0))));
+    fn finish(&mut self, i: usize, f: &Finished) -> Vec<SseEvent> {
+        let p = self.parsers[i].finish();
+        let mut evs = self.pieces(i, p, &[]);
+        evs.push(self.chunk(i, json!({}), Some(finish_reason(f, self.calls[i] > 0)), Value::Null));
+        self.done.push(f.clone());
+        evs
+    }
+
+    fn end(&mut self) -> Vec<SseEvent> {
+        let mut evs = Vec::new();
         if self.include_usage {
             evs.push(json_event(
                 None,
                 &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                        "model": self.model, "system_fingerprint": null, "choices": [],
-                        "usage": usage(f)}),
+                        "model": self.st.model_id, "system_fingerprint": null, "choices": [],
+                        "usage": usage(&self.done)}),
             ));
         }
         evs.push(SseEvent::default().data("[DONE]"));
@@ -364,7 +456,11 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub echo: Option<bool>,
     #[serde(default)]
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<u64>,
+    #[serde(default)]
+    pub best_of: Option<u64>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingOptions,
 }
@@ -408,65 +504,104 @@ pub async fn completions(State(st): State<Shared>, body: Body) -> Response {
     }
 }
 
+/// The legacy Completions `logprobs` object for `lps`, text offsets from `offset`.
+fn completion_logprobs(st: &Shared, lps: &[TokenLogprobs], mut offset: usize) -> Value {
+    let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for l in lps {
+        let text = st.token_piece(l.token).0;
+        offsets.push(offset);
+        offset += text.len();
+        tokens.push(text);
+        values.push(l.logprob);
+        let top: Map<String, Value> = l.top.iter().map(|&(id, lp)| (st.token_piece(id).0, json!(lp))).collect();
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+}
+
 async fn completion(st: Shared, body: Body) -> ApiResult<Response> {
-    let mut req: CompletionRequest = parse_body(&body)?;
+    let mut req: CompletionRequest = parse_request(&body, Api::Completions)?;
     st.check_model(req.model.as_deref())?;
-    if req.n.unwrap_or(1) != 1 {
-        return Err(ApiError::bad_request("only n=1 is supported").with_param("n"));
+    let n = check_n(req.n, st.worker.max_batch())?;
+    if req.best_of.is_some_and(|b| b != n as u64) {
+        return Err(
+            ApiError::bad_request("best_of: only best_of equal to n (or unset) is supported").with_param("best_of")
+        );
     }
-    if req.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::bad_request("logprobs are not supported").with_param("logprobs"));
-    }
+    let logprobs = check_top_logprobs("logprobs", req.logprobs)?;
+    let format = response_format(req.response_format.as_ref(), "response_format")?.map(|f| (f, "response_format"));
     let prompt = std::mem::take(&mut req.prompt);
     let (prompt_text, ids) = {
         let st = st.clone();
         blocking(move || completion_prompt(&st, &prompt)).await?
     };
-    let gen = st.generate_request(
-        ids,
-        Some(req.max_tokens.unwrap_or(16)),
-        &req.sampling,
-        req.stop.map(StopField::into_vec).unwrap_or_default(),
-        false,
-    )?;
-    let rx = st.worker.submit(gen)?;
+    let mut spec = GenSpec::new(ids, Api::Completions, &req.sampling);
+    spec.max_tokens = Some(req.max_tokens.unwrap_or(16));
+    spec.stop = req.stop.map(StopField::into_vec).unwrap_or_default();
+    spec.logprobs = logprobs;
+    spec.format = format;
+    spec.n = n;
+    let rxs = st.worker.submit_many(st.serve_requests(spec)?)?;
     let echo = if req.echo.unwrap_or(false) { prompt_text } else { String::new() };
     let id = new_id("cmpl-");
     let created = now_unix();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        let fmt = CompletionStream { id, created, model: st.model_id.clone(), include_usage, echo };
-        return Ok(sse(rx, fmt));
+        let fmt = CompletionStream {
+            st: st.clone(),
+            id,
+            created,
+            include_usage,
+            echo,
+            n,
+            offsets: vec![0; n],
+            logprobs: logprobs.is_some(),
+            done: Vec::new(),
+        };
+        return Ok(sse(rxs, fmt));
     }
-    let f = collect(rx).await?;
+    let fs = collect_all(rxs).await?;
+    let choices: Vec<Value> = fs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let lp = if logprobs.is_some() { completion_logprobs(&st, &f.logprobs, echo.len()) } else { Value::Null };
+            json!({"index": i, "text": echo.clone() + &f.output.text, "logprobs": lp,
+                   "finish_reason": finish_reason(f, false)})
+        })
+        .collect();
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": st.model_id,
-        "choices": [{"index": 0, "text": echo + &f.output.text, "logprobs": null,
-                     "finish_reason": finish_reason(&f, false)}],
-        "usage": usage(&f),
+        "choices": choices,
+        "usage": usage(&fs),
         "system_fingerprint": null,
     }))
     .into_response())
 }
 
 struct CompletionStream {
+    st: Shared,
     id: String,
     created: u64,
-    model: String,
     include_usage: bool,
     echo: String,
+    n: usize,
+    /// Text sent so far per choice (for logprobs' text offsets).
+    offsets: Vec<usize>,
+    logprobs: bool,
+    done: Vec<Finished>,
 }
 
 impl CompletionStream {
-    fn chunk(&self, text: &str, finish: Option<&str>) -> SseEvent {
+    fn chunk(&self, i: usize, text: &str, finish: Option<&str>, logprobs: Value) -> SseEvent {
         json_event(
             None,
             &json!({"id": self.id, "object": "text_completion", "created": self.created,
-                    "model": self.model, "system_fingerprint": null,
-                    "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]}),
+                    "model": self.st.model_id, "system_fingerprint": null,
+                    "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}),
         )
     }
 }
@@ -474,23 +609,35 @@ impl CompletionStream {
 impl StreamFormat for CompletionStream {
     fn start(&mut self) -> Vec<SseEvent> {
         if self.echo.is_empty() {
-            vec![]
-        } else {
-            vec![self.chunk(&self.echo, None)]
+            return vec![];
         }
+        let echo = self.echo.clone();
+        (0..self.n)
+            .map(|i| {
+                self.offsets[i] = echo.len();
+                self.chunk(i, &echo, None, Value::Null)
+            })
+            .collect()
     }
 
-    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
-        vec![self.chunk(text, None)]
+    fn delta(&mut self, i: usize, text: &str, logprobs: &[TokenLogprobs]) -> Vec<SseEvent> {
+        let lp = if self.logprobs { completion_logprobs(&self.st, logprobs, self.offsets[i]) } else { Value::Null };
+        self.offsets[i] += text.len();
+        vec![self.chunk(i, text, None, lp)]
     }
 
-    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
-        let mut evs = vec![self.chunk("", Some(finish_reason(f, false)))];
+    fn finish(&mut self, i: usize, f: &Finished) -> Vec<SseEvent> {
+        self.done.push(f.clone());
+        vec![self.chunk(i, "", Some(finish_reason(f, false)), Value::Null)]
+    }
+
+    fn end(&mut self) -> Vec<SseEvent> {
+        let mut evs = Vec::new();
         if self.include_usage {
             evs.push(json_event(
                 None,
                 &json!({"id": self.id, "object": "text_completion", "created": self.created,
-                        "model": self.model, "choices": [], "usage": usage(f)}),
+                        "model": self.st.model_id, "choices": [], "usage": usage(&self.done)}),
             ));
         }
         evs.push(SseEvent::default().data("[DONE]"));

@@ -4,11 +4,13 @@
 //! `previous_response_id` is refused.
 
 use crate::common::{
-    collect, content_text, content_value, json_event, message, new_id, now_unix, parse_body, render_prompt, sse,
-    template_tool_call, Body, ChatInput, SamplingOptions, Shared, StreamFormat,
+    collect, content_text, content_value, json_event, message, new_id, now_unix, render_prompt, sse,
+    template_tool_call, Body, ChatInput, GenSpec, SamplingOptions, Shared, StreamFormat,
 };
 use crate::error::{ApiError, ApiResult, Flavor};
 use crate::output::OutputParser;
+use crate::params::{check_store, parse_request, Api};
+use crate::structured::{combine, openai_tool_choice, response_format};
 use crate::tools::{Piece, ToolCall};
 use crate::worker::Finished;
 use axum::extract::State;
@@ -17,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use strata_engine::sampling::TokenLogprobs;
 use strata_engine::{FinishReason, Message};
 
 #[derive(Deserialize, Debug)]
@@ -42,6 +45,18 @@ pub struct ResponsesRequest {
     /// Extra template variables (an extension, as on Chat Completions).
     #[serde(default)]
     pub chat_template_kwargs: Option<Value>,
+    /// `{"format": {...}}`: text, json_object, json_schema (and the regex and grammar
+    /// extensions).
+    #[serde(default)]
+    pub text: Option<Value>,
+    #[serde(default)]
+    pub store: Option<bool>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub truncation: Option<String>,
+    #[serde(default)]
+    pub include: Option<Vec<String>>,
     #[serde(flatten)]
     pub sampling: SamplingOptions,
 }
@@ -188,7 +203,7 @@ impl Echo {
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "completed" {
+    let content = if status != "in_progress" {
         json!([{"type": "output_text", "text": text, "annotations": []}])
     } else {
         json!([])
@@ -197,7 +212,7 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
 }
 
 fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "completed" { json!([{"type": "reasoning_text", "text": text}]) } else { json!([]) };
+    let content = if status != "in_progress" { json!([{"type": "reasoning_text", "text": text}]) } else { json!([]) };
     json!({"id": id, "type": "reasoning", "status": status, "summary": [], "content": content})
 }
 
@@ -213,8 +228,17 @@ pub async fn responses(State(st): State<Shared>, body: Body) -> Response {
     }
 }
 
+/// The status of the items of an answer: `incomplete` when `max_output_tokens` cut it.
+fn item_status(f: &Finished) -> &'static str {
+    if f.output.finish_reason == FinishReason::Length {
+        "incomplete"
+    } else {
+        "completed"
+    }
+}
+
 async fn run(st: Shared, body: Body) -> ApiResult<Response> {
-    let req: ResponsesRequest = parse_body(&body)?;
+    let req: ResponsesRequest = parse_request(&body, Api::Responses)?;
     st.check_model(req.model.as_deref())?;
     if req.previous_response_id.is_some() {
         return Err(ApiError::bad_request(
@@ -222,7 +246,31 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
         )
         .with_param("previous_response_id"));
     }
+    check_store(req.store)?;
+    if req.truncation.as_deref().is_some_and(|t| t != "disabled") {
+        return Err(ApiError::bad_request(
+            "truncation: only `disabled` is supported (a prompt that does not fit is refused)",
+        )
+        .with_param("truncation"));
+    }
+    if let Some(i) = req.include.as_ref().and_then(|i| i.first()) {
+        return Err(ApiError::bad_request(format!("include: `{i}` is not supported")).with_param("include"));
+    }
+    let text_format = match &req.text {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(t)) => {
+            if let Some(k) = t.keys().find(|k| *k != "format") {
+                return Err(ApiError::bad_request(format!("text.{k} is not supported")).with_param(format!("text.{k}")));
+            }
+            response_format(t.get("format"), "text.format")?
+        }
+        Some(_) => return Err(ApiError::bad_request("text must be an object").with_param("text")),
+    };
     let tools = tools_of(&req)?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let forced = openai_tool_choice(req.tool_choice.as_ref(), tools.as_ref())?;
+    let format = combine(text_format, forced, parallel)?
+        .map(|(f, p)| (f, if p == "response_format" { "text.format" } else { p }));
     let messages = input_messages(req.instructions.as_deref(), &req.input)?;
     if messages.iter().all(|m| m.role == "system") {
         return Err(ApiError::bad_request("`input` must not be empty").with_param("input"));
@@ -233,34 +281,49 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     }
     input.template_kwargs(req.chat_template_kwargs.as_ref())?;
     let prompt = render_prompt(&st, input).await?;
-    let ids = prompt.ids.clone();
     let parser = st.output_parser(&prompt.text, tools.as_ref());
-    let gen = st.generate_request(ids, req.max_output_tokens, &req.sampling, vec![], parser.active())?;
+    let mut spec = GenSpec::new(prompt.ids.clone(), Api::Responses, &req.sampling);
+    spec.max_tokens = req.max_output_tokens;
+    spec.max_tokens_field = "max_output_tokens";
+    spec.parsed = parser.active();
+    spec.format = format;
+    spec.think = st.starts_in_reasoning(&prompt.text);
+    let gen = st.serve_requests(spec)?;
     let echo = Echo {
         id: new_id("resp_"),
         created_at: now_unix(),
         model: st.model_id.clone(),
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
-        temperature: gen.sampling.temperature,
-        top_p: gen.sampling.top_p,
+        temperature: gen[0].gen.sampling.temperature,
+        top_p: gen[0].gen.sampling.top_p,
         tools: req.tools.clone().unwrap_or_default(),
     };
-    let rx = st.worker.submit(gen)?;
+    let rx = st.worker.submit_many(gen)?;
     if req.stream.unwrap_or(false) {
-        let fmt = ResponsesStream { echo, seq: 0, parser, output: Vec::new(), open: None };
+        let fmt = ResponsesStream {
+            echo,
+            seq: 0,
+            parser,
+            output: Vec::new(),
+            open: None,
+            status: "completed",
+            parallel,
+            calls: 0,
+        };
         return Ok(prompt.mark(sse(rx, fmt)));
     }
-    let f = collect(rx).await?;
+    let f = collect(rx.into_iter().next().expect("one generation")).await?;
     let p = parser.parse(&f.output.text);
+    let status = item_status(&f);
     let mut output = Vec::new();
     if !p.reasoning.is_empty() {
-        output.push(reasoning_item(&new_id("rs_"), &p.reasoning, "completed"));
+        output.push(reasoning_item(&new_id("rs_"), &p.reasoning, status));
     }
     if !p.content.is_empty() || p.calls.is_empty() {
-        output.push(message_item(&new_id("msg_"), &p.content, "completed"));
+        output.push(message_item(&new_id("msg_"), &p.content, status));
     }
-    for c in &p.calls {
+    for c in p.calls.iter().take(if parallel { usize::MAX } else { 1 }) {
         output.push(call_item(&new_id("fc_"), &new_id("call_"), c, &c.arguments_json(), "completed"));
     }
     Ok(prompt.mark(Json(echo.response("completed", output, Some(&f))).into_response()))
@@ -280,6 +343,11 @@ struct ResponsesStream {
     output: Vec<Value>,
     /// The item being streamed: its kind, id and text so far.
     open: Option<(Open, String, String)>,
+    /// Status of the items closed from now on.
+    status: &'static str,
+    /// `parallel_tool_calls`: false keeps the first call only.
+    parallel: bool,
+    calls: usize,
 }
 
 impl ResponsesStream {
@@ -340,7 +408,7 @@ impl ResponsesStream {
         let index = self.output.len();
         let item = match kind {
             Open::Message => {
-                let item = message_item(&id, &text, "completed");
+                let item = message_item(&id, &text, self.status);
                 let done = [
                     self.ev(
                         "response.output_text.done",
@@ -363,7 +431,7 @@ impl ResponsesStream {
                     "output_index": index, "content_index": 0, "text": text}),
                 );
                 evs.push(done);
-                reasoning_item(&id, &text, "completed")
+                reasoning_item(&id, &text, self.status)
             }
         };
         let done = self.ev("response.output_item.done", json!({"output_index": index, "item": item.clone()}));
@@ -378,6 +446,10 @@ impl ResponsesStream {
                 Piece::Text(t) => self.text(&mut evs, Open::Message, &t),
                 Piece::Reasoning(r) => self.text(&mut evs, Open::Reasoning, &r),
                 Piece::Call(c) => {
+                    if !self.parallel && self.calls > 0 {
+                        continue;
+                    }
+                    self.calls += 1;
                     self.close(&mut evs);
                     let index = self.output.len();
                     let (id, call_id, args) = (new_id("fc_"), new_id("call_"), c.arguments_json());
@@ -422,12 +494,13 @@ impl StreamFormat for ResponsesStream {
         ]
     }
 
-    fn delta(&mut self, text: &str) -> Vec<SseEvent> {
+    fn delta(&mut self, _: usize, text: &str, _: &[TokenLogprobs]) -> Vec<SseEvent> {
         let pieces = self.parser.push(text);
         self.pieces(pieces)
     }
 
-    fn finish(&mut self, f: &Finished) -> Vec<SseEvent> {
+    fn finish(&mut self, _: usize, f: &Finished) -> Vec<SseEvent> {
+        self.status = item_status(f);
         let rest = self.parser.finish();
         let mut evs = self.pieces(rest);
         let answered = self.output.iter().any(|i| i["type"] != "reasoning")

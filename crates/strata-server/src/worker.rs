@@ -1,158 +1,240 @@
-//! The generation worker: one thread that owns the model's session and runs one
-//! generation at a time, fed by a bounded queue. Text deltas go back to the request over
-//! a channel; a closed channel (the client went away) cancels the generation.
+//! The generation worker: one thread that owns the model's session through the serving
+//! engine (strata_engine::serving) and runs every admitted request in one batch, a step
+//! at a time. Requests come over a channel and start at the next step; text deltas go
+//! back over each request's own channel; a closed channel (the client went away)
+//! cancels the request at the next step.
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
-use std::time::Instant;
-use strata_engine::{FinishReason, GenerateRequest, GenerationOutput, LoadedModel};
+use std::time::{Duration, Instant};
+use strata_engine::serving::{BatchEngine, EngineOptions, ServeRequest};
+use strata_engine::LoadedModel;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-/// A finished generation, with the stop string that ended it (if one did).
-#[derive(Clone, Debug)]
-pub struct Finished {
-    pub output: GenerationOutput,
-    pub stop_sequence: Option<String>,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    Delta(String),
-    Done(Result<Finished, String>),
-}
+pub use strata_engine::serving::{Finished, Update as Event};
 
 struct Job {
-    req: GenerateRequest,
+    req: ServeRequest,
     events: UnboundedSender<Event>,
     accepted: Instant,
 }
 
 pub struct Worker {
-    tx: SyncSender<Job>,
+    tx: Sender<Job>,
     capacity: usize,
+    max_batch: usize,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
 }
 
+const SHUTTING_DOWN: &str = "the server is shutting down";
+
+/// The longest the expert runtime goes without a turn boundary while requests keep
+/// the batch busy.
+const TURN_EVERY: Duration = Duration::from_secs(2);
+
 impl Worker {
-    /// Starts the worker thread; `capacity` requests may wait while one runs.
-    pub fn start(model: Arc<LoadedModel>, capacity: usize, metrics: Arc<Metrics>) -> Self {
-        let (tx, rx) = sync_channel::<Job>(capacity);
+    /// Starts the worker thread: up to `opts.max_batch` requests run at once and
+    /// `capacity` more may wait.
+    pub fn start(model: Arc<LoadedModel>, capacity: usize, opts: EngineOptions, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = channel::<Job>();
         let m = metrics.clone();
         let shutdown = Arc::new(AtomicBool::new(false));
         let stop = shutdown.clone();
         std::thread::Builder::new()
             .name("strata-generate".into())
-            .spawn(move || run(model, rx, m, stop))
+            .spawn(move || run(model, rx, opts, m, stop))
             .expect("spawn the generation thread");
-        Self { tx, capacity, metrics, shutdown }
+        Self { tx, capacity, max_batch: opts.max_batch, metrics, shutdown }
     }
 
-    /// Server shutdown: the running generation stops at its next token (finishing
-    /// normally: its answer and final events go out); queued ones are refused.
+    /// Server shutdown: running generations stop at the next step (finishing normally:
+    /// their answers and final events go out); queued ones are refused.
     pub fn shut_down(&self) {
+        // (An idle worker has nothing to stop; it refuses what arrives next.)
         self.shutdown.store(true, Ordering::SeqCst);
     }
 
+    /// Requests that may wait beyond the running batch.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Queues a generation; its events arrive on the returned channel. A full queue is
-    /// a 429 with `Retry-After`.
-    pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, ApiError> {
-        let (events, rx) = unbounded_channel();
-        let job = Job { req, events, accepted: Instant::now() };
-        // Count before sending, so the worker never sees a depth below zero.
-        self.metrics.queue_depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(rx),
-            Err(e) => {
-                self.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
-                match e {
-                    TrySendError::Full(_) => {
-                        self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
-                        Err(ApiError::queue_full(self.capacity))
-                    }
-                    TrySendError::Disconnected(_) => Err(ApiError::internal("the generation worker has stopped")),
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Queues a generation; its events arrive on the returned channel. Beyond the batch
+    /// and the queue the answer is a 429 with `Retry-After`.
+    pub fn submit(&self, req: ServeRequest) -> Result<UnboundedReceiver<Event>, ApiError> {
+        self.submit_many(vec![req]).map(|mut v| v.remove(0))
+    }
+
+    /// Queues several generations (the choices of one request) as a whole, or none.
+    pub fn submit_many(&self, reqs: Vec<ServeRequest>) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+        let n = reqs.len();
+        let limit = self.capacity + self.max_batch;
+        let m = &self.metrics;
+        // Count before sending, so the worker never sees a count below zero.
+        let before = m.inflight.fetch_add(n, Ordering::SeqCst);
+        if before + n > limit {
+            m.inflight.fetch_sub(n, Ordering::SeqCst);
+            m.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::queue_full(self.capacity));
+        }
+        let mut out = Vec::with_capacity(n);
+        for req in reqs {
+            let (events, rx) = unbounded_channel();
+            if self.tx.send(Job { req, events, accepted: Instant::now() }).is_err() {
+                m.inflight.fetch_sub(n - out.len(), Ordering::SeqCst);
+                return Err(ApiError::internal("the generation worker has stopped"));
+            }
+            out.push(rx);
+        }
+        // The gauge at once (the worker refreshes it after each step).
+        let depth = m.inflight.load(Ordering::SeqCst).saturating_sub(m.active.load(Ordering::SeqCst));
+        m.queue_depth.store(depth, Ordering::SeqCst);
+        Ok(out)
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+struct Live {
+    events: UnboundedSender<Event>,
+    accepted: Instant,
+}
+
+fn run(
+    model: Arc<LoadedModel>,
+    rx: Receiver<Job>,
+    opts: EngineOptions,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+) {
+    let mut engine = match BatchEngine::new(model.model.as_ref(), model.tokenizer.as_ref(), opts) {
+        Ok(e) => e,
+        Err(e) => {
+            let msg = format!("the serving engine could not start: {e:#}");
+            eprintln!("error: {msg}");
+            while let Ok(job) = rx.recv() {
+                let _ = job.events.send(Event::Done(Err(msg.clone())));
+                metrics.inflight.fetch_sub(1, Ordering::SeqCst);
+            }
+            return;
+        }
+    };
+    let mut live: HashMap<u64, Live> = HashMap::new();
+    let mut updates = Vec::new();
+    let mut last_turn = Instant::now();
+    let mut turn_pending = false;
+    loop {
+        // New requests join at the next step; with nothing to do, wait for one.
+        let mut next = if engine.is_idle() {
+            match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        let stopping = shutdown.load(Ordering::SeqCst);
+        while let Some(job) = next.take().or_else(|| rx.try_recv().ok()) {
+            let Job { req, events, accepted } = job;
+            if stopping {
+                metrics.inflight.fetch_sub(1, Ordering::SeqCst);
+                let _ = events.send(Event::Done(Err(SHUTTING_DOWN.into())));
+                continue;
+            }
+            match engine.submit(req) {
+                Ok(id) => {
+                    live.insert(id, Live { events, accepted });
+                }
+                Err(e) => {
+                    metrics.generation_errors.fetch_add(1, Ordering::Relaxed);
+                    metrics.inflight.fetch_sub(1, Ordering::SeqCst);
+                    let _ = events.send(Event::Done(Err(format!("{e:#}"))));
                 }
             }
         }
-    }
-}
-
-/// The stop string that ended `out`, found by decoding the generated tokens in full.
-fn matched_stop(model: &LoadedModel, req: &GenerateRequest, out: &GenerationOutput) -> Option<String> {
-    if out.finish_reason != FinishReason::Stop || req.stop_strings.is_empty() {
-        return None;
-    }
-    let full = model.tokenizer.as_ref()?.decode(&out.tokens, req.skip_special_tokens).ok()?;
-    let tail = full.get(out.text.len()..)?;
-    req.stop_strings.iter().find(|s| tail.starts_with(s.as_str())).cloned()
-}
-
-fn run(model: Arc<LoadedModel>, rx: Receiver<Job>, metrics: Arc<Metrics>, shutdown: Arc<AtomicBool>) {
-    let tok = model.tokenizer.as_ref();
-    let mut gen = None;
-    while let Ok(job) = rx.recv() {
-        metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
-        if job.events.is_closed() {
-            // The client left while waiting.
-            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        if shutdown.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::Done(Err("the server is shutting down".into())));
-            continue;
-        }
-        let started = Instant::now();
-        let wait = started.duration_since(job.accepted).as_secs_f64();
-        metrics.active.store(1, Ordering::SeqCst);
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            if gen.is_none() {
-                gen = Some(model.generator()?);
+        // Clients that went away.
+        let gone: Vec<u64> = live.iter().filter(|(_, l)| l.events.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            let l = live.remove(&id).expect("listed above");
+            metrics.inflight.fetch_sub(1, Ordering::SeqCst);
+            match engine.cancel(id) {
+                Some(f) => {
+                    metrics.record_generation(&f.output.stats, f.queue_wait_s, l.accepted.elapsed().as_secs_f64())
+                }
+                None => {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            let events = &job.events;
-            gen.as_mut().unwrap().generate(tok, &job.req, &mut |delta: &str| {
-                events.send(Event::Delta(delta.to_string())).is_ok() && !shutdown.load(Ordering::SeqCst)
-            })
-        }));
-        metrics.active.store(0, Ordering::SeqCst);
-        let done = match result {
-            Ok(Ok(output)) => {
-                let total = job.accepted.elapsed().as_secs_f64();
-                metrics.record_generation(&output.stats, wait, total);
-                let stop_sequence = matched_stop(&model, &job.req, &output);
-                Ok(Finished { output, stop_sequence })
+        }
+        let result = match stopping {
+            true => {
+                engine.shut_down(SHUTTING_DOWN, &mut updates);
+                Ok(Ok(()))
             }
+            false => std::panic::catch_unwind(AssertUnwindSafe(|| engine.step(&mut updates))),
+        };
+        match result {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                metrics.generation_errors.fetch_add(1, Ordering::Relaxed);
-                Err(format!("generation failed: {e:#}"))
+                let _ = engine.reset(&format!("generation failed: {e:#}"), &mut updates);
             }
             Err(panic) => {
-                // The session may be half-updated: start a fresh one next time.
-                gen = None;
-                metrics.generation_errors.fetch_add(1, Ordering::Relaxed);
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(format!("generation failed: {msg}"))
+                // The session may be half-updated: fail what runs and start afresh.
+                let msg = format!("generation failed: {}", panic_message(panic.as_ref()));
+                if let Err(e) = engine.reset(&msg, &mut updates) {
+                    eprintln!("error: the serving engine could not restart: {e:#}");
+                }
             }
-        };
-        let _ = job.events.send(Event::Done(done));
-        // The expert runtime's turn boundary (repins, ledger flush, pressure correction),
-        // after the answer is on its way and before the next generation.
-        if let Some(experts) = &model.experts {
-            match std::panic::catch_unwind(AssertUnwindSafe(|| experts.end_turn())) {
-                Ok(Ok(report)) => metrics.record_experts(&report),
-                Ok(Err(e)) => eprintln!("warning: expert runtime: end of turn: {e:#}"),
-                Err(_) => eprintln!("warning: expert runtime: end of turn panicked"),
+        }
+        for (id, u) in updates.drain(..) {
+            let Event::Done(r) = &u else {
+                if let Some(l) = live.get(&id) {
+                    let _ = l.events.send(u);
+                }
+                continue;
+            };
+            let Some(l) = live.remove(&id) else { continue };
+            metrics.inflight.fetch_sub(1, Ordering::SeqCst);
+            turn_pending = true;
+            match r {
+                Ok(f) => metrics.record_generation(&f.output.stats, f.queue_wait_s, l.accepted.elapsed().as_secs_f64()),
+                Err(_) => {
+                    metrics.generation_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let _ = l.events.send(u);
+        }
+        let c = engine.counters();
+        metrics.active.store(c.running, Ordering::SeqCst);
+        metrics.queue_depth.store(metrics.inflight.load(Ordering::SeqCst).saturating_sub(c.running), Ordering::SeqCst);
+        *metrics.engine.lock().unwrap() = c;
+        // The expert runtime's turn boundary (repins, ledger flush, pressure correction):
+        // when the batch empties after finished requests, or every TURN_EVERY while busy.
+        if turn_pending && (engine.is_idle() || last_turn.elapsed() >= TURN_EVERY) {
+            turn_pending = false;
+            last_turn = Instant::now();
+            if let Some(experts) = &model.experts {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| experts.end_turn())) {
+                    Ok(Ok(report)) => metrics.record_experts(&report),
+                    Ok(Err(e)) => eprintln!("warning: expert runtime: end of turn: {e:#}"),
+                    Err(_) => eprintln!("warning: expert runtime: end of turn panicked"),
+                }
             }
         }
     }

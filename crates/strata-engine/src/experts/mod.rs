@@ -44,14 +44,16 @@ fn open_tier(dir: &Path, moe: &strata_models::MoeLayout, tier: &str) -> Result<O
 
 /// The draft (MTP) layer's experts of the container in `dir`: the int8 tier streamed
 /// through its own small slab (top-k times [`DRAFT_WORKING_ROWS`] working slots and one
-/// layer slot), counting into the main tier's ledger. None when the container has no
-/// draft tier (the model then runs without speculation).
+/// layer slot), counting into the main tier's ledger; when the budget's headroom (what
+/// the main plan leaves unused, `headroom` bytes) holds the whole tier, every draft
+/// expert gets a slot. None when the container has no draft tier (the model then runs
+/// without speculation).
 pub fn draft_experts(
-    _model_dir: &Path,
     dir: &Path,
     arch: &dyn Arch,
     opts: &LoadOptions,
     main: &Arc<StreamedExperts>,
+    headroom: u64,
 ) -> Result<Option<ExpertsChoice>> {
     let Some(moe) = arch.moe() else { return Ok(None) };
     let Some(source) = open_tier(dir, &moe, "mtp")? else {
@@ -60,14 +62,18 @@ pub fn draft_experts(
     };
     let slot = source.slot_bytes() as u64;
     let working = moe.top_k * DRAFT_WORKING_ROWS;
+    let layers = source.layers().len();
+    // The small slab is counted in the plan; the rest of the tier must fit the headroom.
+    let whole_tier = (layers * source.experts_per_layer()).saturating_sub(layers) as u64 * slot;
+    let per_layer = if whole_tier <= headroom { source.experts_per_layer() } else { 1 };
     let p = plan(PlanInput {
-        budget_bytes: u64::MAX / 4,
+        budget_bytes: (working + layers * per_layer) as u64 * slot,
         fixed_bytes: 0,
         slot_bytes: slot,
-        sparse_layers: source.layers().len(),
+        sparse_layers: layers,
         working_slots: working,
         pinned_experts: 0,
-        max_slots_per_layer: Some(1),
+        max_slots_per_layer: Some(per_layer),
     })
     .map_err(|e| anyhow::anyhow!("{}: draft tier: {e}", dir.display()))?;
     let rt = RuntimeOptions {

@@ -171,4 +171,12 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
     fn routes(&self) -> &Routes {
         &self.routes
     }
+
+    fn kv(&self) -> Option<&KvBlocks> {
+        Some(&self.kv)
+    }
+
+    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
+        Some(&mut self.kv)
+    }
 }

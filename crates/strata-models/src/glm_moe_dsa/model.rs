@@ -225,6 +225,14 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         &self.routes
     }
 
+    fn kv(&self) -> Option<&KvBlocks> {
+        Some(&self.kv)
+    }
+
+    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
+        Some(&mut self.kv)
+    }
+
     fn has_draft(&self) -> bool {
         self.draft.is_some()
     }

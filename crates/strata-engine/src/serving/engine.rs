@@ -1,0 +1,386 @@
+//! The execution piece: one session holding every running sequence, one forward per
+//! step over the rows the scheduler picked, a sample per request whose tokens are in.
+
+use super::prefix::PrefixCache;
+use super::request::Active;
+use super::schedule::{admits, plan_rows, shared_blocks};
+use super::{Finished, ServeRequest, Update};
+use crate::generate::FinishReason;
+use crate::tokenizer::TextTokenizer;
+use anyhow::{bail, Result};
+use std::collections::VecDeque;
+use strata_models::kv::{KvBlocks, BLOCK_SIZE};
+use strata_models::{Batch, Logits, Model, Session, SessionOptions};
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Sequences running at once (`--max-batch`).
+    pub max_batch: usize,
+    /// KV positions shared by every running sequence and the prompt cache.
+    pub kv_tokens: usize,
+    /// Positions one sequence may hold (prompt and answer).
+    pub context: usize,
+    /// Rows one forward may carry: decode rows plus prompt chunks.
+    pub step_tokens: usize,
+    /// Bytes of KV the prompt cache may keep (within `kv_tokens`).
+    pub prompt_cache_bytes: u64,
+    /// KV bytes per position (the model family's), to size the cache in blocks.
+    pub kv_bytes_per_token: u64,
+}
+
+/// Counters over the engine's life, for `/stats` and `/metrics`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct EngineCounters {
+    pub steps: u64,
+    pub rows: u64,
+    pub decode_rows: u64,
+    pub prefill_rows: u64,
+    pub preemptions: u64,
+    pub cache_hit_tokens: u64,
+    pub cache_blocks: usize,
+    pub cache_capacity_blocks: usize,
+    pub cache_evicted_blocks: u64,
+    pub kv_free_blocks: usize,
+    pub kv_total_blocks: usize,
+    pub running: usize,
+    pub waiting: usize,
+}
+
+pub struct BatchEngine<'m> {
+    model: &'m dyn Model,
+    tok: Option<&'m TextTokenizer>,
+    session: Box<dyn Session + 'm>,
+    opts: EngineOptions,
+    cache: PrefixCache,
+    waiting: VecDeque<Active>,
+    /// In admission order.
+    running: Vec<Active>,
+    batch: Batch,
+    /// Rows of each running request in the step being run.
+    rows: Vec<usize>,
+    logits: Vec<f32>,
+    next_id: u64,
+    counters: EngineCounters,
+}
+
+fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
+    session.kv_mut().expect("the serving engine needs a session with block KV")
+}
+
+impl<'m> BatchEngine<'m> {
+    pub fn new(model: &'m dyn Model, tok: Option<&'m TextTokenizer>, opts: EngineOptions) -> Result<Self> {
+        if opts.max_batch == 0 || opts.step_tokens == 0 {
+            bail!("max_batch and step_tokens must be at least 1");
+        }
+        let context = opts.context.min(model.info().max_context).max(1);
+        if context > opts.kv_tokens {
+            bail!(
+                "the KV pool ({} positions) cannot hold one sequence of the context ({context} positions)",
+                opts.kv_tokens
+            );
+        }
+        let opts = EngineOptions { context, step_tokens: opts.step_tokens.max(opts.max_batch), ..opts };
+        let session = model.new_session(SessionOptions {
+            max_seqs: opts.max_batch,
+            kv_tokens: opts.kv_tokens,
+            max_len: context,
+            max_rows: opts.step_tokens,
+        })?;
+        let Some(pool) = session.kv() else { bail!("this model's sessions do not keep block KV") };
+        let block_bytes = (opts.kv_bytes_per_token * BLOCK_SIZE as u64).max(1);
+        let cache_blocks = ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks());
+        Ok(Self {
+            model,
+            tok,
+            session,
+            opts,
+            cache: PrefixCache::new(cache_blocks),
+            waiting: VecDeque::new(),
+            running: Vec::with_capacity(opts.max_batch),
+            batch: Batch::new(),
+            rows: Vec::new(),
+            logits: Vec::new(),
+            next_id: 0,
+            counters: EngineCounters::default(),
+        })
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Queues a request; its updates come out of [`BatchEngine::step`] under the id.
+    pub fn submit(&mut self, req: ServeRequest) -> Result<u64> {
+        let id = self.next_id;
+        let a = Active::new(id, req, self.opts.context)?;
+        self.next_id += 1;
+        self.waiting.push_back(a);
+        Ok(id)
+    }
+
+    /// Drops a request wherever it is; its sequence's blocks go back (its full blocks
+    /// to the prompt cache). Returns the request's output so far, if it was known.
+    pub fn cancel(&mut self, id: u64) -> Option<Finished> {
+        if let Some(i) = self.waiting.iter().position(|a| a.id == id) {
+            let mut a = self.waiting.remove(i).expect("found above");
+            return Some(self.finish(&mut a, FinishReason::Cancelled));
+        }
+        let i = self.running.iter().position(|a| a.id == id)?;
+        let mut a = self.running.remove(i);
+        self.release(&mut a);
+        Some(self.finish(&mut a, FinishReason::Cancelled))
+    }
+
+    /// Ends every request now (server shutdown): running ones finish with `Stop` and
+    /// their output so far; waiting ones are refused with `why`.
+    pub fn shut_down(&mut self, why: &str, out: &mut Vec<(u64, Update)>) {
+        while let Some(mut a) = self.running.pop() {
+            self.release(&mut a);
+            let f = self.finish(&mut a, FinishReason::Stop);
+            out.push((a.id, Update::Done(Ok(Box::new(f)))));
+        }
+        while let Some(a) = self.waiting.pop_front() {
+            out.push((a.id, Update::Done(Err(why.to_string()))));
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Ids of the requests the engine holds (running and waiting).
+    pub fn ids(&self) -> Vec<u64> {
+        self.running.iter().chain(&self.waiting).map(|a| a.id).collect()
+    }
+
+    pub fn counters(&self) -> EngineCounters {
+        let pool = self.session.kv();
+        EngineCounters {
+            cache_hit_tokens: self.cache.hit_tokens,
+            cache_blocks: self.cache.len(),
+            cache_capacity_blocks: self.cache.capacity(),
+            cache_evicted_blocks: self.cache.evicted_blocks,
+            kv_free_blocks: pool.map_or(0, KvBlocks::free_blocks),
+            kv_total_blocks: pool.map_or(0, KvBlocks::total_blocks),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            ..self.counters
+        }
+    }
+
+    /// Offers `a`'s full blocks to the prompt cache and frees its sequence.
+    fn release(&mut self, a: &mut Active) {
+        if let Some(seq) = a.seq.take() {
+            let pool = kv(&mut self.session);
+            let full = a.computed / BLOCK_SIZE;
+            let blocks = pool.blocks_of(seq)[..full.min(pool.blocks_of(seq).len())].to_vec();
+            self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);
+            self.session.remove_sequence(seq);
+        }
+    }
+
+    fn finish(&mut self, a: &mut Active, reason: FinishReason) -> Finished {
+        let (output, stop_sequence, logprobs) = a.output(reason);
+        Finished { output, stop_sequence, logprobs, queue_wait_s: a.queue_wait_s(), preemptions: a.preemptions }
+    }
+
+    /// Starts waiting requests while the batch and the KV pool have room: each takes a
+    /// sequence that starts from its longest cached prefix.
+    fn admit(&mut self) -> Result<()> {
+        let mut i = 0;
+        while self.running.len() < self.opts.max_batch && i < self.waiting.len() {
+            let a = &self.waiting[i];
+            let cached = self.cache.lookup(&a.tokens);
+            // A prompt that shares more whole blocks with one still being computed waits
+            // for it (then finds them in the cache) instead of computing them twice: the
+            // choices of one request, a burst with a common system prompt.
+            let usable = (a.tokens.len() - 1) / BLOCK_SIZE;
+            let pending = self
+                .running
+                .iter()
+                .filter(|r| r.computed < r.prompt_len)
+                .map(|r| shared_blocks(&a.tokens, &r.tokens[..r.prompt_len]).min(usable))
+                .max()
+                .unwrap_or(0);
+            if pending > cached.len() {
+                i += 1;
+                continue;
+            }
+            let pool = self.session.kv().expect("block KV");
+            let need = (a.tokens.len() + 1).div_ceil(BLOCK_SIZE) - cached.len();
+            // The cached prefix is in use from now on: only the rest can be evicted.
+            let available = pool.free_blocks() + self.cache.evictable(pool).saturating_sub(cached.len());
+            if !admits(need, available, self.running.len()) {
+                break;
+            }
+            let mut a = self.waiting.remove(i).expect("checked above");
+            let seq = self.session.add_sequence()?;
+            kv(&mut self.session).attach(seq, &cached)?;
+            self.cache.hit_tokens += (cached.len() * BLOCK_SIZE) as u64;
+            a.seq = Some(seq);
+            a.admitted(cached.len() * BLOCK_SIZE);
+            self.running.push(a);
+        }
+        Ok(())
+    }
+
+    /// Plans the step's rows and makes room for their KV: evicting cached prefixes, then
+    /// preempting the newest requests. Returns false when nothing runs.
+    fn plan(&mut self, out: &mut Vec<(u64, Update)>) -> bool {
+        loop {
+            let pending: Vec<usize> = self.running.iter().map(Active::pending).collect();
+            self.rows = plan_rows(&pending, self.opts.step_tokens);
+            let pool = self.session.kv().expect("block KV");
+            let need: usize =
+                self.running.iter().zip(&self.rows).map(|(a, &n)| a.seq.map_or(0, |s| pool.blocks_needed(s, n))).sum();
+            let free = pool.free_blocks();
+            if need <= free {
+                return self.rows.iter().any(|&n| n > 0);
+            }
+            let pool = kv(&mut self.session);
+            if self.cache.evict(pool, need - free) > 0 {
+                continue;
+            }
+            let Some(mut victim) = self.running.pop() else { return false };
+            if self.running.is_empty() {
+                // Alone and still without room: the pool cannot hold it.
+                self.release(&mut victim);
+                let msg = format!(
+                    "the KV cache ({} positions) cannot hold this sequence of {} positions",
+                    self.opts.kv_tokens,
+                    victim.tokens.len()
+                );
+                out.push((victim.id, Update::Done(Err(msg))));
+                return false;
+            }
+            self.release(&mut victim);
+            victim.computed = 0;
+            victim.preemptions += 1;
+            self.counters.preemptions += 1;
+            self.waiting.push_front(victim);
+        }
+    }
+
+    /// Runs one step: admits what fits, one forward over the planned rows, a sample for
+    /// every request whose pending tokens are all in. Updates go to `out`. An error
+    /// fails the requests of this forward (and only them); the engine goes on.
+    pub fn step(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        self.admit()?;
+        if !self.plan(out) {
+            return Ok(());
+        }
+        self.batch.clear();
+        for (a, &n) in self.running.iter().zip(&self.rows) {
+            if n == 0 {
+                continue;
+            }
+            let last = a.computed + n == a.tokens.len();
+            let want = if last { Logits::Last } else { Logits::None };
+            self.batch.push(a.seq.expect("running"), &a.tokens[a.computed..a.computed + n], want);
+        }
+        // Grammar masks for this step's samples, computed while the forward runs.
+        let vocab = self.model.info().vocab_size;
+        let (session, running, rows, batch) = (&mut self.session, &mut self.running, &self.rows, &self.batch);
+        let (forward, masks) = std::thread::scope(|s| {
+            let wants_mask = |(a, n): &(&mut Active, &usize)| **n > 0 && a.computed + **n == a.tokens.len();
+            let masked: Vec<&mut Active> =
+                running.iter_mut().zip(rows).filter(|x| wants_mask(x) && x.0.constrained()).map(|x| x.0).collect();
+            let h = (!masked.is_empty())
+                .then(|| s.spawn(move || masked.into_iter().map(|a| (a.id, a.fill_mask(vocab))).collect::<Vec<_>>()));
+            let forward = session.forward(batch);
+            (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
+        });
+        self.counters.steps += 1;
+        self.counters.rows += self.batch.len() as u64;
+        let decode = self.rows.iter().zip(&self.running).filter(|(&n, a)| n == 1 && a.pending() == 1).count();
+        self.counters.decode_rows += decode as u64;
+        self.counters.prefill_rows += (self.batch.len() - decode) as u64;
+        if let Err(e) = forward {
+            let msg = format!("generation failed: {e:#}");
+            let planned: Vec<u64> =
+                self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
+            for id in planned {
+                let i = self.running.iter().position(|a| a.id == id).expect("running");
+                let mut a = self.running.remove(i);
+                if let Some(seq) = a.seq.take() {
+                    self.session.remove_sequence(seq);
+                }
+                out.push((id, Update::Done(Err(msg.clone()))));
+            }
+            return Ok(());
+        }
+        let failed_masks: Vec<(u64, String)> =
+            masks.into_iter().filter_map(|(id, r)| r.err().map(|e| (id, format!("grammar: {e:#}")))).collect();
+        // Samples, in batch order (the order of the logit rows).
+        let mut k = 0;
+        let mut done = Vec::new();
+        let mut publish = Vec::new();
+        let (logits_all, context) = (self.session.logits(), self.opts.context);
+        for (i, a) in self.running.iter_mut().enumerate() {
+            let n = self.rows[i];
+            if n == 0 {
+                continue;
+            }
+            a.computed += n;
+            if a.computed < a.tokens.len() {
+                continue;
+            }
+            let row = &logits_all[k * vocab..(k + 1) * vocab];
+            k += 1;
+            if let Some((_, e)) = failed_masks.iter().find(|(id, _)| *id == a.id) {
+                done.push((i, Err(e.clone())));
+                continue;
+            }
+            if a.out.is_empty() && a.computed == a.prompt_len {
+                publish.push(i);
+            }
+            self.logits.clear();
+            self.logits.extend_from_slice(row);
+            match a.sample(&mut self.logits, self.tok, context) {
+                Ok((update, finish)) => {
+                    if let Some(u) = update {
+                        out.push((a.id, u));
+                    }
+                    if let Some(f) = finish {
+                        done.push((i, Ok(f)));
+                    }
+                }
+                Err(e) => done.push((i, Err(format!("generation failed: {e:#}")))),
+            }
+        }
+        // Prompts that are in: their full blocks join the prompt cache now, so that
+        // requests arriving meanwhile can share them.
+        for i in publish {
+            let a = &self.running[i];
+            let pool = kv(&mut self.session);
+            let blocks = pool.blocks_of(a.seq.expect("running"))[..a.prompt_len / BLOCK_SIZE].to_vec();
+            self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);
+        }
+        for (i, result) in done.into_iter().rev() {
+            let mut a = self.running.remove(i);
+            self.release(&mut a);
+            let update = match result {
+                Ok(reason) => Update::Done(Ok(Box::new(self.finish(&mut a, reason)))),
+                Err(e) => Update::Done(Err(e)),
+            };
+            out.push((a.id, update));
+        }
+        Ok(())
+    }
+
+    /// Fails every request (after a panic left the session in an unknown state) and
+    /// starts from a fresh session.
+    pub fn reset(&mut self, why: &str, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        for a in self.running.drain(..).chain(self.waiting.drain(..)) {
+            out.push((a.id, Update::Done(Err(why.to_string()))));
+        }
+        self.cache.clear(None);
+        self.session = self.model.new_session(SessionOptions {
+            max_seqs: self.opts.max_batch,
+            kv_tokens: self.opts.kv_tokens,
+            max_len: self.opts.context,
+            max_rows: self.opts.step_tokens,
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,299 @@
+//! One request in the serving engine: its tokens (prompt and generated), its sampler, and
+//! what happens to each token it samples (end-of-sequence and stop ids, stop strings,
+//! the token limit, the context, a grammar), with the text streamed as
+//! [`crate::Generator`] streams it, so a request's output does not depend on what else
+//! runs beside it.
+
+use super::{ServeRequest, Update};
+use crate::generate::{held_back, FinishReason, GenerationOutput};
+use crate::sampling::{apply_logit_bias, apply_mask, ban, logprobs, Sampler, TokenLogprobs, TokenMask};
+use crate::stats::{peak_rss_bytes, GenerationStats};
+use crate::tokenizer::{StreamDecoder, TextTokenizer};
+use anyhow::{bail, Result};
+use std::time::Instant;
+use strata_models::SeqId;
+
+/// What a running request's next forward needs.
+pub(crate) struct Active {
+    pub id: u64,
+    pub req: ServeRequest,
+    pub seq: Option<SeqId>,
+    /// Prompt (after any left truncation) then generated tokens. The cache holds
+    /// `tokens[..computed]`; the rest is fed next (the prompt, or the last sample).
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub computed: usize,
+    pub sampler: Sampler,
+    pub out: Vec<u32>,
+    decoder: StreamDecoder,
+    streamed: usize,
+    text: String,
+    stop_sequence: Option<String>,
+    /// Log-probabilities not yet sent, and all of them (for the final answer).
+    pending_logprobs: Vec<TokenLogprobs>,
+    all_logprobs: Vec<TokenLogprobs>,
+    pub mask: Option<TokenMask>,
+    /// Prompt tokens found in the prompt cache at the first admission.
+    pub cached: Option<usize>,
+    pub truncated: usize,
+    pub submitted: Instant,
+    admitted: Option<Instant>,
+    first: Option<Instant>,
+    /// Times the request lost its cache to others and was computed again.
+    pub preemptions: usize,
+}
+
+impl Active {
+    pub fn new(id: u64, req: ServeRequest, context: usize) -> Result<Self> {
+        let g = &req.gen;
+        if g.prompt_ids.is_empty() {
+            bail!("the prompt is empty (no tokens to condition on)");
+        }
+        let mut prompt: &[u32] = &g.prompt_ids;
+        if prompt.len() >= context {
+            if !g.truncate_left {
+                bail!("the prompt has {} tokens but the context is {context}; shorten it", prompt.len());
+            }
+            let keep = context.saturating_sub(g.max_tokens).max(context / 2).max(1).min(context - 1);
+            prompt = &prompt[prompt.len() - keep..];
+        }
+        let sampler = Sampler::new(g.sampling.clone())?;
+        let tokens = prompt.to_vec();
+        Ok(Self {
+            id,
+            prompt_len: tokens.len(),
+            truncated: g.prompt_ids.len() - tokens.len(),
+            tokens,
+            seq: None,
+            computed: 0,
+            sampler,
+            out: Vec::new(),
+            decoder: StreamDecoder::default(),
+            streamed: 0,
+            text: String::new(),
+            stop_sequence: None,
+            pending_logprobs: Vec::new(),
+            all_logprobs: Vec::new(),
+            mask: None,
+            cached: None,
+            submitted: Instant::now(),
+            admitted: None,
+            first: None,
+            preemptions: 0,
+            req,
+        })
+    }
+
+    /// Tokens to feed before the next sample.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    pub fn admitted(&mut self, cached: usize) {
+        self.computed = cached;
+        if self.cached.is_none() {
+            self.cached = Some(cached);
+            self.admitted = Some(Instant::now());
+        }
+    }
+
+    /// Whether the next sample needs a grammar mask.
+    pub fn constrained(&self) -> bool {
+        self.req.constraint.is_some()
+    }
+
+    /// Fills the mask of the tokens the grammar allows next.
+    pub fn fill_mask(&mut self, vocab: usize) -> Result<()> {
+        if let Some(c) = self.req.constraint.as_mut() {
+            let mask = self.mask.get_or_insert_with(|| TokenMask::new(vocab));
+            mask.reset(vocab);
+            c.fill_mask(mask)?;
+            if mask.count() == 0 {
+                bail!("the grammar allows no token here");
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples from `logits` (this request's row, a copy it may change) and follows the
+    /// token; returns the update to send, if any, and whether the request is finished.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(Option<Update>, Option<FinishReason>)> {
+        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "the model produced a non-finite logit ({}) for token {i} at position {}: the weights or expert bytes are damaged",
+                logits[i],
+                self.tokens.len()
+            );
+        }
+        if self.first.is_none() {
+            self.first = Some(Instant::now());
+        }
+        let want_logprobs = self.req.logprobs;
+        let raw = want_logprobs.map(|_| logits.to_vec());
+        let r = &self.req;
+        if let Some(mask) = self.mask.as_ref().filter(|_| r.constraint.is_some()) {
+            apply_mask(logits, mask);
+        }
+        apply_logit_bias(logits, &r.logit_bias);
+        if r.presence_penalty != 0.0 || r.frequency_penalty != 0.0 {
+            let mut seen = self.out.clone();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= r.presence_penalty + r.frequency_penalty * run.len() as f32;
+                }
+            }
+        }
+        if self.out.len() < r.min_tokens {
+            ban(logits, &r.gen.eos_token_ids);
+            ban(logits, &r.stop_token_ids);
+        }
+        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+            bail!("no token is allowed here (the grammar, logit_bias and min_tokens exclude every one)");
+        }
+        let next = self.sampler.sample(logits, &self.tokens);
+        let r = &self.req;
+        let eos = !r.ignore_eos && r.gen.eos_token_ids.contains(&next);
+        if eos || r.stop_token_ids.contains(&next) {
+            return Ok((self.flush(), Some(FinishReason::Stop)));
+        }
+        if let (Some(top), Some(raw)) = (want_logprobs, raw) {
+            let lp = logprobs(&raw, next, top);
+            self.pending_logprobs.push(lp.clone());
+            self.all_logprobs.push(lp);
+        }
+        if let Some(c) = self.req.constraint.as_mut() {
+            c.commit(next)?;
+        }
+        let (mut delta, mut finish) = self.accept(next, tok, context)?;
+        // Tokens the grammar forces next join without a sample each: they are fed
+        // together in the next forward (not when log-probabilities are wanted, which
+        // forced tokens have none of).
+        while finish.is_none() && want_logprobs.is_none() {
+            let Some(c) = self.req.constraint.as_mut() else { break };
+            if c.is_done() {
+                break;
+            }
+            let forced = c.forced()?;
+            if forced.is_empty() {
+                break;
+            }
+            for t in forced {
+                if self.req.gen.eos_token_ids.contains(&t) && !self.req.ignore_eos {
+                    finish = Some(FinishReason::Stop);
+                    break;
+                }
+                let (d, f) = self.accept(t, tok, context)?;
+                delta.push_str(&d);
+                finish = f;
+                if finish.is_some() {
+                    break;
+                }
+            }
+        }
+        if finish.is_none() && self.req.constraint.as_ref().is_some_and(|c| c.is_done()) {
+            finish = Some(FinishReason::Stop);
+        }
+        if finish.is_some() && self.stop_sequence.is_none() && tok.is_some() && self.text.len() > self.streamed {
+            delta.push_str(&self.text[self.streamed..]);
+            self.streamed = self.text.len();
+        }
+        let update = if !delta.is_empty() || (!self.pending_logprobs.is_empty() && tok.is_none()) {
+            self.delta(delta)
+        } else {
+            None
+        };
+        Ok((update, finish))
+    }
+
+    /// Appends a generated token: its text (up to a stop string), the token limit and
+    /// the context. Returns the printable text it adds and the finish it causes.
+    fn accept(
+        &mut self,
+        next: u32,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(String, Option<FinishReason>)> {
+        self.out.push(next);
+        self.tokens.push(next);
+        let mut delta = String::new();
+        let stops_armed = self.out.len() >= self.req.min_tokens;
+        if let Some(tok) = tok {
+            let (full, _) = self.decoder.push(tok, next, self.req.gen.skip_special_tokens)?;
+            self.text = full;
+            let stops = &self.req.gen.stop_strings;
+            let found = stops
+                .iter()
+                .filter(|_| stops_armed)
+                .filter_map(|s| self.text.find(s.as_str()).map(|at| (at, s)))
+                .min_by_key(|(at, _)| *at);
+            if let Some((cut, s)) = found {
+                self.stop_sequence = Some(s.clone());
+                self.text.truncate(cut);
+                if cut > self.streamed {
+                    delta = self.text[self.streamed..].to_string();
+                }
+                self.streamed = self.streamed.max(cut);
+                return Ok((delta, Some(FinishReason::Stop)));
+            }
+            let emitted = self.decoder.emitted();
+            let printable = emitted.len() - held_back(emitted, stops);
+            if printable > self.streamed {
+                delta = emitted[self.streamed..printable].to_string();
+                self.streamed = printable;
+            }
+        }
+        let finish =
+            (self.out.len() >= self.req.gen.max_tokens || self.tokens.len() > context).then_some(FinishReason::Length);
+        Ok((delta, finish))
+    }
+
+    fn delta(&mut self, text: String) -> Option<Update> {
+        if text.is_empty() && self.pending_logprobs.is_empty() {
+            return None;
+        }
+        Some(Update::Delta { text, logprobs: std::mem::take(&mut self.pending_logprobs) })
+    }
+
+    /// Log-probabilities not sent yet, as an update.
+    fn flush(&mut self) -> Option<Update> {
+        self.delta(String::new())
+    }
+
+    /// The finished output and its statistics.
+    pub fn output(&mut self, finish: FinishReason) -> (GenerationOutput, Option<String>, Vec<TokenLogprobs>) {
+        let now = Instant::now();
+        let admitted = self.admitted.unwrap_or(now);
+        let first = self.first.unwrap_or(now);
+        let cached = self.cached.unwrap_or(0);
+        let prefill_s = first.duration_since(admitted).as_secs_f64();
+        let decode_s = now.duration_since(first).as_secs_f64();
+        let n = self.out.len();
+        let stats = GenerationStats {
+            prompt_tokens: self.prompt_len,
+            prefill_tokens: self.prompt_len - cached,
+            generated_tokens: n,
+            prefill_seconds: prefill_s,
+            decode_seconds: decode_s,
+            prefill_tokens_per_s: (self.prompt_len - cached) as f64 / prefill_s.max(1e-9),
+            decode_tokens_per_s: if n > 1 { (n - 1) as f64 / decode_s.max(1e-9) } else { 0.0 },
+            time_to_first_token_s: first.duration_since(self.submitted).as_secs_f64(),
+            peak_rss_bytes: peak_rss_bytes(),
+            finish_reason: finish.as_str().to_string(),
+            truncated_prompt_tokens: self.truncated,
+            ..Default::default()
+        };
+        let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };
+        (out, self.stop_sequence.clone(), std::mem::take(&mut self.all_logprobs))
+    }
+
+    /// Time from submission to admission, for the queue-wait metric.
+    pub fn queue_wait_s(&self) -> f64 {
+        self.admitted.map_or(0.0, |a| a.duration_since(self.submitted).as_secs_f64())
+    }
+}

@@ -1,0 +1,204 @@
+//! The serving engine against the fixture model: a request's output is the same whatever
+//! runs beside it (batched, chunked, preempted, or from the prompt cache), and each
+//! serving option does what it says.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use strata_engine::sampling::{TokenConstraint, TokenMask};
+use strata_engine::serving::{BatchEngine, EngineOptions, Finished, ServeRequest, Update};
+use strata_engine::{FinishReason, GenerateRequest, LoadedModel, SamplingParams};
+
+fn model() -> LoadedModel {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5/dsa-sparse");
+    LoadedModel::open(&dir).unwrap()
+}
+
+fn prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
+    let tok = m.tokenizer().unwrap();
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(6);
+    ["Hello", "Once upon a time there was", &long, "a b c d e f g h i j k l m n o p q r s t u v w"]
+        .iter()
+        .map(|t| tok.encode(t, true).unwrap())
+        .collect()
+}
+
+fn request(m: &LoadedModel, ids: Vec<u32>, seed: u64, max_tokens: usize) -> GenerateRequest {
+    let sampling = SamplingParams { temperature: 1.0, top_p: 0.95, seed, ..Default::default() };
+    GenerateRequest {
+        eos_token_ids: m.eos_token_ids.clone(),
+        stop_strings: vec!["zz".into()],
+        ..GenerateRequest::new(ids, max_tokens, sampling)
+    }
+}
+
+fn opts(m: &LoadedModel, max_batch: usize, kv_tokens: usize, context: usize, step_tokens: usize) -> EngineOptions {
+    EngineOptions {
+        max_batch,
+        kv_tokens,
+        context,
+        step_tokens,
+        prompt_cache_bytes: 1 << 30,
+        kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+    }
+}
+
+/// Runs `reqs` through the engine, all submitted at once; outputs by submission order.
+fn run_all(engine: &mut BatchEngine, reqs: Vec<ServeRequest>) -> Vec<(Finished, String)> {
+    let ids: Vec<u64> = reqs.into_iter().map(|r| engine.submit(r).unwrap()).collect();
+    let mut done: HashMap<u64, Finished> = HashMap::new();
+    let mut text: HashMap<u64, String> = HashMap::new();
+    let mut out = Vec::new();
+    let mut steps = 0;
+    while !engine.is_idle() {
+        engine.step(&mut out).unwrap();
+        for (id, u) in out.drain(..) {
+            match u {
+                Update::Delta { text: t, .. } => text.entry(id).or_default().push_str(&t),
+                Update::Done(r) => {
+                    done.insert(id, *r.unwrap_or_else(|e| panic!("request {id}: {e}")));
+                }
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    ids.iter().map(|id| (done.remove(id).unwrap(), text.remove(id).unwrap_or_default())).collect()
+}
+
+fn alone(m: &LoadedModel, req: &GenerateRequest, context: usize) -> strata_engine::GenerationOutput {
+    let mut g = strata_engine::Generator::new(m.model.as_ref(), context).unwrap();
+    g.generate(m.tokenizer.as_ref(), req, &mut |_| true).unwrap()
+}
+
+#[test]
+fn batched_chunked_and_cached_outputs_equal_running_alone() {
+    let m = model();
+    let ps = prompts(&m);
+    let reqs: Vec<GenerateRequest> =
+        ps.iter().enumerate().map(|(i, p)| request(&m, p.clone(), 7 + i as u64, 24)).collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, r, 256)).collect();
+    // Prompt chunks of at most 16 rows interleaved with decode rows.
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 256, 16)).unwrap();
+    let got = run_all(&mut engine, reqs.iter().cloned().map(ServeRequest::new).collect());
+    for ((f, streamed), w) in got.iter().zip(&want) {
+        assert_eq!(f.output.tokens, w.tokens);
+        assert_eq!(f.output.text, w.text);
+        assert_eq!(*streamed, w.text, "the deltas add up to the text");
+        assert_eq!(f.output.finish_reason, w.finish_reason);
+    }
+    let c = engine.counters();
+    assert!(c.decode_rows > 0 && c.prefill_rows > 0 && c.steps < c.rows, "{c:?}");
+    // The same requests again: the prompts' full blocks come from the cache.
+    let again = run_all(&mut engine, reqs.iter().cloned().map(ServeRequest::new).collect());
+    for ((f, _), (w, p)) in again.iter().zip(want.iter().zip(&ps)) {
+        assert_eq!(f.output.tokens, w.tokens);
+        let cached = f.output.stats.prompt_tokens - f.output.stats.prefill_tokens;
+        assert_eq!(cached, (p.len() - 1) / 16 * 16, "prompt of {}", p.len());
+    }
+    assert!(engine.counters().cache_hit_tokens > 0);
+}
+
+#[test]
+fn requests_with_a_common_prompt_compute_it_once() {
+    let m = model();
+    let p = prompts(&m)[2][..50].to_vec();
+    let reqs: Vec<GenerateRequest> = (0..3).map(|i| request(&m, p.clone(), 40 + i, 12)).collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, r, 256)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 256, 16)).unwrap();
+    let got = run_all(&mut engine, reqs.into_iter().map(ServeRequest::new).collect());
+    let cached: Vec<usize> =
+        got.iter().map(|(f, _)| f.output.stats.prompt_tokens - f.output.stats.prefill_tokens).collect();
+    assert_eq!(cached, vec![0, 48, 48]);
+    for ((f, _), w) in got.iter().zip(&want) {
+        assert_eq!(f.output.tokens, w.tokens);
+    }
+}
+
+#[test]
+fn preempted_requests_still_answer_the_same() {
+    let m = model();
+    let ps = prompts(&m);
+    let reqs: Vec<GenerateRequest> =
+        ps.iter().enumerate().map(|(i, p)| request(&m, p[..p.len().min(40)].to_vec(), 100 + i as u64, 40)).collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, r, 96)).collect();
+    // Eight blocks for four sequences that want up to six each, no cache to fall back on.
+    let mut o = opts(&m, 4, 128, 96, 32);
+    o.prompt_cache_bytes = 0;
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), o).unwrap();
+    let got = run_all(&mut engine, reqs.into_iter().map(ServeRequest::new).collect());
+    for ((f, _), w) in got.iter().zip(&want) {
+        assert_eq!(f.output.tokens, w.tokens);
+        assert_eq!(f.output.finish_reason, w.finish_reason);
+    }
+    assert!(engine.counters().preemptions > 0, "{:?}", engine.counters());
+    assert_eq!(engine.counters().kv_free_blocks, 8);
+}
+
+/// Allows only `allowed` tokens, and is done after `len` of them.
+struct Only {
+    allowed: Vec<u32>,
+    len: usize,
+    seen: usize,
+}
+
+impl TokenConstraint for Only {
+    fn fill_mask(&mut self, mask: &mut TokenMask) -> anyhow::Result<()> {
+        self.allowed.iter().for_each(|&t| mask.allow(t));
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> anyhow::Result<()> {
+        anyhow::ensure!(self.allowed.contains(&token), "token {token} was not allowed");
+        self.seen += 1;
+        Ok(())
+    }
+    fn is_done(&self) -> bool {
+        self.seen >= self.len
+    }
+}
+
+#[test]
+fn serving_options_shape_the_output() {
+    let m = model();
+    let ps = prompts(&m);
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 256, 64)).unwrap();
+    let greedy = |max| {
+        let mut r = request(&m, ps[1].clone(), 1, max);
+        r.sampling.temperature = 0.0;
+        r.stop_strings.clear();
+        r
+    };
+    let base = run_all(&mut engine, vec![ServeRequest::new(greedy(8))]).remove(0).0.output.tokens;
+    // A grammar, a bias that forces a token, stop ids and logprobs, in one batch.
+    let mut constrained = ServeRequest::new(greedy(20));
+    constrained.constraint = Some(Box::new(Only { allowed: vec![5, 9], len: 3, seen: 0 }));
+    let mut biased = ServeRequest::new(greedy(4));
+    biased.logit_bias = vec![(17, 1000.0)];
+    biased.logprobs = Some(2);
+    let mut stopped = ServeRequest::new(greedy(8));
+    stopped.stop_token_ids = vec![base[2]];
+    let mut at_least = ServeRequest::new(greedy(8));
+    at_least.ignore_eos = true;
+    at_least.min_tokens = 8;
+    let got = run_all(&mut engine, vec![constrained, biased, stopped, at_least]);
+    let c = &got[0].0.output;
+    assert_eq!(c.tokens.len(), 3, "{c:?}");
+    assert!(c.tokens.iter().all(|t| [5, 9].contains(t)));
+    assert_eq!(c.finish_reason, FinishReason::Stop);
+    let b = &got[1].0;
+    assert_eq!(b.output.tokens, vec![17; 4]);
+    assert_eq!(b.logprobs.len(), 4);
+    assert_eq!(b.logprobs[0].top.len(), 2);
+    assert!(b.logprobs[0].logprob <= b.logprobs[0].top[0].1);
+    let s = &got[2].0.output;
+    assert_eq!((s.tokens.as_slice(), s.finish_reason), (&base[..2], FinishReason::Stop));
+    assert_eq!(got[3].0.output.tokens.len(), 8);
+    // Cancelling a running request frees its sequence.
+    let id = engine.submit(ServeRequest::new(greedy(200))).unwrap();
+    let mut out = Vec::new();
+    engine.step(&mut out).unwrap();
+    let f = engine.cancel(id).unwrap();
+    assert_eq!(f.output.finish_reason, FinishReason::Cancelled);
+    assert!(engine.is_idle());
+    let c = engine.counters();
+    assert_eq!(c.kv_free_blocks + c.cache_blocks, c.kv_total_blocks);
+}

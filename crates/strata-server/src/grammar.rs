@@ -1,0 +1,265 @@
+//! Structured output through llguidance: JSON (any object, or a JSON Schema), a regular
+//! expression, a Lark grammar, and forced tool calls in the model's own call syntax
+//! (GLM: `<tool_call>NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs),
+//! their arguments held to each tool's schema. A grammar becomes a token mask before
+//! every sample ([`strata_engine::sampling::TokenConstraint`]); the serving engine
+//! computes it while the forward runs.
+
+use crate::error::{ApiError, ApiResult};
+use crate::output::{THINK_END, THINK_START};
+use crate::tools::{CALL_END, CALL_START};
+use anyhow::{anyhow, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use strata_engine::sampling::{TokenConstraint, TokenMask};
+use strata_engine::LoadedModel;
+
+pub const ARG_KEY: (&str, &str) = ("<arg_key>", "</arg_key>");
+pub const ARG_VALUE: (&str, &str) = ("<arg_value>", "</arg_value>");
+
+/// The model's tokenizer as llguidance sees it: every token's bytes (special tokens
+/// marked), and our own tokenizer for the text a grammar forces.
+struct ModelTokEnv {
+    trie: TokTrie,
+    model: Arc<LoadedModel>,
+}
+
+impl TokenizerEnv for ModelTokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        let text = String::from_utf8_lossy(s);
+        self.model.tokenizer.as_ref().and_then(|t| t.encode(&text, false).ok()).unwrap_or_default()
+    }
+}
+
+/// What a response must follow.
+#[derive(Clone, Debug)]
+pub enum Format {
+    /// Any JSON object (`json_object`).
+    JsonObject,
+    /// A JSON Schema (`json_schema`).
+    JsonSchema(Value),
+    /// A regular expression over the whole text (extension).
+    Regex(String),
+    /// A Lark grammar (llguidance's dialect; extension).
+    Lark(String),
+    /// One or more calls of the given tools (`tool_choice` "required", a named tool,
+    /// Anthropic's "any" / "tool"): OpenAI-style function schemas.
+    ToolCalls { tools: Vec<Value>, parallel: bool },
+}
+
+/// Compiles formats for one model.
+pub struct Grammars {
+    factory: ParserFactory,
+    eos: Vec<u32>,
+    /// The call markers, as special tokens where the tokenizer has them.
+    special: Vec<(&'static str, Option<u32>)>,
+}
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
+impl Grammars {
+    pub fn new(model: Arc<LoadedModel>) -> Result<Self> {
+        let tok = model.tokenizer()?;
+        let path = model.dir.join("tokenizer.json");
+        let json: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)?;
+        let vocab = model.model.info().vocab_size;
+        words.resize(vocab.max(words.len()), Vec::new());
+        let eos = model.eos_token_ids.clone();
+        let first = *eos.first().ok_or_else(|| anyhow!("the model declares no end-of-sequence id"))?;
+        let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, first), &words);
+        let special = [CALL_START, CALL_END, ARG_KEY.0, ARG_KEY.1, ARG_VALUE.0, ARG_VALUE.1, THINK_START, THINK_END]
+            .into_iter()
+            .map(|m| (m, tok.token_id(m).filter(|&id| tok.encode(m, false).ok().as_deref() == Some(&[id]))))
+            .collect();
+        let env: TokEnv = Arc::new(ModelTokEnv { trie, model: model.clone() });
+        let mut factory = ParserFactory::new_simple(&env)?;
+        factory.set_stderr_log_level(0);
+        Ok(Self { factory, eos, special })
+    }
+
+    /// A marker in a Lark rule: its special token, or the literal text.
+    fn marker(&self, m: &str) -> String {
+        match self.special.iter().find(|(s, _)| *s == m).and_then(|(_, id)| *id) {
+            Some(id) => format!("<[{id}]>"),
+            None => quote(m),
+        }
+    }
+
+    /// The Lark grammar of `format`; `think`: the output starts inside reasoning (the
+    /// prompt opened `<think>`), which runs free up to `</think>`.
+    pub fn lark(&self, format: &Format, think: bool) -> Result<String> {
+        let mut g = String::new();
+        let body = match format {
+            Format::JsonObject => format!("%json {}", json_options(json!({"type": "object"}))),
+            Format::JsonSchema(s) => format!("%json {}", json_options(s.clone())),
+            Format::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
+            Format::Lark(l) if !think => return Ok(l.clone()),
+            Format::Lark(l) => {
+                // The user's grammar, its start rule renamed to go after the reasoning.
+                for line in l.lines() {
+                    match line.trim_start().strip_prefix("start:") {
+                        Some(rest) => g.push_str(&format!("user_start:{rest}\n")),
+                        None => g.push_str(&format!("{line}\n")),
+                    }
+                }
+                "user_start".to_string()
+            }
+            Format::ToolCalls { tools, parallel } => {
+                let names: Vec<String> = tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let f = t.get("function").unwrap_or(t);
+                        g.push_str(&self.call_rule(i, f));
+                        format!("call{i}")
+                    })
+                    .collect();
+                g.push_str(&format!("call: {}\nARGTEXT: /[^<]*/\n", names.join(" | ")));
+                if *parallel {
+                    "call (\"\\n\" call)*".to_string()
+                } else {
+                    "call".to_string()
+                }
+            }
+        };
+        let prefix = if think { format!("REASONING {} ", self.marker(THINK_END)) } else { String::new() };
+        g.push_str(&format!("start: {prefix}body\nbody: {body}\n"));
+        if think {
+            g.push_str("REASONING: /[^<]*/\n");
+        }
+        Ok(g)
+    }
+
+    /// One tool's call: its name, then its arguments (required ones always, in the
+    /// schema's order; others optional). String values are raw text: one of an `enum`,
+    /// a `pattern`, or text without `<` within `minLength`/`maxLength`; other values
+    /// are JSON per their schema.
+    fn call_rule(&self, i: usize, f: &Value) -> String {
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        let params = f.get("parameters").cloned().unwrap_or(json!({}));
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut rule = format!("call{i}: {} {} \"\\n\"", self.marker(CALL_START), quote(name));
+        let mut extra = String::new();
+        if let Some(props) = params.get("properties").and_then(Value::as_object) {
+            for (j, (key, schema)) in props.iter().enumerate() {
+                let string = schema.get("type").and_then(Value::as_str) == Some("string");
+                let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+                let hi = schema.get("maxLength").and_then(Value::as_u64);
+                let v = format!("call{i}_v{j}");
+                // String values are written raw (GLM's convention; the parser keeps them
+                // strings), everything else as JSON.
+                let value = match (string, schema.get("enum").and_then(Value::as_array), schema.get("pattern")) {
+                    (true, Some(options), _) => {
+                        let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(quote).collect();
+                        extra.push_str(&format!("{v}: {}\n", alts.join(" | ")));
+                        v
+                    }
+                    (true, None, Some(Value::String(p))) => {
+                        extra.push_str(&format!(
+                            "{v}: /{}/\n",
+                            p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/")
+                        ));
+                        v
+                    }
+                    (true, ..) if lo == 0 && hi.is_none() => "ARGTEXT".to_string(),
+                    (true, ..) => {
+                        let hi = hi.map_or(String::new(), |h| h.to_string());
+                        extra.push_str(&format!("{v}: /[^<]{{{lo},{hi}}}/\n"));
+                        v
+                    }
+                    _ => {
+                        extra.push_str(&format!("{v}: %json {}\n", json_options(schema.clone())));
+                        v
+                    }
+                };
+                let pair = format!(
+                    "{} {} {} {} {} {} \"\\n\"",
+                    self.marker(ARG_KEY.0),
+                    quote(key),
+                    self.marker(ARG_KEY.1),
+                    self.marker(ARG_VALUE.0),
+                    value,
+                    self.marker(ARG_VALUE.1)
+                );
+                if required.contains(&key.as_str()) {
+                    rule.push_str(&format!(" {pair}"));
+                } else {
+                    rule.push_str(&format!(" ({pair})?"));
+                }
+            }
+        }
+        rule.push_str(&format!(" {}\n", self.marker(CALL_END)));
+        format!("{rule}{extra}")
+    }
+
+    /// A constraint for `format`, or a 400 naming `param` when it does not compile.
+    pub fn constraint(&self, format: &Format, think: bool, param: &str) -> ApiResult<Box<dyn TokenConstraint>> {
+        let bad = |e: anyhow::Error| ApiError::bad_request(format!("{param}: {e:#}")).with_param(param);
+        let lark = self.lark(format, think).map_err(bad)?;
+        let parser = self.factory.create_parser(TopLevelGrammar::from_lark(lark)).map_err(bad)?;
+        let m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(bad(anyhow!(e)));
+        }
+        Ok(Box::new(Guided { m, eos: self.eos.clone() }))
+    }
+}
+
+/// JSON as `json.dumps` writes it (`, ` and `: `, no other whitespace): a model cannot
+/// wander off in whitespace. A schema's own `x-guidance` options win.
+fn json_options(mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert(json!({
+            "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "
+        }));
+    }
+    schema
+}
+
+struct Guided {
+    m: Matcher,
+    eos: Vec<u32>,
+}
+
+impl TokenConstraint for Guided {
+    fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<()> {
+        let v = self.m.compute_mask()?;
+        let words = mask.words_mut();
+        let src = v.as_slice();
+        let n = words.len().min(src.len());
+        words[..n].copy_from_slice(&src[..n]);
+        // The grammar's end is the trie's EOS; every EOS id of the model ends it.
+        if v.is_allowed(self.eos[0]) {
+            for &e in &self.eos {
+                mask.allow(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, token: u32) -> Result<()> {
+        self.m.consume_token(token)
+    }
+
+    fn is_done(&self) -> bool {
+        self.m.is_stopped()
+    }
+
+    fn forced(&mut self) -> Result<Vec<u32>> {
+        Ok(self.m.consume_ff_tokens())
+    }
+}
