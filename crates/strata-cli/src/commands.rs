@@ -76,6 +76,9 @@ pub struct GenerateArgs {
     /// System message (with --chat).
     #[arg(long)]
     system: Option<String>,
+    /// An image for the prompt (refused: strata runs no vision tower yet).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -104,6 +107,9 @@ pub struct ChatArgs {
     model: PathBuf,
     #[arg(long)]
     system: Option<String>,
+    /// An image for the prompt (refused: strata runs no vision tower yet).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -122,6 +128,10 @@ pub struct LogitsArgs {
     /// Logits at every position (default: the last only).
     #[arg(long)]
     all_positions: bool,
+    /// An image whose placeholder run the ids hold (refused: strata runs no vision
+    /// tower yet).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -207,7 +217,24 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
         .with_context(|| format!("{}: cannot write stats", path.display()))
 }
 
+/// `--image`: refused by name, never ignored. A model whose checkpoint has a vision
+/// tower is told apart from a text-only one.
+fn refuse_images(model: &Path, images: &[PathBuf]) -> Result<()> {
+    let Some(image) = images.first() else { return Ok(()) };
+    let arch = strata_models::read_arch(model)?;
+    let what = format!("{} ({})", model.display(), arch.model_type());
+    if arch.vision_tower() {
+        bail!(
+            "--image {}: {what} has a vision tower, but strata does not run vision towers yet; \
+             images are refused rather than ignored",
+            image.display()
+        );
+    }
+    bail!("--image {}: {what} has no vision tower: it reads text only", image.display())
+}
+
 pub fn generate(a: GenerateArgs) -> Result<()> {
+    refuse_images(&a.model, &a.image)?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let prompt_ids = if a.chat {
@@ -243,6 +270,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
+    refuse_images(&a.model, &a.image)?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
@@ -292,6 +320,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("--ids: no token ids");
     }
+    refuse_images(&a.model, &a.image)?;
     let opts = LoadOptions { device: a.device.device()?, context: ids.len(), ..Default::default() };
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let mut gen = m.generator()?;

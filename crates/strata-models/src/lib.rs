@@ -107,6 +107,13 @@ pub trait Session: Send {
     fn kv_mut(&mut self) -> Option<&mut kv::KvBlocks> {
         None
     }
+    /// Whether a sequence may start from blocks another sequence wrote ([`Session::kv`]
+    /// holds every layer's cache). A session with per-sequence caches beside the blocks
+    /// (Gemma 4's sliding-window rings) answers false: the serving engine then keeps no
+    /// prompt cache.
+    fn shares_prefixes(&self) -> bool {
+        self.kv().is_some()
+    }
 
     /// Whether the model has a draft (MTP) layer for speculative decoding.
     fn has_draft(&self) -> bool {

@@ -111,6 +111,11 @@ pub trait Arch: Send + Sync + std::fmt::Debug {
         let _ = rows;
         self.kv_bytes_per_token() * context as u64
     }
+    /// Whether the checkpoint declares a vision tower (strata runs none yet: images are
+    /// refused either way, with a message that says which).
+    fn vision_tower(&self) -> bool {
+        false
+    }
     /// Activation bytes of a forward of `rows` rows with up to `context` positions
     /// visible (scratch a session allocates once).
     fn activation_bytes(&self, rows: usize, context: usize) -> u64;

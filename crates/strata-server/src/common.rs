@@ -5,9 +5,10 @@
 use crate::error::{ApiError, ApiResult};
 use crate::grammar::{Format, Grammars};
 use crate::metrics::Metrics;
-use crate::output::{OutputParser, THINK_START};
+use crate::output::OutputParser;
 use crate::params::Api;
 pub use crate::params::SamplingOptions;
+use crate::syntax::Syntax;
 use crate::worker::{Event, Finished, Worker};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -42,6 +43,8 @@ pub struct AppState {
     pub markers_special: bool,
     /// Whether the model reasons in `<think>...</think>` (its tokenizer has the tags).
     pub reasoning: bool,
+    /// The model family's reasoning and tool-call syntax.
+    pub syntax: Syntax,
     /// Longest prompt plus answer served: the model's context, or less under a memory
     /// budget (the KV cache its plan reserved).
     pub context: usize,
@@ -322,7 +325,8 @@ impl AppState {
             flatten_parts(&mut messages);
         }
         let mut tools_fallback = None;
-        let calls = !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages);
+        let calls =
+            !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages, self.model.arch.family().chat);
         if calls {
             tools_fallback = Some("tool-calls");
         }
@@ -330,7 +334,7 @@ impl AppState {
             if template.uses("tools", true) {
                 opts.tools = Some(t.clone());
             } else {
-                inject_tools(&mut messages, t);
+                inject_tools(&mut messages, t, self.model.arch.family().chat);
                 tools_fallback = Some("system-message");
             }
         }
@@ -363,7 +367,7 @@ impl AppState {
     /// Whether the answer to `prompt` starts inside reasoning (the prompt opened
     /// `<think>`).
     pub fn starts_in_reasoning(&self, prompt: &str) -> bool {
-        self.reasoning && prompt.trim_end().ends_with(THINK_START)
+        self.reasoning && prompt.trim_end().ends_with(self.syntax.think().0)
     }
 
     /// A token's text as it decodes alone (special tokens kept), and its bytes.
@@ -381,8 +385,8 @@ impl AppState {
     /// How to parse the answer to a chat prompt: reasoning (for reasoning models; inside
     /// it from the start when the prompt opened it) and tool calls (when tools were sent).
     pub fn output_parser(&self, prompt: &str, tools: Option<&Value>) -> OutputParser {
-        let think = self.reasoning.then(|| prompt.trim_end().ends_with(THINK_START));
-        OutputParser::new(think, tools.cloned())
+        let think = self.reasoning.then(|| prompt.trim_end().ends_with(self.syntax.think().0));
+        OutputParser::with_syntax(self.syntax, think, tools.cloned())
     }
 
     /// The generation requests for one API request (`spec.n` choices, the i-th seeded

@@ -26,6 +26,7 @@ pub mod output;
 pub mod params;
 pub mod responses;
 pub mod structured;
+pub mod syntax;
 pub mod tools;
 pub mod worker;
 
@@ -125,8 +126,9 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
     let special = |m: &str| {
         tok.and_then(|t| t.token_id(m).map(|id| t.decode(&[id], true).is_ok_and(|s| s.is_empty()))).unwrap_or(false)
     };
-    let markers_special = [tools::CALL_START, output::THINK_START, output::THINK_END].into_iter().any(special);
-    let reasoning = tok.is_some_and(|t| t.token_id(output::THINK_END).is_some());
+    let syntax = syntax::Syntax::of(model.arch.family().chat);
+    let markers_special = syntax.markers().into_iter().any(special);
+    let reasoning = tok.is_some_and(|t| t.token_id(syntax.think().1).is_some());
     let kv_bytes_per_token = model.arch.kv_bytes_per_token();
     let kv_tokens = opts.kv_tokens.unwrap_or(context).max(context);
     let engine = strata_engine::serving::EngineOptions {
@@ -151,6 +153,7 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         created: common::now_unix(),
         markers_special,
         reasoning,
+        syntax,
         context,
         grammars,
         cors: opts.cors.clone(),

@@ -88,7 +88,10 @@ impl<'m> BatchEngine<'m> {
         })?;
         let Some(pool) = session.kv() else { bail!("this model's sessions do not keep block KV") };
         let block_bytes = (opts.kv_bytes_per_token * BLOCK_SIZE as u64).max(1);
-        let cache_blocks = ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks());
+        let cache_blocks = match session.shares_prefixes() {
+            true => ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks()),
+            false => 0,
+        };
         Ok(Self {
             model,
             tok,

@@ -124,6 +124,10 @@ impl Arch for Gemma4Config {
         full * context as u64 + sliding * ring.min(context.next_multiple_of(crate::kv::BLOCK_SIZE)) as u64
     }
 
+    fn vision_tower(&self) -> bool {
+        self.vision.is_some()
+    }
+
     fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
         let t = &self.text;
         let (h, r) = (t.hidden_size, rows);
@@ -179,7 +183,7 @@ impl Arch for Gemma4Config {
             "final_logit_softcapping": t.final_logit_softcapping,
             "vocab_size": t.vocab_size,
             "max_position_embeddings": t.max_position_embeddings,
-            "vision_tower": self.vision.is_some(),
+            "vision_tower": if self.vision.is_some() { "present, not run (images are refused)" } else { "none" },
             "audio_tower": if self.audio { "present, not run (audio input is refused)" } else { "none" },
             "fp8_block": self.fp8_block,
         })

@@ -259,4 +259,18 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
     fn routes(&self) -> &Routes {
         &self.routes
     }
+
+    /// The full layers' blocks, for the serving engine's admission and planning; the
+    /// sliding layers' rings are per sequence, so no prefix is shared.
+    fn kv(&self) -> Option<&KvBlocks> {
+        Some(&self.kv)
+    }
+
+    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
+        Some(&mut self.kv)
+    }
+
+    fn shares_prefixes(&self) -> bool {
+        false
+    }
 }
