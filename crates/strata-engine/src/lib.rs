@@ -7,6 +7,8 @@ pub mod chat;
 pub mod experts;
 pub mod fit;
 pub mod generate;
+pub mod image;
+pub mod media;
 pub mod model_dir;
 pub mod perplexity;
 pub mod sampling;

@@ -259,3 +259,55 @@ fn gemma4_sliding_rings_wrap_roll_back_and_batch() {
     s.truncate(b, 20);
     assert_eq!(s.len(b), 0, "a rollback past the ring starts the sequence over");
 }
+
+/// Gemma 4 with an image (`fixtures/gemma4/vision`, made by
+/// `scripts/make_gemma4_vision_fixtures.py`): the image file through strata's processor
+/// and vision tower gives transformers' soft tokens; the prompt (text, `<boi>`, 60 image
+/// tokens, `<eoi>`, text: longer than the sliding window) gives its logits at every
+/// position, and greedy decoding its tokens and logits.
+#[test]
+fn gemma4_image_fixture_matches_transformers() {
+    use strata_engine::image::Rgb8;
+    use strata_engine::media;
+    let dir = repo_root().join("fixtures/gemma4/vision");
+    let m = LoadedModel::open(&dir).unwrap();
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let img = Rgb8::open(&dir.join("image.png")).unwrap();
+    let spec = media::vision_spec(&m).unwrap();
+    let patches = media::processor(&m, &spec).unwrap().process(&img).unwrap();
+    let want_px: Vec<f32> = r.matrix("pixel_values").concat();
+    assert_eq!(patches.pixels.len(), want_px.len());
+    assert!(max_abs_diff(&patches.pixels, &want_px) < 1e-6, "processor pixels differ");
+    let media = media::encode_images(&m, &[img]).unwrap();
+    let feats = r.matrix("image_features").concat();
+    let d = max_abs_diff(&media.rows, &feats);
+    assert!(d < TOL, "image features differ by {d}");
+
+    let prompt = r.ids("prompt_ids");
+    let want = r.matrix("prompt_logits");
+    assert!(prompt.len() > 8, "the prompt is longer than the sliding window");
+    let mut gen = m.generator().unwrap();
+    let got = gen.logits_with_media(&prompt, &media, true).unwrap();
+    let worst = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
+    assert!(worst < TOL, "prompt logits differ by {worst}");
+
+    let (gen_ids, gen_logits) = (r.ids("generated_ids"), r.matrix("generated_logits"));
+    let mut gen = m.generator().unwrap();
+    gen.prefill_with_media(&prompt, &media).unwrap();
+    for (i, &t) in gen_ids.iter().enumerate() {
+        let l = gen.last_logits();
+        let d = max_abs_diff(l, &gen_logits[i]);
+        assert!(d < TOL, "decode step {i} logits differ by {d}");
+        let argmax = l.iter().enumerate().fold((0, f32::MIN), |a, (j, &v)| if v > a.1 { (j, v) } else { a }).0;
+        assert_eq!(argmax as u32, t, "greedy token {i}");
+        if i + 1 < gen_ids.len() {
+            gen.step(t).unwrap();
+        }
+    }
+    // The placeholder run must match the processor's soft-token count.
+    let mut short = prompt.clone();
+    short.retain(|&t| t != spec.image_token_id);
+    let err = m.generator().unwrap().logits_with_media(&short, &media, false).unwrap_err();
+    assert!(format!("{err:#}").contains("60 soft tokens"), "{err:#}");
+    eprintln!("vision: parity ok (prompt {} tokens, worst prefill diff {worst:.2e}, features {d:.2e})", prompt.len());
+}

@@ -17,6 +17,7 @@ pub mod gemma4;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
+pub mod media;
 pub mod registry;
 mod session;
 pub mod weights;
@@ -71,6 +72,10 @@ pub trait Model: Send + Sync {
     /// The device it runs on, for reports ("cpu (16 threads, avx512f)").
     fn device(&self) -> String;
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>>;
+    /// The vision tower, for a model that runs one.
+    fn vision(&self) -> Option<&dyn media::Vision> {
+        None
+    }
 }
 
 /// A model with KV caches for a set of sequences.

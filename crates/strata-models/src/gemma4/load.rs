@@ -188,6 +188,10 @@ impl<B: Backend> Gemma4<B> {
             ple,
             layers,
             experts,
+            vision: match &cfg.vision {
+                Some(v) => Some(super::vision::VisionTower::load(&b, &cfg, v, store)?),
+                None => None,
+            },
             cfg,
             b,
         })

@@ -17,6 +17,7 @@ use crate::batch::{Batch, SeqId};
 use crate::blocks::{ExpertSource, PILOT_MAX_ROWS};
 use crate::experts::Routes;
 use crate::kv::KvBlocks;
+use crate::media::{ImagePatches, Vision, VisionSpec};
 use crate::session::{Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{ensure, Result};
@@ -46,6 +47,7 @@ pub struct Gemma4<B: Backend> {
     /// Inverse frequencies of the sliding and full layers' RoPE.
     pub(super) rope_sliding: Vec<f32>,
     pub(super) rope_full: Vec<f32>,
+    pub(super) vision: Option<super::vision::VisionTower<B>>,
 }
 
 impl<B: Backend> Model for Gemma4<B> {
@@ -59,6 +61,29 @@ impl<B: Backend> Model for Gemma4<B> {
 
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>> {
         Ok(Box::new(Gemma4Session::new(self, opts)?))
+    }
+
+    fn vision(&self) -> Option<&dyn Vision> {
+        self.vision.as_ref().map(|_| self as &dyn Vision)
+    }
+}
+
+impl<B: Backend> Vision for Gemma4<B> {
+    fn spec(&self) -> VisionSpec {
+        let v = self.cfg.vision.as_ref().expect("a model with a vision tower has its config");
+        VisionSpec {
+            patch_size: v.patch_size,
+            pooling: v.pooling,
+            image_token_id: self.cfg.image_token_id,
+            boi_token_id: self.cfg.boi_token_id,
+            eoi_token_id: self.cfg.eoi_token_id,
+            bidirectional: self.cfg.text.bidirectional_vision,
+        }
+    }
+
+    fn encode(&self, image: &ImagePatches) -> Result<Vec<f32>> {
+        let tower = self.vision.as_ref().expect("vision() answers only with a tower");
+        tower.encode(&self.b, image)
     }
 }
 

@@ -1,0 +1,187 @@
+//! Images in prompts: each image through the processor and the model's vision tower into
+//! soft-token rows, and forwards whose image placeholder positions take those rows (the
+//! rows of every image in prompt order). A model without a vision tower, or one whose
+//! image attention strata does not run, refuses an image by name: never a text-only
+//! answer.
+
+use crate::generate::Generator;
+use crate::image::{ImageProcessor, Rgb8};
+use crate::LoadedModel;
+use anyhow::{bail, Result};
+use std::path::Path;
+use strata_models::media::VisionSpec;
+use strata_models::Logits;
+
+/// Soft-token rows for a prompt: they replace the `placeholder` ids, in order.
+pub struct Media {
+    pub placeholder: u32,
+    /// `[soft tokens, hidden]` over every image.
+    pub rows: Vec<f32>,
+    pub width: usize,
+    /// Soft tokens of each image.
+    pub counts: Vec<usize>,
+}
+
+impl Media {
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.width.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// The model's vision spec, or why it takes no images.
+pub fn vision_spec(m: &LoadedModel) -> Result<VisionSpec> {
+    let what = format!("{} ({})", m.dir.display(), m.model_type);
+    let Some(v) = m.model.vision() else {
+        if m.arch.vision_tower() {
+            bail!("{what}: its vision tower does not run on this device; images are refused, not ignored");
+        }
+        bail!("{what} has no vision tower: it reads text only");
+    };
+    let spec = v.spec();
+    if spec.bidirectional {
+        bail!(
+            "{what}: `use_bidirectional_attention: \"vision\"` (image tokens attending within their image on \
+             sliding layers) is not implemented; images are refused rather than attended causally"
+        );
+    }
+    Ok(spec)
+}
+
+/// The processor the model directory asks for (`preprocessor_config.json`'s
+/// `max_soft_tokens`, default 280).
+pub fn processor(m: &LoadedModel, spec: &VisionSpec) -> Result<ImageProcessor> {
+    let path = m.dir.join("preprocessor_config.json");
+    let budget = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            v.get("max_soft_tokens").and_then(|x| x.as_u64()).unwrap_or(280) as usize
+        }
+        Err(_) => 280,
+    };
+    ImageProcessor::new(spec.patch_size, spec.pooling, budget)
+}
+
+/// Every image through the processor and the tower.
+pub fn encode_images(m: &LoadedModel, images: &[Rgb8]) -> Result<Media> {
+    let spec = vision_spec(m)?;
+    let proc = processor(m, &spec)?;
+    let vision = m.model.vision().expect("vision_spec checked");
+    let width = m.model.info().hidden_size;
+    let mut media = Media { placeholder: spec.image_token_id, rows: Vec::new(), width, counts: Vec::new() };
+    for img in images {
+        let patches = proc.process(img)?;
+        let rows = vision.encode(&patches)?;
+        media.counts.push(rows.len() / width);
+        media.rows.extend(rows);
+    }
+    Ok(media)
+}
+
+/// [`encode_images`] of image files.
+pub fn encode_files(m: &LoadedModel, paths: &[impl AsRef<Path>]) -> Result<Media> {
+    vision_spec(m)?;
+    let images = paths.iter().map(|p| Rgb8::open(p.as_ref())).collect::<Result<Vec<_>>>()?;
+    encode_images(m, &images)
+}
+
+/// An image's run of prompt ids: `<boi>`, the placeholder once per soft token, `<eoi>`.
+pub fn image_run(spec: &VisionSpec, soft_tokens: usize) -> Vec<u32> {
+    let mut run = vec![spec.boi_token_id];
+    run.extend(std::iter::repeat_n(spec.image_token_id, soft_tokens));
+    run.push(spec.eoi_token_id);
+    run
+}
+
+/// Checks that `ids` hold one placeholder per soft token of `media`.
+pub fn check_placeholders(ids: &[u32], media: &Media) -> Result<()> {
+    let n = ids.iter().filter(|&&t| t == media.placeholder).count();
+    if n != media.len() {
+        bail!(
+            "the ids hold {n} image placeholder tokens (id {}), but the image processor gives {} soft tokens \
+             ({:?} per image)",
+            media.placeholder,
+            media.len(),
+            media.counts
+        );
+    }
+    Ok(())
+}
+
+impl Generator<'_> {
+    /// One forward over `ids` appended to the sequence, placeholder ids taking `media`'s
+    /// rows from `*used` on.
+    fn forward_media(&mut self, ids: &[u32], media: &Media, used: &mut usize, want: Logits) -> Result<()> {
+        self.batch.clear();
+        let mut i = 0;
+        while i < ids.len() {
+            let image = ids[i] == media.placeholder;
+            let n = ids[i..].iter().take_while(|&&t| (t == media.placeholder) == image).count();
+            let w = match want {
+                Logits::Last if i + n < ids.len() => Logits::None,
+                w => w,
+            };
+            if image {
+                let rows = &media.rows[*used * media.width..(*used + n) * media.width];
+                self.batch.push_embeddings(self.seq, rows, media.width, w);
+                *used += n;
+            } else {
+                self.batch.push(self.seq, &ids[i..i + n], w);
+            }
+            i += n;
+        }
+        self.session.forward(&self.batch)?;
+        self.tokens.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// Logits for `ids` (holding `media`'s placeholders) from a fresh cache: every
+    /// position, or the last.
+    pub fn logits_with_media(&mut self, ids: &[u32], media: &Media, all: bool) -> Result<Vec<Vec<f32>>> {
+        check_placeholders(ids, media)?;
+        if ids.len() > self.context() {
+            bail!("{} ids do not fit the context of {} positions", ids.len(), self.context());
+        }
+        self.session.truncate(self.seq, 0);
+        self.tokens.clear();
+        let vocab = self.model.info().vocab_size;
+        let chunk = self.session.max_rows();
+        let n = ids.len().div_ceil(chunk);
+        let (mut out, mut used) = (Vec::new(), 0);
+        for (i, part) in ids.chunks(chunk).enumerate() {
+            let want = if all {
+                Logits::All
+            } else if i + 1 == n {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            self.forward_media(part, media, &mut used, want)?;
+            out.extend(self.session.logits().chunks(vocab).map(|r| r.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Prefills `prompt` (holding `media`'s placeholders) from a fresh cache and leaves
+    /// the last position's logits ready; later steps decode as usual.
+    pub fn prefill_with_media(&mut self, prompt: &[u32], media: &Media) -> Result<usize> {
+        check_placeholders(prompt, media)?;
+        if self.has_draft() {
+            self.disable_draft();
+        }
+        self.session.truncate(self.seq, 0);
+        self.tokens.clear();
+        let chunk = self.session.max_rows();
+        let n = prompt.len().div_ceil(chunk);
+        let mut used = 0;
+        for (i, part) in prompt.chunks(chunk).enumerate() {
+            self.forward_media(part, media, &mut used, if i + 1 == n { Logits::Last } else { Logits::None })?;
+        }
+        self.take_logits()?;
+        Ok(prompt.len())
+    }
+}
