@@ -6,6 +6,7 @@ use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use strata_engine::generate::RouteTrace;
+use strata_engine::media;
 use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
 use strata_models::TensorGroup;
 use strata_storage::WeightStore;
@@ -76,7 +77,7 @@ pub struct GenerateArgs {
     /// System message (with --chat).
     #[arg(long)]
     system: Option<String>,
-    /// An image for the prompt (refused: strata runs no vision tower yet).
+    /// An image for the prompt (repeatable; models with a vision tower).
     #[arg(long)]
     image: Vec<PathBuf>,
     #[command(flatten)]
@@ -107,7 +108,7 @@ pub struct ChatArgs {
     model: PathBuf,
     #[arg(long)]
     system: Option<String>,
-    /// An image for the prompt (refused: strata runs no vision tower yet).
+    /// An image for the prompt (repeatable; models with a vision tower).
     #[arg(long)]
     image: Vec<PathBuf>,
     #[command(flatten)]
@@ -128,8 +129,8 @@ pub struct LogitsArgs {
     /// Logits at every position (default: the last only).
     #[arg(long)]
     all_positions: bool,
-    /// An image whose placeholder run the ids hold (refused: strata runs no vision
-    /// tower yet).
+    /// An image whose placeholder run (`<boi>`, one image token per soft token, `<eoi>`)
+    /// the ids hold (repeatable, in order).
     #[arg(long)]
     image: Vec<PathBuf>,
     #[command(flatten)]
@@ -217,37 +218,63 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
         .with_context(|| format!("{}: cannot write stats", path.display()))
 }
 
-/// `--image`: refused by name, never ignored. A model whose checkpoint has a vision
-/// tower is told apart from a text-only one.
-fn refuse_images(model: &Path, images: &[PathBuf]) -> Result<()> {
-    let Some(image) = images.first() else { return Ok(()) };
-    let arch = strata_models::read_arch(model)?;
-    let what = format!("{} ({})", model.display(), arch.model_type());
-    if arch.vision_tower() {
-        bail!(
-            "--image {}: {what} has a vision tower, but strata does not run vision towers yet; \
-             images are refused rather than ignored",
-            image.display()
-        );
+/// The prompt ids with each image's run (`<boi>`, a placeholder per soft token, `<eoi>`):
+/// every single placeholder the template wrote is expanded in order; without any, the
+/// runs go first (after a leading BOS).
+fn with_image_runs(m: &LoadedModel, ids: Vec<u32>, media: &media::Media) -> Result<Vec<u32>> {
+    let spec = media::vision_spec(m)?;
+    let marks = ids.iter().filter(|&&t| t == spec.image_token_id).count();
+    let mut out = Vec::with_capacity(ids.len() + media.len() + 2 * media.counts.len());
+    if marks == 0 {
+        let bos = usize::from(ids.first().is_some_and(|&t| Some(t) == m.model.info().bos_token_id));
+        out.extend_from_slice(&ids[..bos]);
+        for &n in &media.counts {
+            out.extend(media::image_run(&spec, n));
+        }
+        out.extend_from_slice(&ids[bos..]);
+        return Ok(out);
     }
-    bail!("--image {}: {what} has no vision tower: it reads text only", image.display())
+    if marks != media.counts.len() {
+        bail!("the prompt has {marks} image placeholders for {} --image files", media.counts.len());
+    }
+    let mut counts = media.counts.iter();
+    for t in ids {
+        match t == spec.image_token_id {
+            true => out.extend(media::image_run(&spec, *counts.next().expect("counted above"))),
+            false => out.push(t),
+        }
+    }
+    Ok(out)
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    refuse_images(&a.model, &a.image)?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
-    let prompt_ids = if a.chat {
+    let media = match a.image.is_empty() {
+        true => None,
+        false => Some(media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?),
+    };
+    let mut prompt_ids = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
         }
-        msgs.push(Message::new("user", &a.prompt));
+        let mut user = Message::new("user", &a.prompt);
+        if !a.image.is_empty() {
+            let mut parts: Vec<serde_json::Value> =
+                a.image.iter().map(|_| serde_json::json!({"type": "image"})).collect();
+            parts.push(serde_json::json!({"type": "text", "text": a.prompt}));
+            user.content = serde_json::Value::Array(parts);
+        }
+        msgs.push(user);
         let text = m.chat_template()?.render(&msgs, true, None)?;
         tok.encode(&text, false)?
     } else {
         tok.encode(&a.prompt, true)?
     };
+    if let Some(media) = &media {
+        prompt_ids = with_image_runs(&m, prompt_ids, media)?;
+    }
     let req = GenerateRequest {
         stop_strings: a.sampling.stop.clone(),
         eos_token_ids: m.eos_token_ids.clone(),
@@ -258,6 +285,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let mut gen = m.generator()?;
     if let Some(path) = &a.report.trace {
         gen.set_trace(RouteTrace::create(path)?);
+    }
+    if let Some(media) = &media {
+        gen.prefill_with_media(&req.prompt_ids, media)?;
     }
     let stdout = std::io::stdout();
     let out = gen.generate(Some(tok), &req, &mut |t| {
@@ -270,7 +300,12 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    refuse_images(&a.model, &a.image)?;
+    if let Some(p) = a.image.first() {
+        bail!(
+            "--image {}: chat takes text only; use `strata generate --image` (with --chat for the template)",
+            p.display()
+        );
+    }
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
@@ -320,11 +355,16 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("--ids: no token ids");
     }
-    refuse_images(&a.model, &a.image)?;
     let opts = LoadOptions { device: a.device.device()?, context: ids.len(), ..Default::default() };
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let mut gen = m.generator()?;
-    let logits = gen.logits(&ids, a.all_positions)?;
+    let logits = match a.image.is_empty() {
+        true => gen.logits(&ids, a.all_positions)?,
+        false => {
+            let media = media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?;
+            gen.logits_with_media(&ids, &media, a.all_positions)?
+        }
+    };
     emit(&serde_json::json!({ "logits": logits }).to_string())
 }
 

@@ -1,6 +1,7 @@
 //! `strata` on the Gemma 4 fixtures: inspect, logits, generate (resident and streamed
-//! from a converted container), fit; `--image` refused by name, for a checkpoint with a
-//! vision tower and for a text-only one.
+//! from a converted container), fit; `--image` through the vision tower (logits with the
+//! placeholder run checked against the processor, generate), refused by name for a
+//! text-only model and for bidirectional-vision attention.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -59,24 +60,45 @@ fn gemma4_commands_work_on_the_fixtures() {
 }
 
 #[test]
-fn images_are_refused_by_name() {
+fn images_run_through_the_vision_tower_or_are_refused_by_name() {
     let d = fixture("dense-ple");
     let err =
         one_line_error(&strata(&["generate", "--model", d.to_str().unwrap(), "--prompt", "hi", "--image", "cat.png"]));
-    assert!(err.contains("--image cat.png") && err.contains("no vision tower"), "{err}");
-    // A `gemma4` checkpoint that declares a vision tower: refused, saying so.
+    assert!(err.contains("--image") && err.contains("no vision tower"), "{err}");
+
+    let v = fixture("vision");
+    let (vs, img) = (v.to_str().unwrap(), v.join("image.png"));
+    let img = img.to_str().unwrap();
+    // The fixture's prompt: text, <boi> (501), 60 image tokens (500), <eoi> (502), text.
+    let mut ids: Vec<String> = (10..20).map(|i| i.to_string()).collect();
+    ids.push("501".into());
+    ids.extend(std::iter::repeat_n("500".to_string(), 60));
+    ids.extend(["502".into(), "30".into(), "31".into()]);
+    let s = ok(&strata(&["logits", "--model", vs, "--ids", &ids.join(","), "--image", img, "--all-positions"]));
+    let j: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(j["logits"].as_array().unwrap().len(), ids.len());
+    // A run of the wrong length fails, saying what the processor gives.
+    let short = ids.iter().filter(|t| *t != "500").cloned().collect::<Vec<_>>().join(",");
+    let err = one_line_error(&strata(&["logits", "--model", vs, "--ids", &short, "--image", img]));
+    assert!(err.contains("60 soft tokens"), "{err}");
+    let out = ok(&strata(&["generate", "--model", vs, "--prompt", "Look:", "--image", img, "--max-tokens", "8"]));
+    assert!(!out.trim().is_empty());
+    let err = one_line_error(&strata(&["generate", "--model", vs, "--prompt", "x", "--image", "/nonexistent.png"]));
+    assert!(err.contains("nonexistent.png"), "{err}");
+
+    // `use_bidirectional_attention: "vision"` models refuse images rather than attend causally.
     let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture("moe")).unwrap() {
+    for e in std::fs::read_dir(&v).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
     }
     let cfg = dir.path().join("config.json");
     let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    c["vision_config"] = serde_json::json!({"model_type": "gemma4_vision", "hidden_size": 32});
+    c["text_config"]["use_bidirectional_attention"] = serde_json::json!("vision");
     std::fs::write(&cfg, c.to_string()).unwrap();
     let p = dir.path().to_str().unwrap();
-    let err = one_line_error(&strata(&["logits", "--model", p, "--ids", "1,2", "--image", "x.jpg"]));
-    assert!(err.contains("has a vision tower") && err.contains("refused"), "{err}");
+    let err = one_line_error(&strata(&["logits", "--model", p, "--ids", &ids.join(","), "--image", img]));
+    assert!(err.contains("use_bidirectional_attention") && err.contains("refused"), "{err}");
     let s = ok(&strata(&["inspect", "--model", p]));
-    assert!(s.contains("present, not run"), "{s}");
+    assert!(s.contains("images are refused"), "{s}");
 }

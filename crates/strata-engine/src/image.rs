@@ -1,9 +1,10 @@
 //! Gemma 4's image processor, as transformers' `Gemma4ImageProcessor` (torchvision
-//! backend): decode (PNG, JPEG, WebP, GIF's first frame; converted to RGB), resize keeping
+//! backend): decode (PNG, JPEG, WebP, GIF's first frame; converted to RGB, transparency
+//! composited over white), resize keeping
 //! the aspect ratio to the largest size whose sides are multiples of `pooling * patch` and
 //! whose patches fit `max_soft_tokens * pooling^2` (bicubic with antialiasing, as
-//! torchvision's uint8 path and PIL compute it: separable passes, horizontal first, each
-//! rounded to 8 bits), rescale to [0, 1], cut into `patch x patch` patches in row-major
+//! torchvision's uint8 path computes it: separable passes, horizontal first, 16-bit
+//! fixed-point weights, each pass rounded to 8 bits), rescale to [0, 1], cut into `patch x patch` patches in row-major
 //! order, each laid out (row, column, channel); the soft-token count is
 //! `patches / pooling^2`.
 
@@ -31,10 +32,23 @@ impl Rgb8 {
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let img = image::load_from_memory(bytes).context("not a PNG, JPEG, WebP or GIF image")?;
-        let rgb = img.to_rgb8();
-        let (w, h) = rgb.dimensions();
-        Ok(Self { width: w as usize, height: h as usize, data: rgb.into_raw() })
+        let (w, h) = (img.width() as usize, img.height() as usize);
+        if !img.color().has_alpha() {
+            return Ok(Self { width: w, height: h, data: img.to_rgb8().into_raw() });
+        }
+        // transformers' `convert_to_rgb`: composited over white (PIL's alpha_composite).
+        let data = img.to_rgba8().into_raw().chunks_exact(4).flat_map(|p| over_white(p[0], p[1], p[2], p[3])).collect();
+        Ok(Self { width: w, height: h, data })
     }
+}
+
+/// A pixel over an opaque white background, in PIL's fixed point (7 fractional bits,
+/// division by 255 as two shifts).
+fn over_white(r: u8, g: u8, b: u8, a: u8) -> [u8; 3] {
+    let a = a as u32;
+    let (c1, c2) = (a << 7, (255 - a) << 7);
+    let div255 = |v: u32| ((v >> 8) + v) >> 8;
+    [r, g, b].map(|c| (div255(c as u32 * c1 + 255 * c2 + (0x80 << 7)) >> 7) as u8)
 }
 
 /// The processor's settings.
@@ -128,8 +142,8 @@ fn weights(input: usize, output: usize) -> Vec<(usize, Vec<f64>)> {
     (0..output)
         .map(|i| {
             let center = (i as f64 + 0.5) * scale;
-            let lo = ((center - support + 0.5).floor().max(0.0)) as usize;
-            let hi = ((center + support + 0.5).floor() as usize).min(input);
+            let lo = ((center - support + 0.5) as i64).max(0) as usize;
+            let hi = ((center + support + 0.5) as i64).min(input as i64) as usize;
             let mut w: Vec<f64> = (lo..hi).map(|j| cubic((j as f64 - center + 0.5) / filter_scale)).collect();
             let sum: f64 = w.iter().sum();
             if sum != 0.0 {
@@ -140,34 +154,67 @@ fn weights(input: usize, output: usize) -> Vec<(usize, Vec<f64>)> {
         .collect()
 }
 
-/// Rounds to 8 bits as PIL's fixed-point passes do (22 fractional bits, round half up,
-/// clamped).
-fn to_u8(v: f64) -> u8 {
-    const ONE: f64 = (1u64 << 22) as f64;
-    let fixed = (v * ONE).round() as i64 + (1 << 21);
-    (fixed >> 22).clamp(0, 255) as u8
+/// One pass's weights in 16-bit fixed point, as torch's uint8 path holds them: the most
+/// fractional bits (up to 22) that keep the largest weight below 2^15.
+struct Fixed {
+    taps: Vec<(usize, Vec<i64>)>,
+    bits: u32,
+}
+
+impl Fixed {
+    fn new(input: usize, output: usize) -> Self {
+        let w = weights(input, output);
+        let max = w.iter().flat_map(|(_, w)| w.iter().copied()).fold(0.0f64, f64::max);
+        let mut bits = 0;
+        while bits < 22 && ((0.5 + max * (1u64 << (bits + 1)) as f64) as i64) < (1 << 15) {
+            bits += 1;
+        }
+        let one = (1u64 << bits) as f64;
+        let taps = w
+            .into_iter()
+            .map(|(lo, w)| {
+                (lo, w.iter().map(|&v| if v < 0.0 { (v * one - 0.5) as i64 } else { (v * one + 0.5) as i64 }).collect())
+            })
+            .collect();
+        Self { taps, bits }
+    }
+
+    /// `sum(src[lo + k] * w[k])` rounded back to 8 bits.
+    fn apply(&self, out: usize, src: impl Fn(usize) -> u8) -> u8 {
+        let (lo, w) = &self.taps[out];
+        let mut acc: i64 = 1 << (self.bits.max(1) - 1);
+        for (k, wk) in w.iter().enumerate() {
+            acc += src(lo + k) as i64 * wk;
+        }
+        (acc >> self.bits).clamp(0, 255) as u8
+    }
 }
 
 fn resize_bicubic(img: &Rgb8, height: usize, width: usize) -> Rgb8 {
-    // Horizontal pass, then vertical.
-    let wx = weights(img.width, width);
-    let mut mid = vec![0u8; img.height * width * 3];
-    for y in 0..img.height {
-        let row = &img.data[y * img.width * 3..(y + 1) * img.width * 3];
-        for (x, (lo, w)) in wx.iter().enumerate() {
-            for c in 0..3 {
-                let v: f64 = w.iter().enumerate().map(|(k, wk)| wk * row[(lo + k) * 3 + c] as f64).sum();
-                mid[(y * width + x) * 3 + c] = to_u8(v);
+    // Horizontal pass, then vertical (each skipped when that side keeps its size).
+    let mut mid = img.clone();
+    if width != img.width {
+        let fx = Fixed::new(img.width, width);
+        let mut data = vec![0u8; img.height * width * 3];
+        for y in 0..img.height {
+            let row = &img.data[y * img.width * 3..(y + 1) * img.width * 3];
+            for x in 0..width {
+                for c in 0..3 {
+                    data[(y * width + x) * 3 + c] = fx.apply(x, |j| row[j * 3 + c]);
+                }
             }
         }
+        mid = Rgb8 { width, height: img.height, data };
     }
-    let wy = weights(img.height, height);
+    if height == img.height {
+        return mid;
+    }
+    let fy = Fixed::new(img.height, height);
     let mut out = vec![0u8; height * width * 3];
-    for (y, (lo, w)) in wy.iter().enumerate() {
+    for y in 0..height {
         for x in 0..width {
             for c in 0..3 {
-                let v: f64 = w.iter().enumerate().map(|(k, wk)| wk * mid[((lo + k) * width + x) * 3 + c] as f64).sum();
-                out[(y * width + x) * 3 + c] = to_u8(v);
+                out[(y * width + x) * 3 + c] = fy.apply(y, |j| mid.data[(j * width + x) * 3 + c]);
             }
         }
     }

@@ -111,8 +111,8 @@ pub trait Arch: Send + Sync + std::fmt::Debug {
         let _ = rows;
         self.kv_bytes_per_token() * context as u64
     }
-    /// Whether the checkpoint declares a vision tower (strata runs none yet: images are
-    /// refused either way, with a message that says which).
+    /// Whether the checkpoint declares a vision tower (see [`crate::Model::vision`] for
+    /// the one a loaded model runs).
     fn vision_tower(&self) -> bool {
         false
     }

@@ -183,7 +183,14 @@ impl Arch for Gemma4Config {
             "final_logit_softcapping": t.final_logit_softcapping,
             "vocab_size": t.vocab_size,
             "max_position_embeddings": t.max_position_embeddings,
-            "vision_tower": if self.vision.is_some() { "present, not run (images are refused)" } else { "none" },
+            "vision_tower": self.vision.as_ref().map(|v| json!({
+                "layers": v.layers, "hidden_size": v.hidden_size, "heads": v.heads, "patch_size": v.patch_size,
+                "pooling": v.pooling, "image_attention": if t.bidirectional_vision {
+                    "bidirectional within an image on sliding layers (not run: images are refused)"
+                } else {
+                    "causal"
+                },
+            })),
             "audio_tower": if self.audio { "present, not run (audio input is refused)" } else { "none" },
             "fp8_block": self.fp8_block,
         })
