@@ -146,18 +146,26 @@ def text_params_init(model, seed):
 
 
 @torch.no_grad()
-def reference(model, ids, pv, pos):
+def reference(model, ids, pv, pos, bidir):
     T = ids.numel()
     kw = dict(pixel_values=pv, image_position_ids=pos)
+    # The image blocks of the bidirectional rule come from mm_token_type_ids (1: image token).
+    mm = (ids == IMAGE_ID).long()[None]
+    gkw = dict(kw, mm_token_type_ids=mm) if bidir else kw
     out = model.generate(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]), do_sample=False,
                          max_new_tokens=N_NEW, min_new_tokens=N_NEW, output_logits=True,
                          return_dict_in_generate=True, use_cache=True,
                          eos_token_id=list(model.config.get_text_config().eos_token_id),
-                         pad_token_id=model.config.get_text_config().pad_token_id, **kw)
+                         pad_token_id=model.config.get_text_config().pad_token_id, **gkw)
     gen_ids = out.sequences[0, T:].clone()
     gen_logits = torch.stack([l[0] for l in out.logits]).float()
-    prompt_logits = model(input_ids=ids[None], use_cache=False, **kw).logits[0].float()
-    full = model(input_ids=out.sequences, use_cache=False, **kw).logits[0].float()
+    prompt_logits = model(input_ids=ids[None], use_cache=False, **gkw).logits[0].float()
+    full_mm = torch.cat([mm, torch.zeros(1, N_NEW, dtype=torch.long)], 1)
+    fkw = dict(kw, mm_token_type_ids=full_mm) if bidir else kw
+    full = model(input_ids=out.sequences, use_cache=False, **fkw).logits[0].float()
+    if bidir:
+        causal = model(input_ids=ids[None], use_cache=False, **kw).logits[0].float()
+        assert (causal - prompt_logits).abs().max().item() > 1e-3, "the bidirectional rule changed nothing"
     feats = model.get_image_features(pixel_values=pv, image_position_ids=pos)
     feats = getattr(feats, "pooler_output", feats)
     if isinstance(feats, (list, tuple)):
@@ -191,7 +199,7 @@ def build_model_fixture(name, bidir, tok, tok_json):
         model.set_attn_implementation("eager")
         model = model.float().eval()
         text_params_init(model, seed)
-        res = reference(model, ids, pv_all, pos_all)
+        res = reference(model, ids, pv_all, pos_all, bidir)
         bad = []
         if not res["argmax_ok"] or res["greedy_min"] <= g4.MARGIN:
             bad.append(f"greedy margin {res['greedy_min']:.2e}")

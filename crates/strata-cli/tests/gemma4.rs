@@ -1,7 +1,7 @@
 //! `strata` on the Gemma 4 fixtures: inspect, logits, generate (resident and streamed
 //! from a converted container), fit; `--image` through the vision tower (logits with the
-//! placeholder run checked against the processor, generate), refused by name for a
-//! text-only model and for bidirectional-vision attention.
+//! placeholder run checked against the processor, generate, the bidirectional-vision
+//! model), refused by name for a text-only model.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -86,19 +86,12 @@ fn images_run_through_the_vision_tower_or_are_refused_by_name() {
     let err = one_line_error(&strata(&["generate", "--model", vs, "--prompt", "x", "--image", "/nonexistent.png"]));
     assert!(err.contains("nonexistent.png"), "{err}");
 
-    // `use_bidirectional_attention: "vision"` models refuse images rather than attend causally.
-    let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(&v).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
-    }
-    let cfg = dir.path().join("config.json");
-    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    c["text_config"]["use_bidirectional_attention"] = serde_json::json!("vision");
-    std::fs::write(&cfg, c.to_string()).unwrap();
-    let p = dir.path().to_str().unwrap();
-    let err = one_line_error(&strata(&["logits", "--model", p, "--ids", &ids.join(","), "--image", img]));
-    assert!(err.contains("use_bidirectional_attention") && err.contains("refused"), "{err}");
-    let s = ok(&strata(&["inspect", "--model", p]));
-    assert!(s.contains("images are refused"), "{s}");
+    // `use_bidirectional_attention: "vision"`: the image sees itself on sliding layers, so
+    // the same ids give other logits.
+    let b = fixture("vision-bidir");
+    let s2 = ok(&strata(&["logits", "--model", b.to_str().unwrap(), "--ids", &ids.join(","), "--image", img]));
+    let j2: serde_json::Value = serde_json::from_str(&s2).unwrap();
+    assert_eq!(j2["logits"].as_array().unwrap().len(), 1);
+    let s = ok(&strata(&["inspect", "--model", b.to_str().unwrap()]));
+    assert!(s.contains("bidirectional within an image"), "{s}");
 }

@@ -1,8 +1,8 @@
 //! Images in prompts: each image through the processor and the model's vision tower into
 //! soft-token rows, and forwards whose image placeholder positions take those rows (the
-//! rows of every image in prompt order). A model without a vision tower, or one whose
-//! image attention strata does not run, refuses an image by name: never a text-only
-//! answer.
+//! rows of every image in prompt order; a forward never splits an image's run, so an image
+//! attended bidirectionally sees all of itself). A model without a vision tower refuses an
+//! image by name: never a text-only answer.
 
 use crate::generate::Generator;
 use crate::image::{ImageProcessor, Rgb8};
@@ -41,14 +41,7 @@ pub fn vision_spec(m: &LoadedModel) -> Result<VisionSpec> {
         }
         bail!("{what} has no vision tower: it reads text only");
     };
-    let spec = v.spec();
-    if spec.bidirectional {
-        bail!(
-            "{what}: `use_bidirectional_attention: \"vision\"` (image tokens attending within their image on \
-             sliding layers) is not implemented; images are refused rather than attended causally"
-        );
-    }
-    Ok(spec)
+    Ok(v.spec())
 }
 
 /// The processor the model directory asks for (`preprocessor_config.json`'s
@@ -95,6 +88,28 @@ pub fn image_run(spec: &VisionSpec, soft_tokens: usize) -> Vec<u32> {
     run.extend(std::iter::repeat_n(spec.image_token_id, soft_tokens));
     run.push(spec.eoi_token_id);
     run
+}
+
+/// Splits `ids` into forwards of at most `rows` rows that keep each run of placeholders
+/// whole (a bidirectional image block must be in one forward: its rows see each other).
+pub fn chunks(ids: &[u32], placeholder: u32, rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let mut end = (start + rows).min(ids.len());
+        if end < ids.len() && ids[end] == placeholder && ids[end - 1] == placeholder {
+            // Back up to the run's start.
+            let run = ids[start..end].iter().rev().take_while(|&&t| t == placeholder).count();
+            if run == end - start {
+                let len = ids[start..].iter().take_while(|&&t| t == placeholder).count();
+                bail!("an image of {len} soft tokens does not fit a forward of {rows} rows");
+            }
+            end -= run;
+        }
+        out.push(start..end);
+        start = end;
+    }
+    Ok(out)
 }
 
 /// Checks that `ids` hold one placeholder per soft token of `media`.
@@ -149,10 +164,10 @@ impl Generator<'_> {
         self.session.truncate(self.seq, 0);
         self.tokens.clear();
         let vocab = self.model.info().vocab_size;
-        let chunk = self.session.max_rows();
-        let n = ids.len().div_ceil(chunk);
+        let parts = chunks(ids, media.placeholder, self.session.max_rows())?;
+        let n = parts.len();
         let (mut out, mut used) = (Vec::new(), 0);
-        for (i, part) in ids.chunks(chunk).enumerate() {
+        for (i, part) in parts.into_iter().map(|r| &ids[r]).enumerate() {
             let want = if all {
                 Logits::All
             } else if i + 1 == n {
@@ -175,13 +190,28 @@ impl Generator<'_> {
         }
         self.session.truncate(self.seq, 0);
         self.tokens.clear();
-        let chunk = self.session.max_rows();
-        let n = prompt.len().div_ceil(chunk);
+        let parts = chunks(prompt, media.placeholder, self.session.max_rows())?;
+        let n = parts.len();
         let mut used = 0;
-        for (i, part) in prompt.chunks(chunk).enumerate() {
+        for (i, part) in parts.into_iter().map(|r| &prompt[r]).enumerate() {
             self.forward_media(part, media, &mut used, if i + 1 == n { Logits::Last } else { Logits::None })?;
         }
         self.take_logits()?;
         Ok(prompt.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks;
+
+    #[test]
+    fn forwards_keep_image_runs_whole() {
+        let p = 9;
+        let ids = [1, 2, p, p, p, p, 3, 4, 5, 6];
+        assert_eq!(chunks(&ids, p, 4).unwrap(), vec![0..2, 2..6, 6..10]);
+        assert_eq!(chunks(&ids, p, 7).unwrap(), vec![0..7, 7..10]);
+        assert_eq!(chunks(&ids, p, 100).unwrap(), vec![0..10]);
+        assert!(chunks(&ids, p, 3).unwrap_err().to_string().contains("4 soft tokens"));
     }
 }

@@ -123,7 +123,10 @@ fn glm4_moe_fixtures_match_transformers() {
 #[test]
 fn gemma4_fixtures_match_transformers() {
     // (The image fixtures have their own test.)
-    let dirs: Vec<PathBuf> = fixture_dirs("gemma4").into_iter().filter(|d| !d.ends_with("vision")).collect();
+    let dirs: Vec<PathBuf> = fixture_dirs("gemma4")
+        .into_iter()
+        .filter(|d| !d.file_name().unwrap().to_string_lossy().starts_with("vision"))
+        .collect();
     assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);
@@ -261,16 +264,24 @@ fn gemma4_sliding_rings_wrap_roll_back_and_batch() {
     assert_eq!(s.len(b), 0, "a rollback past the ring starts the sequence over");
 }
 
-/// Gemma 4 with an image (`fixtures/gemma4/vision`, made by
+/// Gemma 4 with an image (`fixtures/gemma4/vision*`, made by
 /// `scripts/make_gemma4_vision_fixtures.py`): the image file through strata's processor
 /// and vision tower gives transformers' soft tokens; the prompt (text, `<boi>`, 60 image
 /// tokens, `<eoi>`, text: longer than the sliding window) gives its logits at every
-/// position, and greedy decoding its tokens and logits.
+/// position, and greedy decoding its tokens and logits; with causal attention everywhere
+/// (`vision`) and with `use_bidirectional_attention: "vision"` (`vision-bidir`: image
+/// tokens see their whole image on sliding layers).
 #[test]
-fn gemma4_image_fixture_matches_transformers() {
+fn gemma4_image_fixtures_match_transformers() {
+    for name in ["vision", "vision-bidir"] {
+        check_image_fixture(name);
+    }
+}
+
+fn check_image_fixture(name: &str) {
     use strata_engine::image::Rgb8;
     use strata_engine::media;
-    let dir = repo_root().join("fixtures/gemma4/vision");
+    let dir = repo_root().join("fixtures/gemma4").join(name);
     let m = LoadedModel::open(&dir).unwrap();
     let r = Reference::open(&dir.join("reference.safetensors"));
     let img = Rgb8::open(&dir.join("image.png")).unwrap();
@@ -310,5 +321,6 @@ fn gemma4_image_fixture_matches_transformers() {
     short.retain(|&t| t != spec.image_token_id);
     let err = m.generator().unwrap().logits_with_media(&short, &media, false).unwrap_err();
     assert!(format!("{err:#}").contains("60 soft tokens"), "{err:#}");
-    eprintln!("vision: parity ok (prompt {} tokens, worst prefill diff {worst:.2e}, features {d:.2e})", prompt.len());
+    assert_eq!(spec.bidirectional, name.ends_with("bidir"));
+    eprintln!("{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e}, features {d:.2e})", prompt.len());
 }

@@ -186,7 +186,7 @@ impl Arch for Gemma4Config {
             "vision_tower": self.vision.as_ref().map(|v| json!({
                 "layers": v.layers, "hidden_size": v.hidden_size, "heads": v.heads, "patch_size": v.patch_size,
                 "pooling": v.pooling, "image_attention": if t.bidirectional_vision {
-                    "bidirectional within an image on sliding layers (not run: images are refused)"
+                    "bidirectional within an image on sliding layers"
                 } else {
                     "causal"
                 },

@@ -226,7 +226,7 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
         let (b, t) = (&m.b, &m.cfg.text);
         self.rows.plan(&mut self.kv, batch, t.vocab_size)?;
         let (rows, h, eps) = (batch.len(), t.hidden_size, t.rms_norm_eps as f32);
-        self.ring.refresh(&self.rows.step);
+        self.ring.refresh(&self.rows.step, t.bidirectional_vision);
         self.embed(batch)?;
         let s = &mut self.s;
         let step = &self.rows.step;

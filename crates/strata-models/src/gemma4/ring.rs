@@ -49,14 +49,42 @@ impl Ring {
         self.floor.len() * self.size()
     }
 
-    /// Takes the forward's rows from the full layers' step.
-    pub fn refresh(&mut self, full: &Step) {
-        self.step.tokens.clear();
-        self.step.tokens.extend_from_slice(&full.tokens);
-        self.step.positions.clear();
-        self.step.positions.extend_from_slice(&full.positions);
-        self.step.seq.clear();
-        self.step.seq.extend_from_slice(&full.seq);
+    /// Takes the forward's rows from the full layers' step. `blocks`: rows fed by an
+    /// embedding (image soft tokens) also see the later rows of their run (a maximal run
+    /// of such rows of one sequence at consecutive positions): Gemma 4's bidirectional
+    /// image attention on sliding layers.
+    pub fn refresh(&mut self, full: &Step, blocks: bool) {
+        let s = &mut self.step;
+        s.tokens.clear();
+        s.tokens.extend_from_slice(&full.tokens);
+        s.positions.clear();
+        s.positions.extend_from_slice(&full.positions);
+        s.seq.clear();
+        s.seq.extend_from_slice(&full.seq);
+        s.visible_to.clear();
+        if !blocks || !full.tokens.contains(&u32::MAX) {
+            return;
+        }
+        let rows = full.rows();
+        s.visible_to.extend(full.positions.iter().map(|&p| p + 1));
+        let mut r = 0;
+        while r < rows {
+            if full.tokens[r] != u32::MAX {
+                r += 1;
+                continue;
+            }
+            let mut end = r + 1;
+            while end < rows
+                && full.tokens[end] == u32::MAX
+                && full.seq[end] == full.seq[r]
+                && full.positions[end] == full.positions[end - 1] + 1
+            {
+                end += 1;
+            }
+            let last = full.positions[end - 1] + 1;
+            s.visible_to[r..end].iter_mut().for_each(|v| *v = last);
+            r = end;
+        }
     }
 
     /// Records that sequence `seq` now holds `len` positions.
@@ -93,6 +121,23 @@ mod tests {
                 assert_eq!(step.slot(row, p), seq * 32 + p % 32, "seq {seq} pos {p}");
             }
         }
+    }
+
+    #[test]
+    fn image_rows_see_the_rest_of_their_run() {
+        let mut r = Ring::new(8, 8, 100, 2, 7);
+        let m = u32::MAX;
+        let full = Step {
+            tokens: vec![5, m, m, m, 6, m, m, m],
+            positions: vec![3, 4, 5, 6, 7, 0, 1, 9],
+            seq: vec![0, 0, 0, 0, 0, 1, 1, 1],
+            ..Default::default()
+        };
+        r.refresh(&full, true);
+        assert_eq!(r.step.visible_to, vec![4, 7, 7, 7, 8, 2, 2, 10]);
+        r.refresh(&full, false);
+        assert!(r.step.visible_to.is_empty());
+        assert_eq!(r.step.visible(1), 5);
     }
 
     #[test]

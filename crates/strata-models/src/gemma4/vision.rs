@@ -92,7 +92,11 @@ impl VisionConfig {
             c.kv_heads,
             c.heads
         );
-        ensure!(c.head_dim.is_multiple_of(4) && c.head_dim > 0, "field `head_dim` ({}) must be a multiple of 4", c.head_dim);
+        ensure!(
+            c.head_dim.is_multiple_of(4) && c.head_dim > 0,
+            "field `head_dim` ({}) must be a multiple of 4",
+            c.head_dim
+        );
         Ok(c)
     }
 
