@@ -218,35 +218,6 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
         .with_context(|| format!("{}: cannot write stats", path.display()))
 }
 
-/// The prompt ids with each image's run (`<boi>`, a placeholder per soft token, `<eoi>`):
-/// every single placeholder the template wrote is expanded in order; without any, the
-/// runs go first (after a leading BOS).
-fn with_image_runs(m: &LoadedModel, ids: Vec<u32>, media: &media::Media) -> Result<Vec<u32>> {
-    let spec = media::vision_spec(m)?;
-    let marks = ids.iter().filter(|&&t| t == spec.image_token_id).count();
-    let mut out = Vec::with_capacity(ids.len() + media.len() + 2 * media.counts.len());
-    if marks == 0 {
-        let bos = usize::from(ids.first().is_some_and(|&t| Some(t) == m.model.info().bos_token_id));
-        out.extend_from_slice(&ids[..bos]);
-        for &n in &media.counts {
-            out.extend(media::image_run(&spec, n));
-        }
-        out.extend_from_slice(&ids[bos..]);
-        return Ok(out);
-    }
-    if marks != media.counts.len() {
-        bail!("the prompt has {marks} image placeholders for {} --image files", media.counts.len());
-    }
-    let mut counts = media.counts.iter();
-    for t in ids {
-        match t == spec.image_token_id {
-            true => out.extend(media::image_run(&spec, *counts.next().expect("counted above"))),
-            false => out.push(t),
-        }
-    }
-    Ok(out)
-}
-
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
@@ -273,7 +244,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         tok.encode(&a.prompt, true)?
     };
     if let Some(media) = &media {
-        prompt_ids = with_image_runs(&m, prompt_ids, media)?;
+        let spec = media::vision_spec(&m)?;
+        prompt_ids = media::expand_runs(&spec, &prompt_ids, &media.counts, m.model.info().bos_token_id)
+            .map_err(|e| anyhow!("--image: {e:#}"))?;
     }
     let req = GenerateRequest {
         stop_strings: a.sampling.stop.clone(),

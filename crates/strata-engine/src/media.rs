@@ -10,7 +10,7 @@ use crate::LoadedModel;
 use anyhow::{bail, Result};
 use std::path::Path;
 use strata_models::media::VisionSpec;
-use strata_models::Logits;
+use strata_models::{Batch, Logits, SeqId};
 
 /// Soft-token rows for a prompt: they replace the `placeholder` ids, in order.
 pub struct Media {
@@ -62,9 +62,14 @@ pub fn processor(m: &LoadedModel, spec: &VisionSpec) -> Result<ImageProcessor> {
 /// Every image through the processor and the tower.
 pub fn encode_images(m: &LoadedModel, images: &[Rgb8]) -> Result<Media> {
     let spec = vision_spec(m)?;
-    let proc = processor(m, &spec)?;
-    let vision = m.model.vision().expect("vision_spec checked");
-    let width = m.model.info().hidden_size;
+    encode_with(m.model.as_ref(), &processor(m, &spec)?, images)
+}
+
+/// Every image through `proc` and `model`'s tower.
+pub fn encode_with(model: &dyn strata_models::Model, proc: &ImageProcessor, images: &[Rgb8]) -> Result<Media> {
+    let Some(vision) = model.vision() else { bail!("the model has no vision tower: it reads text only") };
+    let spec = vision.spec();
+    let width = model.info().hidden_size;
     let mut media = Media { placeholder: spec.image_token_id, rows: Vec::new(), width, counts: Vec::new() };
     for img in images {
         let patches = proc.process(img)?;
@@ -73,6 +78,34 @@ pub fn encode_images(m: &LoadedModel, images: &[Rgb8]) -> Result<Media> {
         media.rows.extend(rows);
     }
     Ok(media)
+}
+
+/// The prompt ids with each image's run (`<boi>`, a placeholder per soft token, `<eoi>`)
+/// for `counts` images: every single placeholder (as a chat template writes one per
+/// image) expands in order; without any, the runs go first (after a leading `bos`).
+pub fn expand_runs(spec: &VisionSpec, ids: &[u32], counts: &[usize], bos: Option<u32>) -> Result<Vec<u32>> {
+    let marks = ids.iter().filter(|&&t| t == spec.image_token_id).count();
+    let mut out = Vec::with_capacity(ids.len() + counts.iter().sum::<usize>() + 2 * counts.len());
+    if marks == 0 {
+        let lead = usize::from(ids.first().is_some_and(|&t| Some(t) == bos));
+        out.extend_from_slice(&ids[..lead]);
+        for &n in counts {
+            out.extend(image_run(spec, n));
+        }
+        out.extend_from_slice(&ids[lead..]);
+        return Ok(out);
+    }
+    if marks != counts.len() {
+        bail!("the prompt has {marks} image placeholders for {} images", counts.len());
+    }
+    let mut it = counts.iter();
+    for &t in ids {
+        match t == spec.image_token_id {
+            true => out.extend(image_run(spec, *it.next().expect("counted above"))),
+            false => out.push(t),
+        }
+    }
+    Ok(out)
 }
 
 /// [`encode_images`] of image files.
@@ -127,28 +160,48 @@ pub fn check_placeholders(ids: &[u32], media: &Media) -> Result<()> {
     Ok(())
 }
 
+/// Appends `ids` of `seq` to `batch`, placeholder ids as `media`'s rows from `*used` on.
+pub fn push_rows(batch: &mut Batch, seq: SeqId, ids: &[u32], media: &Media, used: &mut usize, want: Logits) {
+    let mut i = 0;
+    while i < ids.len() {
+        let image = ids[i] == media.placeholder;
+        let n = ids[i..].iter().take_while(|&&t| (t == media.placeholder) == image).count();
+        let w = match want {
+            Logits::Last if i + n < ids.len() => Logits::None,
+            w => w,
+        };
+        if image {
+            let rows = &media.rows[*used * media.width..(*used + n) * media.width];
+            batch.push_embeddings(seq, rows, media.width, w);
+            *used += n;
+        } else {
+            batch.push(seq, &ids[i..i + n], w);
+        }
+        i += n;
+    }
+}
+
+/// Rows a forward may take of `tokens[computed..]` (at most `n`) without splitting a run
+/// of placeholders: the chunk ends before a run it would cut (0 when it starts one).
+pub fn whole_runs(tokens: &[u32], computed: usize, n: usize, placeholder: u32) -> usize {
+    let end = computed + n;
+    if n == 0 || end >= tokens.len() || tokens[end] != placeholder || tokens[end - 1] != placeholder {
+        return n;
+    }
+    n - tokens[computed..end].iter().rev().take_while(|&&t| t == placeholder).count()
+}
+
+/// The longest run of placeholders in `tokens`.
+pub fn longest_run(tokens: &[u32], placeholder: u32) -> usize {
+    tokens.split(|&t| t != placeholder).map(<[u32]>::len).max().unwrap_or(0)
+}
+
 impl Generator<'_> {
     /// One forward over `ids` appended to the sequence, placeholder ids taking `media`'s
     /// rows from `*used` on.
     fn forward_media(&mut self, ids: &[u32], media: &Media, used: &mut usize, want: Logits) -> Result<()> {
         self.batch.clear();
-        let mut i = 0;
-        while i < ids.len() {
-            let image = ids[i] == media.placeholder;
-            let n = ids[i..].iter().take_while(|&&t| (t == media.placeholder) == image).count();
-            let w = match want {
-                Logits::Last if i + n < ids.len() => Logits::None,
-                w => w,
-            };
-            if image {
-                let rows = &media.rows[*used * media.width..(*used + n) * media.width];
-                self.batch.push_embeddings(self.seq, rows, media.width, w);
-                *used += n;
-            } else {
-                self.batch.push(self.seq, &ids[i..i + n], w);
-            }
-            i += n;
-        }
+        push_rows(&mut self.batch, self.seq, ids, media, used, want);
         self.session.forward(&self.batch)?;
         self.tokens.extend_from_slice(ids);
         Ok(())

@@ -20,6 +20,7 @@ pub mod anthropic;
 pub mod common;
 pub mod error;
 pub mod grammar;
+pub mod media;
 pub mod metrics;
 pub mod openai;
 pub mod output;
@@ -85,6 +86,8 @@ pub struct ServeOptions {
     pub context_limit: Option<usize>,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors: Vec<String>,
+    /// Image URLs may point at private, loopback and link-local addresses.
+    pub allow_private_media: bool,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
 }
@@ -100,6 +103,7 @@ impl Default for ServeOptions {
             prompt_cache_bytes: None,
             context_limit: None,
             cors: Vec::new(),
+            allow_private_media: false,
             max_body: MAX_BODY_BYTES,
         }
     }
@@ -153,6 +157,7 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         created: common::now_unix(),
         markers_special,
         reasoning,
+        allow_private_media: opts.allow_private_media,
         syntax,
         context,
         grammars,
@@ -332,9 +337,8 @@ async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
         ))
     };
     match common::blocking(run).await {
-        Ok((v, fallback)) => {
-            common::Prompt { text: String::new(), ids: vec![], tools_fallback: fallback }.mark(Json(v).into_response())
-        }
+        Ok((v, fallback)) => common::Prompt { text: String::new(), ids: vec![], media: None, tools_fallback: fallback }
+            .mark(Json(v).into_response()),
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }

@@ -50,7 +50,10 @@ const GEMMA_TEMPLATE: &str = r#"
             {%- set ns.name = call['function']['name'] -%}
             {{- '<|tool_call>call:' + call['function']['name'] + format_argument(call['function']['arguments'], escape_keys=False) + '<tool_call|>' -}}
         {%- endfor -%}
-        {%- if message['content'] is string -%}{{- message['content'] | trim -}}{%- endif -%}
+        {%- if message['content'] is string -%}{{- message['content'] | trim -}}
+        {%- elif message['content'] is sequence -%}
+            {%- for item in message['content'] -%}{%- if item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}{%- endfor -%}
+        {%- endif -%}
         {%- if not message['tool_calls'] -%}{{- '<turn|>\n' -}}{%- endif -%}
     {%- endif -%}
 {%- endfor -%}
@@ -60,9 +63,12 @@ const GEMMA_TEMPLATE: &str = r#"
 {%- endif -%}
 "#;
 
+fn dir(fixture: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gemma4").join(fixture)
+}
+
 fn app(fixture: &str) -> Router {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gemma4").join(fixture);
-    let mut model = LoadedModel::open(&dir).expect("open the fixture model");
+    let mut model = LoadedModel::open(&dir(fixture)).expect("open the fixture model");
     model.chat_template = Some(ChatTemplate::new(GEMMA_TEMPLATE, "<bos>".into(), String::new()).unwrap());
     let st = strata_server::state(model, None, 4);
     assert_eq!(st.syntax, Syntax::Gemma);
@@ -138,11 +144,80 @@ fn gemma_models_serve_with_their_own_tool_syntax() {
         assert_eq!(status, 400);
         assert!(r["error"]["message"].as_str().unwrap().contains("Gemma"), "{r}");
 
-        // Images: the vision tower is not run, so an image part is a 400, never ignored.
+        // Images: a model without a vision tower answers 400, never a text-only reply.
         let img = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], "max_tokens": 4});
         let (status, r, _) = post(&app, "/v1/chat/completions", img);
         assert_eq!(status, 400);
-        assert!(r["error"]["message"].as_str().unwrap().contains("image_url"), "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("no vision tower"), "{r}");
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            s.push(if i <= c.len() { A[(n >> (18 - 6 * i)) as usize & 63] as char } else { '=' });
+        }
+    }
+    s
+}
+
+/// `image_url` parts (data: URLs) through the batching engine give what the generator
+/// gives for the same prompt and image (causal and bidirectional image attention);
+/// private http URLs are refused without --allow-private-media.
+#[test]
+fn images_in_chat_requests_match_the_generator() {
+    use strata_engine::image::Rgb8;
+    use strata_engine::media;
+    for fixture in ["vision", "vision-bidir"] {
+        let app = app(fixture);
+        let png = std::fs::read(dir(fixture).join("image.png")).unwrap();
+        let url = format!("data:image/png;base64,{}", base64(&png));
+        let messages = json!([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in it?"}]}]);
+        let req = json!({"messages": messages, "max_tokens": 12, "temperature": 0});
+        let (status, r, body) = post(&app, "/v1/chat/completions", req.clone());
+        assert_eq!(status, 200, "{body}");
+        let content = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+
+        // The same through the generator.
+        let mut m = LoadedModel::open(&dir(fixture)).unwrap();
+        m.chat_template = Some(ChatTemplate::new(GEMMA_TEMPLATE, "<bos>".into(), String::new()).unwrap());
+        let text = m
+            .chat_template
+            .as_ref()
+            .unwrap()
+            .render_json(
+                &[json!({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]})],
+                &strata_engine::chat::RenderOptions { add_generation_prompt: true, ..Default::default() },
+            )
+            .unwrap();
+        let ids = m.tokenizer().unwrap().encode(&text, false).unwrap();
+        let img = Rgb8::decode(&png).unwrap();
+        let enc = media::encode_images(&m, &[img]).unwrap();
+        let spec = media::vision_spec(&m).unwrap();
+        let ids = media::expand_runs(&spec, &ids, &enc.counts, m.model.info().bos_token_id).unwrap();
+        assert_eq!(ids.len(), prompt_tokens, "{fixture}: prompt tokens");
+        let mut gen = m.generator().unwrap();
+        gen.prefill_with_media(&ids, &enc).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..12 {
+            let l = gen.last_logits();
+            let t = l.iter().enumerate().fold((0, f32::MIN), |a, (j, &v)| if v > a.1 { (j, v) } else { a }).0 as u32;
+            out.push(t);
+            gen.step(t).unwrap();
+        }
+        let want = m.tokenizer().unwrap().decode(&out, true).unwrap();
+        assert_eq!(content, want, "{fixture}: served text differs from the generator's");
+
+        let mut private = req.clone();
+        private["messages"][0]["content"][0]["image_url"]["url"] = json!("http://127.0.0.1:9/cat.png");
+        let (status, r, _) = post(&app, "/v1/chat/completions", private);
+        assert_eq!(status, 400);
+        assert!(r["error"]["message"].as_str().unwrap().contains("--allow-private-media"), "{r}");
     }
 }
