@@ -20,6 +20,7 @@ mod step;
 pub use step::Step;
 
 use anyhow::Result;
+pub use strata_kernels::GateAct;
 use strata_kernels::QuantKind;
 
 /// A matrix in host memory as it comes from a checkpoint, in its stored precision
@@ -213,6 +214,19 @@ pub struct GqaAttend<'a, B: Backend> {
     pub cache: &'a B::Buf,
     /// Out: `[rows, heads * head_dim]`.
     pub out: &'a mut B::Buf,
+}
+
+/// The arguments of [`Backend::gqa_query`]: a layer that reads another layer's K/V
+/// cache (Gemma's KV sharing) prepares its queries only.
+pub struct GqaQuery<'a, B: Backend> {
+    pub dims: GqaDims,
+    /// `[rows, heads * head_dim]`: normalised per head (with `q_norm`) and rotated here.
+    pub q: &'a mut B::Buf,
+    pub q_norm: Option<&'a B::Buf>,
+    pub eps: f32,
+    /// Rotary tables of the step's rows, `[rows, rotary / 2]`.
+    pub cos: &'a B::Buf,
+    pub sin: &'a B::Buf,
 }
 
 /// The lightning indexer's dimensions.
@@ -433,4 +447,102 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `dst[i] = src[rows[i]]`, rows of `width` (the rows whose logits or hidden states
     /// are asked for).
     fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[u32], dst: &mut Self::Buf);
+
+    // Ops added for Gemma 4. Each has a default that panics naming the op, so a backend
+    // that does not run Gemma yet still builds (the Gemma family refuses such devices).
+
+    /// `x[..len] *= factor`.
+    fn scale(&self, _len: usize, _factor: f32, _x: &mut Self::Buf) {
+        not_implemented("scale", &self.describe())
+    }
+    /// `x[..len] = value`.
+    fn fill(&self, _len: usize, _value: f32, _x: &mut Self::Buf) {
+        not_implemented("fill", &self.describe())
+    }
+    /// `x[..len] = cap * tanh(x / cap)` (final logit soft-capping).
+    fn soft_cap(&self, _len: usize, _cap: f32, _x: &mut Self::Buf) {
+        not_implemented("soft_cap", &self.describe())
+    }
+    /// `x[r] += rms_norm(a[r]) * w` for `rows` rows of `width` (`w = None`: no scale): a
+    /// sublayer's output normalised and added into the residual (Gemma's sandwich norms).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        _rows: usize,
+        _width: usize,
+        _a: &Self::Buf,
+        _w: Option<&Self::Buf>,
+        _eps: f32,
+        _x: &mut Self::Buf,
+    ) {
+        not_implemented("add_rms_norm", &self.describe())
+    }
+    /// `a[r, i] = gelu_tanh(a[r, i]) * b[r * b_stride + b_col + i]` for `rows` rows of
+    /// `width` (a gate applied to a slice of per-row inputs: Gemma's per-layer inputs).
+    #[allow(clippy::too_many_arguments)]
+    fn gelu_tanh_mul(
+        &self,
+        _rows: usize,
+        _width: usize,
+        _a: &mut Self::Buf,
+        _b: &Self::Buf,
+        _b_stride: usize,
+        _b_col: usize,
+    ) {
+        not_implemented("gelu_tanh_mul", &self.describe())
+    }
+    /// [`Backend::experts`] with the gate activation `act` (`down(act(gate x) * up x)`);
+    /// SwiGLU is [`Backend::experts`] itself.
+    fn gated_experts<'a>(
+        &self,
+        act: GateAct,
+        x: &Self::Buf,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut Self::Buf,
+    ) {
+        match act {
+            GateAct::Silu => self.experts(x, rows, n, task, y),
+            GateAct::GeluTanh => not_implemented("gated_experts (GELU-tanh)", &self.describe()),
+        }
+    }
+    /// Softmax routing (Gemma 4): `logits = x gate^T` (f32), per row the softmax, the
+    /// `top_k` largest probabilities (ids best first, exact ties to the lower id),
+    /// renormalised to sum to one, each times `expert_scale[id]`.
+    #[allow(clippy::too_many_arguments)]
+    fn route_softmax(
+        &self,
+        _x: &Self::Buf,
+        _rows: usize,
+        _gate: &Self::Mat,
+        _expert_scale: &Self::Buf,
+        _top_k: usize,
+        _logits: &mut Self::Buf,
+        _ids: &mut Self::Idx,
+        _weights: &mut Self::Buf,
+    ) {
+        not_implemented("route_softmax", &self.describe())
+    }
+    /// The query half of [`Backend::gqa_prepare`]: normalises (optionally) and rotates
+    /// queries; no cache is written (a layer attending to another layer's cache).
+    fn gqa_query(&self, _step: &Step, _a: GqaQuery<'_, Self>) {
+        not_implemented("gqa_query", &self.describe())
+    }
+}
+
+/// The panic of an op a backend does not implement (see the defaults above).
+#[cold]
+#[track_caller]
+pub fn not_implemented(op: &str, backend: &str) -> ! {
+    panic!("{op} is not implemented on this backend ({backend})")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[should_panic(expected = "route_softmax is not implemented on this backend (cuda:0)")]
+    fn missing_ops_panic_naming_the_op_and_backend() {
+        super::not_implemented("route_softmax", "cuda:0")
+    }
 }

@@ -16,6 +16,10 @@ pub struct Step {
     /// Block tables, `max_blocks` entries per sequence index.
     pub blocks: Vec<u32>,
     pub max_blocks: usize,
+    /// Per row, one past the last position it may attend (for rows that see later rows of
+    /// the same forward: an image block attended bidirectionally); empty: every row sees
+    /// up to its own position.
+    pub visible_to: Vec<u32>,
 }
 
 impl Step {
@@ -26,7 +30,10 @@ impl Step {
     /// Positions row `r` may attend to (its own included).
     #[inline]
     pub fn visible(&self, r: usize) -> usize {
-        self.positions[r] as usize + 1
+        match self.visible_to.get(r) {
+            Some(&v) => v as usize,
+            None => self.positions[r] as usize + 1,
+        }
     }
 
     /// The cache slot holding position `pos` of row `r`'s sequence.
@@ -38,12 +45,13 @@ impl Step {
 
     /// The longest visible context of any row.
     pub fn max_visible(&self) -> usize {
-        self.positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0)
+        (0..self.rows()).map(|r| self.visible(r)).max().unwrap_or(0)
     }
 
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.positions.clear();
         self.seq.clear();
+        self.visible_to.clear();
     }
 }

@@ -6,6 +6,7 @@ use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use strata_engine::generate::RouteTrace;
+use strata_engine::media;
 use strata_engine::{DraftPolicy, GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
 use strata_models::TensorGroup;
 use strata_storage::WeightStore;
@@ -81,6 +82,9 @@ pub struct GenerateArgs {
     /// System message (with --chat).
     #[arg(long)]
     system: Option<String>,
+    /// An image for the prompt (repeatable; models with a vision tower).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -109,6 +113,9 @@ pub struct ChatArgs {
     model: PathBuf,
     #[arg(long)]
     system: Option<String>,
+    /// An image for the prompt (repeatable; models with a vision tower).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -127,6 +134,10 @@ pub struct LogitsArgs {
     /// Logits at every position (default: the last only).
     #[arg(long)]
     all_positions: bool,
+    /// An image whose placeholder run (`<boi>`, one image token per soft token, `<eoi>`)
+    /// the ids hold (repeatable, in order).
+    #[arg(long)]
+    image: Vec<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -233,17 +244,33 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
 pub fn generate(a: GenerateArgs) -> Result<()> {
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
-    let prompt_ids = if a.chat {
+    let media = match a.image.is_empty() {
+        true => None,
+        false => Some(media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?),
+    };
+    let mut prompt_ids = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
         }
-        msgs.push(Message::new("user", &a.prompt));
+        let mut user = Message::new("user", &a.prompt);
+        if !a.image.is_empty() {
+            let mut parts: Vec<serde_json::Value> =
+                a.image.iter().map(|_| serde_json::json!({"type": "image"})).collect();
+            parts.push(serde_json::json!({"type": "text", "text": a.prompt}));
+            user.content = serde_json::Value::Array(parts);
+        }
+        msgs.push(user);
         let text = m.chat_template()?.render(&msgs, true, None)?;
         tok.encode(&text, false)?
     } else {
         tok.encode(&a.prompt, true)?
     };
+    if let Some(media) = &media {
+        let spec = media::vision_spec(&m)?;
+        prompt_ids = media::expand_runs(&spec, &prompt_ids, &media.counts, m.model.info().bos_token_id)
+            .map_err(|e| anyhow!("--image: {e:#}"))?;
+    }
     let req = GenerateRequest {
         stop_strings: a.sampling.stop.clone(),
         eos_token_ids: m.eos_token_ids.clone(),
@@ -256,6 +283,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     if let Some(path) = &a.report.trace {
         gen.set_trace(RouteTrace::create(path)?);
     }
+    if let Some(media) = &media {
+        gen.prefill_with_media(&req.prompt_ids, media)?;
+    }
     let stdout = std::io::stdout();
     let out = gen.generate(Some(tok), &req, &mut |t| {
         let mut lock = stdout.lock();
@@ -267,6 +297,12 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
+    if let Some(p) = a.image.first() {
+        bail!(
+            "--image {}: chat takes text only; use `strata generate --image` (with --chat for the template)",
+            p.display()
+        );
+    }
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
@@ -320,7 +356,13 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let opts = LoadOptions { device: a.device.device()?, context: ids.len(), ..Default::default() };
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let mut gen = m.generator()?;
-    let logits = gen.logits(&ids, a.all_positions)?;
+    let logits = match a.image.is_empty() {
+        true => gen.logits(&ids, a.all_positions)?,
+        false => {
+            let media = media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?;
+            gen.logits_with_media(&ids, &media, a.all_positions)?
+        }
+    };
     emit(&serde_json::json!({ "logits": logits }).to_string())
 }
 

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Answer browsers from these origins (CORS); `*` allows any.
     #[arg(long, num_args = 1..)]
     cors: Vec<String>,
+    /// Fetch image URLs that resolve to private, loopback or link-local addresses (refused
+    /// by default: a client could otherwise make the server reach internal hosts).
+    #[arg(long)]
+    allow_private_media: bool,
     /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
     /// --context tokens.
     #[command(flatten)]
@@ -98,6 +102,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             prompt_cache_bytes,
             context_limit: Some(context),
             cors: a.cors,
+            allow_private_media: a.allow_private_media,
             max_body: max_body as usize,
         },
     })

@@ -123,7 +123,7 @@ pub fn staleness(old: Option<&str>, new: &str) -> Option<String> {
 pub fn lossless_kind(store: &WeightStore) -> QuantKind {
     let f32_experts = store
         .names()
-        .filter(|n| n.contains(".mlp.experts."))
+        .filter(|n| n.contains(".experts.") && !n.contains("shared_experts."))
         .all(|n| store.get(n).is_some_and(|(_, t)| t.dtype == ElementType::F32));
     if f32_experts {
         QuantKind::F32

@@ -67,7 +67,7 @@ pub fn fixed_items(
     let chunk = crate::generate::PREFILL_CHUNK.min(context.max(1));
     let mut items = vec![
         FitItem::new("resident weights (as held: stored precision)", map.resident_held_bytes(store, false)),
-        FitItem::new(format!("KV cache ({context} positions)"), arch.kv_bytes_per_token() * context as u64),
+        FitItem::new(format!("KV cache ({context} positions)"), arch.kv_bytes(context, chunk)),
         FitItem::new(
             "transients (prefill chunk activations, or one tensor's pages while loading)",
             arch.activation_bytes(chunk, context).max(map.largest_stored(store)),

@@ -329,6 +329,12 @@ impl<'m> Generator<'m> {
             self.session.draft_truncate(self.seq, keep);
         }
         self.session.truncate(self.seq, keep);
+        // (A session whose sliding-window cache no longer holds what `keep` needs starts
+        // the sequence over: its length says what it kept.)
+        let keep = self.session.len(self.seq).min(keep);
+        if self.draft {
+            self.session.draft_truncate(self.seq, keep);
+        }
         self.tokens.truncate(keep);
         let fresh = &prompt[keep..];
         let chunk = self.session.max_rows();

@@ -8,6 +8,8 @@ pub mod draft_policy;
 pub mod experts;
 pub mod fit;
 pub mod generate;
+pub mod image;
+pub mod media;
 pub mod model_dir;
 pub mod perplexity;
 pub mod sampling;

@@ -94,6 +94,39 @@ fn streamed_equals_resident_bit_for_bit() {
     }
 }
 
+/// Gemma 4's MoE (GELU experts beside a dense MLP, softmax router) through the same
+/// streamed path: every budget gives the resident output bit for bit, PILOT's prediction
+/// leaves it unchanged, and an f32 container gives the HF checkpoint's fused experts
+/// exactly.
+#[test]
+fn gemma4_moe_streamed_equals_resident_bit_for_bit() {
+    use strata_engine::experts::PilotMode;
+    let name = "gemma4/moe";
+    for kind in [QuantKind::Int4Group { group: 16 }, QuantKind::Int8Row] {
+        let dir = container(name, kind);
+        let resident = run(dir.path(), &options(None, 64));
+        let min = min_budget(dir.path(), 2);
+        let slot = strata_engine::experts::ContainerSource::open(dir.path(), "main").unwrap();
+        let slot = strata_engine::experts::ExpertSource::slot_bytes(&slot) as u64;
+        for (budget, working) in [(min, 2), (min + 3 * slot, 2), (min + 20 * slot, 4)] {
+            for pilot in [PilotMode::Off, PilotMode::Prefetch] {
+                let mut opts = options(Some(budget), working);
+                opts.runtime.pilot = pilot;
+                let streamed = run(dir.path(), &opts);
+                assert_eq!(streamed.1, resident.1, "{name}: tokens differ at budget {budget} ({pilot:?})");
+                assert!(streamed.0 == resident.0, "{name}: logits differ at budget {budget} ({pilot:?})");
+            }
+        }
+        let err = LoadedModel::open_with(dir.path(), &options(Some(min - 1), 2)).err().unwrap();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("budget") || msg.contains("does not fit"), "{msg}");
+    }
+    let dir = container(name, QuantKind::F32);
+    let (a, ta) = run(dir.path(), &options(Some(min_budget(dir.path(), 2)), 2));
+    let (b, tb) = run(&fixture(name), &options(None, 64));
+    assert!(a == b && ta == tb, "an f32 container streams the HF checkpoint's fused experts exactly");
+}
+
 #[test]
 fn container_matches_hf_model_when_experts_are_f32() {
     // f32 experts from the container's slab vs f32 experts held by the model: same function.

@@ -117,6 +117,20 @@ pub fn softmax_inplace(x: &mut [f32]) -> f32 {
     sum
 }
 
+/// GELU with the tanh approximation (PyTorch's `gelu(x, approximate="tanh")`, Gemma's
+/// `gelu_pytorch_tanh`): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+    0.5 * x * (1.0 + (K * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `c * tanh(x / c)`: a soft cap at `c` (Gemma's final logit soft-capping).
+#[inline]
+pub fn soft_cap(x: f32, c: f32) -> f32 {
+    (x / c).tanh() * c
+}
+
 #[inline]
 pub fn sigmoid(v: f32) -> f32 {
     1.0 / (1.0 + (-v).exp())
@@ -335,6 +349,19 @@ mod tests {
         assert_eq!(p[1], 0.0);
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 2.0, 1.0]), 1);
+    }
+
+    #[test]
+    fn gelu_tanh_and_soft_cap_match_f64_references() {
+        let x: Vec<f32> = rand_vec(513, 21).iter().map(|v| v * 6.0).collect();
+        for &v in &x {
+            let d = v as f64;
+            let want = 0.5 * d * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (d + 0.044715 * d * d * d)).tanh());
+            assert!((gelu_tanh(v) as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({v})");
+            let want = 30.0 * (d * 7.0 / 30.0).tanh();
+            assert!((soft_cap(v * 7.0, 30.0) as f64 - want).abs() <= 2e-6 * (1.0 + want.abs()), "cap({v})");
+        }
+        assert!((soft_cap(1e6, 30.0) - 30.0).abs() < 1e-5 && gelu_tanh(-30.0).abs() < 1e-6);
     }
 
     #[test]

@@ -52,13 +52,15 @@ impl<'a> ExpertNames<'a> {
     }
     /// Routed-expert tensors (per expert, or fused) leave the resident file.
     fn is_expert(&self, map: &WeightMap, name: &str) -> bool {
-        map.get(name).is_some_and(|s| s.expert.is_some()) || name.contains(".mlp.experts.")
+        map.is_routed_expert(name)
     }
 }
 
 /// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
+#[allow(clippy::too_many_arguments)]
 fn expert_f32(
     store: &WeightStore,
+    map: &WeightMap,
     names: &ExpertNames,
     layer: usize,
     e: usize,
@@ -66,7 +68,6 @@ fn expert_f32(
     inter: usize,
     fp8: Option<(usize, usize)>,
 ) -> Result<[Vec<f32>; 3]> {
-    let p = format!("model.layers.{layer}.mlp.experts");
     if let Some(gate) = names.get(layer, e, ExpertMatrix::Gate).filter(|n| store.contains(n)) {
         let name = |m| names.get(layer, e, m).expect("every expert matrix is in the map");
         return Ok([
@@ -91,20 +92,21 @@ fn expert_f32(
         decode_to_f32(t.dtype, chunk, &mut out).map_err(|m| anyhow!("{name}: {m}"))?;
         Ok(out)
     };
-    let gate_up = sub(&format!("{p}.gate_up_proj"), 2 * inter * hidden)?;
-    let down = sub(&format!("{p}.down_proj"), hidden * inter)?;
+    let (gate_up, down) = map.fused_names(layer);
+    let gate_up = sub(&gate_up, 2 * inter * hidden)?;
+    let down = sub(&down, hidden * inter)?;
     let (gate, up) = gate_up.split_at(inter * hidden);
     Ok([gate.to_vec(), up.to_vec(), down])
 }
 
 /// The MTP layers that carry routed experts in this checkpoint.
-fn mtp_layers(candidates: &[usize], names: &ExpertNames, store: &WeightStore) -> Vec<usize> {
+fn mtp_layers(candidates: &[usize], map: &WeightMap, names: &ExpertNames, store: &WeightStore) -> Vec<usize> {
     candidates
         .iter()
         .copied()
         .filter(|&l| {
             names.get(l, 0, ExpertMatrix::Gate).is_some_and(|n| store.contains(n))
-                || store.contains(&format!("model.layers.{l}.mlp.experts.gate_up_proj"))
+                || store.contains(&map.fused_names(l).0)
         })
         .collect()
 }
@@ -154,7 +156,7 @@ pub fn convert(
 
     let (h, inter, n) = (moe.hidden, moe.inter, moe.experts_per_layer);
     let main_layers = moe.layers.clone();
-    let mtp = mtp_layers(&moe.mtp_layers, &names, &store);
+    let mtp = mtp_layers(&moe.mtp_layers, &map, &names, &store);
     let mut tiers = vec![TierSpec {
         name: "main".into(),
         layout: ExpertLayout::new(opts.experts, opts.experts, h, inter),
@@ -176,7 +178,7 @@ pub fn convert(
     for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
         for &layer in layers {
             for e in 0..n {
-                let [g, u, d] = expert_f32(&store, &names, layer, e, h, inter, arch.fp8_block())?;
+                let [g, u, d] = expert_f32(&store, &map, &names, layer, e, h, inter, arch.fp8_block())?;
                 let (gq, gs) = quantize(kind, &g, inter, h);
                 let (uq, us) = quantize(kind, &u, inter, h);
                 let (dq, ds) = quantize(kind, &d, h, inter);

@@ -13,9 +13,11 @@ pub mod blocks;
 pub mod convert;
 pub mod experts;
 mod fields;
+pub mod gemma4;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
+pub mod media;
 pub mod registry;
 mod session;
 pub mod weights;
@@ -70,6 +72,10 @@ pub trait Model: Send + Sync {
     /// The device it runs on, for reports ("cpu (16 threads, avx512f)").
     fn device(&self) -> String;
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>>;
+    /// The vision tower, for a model that runs one.
+    fn vision(&self) -> Option<&dyn media::Vision> {
+        None
+    }
 }
 
 /// A model with KV caches for a set of sequences.
@@ -78,7 +84,9 @@ pub trait Session: Send {
     fn remove_sequence(&mut self, seq: SeqId);
     /// Positions `seq`'s cache holds.
     fn len(&self, seq: SeqId) -> usize;
-    /// Drops positions `len..` of `seq` (rollback).
+    /// Drops positions `len..` of `seq` (rollback). A session may drop more (a sliding
+    /// window's ring cannot restore positions it has overwritten): [`Session::len`] tells
+    /// what it kept.
     fn truncate(&mut self, seq: SeqId, len: usize);
     /// Positions one sequence may hold.
     fn max_len(&self) -> usize;
@@ -103,6 +111,13 @@ pub trait Session: Send {
     }
     fn kv_mut(&mut self) -> Option<&mut kv::KvBlocks> {
         None
+    }
+    /// Whether a sequence may start from blocks another sequence wrote ([`Session::kv`]
+    /// holds every layer's cache). A session with per-sequence caches beside the blocks
+    /// (Gemma 4's sliding-window rings) answers false: the serving engine then keeps no
+    /// prompt cache.
+    fn shares_prefixes(&self) -> bool {
+        self.kv().is_some()
     }
 
     /// Whether the model has a draft (MTP) layer for speculative decoding.

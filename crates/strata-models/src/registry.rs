@@ -59,6 +59,9 @@ pub enum ChatFormat {
     /// GLM: `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`,
     /// reasoning in `<think>...</think>`.
     Glm,
+    /// Gemma 4: `<|tool_call>call:name{key:<|"|>value<|"|>,...}<tool_call|>`, reasoning in a
+    /// `<|channel>thought ... <channel|>` block (see the engine's `chat::gemma4`).
+    Gemma,
 }
 
 /// Routed experts of an architecture: which layers, how many, their shape.
@@ -102,6 +105,17 @@ pub trait Arch: Send + Sync + std::fmt::Debug {
     fn moe(&self) -> Option<MoeLayout>;
     /// KV cache bytes per token of context (all layers, as the backend holds them).
     fn kv_bytes_per_token(&self) -> u64;
+    /// KV cache bytes of a session of `context` positions whose forwards carry up to
+    /// `rows` rows (a family whose sliding layers keep only a window overrides this).
+    fn kv_bytes(&self, context: usize, rows: usize) -> u64 {
+        let _ = rows;
+        self.kv_bytes_per_token() * context as u64
+    }
+    /// Whether the checkpoint declares a vision tower (see [`crate::Model::vision`] for
+    /// the one a loaded model runs).
+    fn vision_tower(&self) -> bool {
+        false
+    }
     /// Activation bytes of a forward of `rows` rows with up to `context` positions
     /// visible (scratch a session allocates once).
     fn activation_bytes(&self, rows: usize, context: usize) -> u64;
@@ -130,7 +144,7 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 2] = [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY];
+    static FAMILIES: [&Family; 3] = [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY, &crate::gemma4::FAMILY];
     &FAMILIES
 }
 

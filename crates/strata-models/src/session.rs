@@ -94,6 +94,11 @@ impl Rows {
     /// Embeds the step's rows into `x`: token rows from `table`, embedding rows as given.
     pub fn embed<B: Backend>(&self, b: &B, batch: &Batch, table: &B::Mat, hidden: usize, x: &mut B::Buf) -> Result<()> {
         b.embed(&self.step, table, x)?;
+        self.embed_rows(b, batch, hidden, x)
+    }
+
+    /// Writes the batch's embedding rows (given as values, not token ids) into `x`.
+    pub fn embed_rows<B: Backend>(&self, b: &B, batch: &Batch, hidden: usize, x: &mut B::Buf) -> Result<()> {
         for (r, row) in batch.rows.iter().enumerate() {
             if row.token == u32::MAX {
                 ensure!(
@@ -124,6 +129,8 @@ pub(crate) struct Outputs<B: Backend> {
     host_hidden: Vec<f32>,
     last_logits: usize,
     last_hidden: usize,
+    /// Final logit soft cap `c * tanh(l / c)` (Gemma), if the family has one.
+    softcap: Option<f32>,
 }
 
 impl<B: Backend> Outputs<B> {
@@ -142,7 +149,14 @@ impl<B: Backend> Outputs<B> {
             host_hidden: Vec::new(),
             last_logits: 0,
             last_hidden: 0,
+            softcap: None,
         })
+    }
+
+    /// Logits come out soft-capped at `cap` (`cap * tanh(l / cap)`).
+    pub fn with_softcap(mut self, cap: Option<f32>) -> Self {
+        self.softcap = cap;
+        self
     }
 
     /// Grows the buffers for `hidden` hidden-state rows and `logits` logit rows.
@@ -177,6 +191,9 @@ impl<B: Backend> Outputs<B> {
             b.gather_rows(x, h, &want.logits, &mut self.gathered);
             b.rms_norm(nl, h, &self.gathered, Some(norm), eps, &mut self.normed);
             b.linears(&self.normed, nl, &mut [LinearOut::new(b, head, &mut self.logits)]);
+            if let Some(cap) = self.softcap {
+                b.soft_cap(nl * self.vocab, cap, &mut self.logits);
+            }
         }
         if b.host(&self.logits).is_none() {
             self.host_logits.resize(nl * self.vocab, 0.0);

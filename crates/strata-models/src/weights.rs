@@ -35,6 +35,11 @@ pub enum TensorGroup {
     Indexer,
     Norms,
     DenseMlp,
+    /// Per-layer input embeddings (Gemma 4's PLE: the packed table, its projection and
+    /// each layer's gate).
+    PerLayerInputs,
+    /// A vision tower and its projection into the text model.
+    Vision,
     Router,
     SharedExperts,
     RoutedExperts,
@@ -65,6 +70,10 @@ pub struct WeightSpec {
 #[derive(Clone, Debug, Default)]
 pub struct WeightMap {
     pub specs: Vec<WeightSpec>,
+    /// Where a layer's routed experts are found when stored fused (transformers' runtime
+    /// layout: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`), for families whose names
+    /// differ from [`fused_expert_names`] (the default for layers not listed).
+    pub fused: Vec<(usize, (String, String))>,
 }
 
 /// Parameters and bytes of one group.
@@ -95,11 +104,37 @@ impl WeightMap {
         self.specs.iter().find(|s| s.name == name)
     }
 
+    /// The fused expert tensors of `layer` (see [`WeightMap::fused`]).
+    pub fn fused_names(&self, layer: usize) -> (String, String) {
+        match self.fused.iter().find(|(l, _)| *l == layer) {
+            Some((_, names)) => names.clone(),
+            None => fused_expert_names(layer),
+        }
+    }
+
+    /// Layers whose routed experts `store` holds fused.
+    pub fn fused_layers(&self, store: &WeightStore) -> Vec<usize> {
+        let mut layers = fused_expert_layers(store);
+        for (l, (gate_up, _)) in &self.fused {
+            if store.contains(gate_up) && !layers.contains(l) {
+                layers.push(*l);
+            }
+        }
+        layers
+    }
+
+    /// Whether `name` holds routed experts (per expert, or a layer's fused tensors).
+    pub fn is_routed_expert(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|s| s.expert.is_some())
+            || name.contains(".mlp.experts.")
+            || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
+    }
+
     /// Checks every tensor against the checkpoint's headers: required ones present, every
     /// present one with the shape the config implies. `skip_experts`: routed experts live
     /// in an expert container instead.
     pub fn check(&self, store: &WeightStore, skip_experts: bool) -> Result<()> {
-        let fused = fused_expert_layers(store);
+        let fused = self.fused_layers(store);
         for s in &self.specs {
             if s.expert.is_some() && (skip_experts || fused.contains(&s.expert.unwrap().0)) {
                 continue;
@@ -108,6 +143,10 @@ impl WeightMap {
                 None if s.optional => {}
                 None => {
                     let first = store.files().next().map(|p| p.display().to_string()).unwrap_or_default();
+                    if let Some((layer, _, _)) = s.expert {
+                        let (gate_up, _) = self.fused_names(layer);
+                        bail!("{first}: missing tensor `{}` (and no fused `{gate_up}`)", s.name);
+                    }
                     bail!("{first}: missing tensor `{}`", s.name);
                 }
                 Some((file, t)) => {
@@ -160,7 +199,11 @@ impl WeightMap {
             let Some((_, t)) = store.get(name) else { continue };
             let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
             let spec = by_name.get(base);
-            let group = spec.map_or_else(|| fused_group(base), |s| s.group);
+            let group = match spec {
+                Some(s) => s.group,
+                None if self.is_routed_expert(base) => TensorGroup::RoutedExperts,
+                None => fused_group(base),
+            };
             let g = groups.entry(group).or_default();
             g.bytes += t.byte_len() as u64;
             if base != name {

@@ -138,7 +138,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
         let mut text: Option<Vec<Value>> = None;
         for b in blocks {
             match block_type(b) {
-                "text" => text.get_or_insert_with(Vec::new).push(b.clone()),
+                "text" | "image" => text.get_or_insert_with(Vec::new).push(b.clone()),
                 "tool_result" => {
                     if let Some(t) = text.take() {
                         out.push(message("user", content_value(&Value::Array(t), &param)?, Map::new()));
@@ -153,7 +153,7 @@ pub fn template_messages(system: Option<&Value>, msgs: &[AnthropicMessage]) -> A
                 }
                 t => {
                     return Err(ApiError::bad_request(format!(
-                        "{param}: content blocks of type `{t}` are not supported (text, tool_result)"
+                        "{param}: content blocks of type `{t}` are not supported (text, image, tool_result)"
                     ))
                     .with_param(param))
                 }
@@ -262,6 +262,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let parser = st.output_parser(&prompt.text, tools.as_ref());
     let prompt_tokens = prompt.ids.len();
     let mut spec = GenSpec::new(prompt.ids.clone(), Api::Messages, &req.sampling);
+    spec.media = prompt.media.clone();
     spec.max_tokens = Some(max_tokens);
     spec.stop = req.stop_sequences.clone().unwrap_or_default();
     spec.parsed = parser.active();

@@ -5,9 +5,10 @@
 use crate::error::{ApiError, ApiResult};
 use crate::grammar::{Format, Grammars};
 use crate::metrics::Metrics;
-use crate::output::{OutputParser, THINK_START};
+use crate::output::OutputParser;
 use crate::params::Api;
 pub use crate::params::SamplingOptions;
+use crate::syntax::Syntax;
 use crate::worker::{Event, Finished, Worker};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -42,6 +43,10 @@ pub struct AppState {
     pub markers_special: bool,
     /// Whether the model reasons in `<think>...</think>` (its tokenizer has the tags).
     pub reasoning: bool,
+    /// Fetch image URLs from private, loopback and link-local addresses too.
+    pub allow_private_media: bool,
+    /// The model family's reasoning and tool-call syntax.
+    pub syntax: Syntax,
     /// Longest prompt plus answer served: the model's context, or less under a memory
     /// budget (the KV cache its plan reserved).
     pub context: usize,
@@ -114,9 +119,11 @@ pub fn content_text(content: &Value, param: &str) -> ApiResult<String> {
     }
 }
 
-/// A message's content as the template gets it: a string, null, or the list of text
-/// parts as sent (`input_text` / `output_text` parts become `text` parts). Other parts
-/// (images, audio, files) are refused: the model reads text only.
+/// A message's content as the template gets it: a string, null, or the list of parts as
+/// sent (`input_text` / `output_text` parts become `text` parts; `image_url` /
+/// `input_image` parts and Anthropic `image` blocks become `{"type": "image", "url"}`
+/// parts, which [`AppState::chat_prompt`] loads, or refuses for a model without a vision
+/// tower). Other parts (audio, files) are refused.
 pub fn content_value(content: &Value, param: &str) -> ApiResult<Value> {
     match content {
         Value::Null | Value::String(_) => Ok(content.clone()),
@@ -124,6 +131,10 @@ pub fn content_value(content: &Value, param: &str) -> ApiResult<Value> {
             let mut out = Vec::with_capacity(parts.len());
             for p in parts {
                 let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                if let Some(url) = crate::media::image_url(p) {
+                    out.push(json!({"type": "image", "url": url}));
+                    continue;
+                }
                 match (kind, p.get("text").and_then(Value::as_str)) {
                     ("text", Some(_)) => out.push(p.clone()),
                     ("input_text" | "output_text", Some(t)) => out.push(json!({"type": "text", "text": t})),
@@ -210,6 +221,8 @@ impl ChatInput {
 pub struct Prompt {
     pub text: String,
     pub ids: Vec<u32>,
+    /// The images whose soft tokens fill the prompt's image runs.
+    pub media: Option<strata_engine::serving::MediaInput>,
     /// What went through the fallback, when the template has no place for it (see
     /// docs/server.md): `system-message` (the tools, and the calls with them) or
     /// `tool-calls` (earlier calls only). Responses say so in `x-strata-tools-fallback`.
@@ -281,11 +294,19 @@ impl AppState {
         if messages.is_empty() {
             return Err(ApiError::bad_request("`messages` must not be empty").with_param("messages"));
         }
-        // Message texts (or their JSON) before rendering: refuse hopeless prompts early.
+        // Message texts (or their JSON) before rendering: refuse hopeless prompts early
+        // (images count by their soft tokens, later).
         let content: usize = messages
             .iter()
             .map(|m| match m.get("content") {
                 Some(Value::String(s)) => s.len(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match p.get("type").and_then(Value::as_str) {
+                        Some("image") => 0,
+                        _ => p.to_string().len(),
+                    })
+                    .sum(),
                 Some(other) => other.to_string().len(),
                 None => 0,
             })
@@ -318,11 +339,17 @@ impl AppState {
             return Err(ApiError::bad_request("documents: this model's chat template does not use `documents`")
                 .with_param("documents"));
         }
+        let images = crate::media::load_images(self, &mut messages)?;
+        if images.is_some() && !template.reads_content_parts() {
+            return Err(ApiError::bad_request("messages: this model's chat template does not read image parts")
+                .with_param("messages"));
+        }
         if !template.reads_content_parts() {
             flatten_parts(&mut messages);
         }
         let mut tools_fallback = None;
-        let calls = !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages);
+        let calls =
+            !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages, self.model.arch.family().chat);
         if calls {
             tools_fallback = Some("tool-calls");
         }
@@ -330,15 +357,25 @@ impl AppState {
             if template.uses("tools", true) {
                 opts.tools = Some(t.clone());
             } else {
-                inject_tools(&mut messages, t);
+                inject_tools(&mut messages, t, self.model.arch.family().chat);
                 tools_fallback = Some("system-message");
             }
         }
         let text = template
             .render_json(&messages, &opts)
             .map_err(|e| ApiError::bad_request(format!("{e:#}")).with_param("messages"))?;
-        let ids = self.tokenize(&text, false)?;
-        Ok(Prompt { text, ids, tools_fallback })
+        let mut ids = self.tokenize(&text, false)?;
+        let media = match images {
+            None => None,
+            Some((images, processor, counts)) => {
+                let spec = self.model.model.vision().expect("load_images checked").spec();
+                let bos = self.model.model.info().bos_token_id;
+                ids = strata_engine::media::expand_runs(&spec, &ids, &counts, bos)
+                    .map_err(|e| ApiError::bad_request(format!("messages: {e:#}")).with_param("messages"))?;
+                Some(strata_engine::serving::MediaInput { images, processor })
+            }
+        };
+        Ok(Prompt { text, ids, media, tools_fallback })
     }
 
     /// Refuses, without tokenizing, prompt text too long for the context in any case.
@@ -363,7 +400,7 @@ impl AppState {
     /// Whether the answer to `prompt` starts inside reasoning (the prompt opened
     /// `<think>`).
     pub fn starts_in_reasoning(&self, prompt: &str) -> bool {
-        self.reasoning && prompt.trim_end().ends_with(THINK_START)
+        self.reasoning && prompt.trim_end().ends_with(self.syntax.think().0)
     }
 
     /// A token's text as it decodes alone (special tokens kept), and its bytes.
@@ -381,8 +418,8 @@ impl AppState {
     /// How to parse the answer to a chat prompt: reasoning (for reasoning models; inside
     /// it from the start when the prompt opened it) and tool calls (when tools were sent).
     pub fn output_parser(&self, prompt: &str, tools: Option<&Value>) -> OutputParser {
-        let think = self.reasoning.then(|| prompt.trim_end().ends_with(THINK_START));
-        OutputParser::new(think, tools.cloned())
+        let think = self.reasoning.then(|| prompt.trim_end().ends_with(self.syntax.think().0));
+        OutputParser::with_syntax(self.syntax, think, tools.cloned())
     }
 
     /// The generation requests for one API request (`spec.n` choices, the i-th seeded
@@ -446,6 +483,7 @@ impl AppState {
             r.presence_penalty = o.presence_penalty.unwrap_or(0.0);
             r.frequency_penalty = o.frequency_penalty.unwrap_or(0.0);
             r.logprobs = spec.logprobs;
+            r.media = spec.media.clone();
             if let Some((format, param)) = &spec.format {
                 let g = self.grammars.as_ref().map_err(|e| {
                     ApiError::bad_request(format!("{param}: structured output is unavailable: {e}")).with_param(*param)
@@ -472,6 +510,8 @@ pub struct GenSpec<'a> {
     pub logprobs: Option<usize>,
     /// A grammar the output must follow, with the field that asked for it.
     pub format: Option<(Format, &'static str)>,
+    /// The prompt's images.
+    pub media: Option<strata_engine::serving::MediaInput>,
     /// The output starts inside reasoning (the grammar lets it run to `</think>`).
     pub think: bool,
     pub n: usize,
@@ -489,6 +529,7 @@ impl<'a> GenSpec<'a> {
             parsed: false,
             logprobs: None,
             format: None,
+            media: None,
             think: false,
             n: 1,
         }
@@ -663,8 +704,16 @@ mod tests {
             content_value(&parts, "m").unwrap(),
             json!([{"type": "text", "text": "a", "cache_control": {}}, {"type": "text", "text": "b"}])
         );
-        let img = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
-        assert!(content_value(&img, "m").unwrap_err().message.contains("image_url"));
+        // Image parts become `image` parts holding their URL (loaded, or refused, later).
+        let img = json!([{"type": "image_url", "image_url": {"url": "x"}}, {"type": "input_image", "image_url": "y"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "QUJD"}}]);
+        assert_eq!(
+            content_value(&img, "m").unwrap(),
+            json!([{"type": "image", "url": "x"}, {"type": "image", "url": "y"},
+                   {"type": "image", "url": "data:image/jpeg;base64,QUJD"}])
+        );
+        let audio = json!([{"type": "input_audio", "input_audio": {}}]);
+        assert!(content_value(&audio, "m").unwrap_err().message.contains("input_audio"));
         let mut msgs = vec![json!({"role": "user", "content": parts})];
         flatten_parts(&mut msgs);
         assert_eq!(msgs[0]["content"], "a\nb");

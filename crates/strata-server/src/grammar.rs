@@ -7,8 +7,9 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::output::{THINK_END, THINK_START};
+use crate::syntax::Syntax;
 use crate::tools::{CALL_END, CALL_START};
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
@@ -60,6 +61,7 @@ pub struct Grammars {
     eos: Vec<u32>,
     /// The call markers, as special tokens where the tokenizer has them.
     special: Vec<(&'static str, Option<u32>)>,
+    syntax: Syntax,
 }
 
 fn quote(s: &str) -> String {
@@ -77,14 +79,16 @@ impl Grammars {
         let eos = model.eos_token_ids.clone();
         let first = *eos.first().ok_or_else(|| anyhow!("the model declares no end-of-sequence id"))?;
         let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, first), &words);
+        let syntax = Syntax::of(model.arch.family().chat);
         let special = [CALL_START, CALL_END, ARG_KEY.0, ARG_KEY.1, ARG_VALUE.0, ARG_VALUE.1, THINK_START, THINK_END]
             .into_iter()
+            .chain(syntax.markers())
             .map(|m| (m, tok.token_id(m).filter(|&id| tok.encode(m, false).ok().as_deref() == Some(&[id]))))
             .collect();
         let env: TokEnv = Arc::new(ModelTokEnv { trie, model: model.clone() });
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.set_stderr_log_level(0);
-        Ok(Self { factory, eos, special })
+        Ok(Self { factory, eos, special, syntax })
     }
 
     /// A marker in a Lark rule: its special token, or the literal text.
@@ -114,6 +118,13 @@ impl Grammars {
                 }
                 "user_start".to_string()
             }
+            Format::ToolCalls { .. } if self.syntax != Syntax::Glm => {
+                bail!(
+                    "forced tool calls (`tool_choice` required or a named tool) are not supported for this \
+                     model's call syntax ({:?}); use `tool_choice` auto",
+                    self.syntax
+                )
+            }
             Format::ToolCalls { tools, parallel } => {
                 let names: Vec<String> = tools
                     .iter()
@@ -132,7 +143,7 @@ impl Grammars {
                 }
             }
         };
-        let prefix = if think { format!("REASONING {} ", self.marker(THINK_END)) } else { String::new() };
+        let prefix = if think { format!("REASONING {} ", self.marker(self.syntax.think().1)) } else { String::new() };
         g.push_str(&format!("start: {prefix}body\nbody: {body}\n"));
         if think {
             g.push_str("REASONING: /[^<]*/\n");

@@ -20,12 +20,14 @@ pub mod anthropic;
 pub mod common;
 pub mod error;
 pub mod grammar;
+pub mod media;
 pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
 pub mod responses;
 pub mod structured;
+pub mod syntax;
 pub mod tools;
 pub mod worker;
 
@@ -84,6 +86,8 @@ pub struct ServeOptions {
     pub context_limit: Option<usize>,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors: Vec<String>,
+    /// Image URLs may point at private, loopback and link-local addresses.
+    pub allow_private_media: bool,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
 }
@@ -99,6 +103,7 @@ impl Default for ServeOptions {
             prompt_cache_bytes: None,
             context_limit: None,
             cors: Vec::new(),
+            allow_private_media: false,
             max_body: MAX_BODY_BYTES,
         }
     }
@@ -125,8 +130,9 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
     let special = |m: &str| {
         tok.and_then(|t| t.token_id(m).map(|id| t.decode(&[id], true).is_ok_and(|s| s.is_empty()))).unwrap_or(false)
     };
-    let markers_special = [tools::CALL_START, output::THINK_START, output::THINK_END].into_iter().any(special);
-    let reasoning = tok.is_some_and(|t| t.token_id(output::THINK_END).is_some());
+    let syntax = syntax::Syntax::of(model.arch.family().chat);
+    let markers_special = syntax.markers().into_iter().any(special);
+    let reasoning = tok.is_some_and(|t| t.token_id(syntax.think().1).is_some());
     let kv_bytes_per_token = model.arch.kv_bytes_per_token();
     let kv_tokens = opts.kv_tokens.unwrap_or(context).max(context);
     let engine = strata_engine::serving::EngineOptions {
@@ -151,6 +157,8 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         created: common::now_unix(),
         markers_special,
         reasoning,
+        allow_private_media: opts.allow_private_media,
+        syntax,
         context,
         grammars,
         cors: opts.cors.clone(),
@@ -329,9 +337,8 @@ async fn tokenize(State(st): State<Shared>, body: Body) -> Response {
         ))
     };
     match common::blocking(run).await {
-        Ok((v, fallback)) => {
-            common::Prompt { text: String::new(), ids: vec![], tools_fallback: fallback }.mark(Json(v).into_response())
-        }
+        Ok((v, fallback)) => common::Prompt { text: String::new(), ids: vec![], media: None, tools_fallback: fallback }
+            .mark(Json(v).into_response()),
         Err(e) => e.into_response(Flavor::OpenAi),
     }
 }

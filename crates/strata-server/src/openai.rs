@@ -270,6 +270,7 @@ async fn chat(st: Shared, body: Body) -> ApiResult<Response> {
     let prompt = render_prompt(&st, input).await?;
     let parsers: Vec<OutputParser> = (0..n).map(|_| st.output_parser(&prompt.text, tools.as_ref())).collect();
     let mut spec = GenSpec::new(prompt.ids.clone(), Api::Chat, &req.sampling);
+    spec.media = prompt.media.clone();
     spec.max_tokens = req.max_completion_tokens.or(req.max_tokens);
     if req.max_completion_tokens.is_some() {
         spec.max_tokens_field = "max_completion_tokens";

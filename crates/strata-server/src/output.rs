@@ -1,7 +1,8 @@
 //! Generated text split into what each API reports separately: reasoning (GLM's
-//! `<think>...</think>`), answer text, and tool calls ([`crate::tools`]), whole or as a
+//! `<think>...</think>`, Gemma 4's `<|channel>thought ... <channel|>`), answer text, and tool calls ([`crate::tools`]), whole or as a
 //! stream of deltas.
 
+use crate::syntax::Syntax;
 use crate::tools::{partial_suffix, Piece, ToolCall, ToolStream};
 use serde_json::Value;
 
@@ -19,6 +20,8 @@ enum Mode {
 /// Splits reasoning from the answer. The reasoning either follows a `<think>` at the
 /// start of the output, or starts right away when the prompt ended with `<think>`.
 pub struct ThinkSplit {
+    /// The reasoning block's (start, end) markers.
+    markers: (&'static str, &'static str),
     mode: Mode,
     buf: String,
     /// Whitespace right after a tag is layout, not text.
@@ -27,7 +30,12 @@ pub struct ThinkSplit {
 
 impl ThinkSplit {
     pub fn new(inside: bool) -> Self {
-        Self { mode: if inside { Mode::Thinking } else { Mode::Start }, buf: String::new(), trim: inside }
+        Self::with_syntax(Syntax::Glm, inside)
+    }
+
+    pub fn with_syntax(syntax: Syntax, inside: bool) -> Self {
+        let mode = if inside { Mode::Thinking } else { Mode::Start };
+        Self { markers: syntax.think(), mode, buf: String::new(), trim: inside }
     }
 
     fn take_trimmed(&mut self, upto: usize) -> String {
@@ -46,30 +54,31 @@ impl ThinkSplit {
     /// The (reasoning, answer) text that `delta` completes.
     pub fn push(&mut self, delta: &str) -> (String, String) {
         self.buf.push_str(delta);
+        let (start, end) = self.markers;
         let (mut reasoning, mut answer) = (String::new(), String::new());
         loop {
             match self.mode {
                 Mode::Start => {
                     let t = self.buf.trim_start();
-                    if let Some(rest) = t.strip_prefix(THINK_START) {
+                    if let Some(rest) = t.strip_prefix(start) {
                         self.buf = rest.to_string();
                         self.mode = Mode::Thinking;
                         self.trim = true;
-                    } else if THINK_START.starts_with(t) {
+                    } else if start.starts_with(t) {
                         return (reasoning, answer); // could still become `<think>`
                     } else {
                         self.mode = Mode::Answer;
                     }
                 }
                 Mode::Thinking => {
-                    if let Some(i) = self.buf.find(THINK_END) {
+                    if let Some(i) = self.buf.find(end) {
                         reasoning.push_str(&self.take_trimmed(i));
-                        self.buf.drain(..THINK_END.len());
+                        self.buf.drain(..end.len());
                         self.mode = Mode::Answer;
                         self.trim = true;
                         continue;
                     }
-                    let ready = self.buf.len() - partial_suffix(&self.buf, THINK_END);
+                    let ready = self.buf.len() - partial_suffix(&self.buf, end);
                     reasoning.push_str(&self.take_trimmed(ready));
                     return (reasoning, answer);
                 }
@@ -109,7 +118,15 @@ impl OutputParser {
     /// `think`: split reasoning, starting inside it when `Some(true)`; `tools`: the
     /// request's tool schemas, to parse tool calls.
     pub fn new(think: Option<bool>, tools: Option<Value>) -> Self {
-        Self { think: think.map(ThinkSplit::new), tools: tools.map(|t| ToolStream::new(Some(t))) }
+        Self::with_syntax(Syntax::Glm, think, tools)
+    }
+
+    /// [`OutputParser::new`] for a model whose output follows `syntax`.
+    pub fn with_syntax(syntax: Syntax, think: Option<bool>, tools: Option<Value>) -> Self {
+        Self {
+            think: think.map(|inside| ThinkSplit::with_syntax(syntax, inside)),
+            tools: tools.map(|t| ToolStream::with_syntax(syntax, Some(t))),
+        }
     }
 
     /// Whether the output is parsed at all (else it is plain text).

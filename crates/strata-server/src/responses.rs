@@ -283,6 +283,7 @@ async fn run(st: Shared, body: Body) -> ApiResult<Response> {
     let prompt = render_prompt(&st, input).await?;
     let parser = st.output_parser(&prompt.text, tools.as_ref());
     let mut spec = GenSpec::new(prompt.ids.clone(), Api::Responses, &req.sampling);
+    spec.media = prompt.media.clone();
     spec.max_tokens = req.max_output_tokens;
     spec.max_tokens_field = "max_output_tokens";
     spec.parsed = parser.active();

@@ -1,4 +1,5 @@
-//! GLM's native tool-call format, parsed from generated text:
+//! Tool calls parsed from generated text, in the model's own syntax ([`crate::syntax`]);
+//! GLM's:
 //!
 //! ```text
 //! <tool_call>NAME
@@ -11,6 +12,8 @@
 //! Values are trimmed; a value becomes JSON when it parses as JSON, else a string; an
 //! argument whose schema says `"type": "string"` stays a string. [`ToolStream`] splits a stream of text deltas
 //! into plain text and whole tool calls, holding back what could still begin a call.
+
+use crate::syntax::Syntax;
 
 use serde_json::{Map, Value};
 
@@ -103,6 +106,7 @@ pub(crate) fn partial_suffix(text: &str, marker: &str) -> usize {
 /// dropped (it is only layout around the calls).
 #[derive(Default)]
 pub struct ToolStream {
+    syntax: Syntax,
     tools: Option<Value>,
     buf: String,
     inside: bool,
@@ -113,6 +117,11 @@ pub struct ToolStream {
 impl ToolStream {
     pub fn new(tools: Option<Value>) -> Self {
         Self { tools, ..Default::default() }
+    }
+
+    /// A stream of calls in `syntax`.
+    pub fn with_syntax(syntax: Syntax, tools: Option<Value>) -> Self {
+        Self { syntax, tools, ..Default::default() }
     }
 
     /// Tool calls seen so far.
@@ -132,39 +141,40 @@ impl ToolStream {
     }
 
     pub fn push(&mut self, delta: &str) -> Vec<Piece> {
+        let (call_start, call_end) = self.syntax.call();
         self.buf.push_str(delta);
         let mut out = Vec::new();
         loop {
             if !self.inside {
-                if let Some(i) = self.buf.find(CALL_START) {
+                if let Some(i) = self.buf.find(call_start) {
                     let before = self.buf[..i].trim_end().to_string();
                     self.text(&mut out, &before);
                     // The gap before the call is kept in case the call is not one.
                     self.gap = self.buf[before.len()..i].to_string();
-                    self.buf.drain(..i + CALL_START.len());
+                    self.buf.drain(..i + call_start.len());
                     self.inside = true;
                     continue;
                 }
-                let keep = partial_suffix(&self.buf, CALL_START);
+                let keep = partial_suffix(&self.buf, call_start);
                 // Trailing whitespace waits too: it is dropped if a call follows.
                 let emit = self.buf[..self.buf.len() - keep].trim_end().to_string();
                 self.text(&mut out, &emit);
                 self.buf.drain(..emit.len());
                 return out;
             }
-            let Some(j) = self.buf.find(CALL_END) else {
+            let Some(j) = self.buf.find(call_end) else {
                 return out;
             };
             let body = self.buf[..j].to_string();
-            self.buf.drain(..j + CALL_END.len());
+            self.buf.drain(..j + call_end.len());
             self.inside = false;
-            match parse_call(&body, self.tools.as_ref()) {
+            match self.syntax.parse_call(&body, self.tools.as_ref()) {
                 Some(call) => {
                     self.calls += 1;
                     out.push(Piece::Call(call));
                 }
                 None => {
-                    let raw = format!("{}{CALL_START}{body}{CALL_END}", self.gap);
+                    let raw = format!("{}{call_start}{body}{call_end}", self.gap);
                     self.text(&mut out, &raw);
                 }
             }
@@ -177,7 +187,7 @@ impl ToolStream {
         let rest = std::mem::take(&mut self.buf);
         if self.inside {
             self.inside = false;
-            self.text(&mut out, &format!("{}{CALL_START}{rest}", self.gap));
+            self.text(&mut out, &format!("{}{}{rest}", self.gap, self.syntax.call().0));
         } else {
             // Trailing whitespace was only held in case a call followed.
             let rest = if self.calls > 0 { rest.trim_end() } else { &rest };

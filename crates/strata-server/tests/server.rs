@@ -372,6 +372,8 @@ fn reasoning_is_reported_apart_from_the_answer() {
         created: 0,
         markers_special: false,
         reasoning: true,
+        syntax: Default::default(),
+        allow_private_media: false,
         context: 256,
         cors: vec![],
         max_body: strata_server::MAX_BODY_BYTES,

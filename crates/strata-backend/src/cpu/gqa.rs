@@ -48,9 +48,11 @@ pub(crate) fn attend(b: &CpuBackend, step: &Step, a: GqaAttend<'_, CpuBackend>) 
     let (kvw, width) = (d.kv_heads * hd, d.cache_width());
     let (q, cache) = (&a.q[..], &a.cache[..]);
     let out = Shared::new(a.out.as_mut_ptr());
+    // A window bounds what a row sees from below, by its own position (rows that also see
+    // later rows of their image block keep that bound).
     let seen = |r: usize| {
-        let v = step.visible(r);
-        d.window.map_or(0, |w| v.saturating_sub(w))..v
+        let own = step.positions[r] as usize + 1;
+        d.window.map_or(0, |w| own.saturating_sub(w))..step.visible(r)
     };
     let work = rows * d.heads * hd * 4 * seen(rows.saturating_sub(1)).len().max(1) / group.max(1);
     b.run(work, &|c: &Ctx| {

@@ -5,12 +5,36 @@
 //! step to step (experts). Steady-state steps allocate nothing: scratch is per thread and
 //! reserved when a session is made.
 
+mod elementwise;
 mod gqa;
+mod gqa_query;
 mod mla;
 mod moe;
+mod softmax_route;
+
+#[cfg(test)]
+mod tests_support {
+    /// Random values in [-1, 1) with none near zero (a plain xorshift: no dependency).
+    pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                if v.abs() < 0.01 {
+                    0.37
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+}
 
 use crate::profile::{Op, Timer};
-use crate::{Backend, ExpertTask, HostMatrix, LinearOut, Step};
+use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
 use std::sync::Mutex;
 use strata_kernels::pool::{self, Ctx, ThreadPool};
@@ -392,6 +416,18 @@ impl Backend for CpuBackend {
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Vec<f32>,
     ) {
+        self.gated_experts(GateAct::Silu, x, rows, n, task, y)
+    }
+
+    fn gated_experts<'a>(
+        &self,
+        act: GateAct,
+        x: &Vec<f32>,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut Vec<f32>,
+    ) {
         let _t = Timer::start(Op::Experts);
         if n == 0 {
             return;
@@ -408,7 +444,7 @@ impl Backend for CpuBackend {
             }
         };
         let hidden = task(0).weights.gate.cols;
-        runner.run_with(self.pool, self.path, &x[..rows * hidden], rows, n, &job, y);
+        runner.run_act(self.pool, self.path, act, &x[..rows * hidden], rows, n, &job, y);
     }
 
     fn moe_combine(
@@ -440,5 +476,50 @@ impl Backend for CpuBackend {
             let r = r as usize;
             dst[i * width..(i + 1) * width].copy_from_slice(&src[r * width..(r + 1) * width]);
         }
+    }
+
+    fn scale(&self, len: usize, factor: f32, x: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Other);
+        elementwise::scale(self, len, factor, x)
+    }
+
+    fn fill(&self, len: usize, value: f32, x: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Other);
+        elementwise::fill(self, len, value, x)
+    }
+
+    fn soft_cap(&self, len: usize, cap: f32, x: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Other);
+        elementwise::soft_cap_all(self, len, cap, x)
+    }
+
+    fn add_rms_norm(&self, rows: usize, width: usize, a: &Vec<f32>, w: Option<&Vec<f32>>, eps: f32, x: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Norm);
+        elementwise::add_rms_norm(self, rows, width, a, w.map(|w| &w[..]), eps, x)
+    }
+
+    fn gelu_tanh_mul(&self, rows: usize, width: usize, a: &mut Vec<f32>, b: &Vec<f32>, b_stride: usize, b_col: usize) {
+        let _t = Timer::start(Op::Other);
+        elementwise::gelu_tanh_mul(self, rows, width, a, b, b_stride, b_col)
+    }
+
+    fn route_softmax(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        gate: &CpuMat,
+        expert_scale: &Vec<f32>,
+        top_k: usize,
+        logits: &mut Vec<f32>,
+        ids: &mut Vec<u32>,
+        weights: &mut Vec<f32>,
+    ) {
+        let _t = Timer::start(Op::Route);
+        softmax_route::route_softmax(self, x, rows, gate, expert_scale, top_k, logits, ids, weights)
+    }
+
+    fn gqa_query(&self, step: &Step, a: crate::GqaQuery<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        gqa_query::query(self, step, a)
     }
 }

@@ -1,17 +1,30 @@
 //! For chat templates with no tool section: the tool schemas (and the assistant's
-//! earlier calls) written into the messages in a documented text format, GLM's native
-//! call syntax, so that tools are never silently dropped.
+//! earlier calls) written into the messages in a documented text format, the model
+//! family's native call syntax (GLM's or Gemma 4's), so that tools are never silently
+//! dropped.
 
 use super::pyfmt::{json_dumps, JsonOptions};
 use serde_json::{Map, Value};
+use strata_models::ChatFormat;
+
+fn dumps(v: &Value) -> String {
+    json_dumps(&minijinja::Value::from(minijinja::value::Serde(v)), &JsonOptions::default())
+        .unwrap_or_else(|_| v.to_string())
+}
 
 /// The text that describes `tools` (OpenAI-style schemas) to the model.
-pub fn tools_system_text(tools: &Value) -> String {
+pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
+    if format == ChatFormat::Gemma {
+        let mut s = String::from("# Tools\n");
+        for t in tools.as_array().into_iter().flatten() {
+            s.push_str(&format!("<|tool>{}<tool|>\n", dumps(t)));
+        }
+        s.push_str("To call one: <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|> (strings between <|\"|> quotes)");
+        return s;
+    }
     let mut s = String::from("# Tools\n<tools>\n");
     for t in tools.as_array().into_iter().flatten() {
-        let line = json_dumps(&minijinja::Value::from(minijinja::value::Serde(t)), &JsonOptions::default())
-            .unwrap_or_else(|_| t.to_string());
-        s.push_str(&line);
+        s.push_str(&dumps(t));
         s.push('\n');
     }
     s.push_str(
@@ -20,16 +33,38 @@ pub fn tools_system_text(tools: &Value) -> String {
     s
 }
 
-/// One call in the same syntax: string values as they are, others as JSON.
-fn call_text(call: &Value) -> String {
+/// A value as Gemma 4's template writes an argument: strings quoted with `<|"|>`, object
+/// keys bare.
+fn gemma_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("<|\"|>{s}<|\"|>"),
+        Value::Array(a) => format!("[{}]", a.iter().map(gemma_value).collect::<Vec<_>>().join(",")),
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            format!("{{{}}}", keys.iter().map(|k| format!("{k}:{}", gemma_value(&o[*k]))).collect::<Vec<_>>().join(","))
+        }
+        v => v.to_string(),
+    }
+}
+
+/// One call in the family's syntax: GLM's string values as they are, others as JSON.
+fn call_text(call: &Value, format: ChatFormat) -> String {
     let f = call.get("function").unwrap_or(call);
+    if format == ChatFormat::Gemma {
+        let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+        let args = match f.get("arguments") {
+            Some(v @ Value::Object(_)) => gemma_value(v),
+            _ => "{}".into(),
+        };
+        return format!("<|tool_call>call:{name}{args}<tool_call|>");
+    }
     let mut s = format!("<tool_call>{}", f.get("name").and_then(Value::as_str).unwrap_or(""));
     if let Some(Value::Object(args)) = f.get("arguments") {
         for (k, v) in args {
             let v = match v {
                 Value::String(s) => s.clone(),
-                v => json_dumps(&minijinja::Value::from(minijinja::value::Serde(v)), &JsonOptions::default())
-                    .unwrap_or_else(|_| v.to_string()),
+                v => dumps(v),
             };
             s.push_str(&format!("\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>"));
         }
@@ -53,8 +88,8 @@ fn append_text(msg: &mut Map<String, Value>, text: &str, sep: &str) {
 
 /// Writes `tools` into the system message: appended after a blank line, or as a new
 /// system message first.
-pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value) {
-    let text = tools_system_text(tools);
+pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value, format: ChatFormat) {
+    let text = tools_system_text(tools, format);
     match messages.first_mut().and_then(Value::as_object_mut) {
         Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => append_text(first, &text, "\n\n"),
         _ => messages.insert(0, serde_json::json!({"role": "system", "content": text})),
@@ -63,12 +98,12 @@ pub fn inject_tools(messages: &mut Vec<Value>, tools: &Value) {
 
 /// Writes each assistant message's `tool_calls` into its content (after a newline);
 /// answers whether there were any.
-pub fn inject_tool_calls(messages: &mut [Value]) -> bool {
+pub fn inject_tool_calls(messages: &mut [Value], format: ChatFormat) -> bool {
     let mut any = false;
     for m in messages.iter_mut().filter_map(Value::as_object_mut) {
         let calls: Vec<String> = match m.get("tool_calls") {
             Some(Value::Array(calls)) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
-                calls.iter().map(call_text).collect()
+                calls.iter().map(|c| call_text(c, format)).collect()
             }
             _ => continue,
         };

@@ -58,8 +58,8 @@ fn tools_fallback_writes_schemas_and_calls_into_messages() {
         json!({"role": "user", "content": "hi"}),
         json!({"role": "assistant", "content": "ok", "tool_calls": [{"function": {"name": "f", "arguments": {"x": [1], "s": "v"}}}]}),
     ];
-    inject_tools(&mut msgs, &tools);
-    assert!(inject_tool_calls(&mut msgs));
+    inject_tools(&mut msgs, &tools, strata_models::ChatFormat::Glm);
+    assert!(inject_tool_calls(&mut msgs, strata_models::ChatFormat::Glm));
     let sys = msgs[0]["content"].as_str().unwrap();
     assert!(
         sys.starts_with("# Tools")
@@ -73,8 +73,8 @@ fn tools_fallback_writes_schemas_and_calls_into_messages() {
         "ok\n<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>[1]</arg_value>\n<arg_key>s</arg_key>\n<arg_value>v</arg_value>\n</tool_call>"
     );
     let mut with_system = vec![json!({"role": "system", "content": "S"})];
-    inject_tools(&mut with_system, &tools);
-    assert!(!inject_tool_calls(&mut with_system));
+    inject_tools(&mut with_system, &tools, strata_models::ChatFormat::Glm);
+    assert!(!inject_tool_calls(&mut with_system, strata_models::ChatFormat::Glm));
     assert!(with_system.len() == 1 && with_system[0]["content"].as_str().unwrap().starts_with("S\n\n# Tools"));
 }
 

@@ -88,7 +88,10 @@ impl<'m> BatchEngine<'m> {
         })?;
         let Some(pool) = session.kv() else { bail!("this model's sessions do not keep block KV") };
         let block_bytes = (opts.kv_bytes_per_token * BLOCK_SIZE as u64).max(1);
-        let cache_blocks = ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks());
+        let cache_blocks = match session.shares_prefixes() {
+            true => ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks()),
+            false => 0,
+        };
         Ok(Self {
             model,
             tok,
@@ -172,7 +175,7 @@ impl<'m> BatchEngine<'m> {
     fn release(&mut self, a: &mut Active) {
         if let Some(seq) = a.seq.take() {
             let pool = kv(&mut self.session);
-            let full = a.computed / BLOCK_SIZE;
+            let full = if a.media.is_some() { 0 } else { a.computed / BLOCK_SIZE };
             let blocks = pool.blocks_of(seq)[..full.min(pool.blocks_of(seq).len())].to_vec();
             self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);
             self.session.remove_sequence(seq);
@@ -186,11 +189,18 @@ impl<'m> BatchEngine<'m> {
 
     /// Starts waiting requests while the batch and the KV pool have room: each takes a
     /// sequence that starts from its longest cached prefix.
-    fn admit(&mut self) -> Result<()> {
+    fn admit(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
         let mut i = 0;
         while self.running.len() < self.opts.max_batch && i < self.waiting.len() {
+            if let Err(e) = self.encode_media(i) {
+                let a = self.waiting.remove(i).expect("in range");
+                out.push((a.id, Update::Done(Err(format!("{e:#}")))));
+                continue;
+            }
             let a = &self.waiting[i];
-            let cached = self.cache.lookup(&a.tokens);
+            // (Image placeholders say nothing of the image: such prompts share no cache.)
+            let media = a.media.is_some();
+            let cached = if media { Vec::new() } else { self.cache.lookup(&a.tokens) };
             // A prompt that shares more whole blocks with one still being computed waits
             // for it (then finds them in the cache) instead of computing them twice: the
             // choices of one request, a burst with a common system prompt.
@@ -202,7 +212,7 @@ impl<'m> BatchEngine<'m> {
                 .map(|r| shared_blocks(&a.tokens, &r.tokens[..r.prompt_len]).min(usable))
                 .max()
                 .unwrap_or(0);
-            if pending > cached.len() {
+            if pending > cached.len() && !media {
                 i += 1;
                 continue;
             }
@@ -224,12 +234,37 @@ impl<'m> BatchEngine<'m> {
         Ok(())
     }
 
+    /// Encodes the images of waiting request `i` (once): the tower runs on this thread,
+    /// beside no forward.
+    fn encode_media(&mut self, i: usize) -> Result<()> {
+        let a = &mut self.waiting[i];
+        let Some(input) = a.req.media.as_ref().filter(|_| a.media.is_none()) else { return Ok(()) };
+        let media = crate::media::encode_with(self.model, &input.processor, &input.images)?;
+        let spec = self.model.vision().expect("encoded by the tower").spec();
+        crate::media::check_placeholders(&a.tokens, &media)?;
+        let run = crate::media::longest_run(&a.tokens, media.placeholder);
+        if spec.bidirectional && run > self.opts.step_tokens {
+            bail!(
+                "an image of {run} soft tokens attends to itself in one forward, which holds {} rows (raise --step-tokens)",
+                self.opts.step_tokens
+            );
+        }
+        a.media = Some((media, spec.bidirectional));
+        Ok(())
+    }
+
     /// Plans the step's rows and makes room for their KV: evicting cached prefixes, then
     /// preempting the newest requests. Returns false when nothing runs.
     fn plan(&mut self, out: &mut Vec<(u64, Update)>) -> bool {
         loop {
             let pending: Vec<usize> = self.running.iter().map(Active::pending).collect();
             self.rows = plan_rows(&pending, self.opts.step_tokens);
+            // A bidirectional image's run stays in one forward.
+            for (a, n) in self.running.iter().zip(self.rows.iter_mut()) {
+                if let Some((m, true)) = &a.media {
+                    *n = crate::media::whole_runs(&a.tokens, a.computed, *n, m.placeholder);
+                }
+            }
             let pool = self.session.kv().expect("block KV");
             let need: usize =
                 self.running.iter().zip(&self.rows).map(|(a, &n)| a.seq.map_or(0, |s| pool.blocks_needed(s, n))).sum();
@@ -265,7 +300,7 @@ impl<'m> BatchEngine<'m> {
     /// every request whose pending tokens are all in. Updates go to `out`. An error
     /// fails the requests of this forward (and only them); the engine goes on.
     pub fn step(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
-        self.admit()?;
+        self.admit(out)?;
         if !self.plan(out) {
             return Ok(());
         }
@@ -276,7 +311,14 @@ impl<'m> BatchEngine<'m> {
             }
             let last = a.computed + n == a.tokens.len();
             let want = if last { Logits::Last } else { Logits::None };
-            self.batch.push(a.seq.expect("running"), &a.tokens[a.computed..a.computed + n], want);
+            let (seq, ids) = (a.seq.expect("running"), &a.tokens[a.computed..a.computed + n]);
+            match &a.media {
+                Some((m, _)) => {
+                    let mut used = a.tokens[..a.computed].iter().filter(|&&t| t == m.placeholder).count();
+                    crate::media::push_rows(&mut self.batch, seq, ids, m, &mut used, want);
+                }
+                None => self.batch.push(seq, ids, want),
+            }
         }
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;
@@ -352,6 +394,9 @@ impl<'m> BatchEngine<'m> {
         // requests arriving meanwhile can share them.
         for i in publish {
             let a = &self.running[i];
+            if a.media.is_some() {
+                continue;
+            }
             let pool = kv(&mut self.session);
             let blocks = pool.blocks_of(a.seq.expect("running"))[..a.prompt_len / BLOCK_SIZE].to_vec();
             self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);

@@ -46,6 +46,16 @@ pub struct ServeRequest {
     pub logprobs: Option<usize>,
     /// A grammar the output must follow.
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Images whose soft tokens replace the prompt's image placeholders (encoded by the
+    /// engine when the request starts).
+    pub media: Option<MediaInput>,
+}
+
+/// The images of a request and the processor that cuts them into patches.
+#[derive(Clone, Debug)]
+pub struct MediaInput {
+    pub images: Vec<crate::image::Rgb8>,
+    pub processor: crate::image::ImageProcessor,
 }
 
 impl ServeRequest {
@@ -60,6 +70,7 @@ impl ServeRequest {
             frequency_penalty: 0.0,
             logprobs: None,
             constraint: None,
+            media: None,
         }
     }
 }

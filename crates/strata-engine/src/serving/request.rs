@@ -41,6 +41,9 @@ pub(crate) struct Active {
     first: Option<Instant>,
     /// Times the request lost its cache to others and was computed again.
     pub preemptions: usize,
+    /// The request's image soft tokens (encoded at the first admission), and whether its
+    /// image runs must stay whole in a forward (bidirectional image attention).
+    pub media: Option<(crate::media::Media, bool)>,
 }
 
 impl Active {
@@ -51,7 +54,7 @@ impl Active {
         }
         let mut prompt: &[u32] = &g.prompt_ids;
         if prompt.len() >= context {
-            if !g.truncate_left {
+            if !g.truncate_left || req.media.is_some() {
                 bail!("the prompt has {} tokens but the context is {context}; shorten it", prompt.len());
             }
             let keep = context.saturating_sub(g.max_tokens).max(context / 2).max(1).min(context - 1);
@@ -80,6 +83,7 @@ impl Active {
             admitted: None,
             first: None,
             preemptions: 0,
+            media: None,
             req,
         })
     }

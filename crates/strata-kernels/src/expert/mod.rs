@@ -31,7 +31,7 @@
 mod runner;
 mod transposed;
 
-pub use runner::{ExpertJob, ExpertRunner};
+pub use runner::{ExpertJob, ExpertRunner, GateAct};
 pub use transposed::matmul_t;
 
 use crate::pool::{global, split_range};

@@ -1,17 +1,29 @@
-//! A set of SwiGLU experts (a layer's routed experts, the shared expert, a dense MLP) in
+//! A set of gated experts (a layer's routed experts, the shared expert, a dense MLP) in
 //! one pool region: gather each expert's rows, then gate/up of every expert in one
-//! parallel pass (`h = silu(g) * u`), then down of every expert, work items split by cost
+//! parallel pass (`h = act(g) * u`: SwiGLU's silu, or Gemma's tanh-approximated GELU),
+//! then down of every expert, work items split by cost
 //! into one contiguous run per thread. All scratch lives in the runner and is reused, so after the first
 //! calls a step allocates nothing.
 
 use super::{block_size, silu, KernelPath, Out, Product, QMatrix, Staging};
+use crate::ops::gelu_tanh;
 use crate::pool::ThreadPool;
 use crate::quant::QuantKind;
 
 /// Weight bytes (times rows, up to a tile) worth a thread of their own.
 const BYTES_PER_THREAD: usize = 32 << 10;
 
-/// One expert's work: `y = down(silu(gate x) * up x)` over some rows of x.
+/// The gate's activation in `h = act(gate x) * up x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GateAct {
+    /// `g / (1 + e^-g)` (SwiGLU: DeepSeek, GLM).
+    #[default]
+    Silu,
+    /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// One expert's work: `y = down(act(gate x) * up x)` over some rows of x.
 #[derive(Clone, Copy)]
 pub struct ExpertJob<'a> {
     pub gate: QMatrix<'a>,
@@ -85,6 +97,23 @@ impl ExpertRunner {
         &mut self,
         pool: &ThreadPool,
         path: KernelPath,
+        x: &[f32],
+        x_rows: usize,
+        n_jobs: usize,
+        job_at: &(dyn Fn(usize) -> ExpertJob<'a> + Sync),
+        y: &mut [f32],
+    ) {
+        self.run_act(pool, path, GateAct::Silu, x, x_rows, n_jobs, job_at, y)
+    }
+
+    /// [`ExpertRunner::run_with`] with the gate activation `act` (the activation is
+    /// chosen once per item, outside the inner loops: SwiGLU's loop is unchanged).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_act<'a>(
+        &mut self,
+        pool: &ThreadPool,
+        path: KernelPath,
+        act: GateAct,
         x: &[f32],
         x_rows: usize,
         n_jobs: usize,
@@ -211,7 +240,7 @@ impl ExpertRunner {
                 unsafe { (*st_in.ptr().add(j)).prepare(path, input(j), rows, g.kind, g.cols) };
             }
             c.barrier();
-            // Pass 1: gate and up, h = silu(g) * u.
+            // Pass 1: gate and up, h = act(g) * u.
             for i in share(cost1, c.n, c.id) {
                 let (j, o0, o1) = items1[i];
                 let (j, o0, o1) = (j as usize, o0 as usize, o1 as usize);
@@ -228,10 +257,22 @@ impl ExpertRunner {
                     let len = rows * inter;
                     Product::new(path, xin, rows, job.gate, st).run(o0, o1, &Out::raw(g_ptr, len, inter, false));
                     Product::new(path, xin, rows, job.up, st).run(o0, o1, &Out::raw(h_ptr, len, inter, false));
-                    for r in 0..rows {
-                        for o in o0..o1 {
-                            let k = r * inter + o;
-                            *h_ptr.add(k) *= silu(*g_ptr.add(k));
+                    match act {
+                        GateAct::Silu => {
+                            for r in 0..rows {
+                                for o in o0..o1 {
+                                    let k = r * inter + o;
+                                    *h_ptr.add(k) *= silu(*g_ptr.add(k));
+                                }
+                            }
+                        }
+                        GateAct::GeluTanh => {
+                            for r in 0..rows {
+                                for o in o0..o1 {
+                                    let k = r * inter + o;
+                                    *h_ptr.add(k) *= gelu_tanh(*g_ptr.add(k));
+                                }
+                            }
                         }
                     }
                 }

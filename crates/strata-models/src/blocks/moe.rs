@@ -19,7 +19,9 @@ pub enum ExpertSource<B: Backend> {
 }
 
 impl<B: Backend> ExpertSource<B> {
-    fn run(
+    /// Makes `experts` (unique, ascending) of `layer` available and hands them to
+    /// `compute` in batches as they are ready (see [`ExpertProvider::run`]).
+    pub fn run(
         &self,
         b: &B,
         layer: usize,

@@ -1,0 +1,291 @@
+//! The model family's output syntax ([`ChatFormat`]): where reasoning and tool calls begin
+//! and end, and how a call's body reads.
+//!
+//! - GLM: reasoning in `<think>...</think>`; calls as
+//!   `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`
+//!   ([`crate::tools::parse_call`]).
+//! - Gemma 4: reasoning in `<|channel>thought\n...<channel|>`; calls as
+//!   `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, the chat template's
+//!   `format_argument` shape: strings between `<|"|>` quotes (taken literally, no
+//!   escapes), `true`/`false`, `{k:v,...}` objects with bare keys, `[v,...]` arrays, other
+//!   scalars bare (numbers, `null`).
+
+use crate::tools::ToolCall;
+use serde_json::{Map, Value};
+use strata_models::ChatFormat;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Syntax {
+    #[default]
+    Glm,
+    Gemma,
+}
+
+/// Gemma 4's string quote (one special token, opening and closing).
+pub const GEMMA_QUOTE: &str = "<|\"|>";
+
+impl Syntax {
+    pub fn of(format: ChatFormat) -> Self {
+        match format {
+            ChatFormat::Glm => Self::Glm,
+            ChatFormat::Gemma => Self::Gemma,
+        }
+    }
+
+    /// (start, end) of a reasoning block.
+    pub fn think(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Glm => ("<think>", "</think>"),
+            Self::Gemma => ("<|channel>thought", "<channel|>"),
+        }
+    }
+
+    /// (start, end) of one tool call.
+    pub fn call(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Glm => ("<tool_call>", "</tool_call>"),
+            Self::Gemma => ("<|tool_call>", "<tool_call|>"),
+        }
+    }
+
+    /// Every marker of the syntax (for special-token checks).
+    pub fn markers(self) -> Vec<&'static str> {
+        let (t0, t1) = self.think();
+        let (c0, c1) = self.call();
+        let mut m = vec![c0, c1, t0, t1];
+        if self == Self::Gemma {
+            m.push(GEMMA_QUOTE);
+        }
+        m
+    }
+
+    /// Parses the text between a call's markers; `None` when it is not a well-formed call.
+    pub fn parse_call(self, body: &str, tools: Option<&Value>) -> Option<ToolCall> {
+        match self {
+            Self::Glm => crate::tools::parse_call(body, tools),
+            Self::Gemma => parse_gemma_call(body, tools),
+        }
+    }
+}
+
+/// `call:NAME{key:VALUE,...}`. A bare value an argument's schema declares a string stays
+/// a string.
+pub fn parse_gemma_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
+    let rest = body.trim().strip_prefix("call:")?;
+    let open = rest.find('{')?;
+    let name = rest[..open].trim();
+    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c)) {
+        return None;
+    }
+    let mut p = Parser { s: &rest[open..], tools, tool: name };
+    let Value::Object(arguments) = p.object(true)? else { return None };
+    if !p.s.trim().is_empty() {
+        return None;
+    }
+    Some(ToolCall { name: name.to_string(), arguments })
+}
+
+struct Parser<'a> {
+    s: &'a str,
+    tools: Option<&'a Value>,
+    tool: &'a str,
+}
+
+impl Parser<'_> {
+    fn skip_ws(&mut self) {
+        self.s = self.s.trim_start();
+    }
+
+    fn eat(&mut self, t: &str) -> bool {
+        self.skip_ws();
+        match self.s.strip_prefix(t) {
+            Some(rest) => {
+                self.s = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `{k:v,...}`; `top`: the call's arguments (their schema types apply).
+    fn object(&mut self, top: bool) -> Option<Value> {
+        if !self.eat("{") {
+            return None;
+        }
+        let mut out = Map::new();
+        if self.eat("}") {
+            return Some(Value::Object(out));
+        }
+        loop {
+            self.skip_ws();
+            let key = if self.s.starts_with(GEMMA_QUOTE) {
+                self.quoted()?
+            } else {
+                let end = self.s.find(':')?;
+                let k = self.s[..end].trim();
+                if k.is_empty() || k.contains(['{', '}', ',', '[', ']']) {
+                    return None;
+                }
+                self.s = &self.s[end..];
+                k.to_string()
+            };
+            if !self.eat(":") {
+                return None;
+            }
+            let string = top && declared_string(self.tools, self.tool, &key);
+            let v = self.value(string)?;
+            out.insert(key, v);
+            if self.eat(",") {
+                continue;
+            }
+            return self.eat("}").then_some(Value::Object(out));
+        }
+    }
+
+    fn array(&mut self) -> Option<Value> {
+        if !self.eat("[") {
+            return None;
+        }
+        let mut out = Vec::new();
+        if self.eat("]") {
+            return Some(Value::Array(out));
+        }
+        loop {
+            out.push(self.value(false)?);
+            if self.eat(",") {
+                continue;
+            }
+            return self.eat("]").then_some(Value::Array(out));
+        }
+    }
+
+    fn quoted(&mut self) -> Option<String> {
+        let rest = self.s.strip_prefix(GEMMA_QUOTE)?;
+        let end = rest.find(GEMMA_QUOTE)?;
+        self.s = &rest[end + GEMMA_QUOTE.len()..];
+        Some(rest[..end].to_string())
+    }
+
+    /// One value; `string`: a bare value is kept as text.
+    fn value(&mut self, string: bool) -> Option<Value> {
+        self.skip_ws();
+        if self.s.starts_with(GEMMA_QUOTE) {
+            return self.quoted().map(Value::String);
+        }
+        if self.s.starts_with('{') {
+            return self.object(false);
+        }
+        if self.s.starts_with('[') {
+            return self.array();
+        }
+        let end = self.s.find([',', '}', ']']).unwrap_or(self.s.len());
+        let raw = self.s[..end].trim();
+        if raw.is_empty() {
+            return None;
+        }
+        self.s = &self.s[end..];
+        if string {
+            return Some(Value::String(raw.to_string()));
+        }
+        Some(serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string())))
+    }
+}
+
+fn declared_string(tools: Option<&Value>, tool: &str, arg: &str) -> bool {
+    let Some(list) = tools.and_then(Value::as_array) else { return false };
+    list.iter()
+        .map(|t| t.get("function").unwrap_or(t))
+        .find(|f| f.get("name").and_then(Value::as_str) == Some(tool))
+        .and_then(|f| f.pointer(&format!("/parameters/properties/{}/type", arg.replace('~', "~0").replace('/', "~1"))))
+        .and_then(Value::as_str)
+        == Some("string")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(s: &str) -> Option<(String, Value)> {
+        parse_gemma_call(s, None).map(|c| (c.name, Value::Object(c.arguments)))
+    }
+
+    #[test]
+    fn gemma_calls_parse_every_value_kind() {
+        let (name, args) =
+            call(r#"call:get_weather{city:<|"|>Paris, {FR}<|"|>,days:3,ok:true,none:null,unit:celsius,xs:[1,<|"|>a<|"|>,[]],o:{k:<|"|>v<|"|>,n:-1.5}}"#)
+                .unwrap();
+        assert_eq!(name, "get_weather");
+        assert_eq!(
+            args,
+            json!({"city": "Paris, {FR}", "days": 3, "ok": true, "none": null, "unit": "celsius",
+                   "xs": [1, "a", []], "o": {"k": "v", "n": -1.5}})
+        );
+        assert_eq!(call("call:now{}").unwrap(), ("now".into(), json!({})));
+        assert_eq!(call(r#"call:tools.shell-exec{<|"|>cmd<|"|>:<|"|>ls<|"|>}"#).unwrap().1, json!({"cmd": "ls"}));
+    }
+
+    #[test]
+    fn a_string_schema_keeps_bare_values_text() {
+        let tools = json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"zip": {"type": "string"}}}}}]);
+        let c = parse_gemma_call("call:f{zip:02139,n:7}", Some(&tools)).unwrap();
+        assert_eq!(Value::Object(c.arguments), json!({"zip": "02139", "n": 7}));
+    }
+
+    #[test]
+    fn malformed_gemma_calls_are_refused() {
+        for bad in [
+            "get_weather{a:1}",
+            "call:{a:1}",
+            "call:bad name{a:1}",
+            "call:f{a:1",
+            "call:f{a:1} trailing",
+            "call:f{a}",
+            r#"call:f{a:<|"|>open}"#,
+            "call:f{a:[1,2}",
+        ] {
+            assert_eq!(call(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn gemma_output_splits_reasoning_text_and_calls_at_any_chunking() {
+        use crate::output::OutputParser;
+        use crate::tools::Piece;
+        let text = "<|channel>thought\nNeed weather.<channel|>Checking.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|><|tool_call>call:now{}<tool_call|>";
+        let whole = OutputParser::with_syntax(Syntax::Gemma, Some(false), Some(json!([]))).parse(text);
+        assert_eq!(whole.reasoning, "Need weather.");
+        assert_eq!(whole.content, "Checking.");
+        assert_eq!(whole.calls.len(), 2);
+        assert_eq!(Value::Object(whole.calls[0].arguments.clone()), json!({"city": "Paris", "days": 2}));
+        assert_eq!(whole.calls[1].name, "now");
+        let chars: Vec<char> = text.chars().collect();
+        for step in [1, 2, 3, 5, 7, 13] {
+            let mut p = OutputParser::with_syntax(Syntax::Gemma, Some(false), Some(json!([])));
+            let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+            let mut pieces = Vec::new();
+            for c in chars.chunks(step) {
+                pieces.extend(p.push(&c.iter().collect::<String>()));
+            }
+            pieces.extend(p.finish());
+            for piece in pieces {
+                match piece {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Text(t) => {
+                        assert!(!t.contains("<|"), "a marker leaked as text: {t:?}");
+                        content.push_str(&t)
+                    }
+                    Piece::Call(c) => calls.push(c),
+                }
+            }
+            assert_eq!((reasoning.trim_end(), content.trim()), ("Need weather.", "Checking."), "step {step}");
+            assert_eq!(calls, whole.calls, "step {step}");
+        }
+        // GLM markers mean nothing to a Gemma model, and a malformed call stays text.
+        let p = OutputParser::with_syntax(Syntax::Gemma, None, Some(json!([])))
+            .parse("<tool_call>f</tool_call> <|tool_call>call:f{a:<tool_call|>");
+        assert!(p.calls.is_empty());
+        assert_eq!(p.content, "<tool_call>f</tool_call> <|tool_call>call:f{a:<tool_call|>");
+    }
+}
