@@ -1,0 +1,852 @@
+//! The CUDA backend: weights in their stored precision in device memory, activations and
+//! KV caches in device memory, every op a kernel (compiled by NVRTC at run time, see
+//! `kernels.cu`) on one stream; f32 and bf16 products of many rows through cuBLAS.
+//!
+//! Same semantics as the CPU backend (`cpu/`): the same layouts, the same routing and
+//! selection rules and tie breaks, the same accumulation order where the CPU fixes one
+//! (the MoE combination); products and reductions sum in another order and agree within
+//! f32 rounding.
+//!
+//! Host <-> device traffic of a step: the step's rows (positions, block tables) and rotary
+//! tables, the expert task lists (small, through a ring of pinned staging buffers, so the
+//! copies are asynchronous), the routed expert ids the host needs (read back, by design),
+//! and the logits asked for. Ops that cannot return an error panic on a CUDA error (as the
+//! CPU backend panics on a shape mismatch); making the backend fails with a one-line
+//! error when there is no driver, no device or no NVRTC.
+
+mod module;
+mod ops;
+
+use crate::profile::{Op, Timer};
+use crate::{Backend, ExpertTask, HostMatrix, LinearOut, Step};
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+use strata_kernels::{QMatrix, QuantKind};
+
+/// A matrix as the kernels read it (`struct Mat` in `kernels.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatDesc {
+    w: u64,
+    s: u64,
+    kind: i32,
+    rows: i32,
+    cols: i32,
+    group: i32,
+    brow: i32,
+    bcol: i32,
+    ld: i32,
+    spr: i32,
+    vec: i32,
+    pad: i32,
+}
+
+/// A forward's rows as the kernels read them (`struct StepDev`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct StepDesc {
+    tokens: u64,
+    pos: u64,
+    seq: u64,
+    blocks: u64,
+    bs: i32,
+    max_blocks: i32,
+}
+
+/// One expert's share of a grouped expert launch (`struct Task`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct TaskDesc {
+    g: MatDesc,
+    u: MatDesc,
+    d: MatDesc,
+    h_off: i64,
+    nrows: i32,
+    rows_off: i32,
+    out_row: i32,
+    blk1: i32,
+    blk2: i32,
+    pad: i32,
+}
+
+/// Values in device memory.
+pub struct DevBuf<T> {
+    ptr: u64,
+    len: usize,
+    _mem: Option<CudaSlice<T>>,
+}
+
+impl<T> DevBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn at(&self, i: usize) -> u64 {
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+}
+
+/// A matrix in its stored precision in device memory.
+pub struct CudaMat {
+    desc: MatDesc,
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    _payload: DevBuf<u8>,
+    _scales: DevBuf<f32>,
+}
+
+impl CudaMat {
+    pub fn kind(&self) -> QuantKind {
+        self.kind
+    }
+}
+
+/// One expert's matrices as the expert kernels read them.
+#[derive(Clone, Copy)]
+pub struct CudaExpert<'a> {
+    pub gate: &'a CudaMat,
+    pub up: &'a CudaMat,
+    pub down: &'a CudaMat,
+}
+
+/// Pinned host memory cut into chunks, each reused only once the copy that last read it
+/// has completed (an event per chunk): host -> device copies that do not wait for the
+/// stream.
+struct Ring {
+    base: *mut u8,
+    chunk: usize,
+    events: Vec<CudaEvent>,
+    next: usize,
+}
+
+// SAFETY: the pinned buffer is only touched under the backend's state lock.
+unsafe impl Send for Ring {}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for e in &self.events {
+            let _ = e.synchronize();
+        }
+        // SAFETY: allocated by cuMemHostAlloc; no copy reads it any more.
+        unsafe {
+            let _ = result::free_host(self.base as *mut c_void);
+        }
+    }
+}
+
+/// The step last uploaded: its host copy and its device image.
+#[derive(Default)]
+struct StepCache {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    seq: Vec<u32>,
+    blocks: Vec<u32>,
+    bs: usize,
+    max_blocks: usize,
+    valid: bool,
+    packed: Vec<u32>,
+    dev: Option<DevBuf<u32>>,
+    desc: StepDesc,
+}
+
+/// Scratch that grows to the largest call and is then reused.
+#[derive(Default)]
+struct Work {
+    /// Grouped experts: intermediate rows; task table and row lists (bytes).
+    h: Option<DevBuf<f32>>,
+    table: Option<DevBuf<u8>>,
+    /// Many-rows experts: gathered x, gate, up, h.
+    gx: Option<DevBuf<f32>>,
+    g: Option<DevBuf<f32>>,
+    u: Option<DevBuf<f32>>,
+    hb: Option<DevBuf<f32>>,
+    /// bf16 halves of x for cuBLAS.
+    xhi: Option<DevBuf<u16>>,
+    xlo: Option<DevBuf<u16>>,
+    /// Host staging.
+    bytes: Vec<u8>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+pub(crate) struct State {
+    ring: Ring,
+    step: StepCache,
+    work: Work,
+}
+
+struct Funcs {
+    linear: [CudaFunction; 4],
+    tiled: [CudaFunction; 5],
+    experts_up: [CudaFunction; 2],
+    experts_down: [CudaFunction; 2],
+    silu_mul: CudaFunction,
+    gather: CudaFunction,
+    add_bias: CudaFunction,
+    split_bf16: CudaFunction,
+    embed: CudaFunction,
+    rms_norm: CudaFunction,
+    add: CudaFunction,
+    mla_prepare: CudaFunction,
+    mla_absorb: CudaFunction,
+    mla_attend: Vec<(usize, CudaFunction)>,
+    dsa_prepare: CudaFunction,
+    dsa_scores: CudaFunction,
+    dsa_topk: CudaFunction,
+    gqa_prepare: CudaFunction,
+    gqa_attend: Vec<(usize, CudaFunction)>,
+    route: CudaFunction,
+    combine: CudaFunction,
+}
+
+impl Funcs {
+    fn load(m: &Arc<CudaModule>) -> Result<Self> {
+        let f = |name: &str| m.load_function(name).map_err(|e| anyhow!("kernel {name}: {e}"));
+        let js = |prefix: &str, list: &[usize]| -> Result<Vec<(usize, CudaFunction)>> {
+            list.iter().map(|&j| Ok((j, f(&format!("{prefix}{j}"))?))).collect()
+        };
+        Ok(Self {
+            linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
+            tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
+            experts_up: [f("k_experts_up_1")?, f("k_experts_up_8")?],
+            experts_down: [f("k_experts_down_1")?, f("k_experts_down_8")?],
+            silu_mul: f("k_silu_mul")?,
+            gather: f("k_gather")?,
+            add_bias: f("k_add_bias")?,
+            split_bf16: f("k_split_bf16")?,
+            embed: f("k_embed")?,
+            rms_norm: f("k_rms_norm")?,
+            add: f("k_add")?,
+            mla_prepare: f("k_mla_prepare")?,
+            mla_absorb: f("k_mla_absorb")?,
+            mla_attend: js("k_mla_attend_", &[1, 2, 4, 8, 12, 18, 24, 32])?,
+            dsa_prepare: f("k_dsa_prepare")?,
+            dsa_scores: f("k_dsa_scores")?,
+            dsa_topk: f("k_dsa_topk")?,
+            gqa_prepare: f("k_gqa_prepare")?,
+            gqa_attend: js("k_gqa_attend_", &[1, 2, 4, 8])?,
+            route: f("k_route")?,
+            combine: f("k_combine")?,
+        })
+    }
+}
+
+/// Products of more rows than this use the tiled kernel or cuBLAS.
+const SMALL_ROWS: usize = 8;
+/// An expert with at least this many rows runs on its own through the many-rows products.
+const EXPERT_BIG_ROWS: usize = 32;
+/// Pinned staging: chunks x bytes.
+const RING_CHUNKS: usize = 32;
+const RING_CHUNK: usize = 256 << 10;
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    f: Funcs,
+    _module: Arc<CudaModule>,
+    blas: Option<cudarc::cublas::CudaBlas>,
+    name: String,
+    sms: usize,
+    state: Mutex<State>,
+}
+
+/// The kernel arguments: pointers to the values, in order.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        [$(&$a as *const _ as *mut c_void),*]
+    };
+}
+pub(crate) use args;
+
+/// Whether a CUDA device can be used here: `Ok(count)` or why not (one line).
+pub fn device_count() -> Result<usize> {
+    // SAFETY: only probes for the library.
+    if !unsafe { sys::is_culib_present() } {
+        bail!("no CUDA driver on this machine (libcuda.so.1 not found)");
+    }
+    let n = CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver found no usable GPU ({e})"))?;
+    Ok(n as usize)
+}
+
+impl CudaBackend {
+    /// The backend on device `ordinal`: its context and stream, the kernels (compiled by
+    /// NVRTC or from the PTX cache), cuBLAS where its library is present.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let n = device_count()?;
+        if ordinal >= n {
+            bail!("cuda:{ordinal}: this machine has {n} CUDA device{}", if n == 1 { "" } else { "s" });
+        }
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            bail!(
+                "cuda:{ordinal}: NVRTC (libnvrtc.so) not found: strata compiles its kernels at run time; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH"
+            );
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cuda:{ordinal}: cannot create a context: {e}"))?;
+        // One stream, ordered: no per-buffer events.
+        // SAFETY: every buffer is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+        let cc = ctx.compute_capability().map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+        let module = module::load(&ctx, cc)?;
+        let f = Funcs::load(&module)?;
+        // SAFETY: only probes for the library.
+        let blas = match unsafe { cudarc::cublas::sys::is_culib_present() } {
+            true => Some(cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| anyhow!("cuBLAS: {e:?}"))?),
+            false => None,
+        };
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow!("{e}"))? as usize;
+        let mem = ctx.total_mem().map_err(|e| anyhow!("{e}"))?;
+        let dev_name = ctx.name().unwrap_or_else(|_| "GPU".into());
+        let name = format!(
+            "cuda:{ordinal} ({dev_name}, {sms} SMs, sm_{}{}, {:.0} GiB{})",
+            cc.0,
+            cc.1,
+            mem as f64 / (1u64 << 30) as f64,
+            if blas.is_some() { ", cuBLAS" } else { "" }
+        );
+        // SAFETY: plain allocation; freed by the ring.
+        let base = unsafe { result::malloc_host(RING_CHUNKS * RING_CHUNK, 0) }
+            .map_err(|e| anyhow!("cuda:{ordinal}: pinned staging: {e}"))? as *mut u8;
+        let events = (0..RING_CHUNKS)
+            .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!("{e}"))?;
+        let ring = Ring { base, chunk: RING_CHUNK, events, next: 0 };
+        Ok(Self {
+            ctx,
+            stream,
+            f,
+            _module: module,
+            blas,
+            name,
+            sms,
+            state: Mutex::new(State { ring, step: StepCache::default(), work: Work::default() }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.ctx.bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Launches `f` on the stream; panics on an error.
+    fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [*mut c_void]) {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return;
+        }
+        // SAFETY: the arguments match the kernel's parameters (each call site passes the
+        // types the kernel declares) and point at live values.
+        unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.cu_stream(), args) }
+            .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e}"));
+    }
+
+    /// Waits for the stream (and surfaces an asynchronous error).
+    pub fn synchronize(&self) {
+        self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
+    }
+
+    fn alloc_t<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<DevBuf<T>> {
+        if len == 0 {
+            return Ok(DevBuf { ptr: 0, len: 0, _mem: None });
+        }
+        let mem = self
+            .stream
+            .alloc_zeros::<T>(len)
+            .map_err(|e| anyhow!("cannot allocate {} bytes of device memory: {e}", len * std::mem::size_of::<T>()))?;
+        let ptr = {
+            let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&mem, &self.stream);
+            ptr
+        };
+        Ok(DevBuf { ptr, len, _mem: Some(mem) })
+    }
+
+    /// `buf` with room for at least `len` values (reallocated, contents lost, if smaller).
+    fn ensure<'b, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        buf: &'b mut Option<DevBuf<T>>,
+        len: usize,
+    ) -> &'b DevBuf<T> {
+        if buf.as_ref().is_none_or(|b| b.len < len) {
+            let grown = len.max(buf.as_ref().map_or(0, |b| b.len * 2)).max(1);
+            *buf = Some(self.alloc_t(grown).unwrap_or_else(|e| panic!("CUDA: {e}")));
+        }
+        buf.as_ref().unwrap()
+    }
+
+    /// Host bytes to device address `dst`, through the pinned ring (asynchronous).
+    fn upload_bytes(&self, ring: &mut Ring, dst: u64, bytes: &[u8]) {
+        for (i, piece) in bytes.chunks(ring.chunk).enumerate() {
+            let c = ring.next;
+            ring.next = (c + 1) % ring.events.len();
+            ring.events[c].synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
+            // SAFETY: chunk c is not read by any pending copy (its event completed) and
+            // holds `ring.chunk` bytes.
+            let staged = unsafe {
+                let p = ring.base.add(c * ring.chunk);
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), p, piece.len());
+                std::slice::from_raw_parts(p, piece.len())
+            };
+            // SAFETY: `dst` is device memory of at least `bytes.len()` bytes (callers check).
+            unsafe { result::memcpy_htod_async(dst + (i * ring.chunk) as u64, staged, self.cu_stream()) }
+                .unwrap_or_else(|e| panic!("CUDA: host to device copy: {e}"));
+            ring.events[c].record(&self.stream).unwrap_or_else(|e| panic!("CUDA: {e}"));
+        }
+    }
+
+    fn upload_t<T: Copy>(&self, ring: &mut Ring, dst: u64, src: &[T]) {
+        // SAFETY: plain values viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
+        self.upload_bytes(ring, dst, bytes);
+    }
+
+    fn download<T>(&self, src: u64, dst: &mut [T]) {
+        if dst.is_empty() {
+            return;
+        }
+        // SAFETY: `src` is device memory holding `dst.len()` values (callers check).
+        unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
+            .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
+        self.synchronize();
+    }
+
+    /// The step's rows on the device (uploaded when they changed).
+    fn step_desc(&self, st: &mut State, step: &Step) -> StepDesc {
+        let c = &mut st.step;
+        let same = c.valid
+            && c.tokens == step.tokens
+            && c.positions == step.positions
+            && c.seq == step.seq
+            && c.blocks == step.blocks
+            && c.bs == step.block_size
+            && c.max_blocks == step.max_blocks;
+        if same {
+            return c.desc;
+        }
+        let rows = step.rows();
+        assert_eq!(step.seq.len(), rows, "step: {} sequence ids for {rows} rows", step.seq.len());
+        c.tokens.clone_from(&step.tokens);
+        c.positions.clone_from(&step.positions);
+        c.seq.clone_from(&step.seq);
+        c.blocks.clone_from(&step.blocks);
+        c.bs = step.block_size;
+        c.max_blocks = step.max_blocks;
+        c.packed.clear();
+        let mut tokens = step.tokens.clone();
+        tokens.resize(rows, u32::MAX);
+        c.packed.extend_from_slice(&tokens);
+        c.packed.extend_from_slice(&step.positions);
+        c.packed.extend_from_slice(&step.seq);
+        c.packed.extend_from_slice(&step.blocks);
+        c.packed.push(0);
+        let need = c.packed.len();
+        if c.dev.as_ref().is_none_or(|d| d.len < need) {
+            c.dev = Some(self.alloc_t(need.max(256) * 2).unwrap_or_else(|e| panic!("CUDA: {e}")));
+        }
+        let dev = c.dev.as_ref().unwrap();
+        let base = dev.ptr;
+        self.upload_t(&mut st.ring, base, &st.step.packed);
+        let c = &mut st.step;
+        c.desc = StepDesc {
+            tokens: base,
+            pos: base + 4 * rows as u64,
+            seq: base + 8 * rows as u64,
+            blocks: base + 12 * rows as u64,
+            bs: step.block_size.max(1) as i32,
+            max_blocks: step.max_blocks as i32,
+        };
+        c.valid = true;
+        c.desc
+    }
+
+    /// Syncs the stream at the end of a profiled op, so its timer holds device time.
+    fn profiled(&self) {
+        if crate::profile::enabled() {
+            self.synchronize();
+        }
+    }
+}
+
+/// Argument block of a projection (see `linear_small` / `linear_tiled` in `kernels.cu`).
+pub(crate) struct Lin {
+    pub m: MatDesc,
+    pub kind: QuantKind,
+    pub mrow0: usize,
+    pub mrow_bs: usize,
+    pub x: u64,
+    pub x_bs: usize,
+    pub xld: usize,
+    pub xrows: u64,
+    pub rows: usize,
+    pub nout: usize,
+    pub out: u64,
+    pub ostride: usize,
+    pub col: usize,
+    pub col_bs: usize,
+    pub add: bool,
+    pub bias: u64,
+    pub batches: usize,
+}
+
+fn kind_code(k: QuantKind) -> i32 {
+    match k {
+        QuantKind::F32 => 0,
+        QuantKind::Bf16 => 1,
+        QuantKind::Int8Row => 2,
+        QuantKind::Int4Group { .. } => 3,
+        QuantKind::Fp8 { .. } => 4,
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = DevBuf<f32>;
+    type Idx = DevBuf<u32>;
+    type Mat = CudaMat;
+    type ExpertRef<'a> = CudaExpert<'a>;
+
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+
+    fn parallelism(&self) -> usize {
+        self.sms
+    }
+
+    fn reserve_workspace(&self, _heads: usize, _attended: usize, _context: usize) {
+        // Attention keeps its softmax state in registers; the expert scratch grows to
+        // the largest call and is reused.
+    }
+
+    fn alloc(&self, len: usize) -> Result<DevBuf<f32>> {
+        let _g = self.lock();
+        self.alloc_t(len)
+    }
+
+    fn alloc_idx(&self, len: usize) -> Result<DevBuf<u32>> {
+        let _g = self.lock();
+        self.alloc_t(len)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<DevBuf<f32>> {
+        let mut st = self.lock();
+        let b = self.alloc_t(data.len())?;
+        self.upload_t(&mut st.ring, b.ptr, data);
+        Ok(b)
+    }
+
+    fn matrix(&self, m: HostMatrix) -> Result<CudaMat> {
+        QMatrix { kind: m.kind, rows: m.rows, cols: m.cols, payload: &m.payload, scales: &m.scales }.validate();
+        let mut st = self.lock();
+        let payload = self.alloc_t::<u8>(m.payload.len())?;
+        self.upload_bytes(&mut st.ring, payload.ptr, &m.payload);
+        let scales = self.alloc_t::<f32>(m.scales.len())?;
+        self.upload_t(&mut st.ring, scales.ptr, &m.scales);
+        let ld = m.kind.payload_bytes(1, m.cols);
+        let (group, brow, bcol, spr, width) = match m.kind {
+            QuantKind::F32 => (1, 1, 1, 0, 4),
+            QuantKind::Bf16 => (1, 1, 1, 0, 8),
+            QuantKind::Int8Row => (1, 1, 1, 1, 16),
+            QuantKind::Int4Group { group } => (group, 1, 1, m.cols.div_ceil(group), 32),
+            QuantKind::Fp8 { block_rows, block_cols } => (1, block_rows, block_cols, m.cols.div_ceil(block_cols), 16),
+        };
+        let one_scale_per_vector = match m.kind {
+            QuantKind::Int4Group { group } => group % 32 == 0,
+            QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
+            _ => true,
+        };
+        let vec = ld % 16 == 0 && m.cols % width == 0 && one_scale_per_vector;
+        anyhow::ensure!(
+            m.rows <= i32::MAX as usize && m.cols <= i32::MAX as usize,
+            "matrix {}x{} too large",
+            m.rows,
+            m.cols
+        );
+        let desc = MatDesc {
+            w: payload.ptr,
+            s: scales.ptr,
+            kind: kind_code(m.kind),
+            rows: m.rows as i32,
+            cols: m.cols as i32,
+            group: group as i32,
+            brow: brow as i32,
+            bcol: bcol as i32,
+            ld: ld as i32,
+            spr: spr as i32,
+            vec: vec as i32,
+            pad: 0,
+        };
+        Ok(CudaMat { desc, kind: m.kind, rows: m.rows, cols: m.cols, _payload: payload, _scales: scales })
+    }
+
+    fn mat_shape(&self, m: &CudaMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn expert_ref<'a>(&self, gate: &'a CudaMat, up: &'a CudaMat, down: &'a CudaMat) -> CudaExpert<'a> {
+        CudaExpert { gate, up, down }
+    }
+
+    fn read(&self, src: &DevBuf<f32>, offset: usize, dst: &mut [f32]) {
+        assert!(offset + dst.len() <= src.len, "read: {}..{} of {}", offset, offset + dst.len(), src.len);
+        let _g = self.lock();
+        self.download(src.at(offset), dst);
+    }
+
+    fn read_idx(&self, src: &DevBuf<u32>, offset: usize, dst: &mut [u32]) {
+        assert!(offset + dst.len() <= src.len, "read_idx: {}..{} of {}", offset, offset + dst.len(), src.len);
+        let _g = self.lock();
+        self.download(src.at(offset), dst);
+    }
+
+    fn write(&self, dst: &mut DevBuf<f32>, offset: usize, src: &[f32]) {
+        assert!(offset + src.len() <= dst.len, "write: {}..{} of {}", offset, offset + src.len(), dst.len);
+        let mut st = self.lock();
+        self.upload_t(&mut st.ring, dst.at(offset), src);
+    }
+
+    fn write_idx(&self, dst: &mut DevBuf<u32>, offset: usize, src: &[u32]) {
+        assert!(offset + src.len() <= dst.len, "write_idx: {}..{} of {}", offset, offset + src.len(), dst.len);
+        let mut st = self.lock();
+        self.upload_t(&mut st.ring, dst.at(offset), src);
+    }
+
+    fn host<'a>(&self, _b: &'a DevBuf<f32>) -> Option<&'a [f32]> {
+        None
+    }
+
+    fn embed(&self, step: &Step, table: &CudaMat, out: &mut DevBuf<f32>) -> Result<()> {
+        let _t = Timer::start(Op::Embed);
+        for &tok in &step.tokens {
+            if tok != u32::MAX && tok as usize >= table.rows {
+                bail!("token id {tok} is outside the vocabulary ({})", table.rows);
+            }
+        }
+        let rows = step.rows();
+        assert!(out.len >= rows * table.cols, "embed: output too small");
+        let mut st = self.lock();
+        let sd = self.step_desc(&mut st, step);
+        let (t, o) = (table.desc, out.ptr);
+        self.launch(&self.f.embed, (rows as u32, 1, 1), 256, 0, &mut args![t, sd, o]);
+        self.profiled();
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        rows: usize,
+        width: usize,
+        x: &DevBuf<f32>,
+        w: Option<&DevBuf<f32>>,
+        eps: f32,
+        out: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Norm);
+        assert!(x.len >= rows * width && out.len >= rows * width, "rms_norm: buffers too small");
+        let _g = self.lock();
+        let (xp, wp, op, wd) = (x.ptr, w.map_or(0, |w| w.ptr), out.ptr, width as i32);
+        let block = (width.div_ceil(32) * 32).clamp(32, 256) as u32;
+        self.launch(&self.f.rms_norm, (rows as u32, 1, 1), block, 0, &mut args![xp, wp, eps, op, wd]);
+        self.profiled();
+    }
+
+    fn linears(&self, x: &DevBuf<f32>, rows: usize, outs: &mut [LinearOut<'_, Self>]) {
+        let _t = Timer::start(Op::Projections);
+        if rows == 0 || outs.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        for lo in outs.iter_mut() {
+            let w = lo.w;
+            assert!(x.len >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len, w.cols);
+            assert!(
+                lo.out.len >= (rows - 1) * lo.stride + lo.col + w.rows,
+                "linears: output of {} values too small for {rows} rows (stride {}, col {}, {} outputs)",
+                lo.out.len,
+                lo.stride,
+                lo.col,
+                w.rows
+            );
+            if let Some(b) = lo.bias {
+                assert_eq!(b.len, w.rows, "linears: bias of {} values for {} outputs", b.len, w.rows);
+            }
+            let l = Lin {
+                m: w.desc,
+                kind: w.kind,
+                mrow0: 0,
+                mrow_bs: 0,
+                x: x.ptr,
+                x_bs: 0,
+                xld: w.cols,
+                xrows: 0,
+                rows,
+                nout: w.rows,
+                out: lo.out.ptr,
+                ostride: lo.stride,
+                col: lo.col,
+                col_bs: 0,
+                add: lo.add,
+                bias: lo.bias.map_or(0, |b| b.ptr),
+                batches: 1,
+            };
+            self.linear(&mut st, &l);
+        }
+        self.profiled();
+    }
+
+    fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut DevBuf<f32>, sin: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Rope);
+        let half = inv_freq.len();
+        let rows = step.rows();
+        assert!(cos.len >= rows * half && sin.len >= rows * half, "rope_tables: tables too small");
+        let mut st = self.lock();
+        let st = &mut *st;
+        let (c, s) = (&mut st.work.cos, &mut st.work.sin);
+        c.resize(rows * half, 0.0);
+        s.resize(rows * half, 0.0);
+        for r in 0..rows {
+            strata_kernels::ops::rope_angles(
+                step.positions[r] as usize,
+                inv_freq,
+                &mut c[r * half..(r + 1) * half],
+                &mut s[r * half..(r + 1) * half],
+            );
+        }
+        self.upload_t(&mut st.ring, cos.ptr, &st.work.cos);
+        self.upload_t(&mut st.ring, sin.ptr, &st.work.sin);
+        self.profiled();
+    }
+
+    fn mla_prepare(&self, step: &Step, a: crate::MlaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        ops::mla_prepare(self, step, a);
+        self.profiled();
+    }
+
+    fn gqa_prepare(&self, step: &Step, a: crate::GqaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        ops::gqa_prepare(self, step, a);
+        self.profiled();
+    }
+
+    fn gqa_attend(&self, step: &Step, a: crate::GqaAttend<'_, Self>) {
+        let _t = Timer::start(Op::MlaAttend);
+        ops::gqa_attend(self, step, a);
+        self.profiled();
+    }
+
+    fn mla_absorb(&self, step: &Step, a: crate::MlaAbsorb<'_, Self>) {
+        let _t = Timer::start(Op::MlaAbsorb);
+        ops::mla_absorb(self, step, a);
+        self.profiled();
+    }
+
+    fn dsa_select(&self, step: &Step, a: crate::DsaSelect<'_, Self>) {
+        let _t = Timer::start(Op::DsaSelect);
+        ops::dsa_select(self, step, a);
+        self.profiled();
+    }
+
+    fn mla_attend(&self, step: &Step, a: crate::MlaAttend<'_, Self>) {
+        let _t = Timer::start(Op::MlaAttend);
+        ops::mla_attend(self, step, a);
+        self.profiled();
+    }
+
+    fn route_noaux(
+        &self,
+        x: &DevBuf<f32>,
+        rows: usize,
+        gate: &CudaMat,
+        bias: &DevBuf<f32>,
+        p: crate::RouterParams,
+        logits: &mut DevBuf<f32>,
+        ids: &mut DevBuf<u32>,
+        weights: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Route);
+        ops::route_noaux(self, x, rows, gate, bias, p, logits, ids, weights);
+        self.profiled();
+    }
+
+    fn experts<'a>(
+        &self,
+        x: &DevBuf<f32>,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Experts);
+        if n == 0 {
+            return;
+        }
+        ops::experts(self, x, rows, n, task, y);
+        self.profiled();
+    }
+
+    fn moe_combine(
+        &self,
+        rows: usize,
+        hidden: usize,
+        top_k: usize,
+        ids: &DevBuf<u32>,
+        weights: &DevBuf<f32>,
+        src: &DevBuf<u32>,
+        y: &DevBuf<f32>,
+        shared: Option<usize>,
+        out: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Combine);
+        assert!(top_k <= 64, "moe_combine: top_k {top_k} above 64");
+        assert!(ids.len >= rows * top_k && src.len >= rows * top_k && weights.len >= rows * top_k);
+        assert!(out.len >= rows * hidden, "moe_combine: output too small");
+        let _g = self.lock();
+        let (h, k) = (hidden as i32, top_k as i32);
+        let sh = shared.map_or(-1, |s| s as i32);
+        let (ip, wp, sp, yp, op) = (ids.ptr, weights.ptr, src.ptr, y.ptr, out.ptr);
+        self.launch(&self.f.combine, (rows as u32, 1, 1), 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, op]);
+        self.profiled();
+    }
+
+    fn add(&self, len: usize, src: &DevBuf<f32>, dst: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Combine);
+        assert!(src.len >= len && dst.len >= len, "add: {len} values of buffers of {} and {}", src.len, dst.len);
+        let _g = self.lock();
+        let (n, s, d) = (len as i64, src.ptr, dst.ptr);
+        let blocks = len.div_ceil(256).clamp(1, 4 * self.sms) as u32;
+        self.launch(&self.f.add, (blocks, 1, 1), 256, 0, &mut args![n, s, d]);
+        self.profiled();
+    }
+
+    fn gather_rows(&self, src: &DevBuf<f32>, width: usize, rows: &[u32], dst: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Other);
+        assert!(dst.len >= rows.len() * width, "gather_rows: destination too small");
+        let _g = self.lock();
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            assert!((r + 1) * width <= src.len, "gather_rows: row {r} beyond the source");
+            // SAFETY: both ranges are inside their buffers (checked).
+            unsafe { result::memcpy_dtod_async(dst.at(i * width), src.at(r * width), width * 4, self.cu_stream()) }
+                .unwrap_or_else(|e| panic!("CUDA: device copy: {e}"));
+        }
+        self.profiled();
+    }
+}
