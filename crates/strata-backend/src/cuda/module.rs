@@ -8,7 +8,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub(crate) const SOURCE: &str = include_str!("kernels.cu");
+/// The kernels' source: the parts of `kernels/` in order (one translation unit).
+pub(crate) const SOURCE: &str = concat!(
+    include_str!("kernels/common.cu"),
+    include_str!("kernels/products.cu"),
+    include_str!("kernels/attention.cu"),
+    include_str!("kernels/moe.cu"),
+);
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;

@@ -1,0 +1,154 @@
+//! Whole models on CUDA against transformers' references and the CPU backend.
+
+use super::*;
+
+/// The checkout holding `fixtures/` and `models/`: `$STRATA_REPO_ROOT` (a test binary
+/// taken to another machine), else the one this test was built from.
+fn repo_root() -> PathBuf {
+    match std::env::var_os("STRATA_REPO_ROOT") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap(),
+    }
+}
+
+fn open(dir: &Path, device: Device) -> LoadedModel {
+    LoadedModel::open_with(dir, &LoadOptions { device, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()))
+}
+
+fn tensor_f32(f: &SafetensorsFile, name: &str) -> Vec<f32> {
+    let t = &f.tensors()[name];
+    assert_eq!(t.dtype, ElementType::F32, "{name}");
+    f.bytes(t).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn tensor_ids(f: &SafetensorsFile, name: &str) -> Vec<u32> {
+    let t = &f.tensors()[name];
+    assert_eq!(t.dtype, ElementType::I64, "{name}");
+    f.bytes(t).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+const TOL: f32 = 1e-4;
+
+fn check_fixture(dir: &Path) {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let gm = open(dir, Device::Cuda(0));
+    assert!(gm.model.device().starts_with("cuda:0"), "{name}: runs on {}", gm.model.device());
+    let cm = open(dir, Device::Cpu);
+    let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+    let prompt = tensor_ids(&r, "prompt_ids");
+    let want: Vec<f32> = tensor_f32(&r, "prompt_logits");
+    let got: Vec<f32> = gm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
+    assert!(vs_ref < TOL, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
+    assert!(vs_cpu < TOL, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
+    let gen_ids = tensor_ids(&r, "generated_ids");
+    let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
+    let out = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    assert_eq!(out.tokens, gen_ids, "{name}: CUDA greedy tokens");
+    let mut worst_step = 0f32;
+    if r.tensors().contains_key("generated_logits") {
+        let vocab = gm.model.info().vocab_size;
+        let steps = tensor_f32(&r, "generated_logits");
+        let mut gen = gm.generator().unwrap();
+        gen.prefill(&prompt).unwrap();
+        for (i, &t) in gen_ids.iter().enumerate() {
+            let d = max_diff(gen.last_logits(), &steps[i * vocab..(i + 1) * vocab]);
+            assert!(d < TOL, "{name}: CUDA decode step {i} logits differ by {d}");
+            worst_step = worst_step.max(d);
+            if i + 1 < gen_ids.len() {
+                gen.step(t).unwrap();
+            }
+        }
+    }
+    eprintln!(
+        "{name}: CUDA parity ok (prompt {} tokens; prefill vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; decode steps {worst_step:.2e})",
+        prompt.len()
+    );
+}
+
+fn fixture_dirs(family: &str) -> Vec<PathBuf> {
+    let root = repo_root().join("fixtures").join(family);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("reference.safetensors").exists())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn cuda_glm5_fixtures_match_transformers_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let dirs = fixture_dirs("glm5");
+    assert!(dirs.len() >= 4, "{dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+#[test]
+fn cuda_glm4_moe_fixtures_match_transformers_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let dirs = fixture_dirs("glm4_moe");
+    assert!(dirs.len() >= 2, "{dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+#[test]
+fn cuda_strata_tiny_matches_transformers_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let root = repo_root();
+    let dir = root.join("models/strata-tiny");
+    let (gm, cm) = (open(&dir, Device::Cuda(0)), open(&dir, Device::Cpu));
+    let r = SafetensorsFile::open(&root.join("fixtures/strata-tiny/reference.safetensors")).unwrap();
+    for i in 0..3 {
+        let ids = tensor_ids(&r, &format!("prompt_ids_{i}"));
+        let want = tensor_f32(&r, &format!("prompt_logits_{i}"));
+        let got: Vec<f32> = gm.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
+        assert!(vs_ref < TOL, "strata-tiny prompt {i}: CUDA vs transformers {vs_ref}");
+        assert!(vs_cpu < TOL, "strata-tiny prompt {i}: CUDA vs CPU {vs_cpu}");
+        // Greedy continuations (the MTP draft on where the model has one) agree.
+        let req = GenerateRequest::new(ids.clone(), 32, SamplingParams::default());
+        let a = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+        let b = cm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+        assert_eq!(a.tokens, b.tokens, "strata-tiny prompt {i}: greedy tokens CUDA vs CPU");
+        eprintln!(
+            "strata-tiny prompt {i} ({} tokens): CUDA vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; 32 greedy tokens equal",
+            ids.len()
+        );
+    }
+}
+
+#[test]
+fn cuda_refuses_streamed_experts() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = repo_root().join("models/strata-tiny");
+    let opts = LoadOptions { device: Device::Cuda(0), budget: Some(1 << 30), ..Default::default() };
+    let err = LoadedModel::open_with(&dir, &opts).err().expect("--budget on CUDA must be refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("--budget") && !msg.contains('\n'), "{msg}");
+    let container = repo_root().join("fixtures/colibri/dsa-sparse-int4");
+    let opts = LoadOptions { device: Device::Cuda(0), ..Default::default() };
+    let err = LoadedModel::open_with(&container, &opts).err().expect("a container on CUDA must be refused");
+    assert!(format!("{err:#}").contains("expert container"), "{err:#}");
+}
