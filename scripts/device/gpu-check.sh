@@ -2,7 +2,8 @@
 # On the GPU machine, in one go: the CUDA test suite (kernels vs the CPU backend, every
 # parity fixture and strata-tiny on CUDA), the expert-kernel bandwidth test, and decode /
 # prefill throughput of strata-tiny on CUDA next to transformers on the same GPU (and a
-# GLM-5-shaped slice when SLICE=1). Run from the repository root.
+# GLM-5-shaped slice when SLICE=1; TRANSFORMERS_TINY=0 skips transformers on strata-tiny).
+# Run from the repository root.
 #
 # Needs, in .devcarry/ (built here: the GPU machine has no Rust toolchain):
 #   strata.xz       stripped `cargo build --release --features cuda -p strata-cli` binary
@@ -47,8 +48,7 @@ timeout 60 $S bench decode --model models/strata-tiny --device cuda --prompt-tok
 timeout 60 $S generate --help >/dev/null 2>&1
 echo "no GPU path check:"; CUDA_VISIBLE_DEVICES= timeout 30 $S bench decode --model models/strata-tiny --device cuda 2>&1 | tail -1
 
-echo "== transformers on the GPU"
-for cfg in "bfloat16 64 128" "bfloat16 512 256" "float32 64 128"; do
+[ "${TRANSFORMERS_TINY:-1}" = 1 ] && echo "== transformers on the GPU" && for cfg in "bfloat16 64 128" "bfloat16 512 256" "float32 64 128"; do
   set -- $cfg
   timeout 120 python3 $C/bench_transformers_gpu.py models/strata-tiny --dtype $1 --prompt-tokens $2 --decode-tokens $3 \
     --reps 2 >>"$res" 2>>"$OUT/transformers.err" || { echo "transformers $cfg failed"; tail -5 "$OUT/transformers.err"; }

@@ -65,7 +65,7 @@ impl Backend for CudaBackend {
             QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
             _ => true,
         };
-        let vec = ld % 16 == 0 && m.cols % width == 0 && one_scale_per_vector;
+        let vec = ld.is_multiple_of(16) && m.cols.is_multiple_of(width) && one_scale_per_vector;
         anyhow::ensure!(
             m.rows <= i32::MAX as usize && m.cols <= i32::MAX as usize,
             "matrix {}x{} too large",

@@ -174,8 +174,9 @@ struct Work {
     g: Option<DevBuf<f32>>,
     u: Option<DevBuf<f32>>,
     hb: Option<DevBuf<f32>>,
-    /// bf16 halves of x for cuBLAS.
+    /// bf16 thirds of x for cuBLAS.
     xhi: Option<DevBuf<u16>>,
+    xmid: Option<DevBuf<u16>>,
     xlo: Option<DevBuf<u16>>,
     /// Host staging.
     bytes: Vec<u8>,

@@ -67,7 +67,7 @@ impl CudaBackend {
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split
-    /// into two bf16 halves (x = hi + lo), two GEMMs accumulating in f32.
+    /// into three bf16 parts (x = hi + mid + lo, exact), three GEMMs accumulating in f32.
     fn gemm(&self, st: &mut State, h: blas::cublasHandle_t, l: &Lin) {
         let (m, n, k) = (l.nout as i32, l.rows as i32, l.m.cols);
         let (lda, ldb, ldc) = (l.m.cols, l.xld as i32, l.ostride as i32);
@@ -99,10 +99,11 @@ impl CudaBackend {
             _ => {
                 let len = l.rows * l.xld;
                 let hi = self.ensure(&mut st.work.xhi, len).ptr;
+                let mid = self.ensure(&mut st.work.xmid, len).ptr;
                 let lo = self.ensure(&mut st.work.xlo, len).ptr;
                 let (nl, xp) = (len as i64, l.x);
                 let blocks = len.div_ceil(256).clamp(1, 8 * self.sms) as u32;
-                self.launch(&self.f.split_bf16, (blocks, 1, 1), 256, 0, &mut args![nl, xp, hi, lo]);
+                self.launch(&self.f.split_bf16, (blocks, 1, 1), 256, 0, &mut args![nl, xp, hi, mid, lo]);
                 let bf = blas::cudaDataType::CUDA_R_16BF;
                 let f32t = blas::cudaDataType::CUDA_R_32F;
                 let ct = blas::cublasComputeType_t::CUBLAS_COMPUTE_32F;
@@ -131,12 +132,13 @@ impl CudaBackend {
                         algo,
                     )
                 };
-                let s = run(hi, &beta);
-                if s != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    s
-                } else {
-                    run(lo, &one)
+                let mut s = run(hi, &beta);
+                for part in [mid, lo] {
+                    if s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                        s = run(part, &one);
+                    }
                 }
+                s
             }
         };
         status.result().unwrap_or_else(|e| panic!("cuBLAS: {e:?}"));
@@ -147,7 +149,7 @@ pub(crate) fn mla_prepare(b: &CudaBackend, step: &Step, a: MlaPrepare<'_, CudaBa
     let d = a.dims;
     let rows = step.rows();
     let kw = d.key_width();
-    assert!(d.rope % 2 == 0 && d.rope <= 512, "mla_prepare: rope width {} unsupported", d.rope);
+    assert!(d.rope.is_multiple_of(2) && d.rope <= 512, "mla_prepare: rope width {} unsupported", d.rope);
     assert!(a.q_a.len() >= rows * a.q_lora && a.kv_a.len() >= rows * kw, "mla_prepare: inputs too small");
     assert!(a.cos.len() >= rows * d.rope / 2 && a.sin.len() >= rows * d.rope / 2, "mla_prepare: rotary tables");
     let mut st = b.lock();
@@ -186,7 +188,12 @@ pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBack
 pub(crate) fn dsa_select(b: &CudaBackend, step: &Step, a: DsaSelect<'_, CudaBackend>) {
     let d = a.dims;
     let rows = step.rows();
-    assert!(d.rope % 2 == 0 && d.rope <= d.dim && d.rope <= 512, "dsa_select: rope {} of dim {}", d.rope, d.dim);
+    assert!(
+        d.rope.is_multiple_of(2) && d.rope <= d.dim && d.rope <= 512,
+        "dsa_select: rope {} of dim {}",
+        d.rope,
+        d.dim
+    );
     assert!(a.q.len() >= rows * d.heads * d.dim && a.k.len() >= rows * d.dim, "dsa_select: inputs too small");
     let mut st = b.lock();
     let sd = b.step_desc(&mut st, step);
@@ -270,8 +277,13 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
 pub(crate) fn gqa_prepare(b: &CudaBackend, step: &Step, a: GqaPrepare<'_, CudaBackend>) {
     let d = a.dims;
     let rows = step.rows();
-    assert!(d.rotary % 2 == 0 && d.rotary <= d.head_dim, "gqa_prepare: rotary {} of {}", d.rotary, d.head_dim);
-    assert!(d.kv_heads > 0 && d.heads % d.kv_heads == 0, "gqa_prepare: {} heads over {} KV heads", d.heads, d.kv_heads);
+    assert!(d.rotary.is_multiple_of(2) && d.rotary <= d.head_dim, "gqa_prepare: rotary {} of {}", d.rotary, d.head_dim);
+    assert!(
+        d.kv_heads > 0 && d.heads.is_multiple_of(d.kv_heads),
+        "gqa_prepare: {} heads over {} KV heads",
+        d.heads,
+        d.kv_heads
+    );
     assert!(a.q.len() >= rows * d.heads * d.head_dim, "gqa_prepare: q too small");
     assert!(a.k.len() >= rows * d.kv_heads * d.head_dim && a.v.len() >= rows * d.kv_heads * d.head_dim);
     let mut st = b.lock();
@@ -325,7 +337,7 @@ pub(crate) fn route_noaux(
     weights: &mut DevBuf<f32>,
 ) {
     let (n, hidden, k) = (gate.rows, gate.cols, p.top_k);
-    assert!(k >= 1 && k <= 64 && k <= n, "route_noaux: top_k {k} of {n} experts");
+    assert!((1..=64).contains(&k) && k <= n, "route_noaux: top_k {k} of {n} experts");
     assert!(p.n_group >= 1 && p.n_group <= 64, "route_noaux: {} groups", p.n_group);
     assert!(p.n_group == 1 || n % p.n_group == 0, "route_noaux: {n} experts in {} groups", p.n_group);
     assert!(x.len() >= rows * hidden && logits.len() >= rows * n && bias.len() >= n, "route_noaux: buffers");

@@ -15,17 +15,16 @@ fn cuda_kernel_bandwidth() {
         QuantKind::Int4Group { group: 64 },
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
     ] {
-        // `experts` distinct experts (bigger than L2 together), one row each: decode.
-        let mats: Vec<[<CudaBackend as Backend>::Mat; 3]> = (0..experts)
-            .map(|_| {
-                let mut w = |rows, cols| {
-                    let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-0.05f32..0.05)).collect();
-                    let (payload, scales) = quantize(kind, &v, rows, cols);
-                    g.matrix(HostMatrix { kind, rows, cols, payload, scales }).unwrap()
-                };
-                [w(inter, hidden), w(inter, hidden), w(hidden, inter)]
-            })
-            .collect();
+        // `experts` experts in distinct device memory (bigger than L2 together), one row
+        // each: decode. One random expert, quantized once, uploaded `experts` times.
+        let mut w = |rows, cols| {
+            let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+            let (payload, scales) = quantize(kind, &v, rows, cols);
+            HostMatrix { kind, rows, cols, payload, scales }
+        };
+        let host = [w(inter, hidden), w(inter, hidden), w(hidden, inter)];
+        let mats: Vec<[<CudaBackend as Backend>::Mat; 3]> =
+            (0..experts).map(|_| host.clone().map(|m| g.matrix(m).unwrap())).collect();
         let bytes: u64 = mats.iter().map(|m| m.iter().map(|x| x.bytes_held()).sum::<u64>()).sum();
         for batch in [8usize, 24] {
             let x = up(g, &rvec(&mut rng, batch * hidden, 1.0));

@@ -33,7 +33,13 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// Logits (max |difference|) of f32 checkpoints, and of every decode step.
 const TOL: f32 = 1e-4;
+/// Prompt logits of bf16 checkpoints: prefill products of many rows run on cuBLAS's
+/// tensor cores (bf16 weights x the activations split exactly into three bf16 parts),
+/// whose f32 accumulation is not IEEE round-to-nearest, so they drift a little further
+/// from the f32 reference than the CPU's; the fixtures' logits reach |6.5|.
+const TOL_BF16_PREFILL: f32 = 2.5e-4;
 
 fn check_fixture(dir: &Path) {
     let name = dir.file_name().unwrap().to_string_lossy().to_string();
@@ -46,8 +52,13 @@ fn check_fixture(dir: &Path) {
     let got: Vec<f32> = gm.generator().unwrap().logits(&prompt, true).unwrap().concat();
     let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&prompt, true).unwrap().concat();
     let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
-    assert!(vs_ref < TOL, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
-    assert!(vs_cpu < TOL, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let bf16 = ["torch_dtype", "dtype"].iter().any(|k| config[*k] == "bfloat16");
+    let tol = if bf16 { TOL_BF16_PREFILL } else { TOL };
+    eprintln!("{name}: prompt logits, CUDA vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e} (bound {tol:.1e})");
+    assert!(vs_ref < tol, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
+    assert!(vs_cpu < tol, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
     let gen_ids = tensor_ids(&r, "generated_ids");
     let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
     let out = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();

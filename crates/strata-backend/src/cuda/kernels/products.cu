@@ -389,12 +389,17 @@ __device__ __forceinline__ u32 to_bf16(float f) {
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-extern "C" __global__ void k_split_bf16(i64 n, const float* x, u16* hi, u16* lo) {
+// x = hi + mid + lo in bf16 (8 + 8 + 8 significant bits: f32's 24, so the three bf16
+// GEMMs see x exactly but for denormal-range residues).
+extern "C" __global__ void k_split_bf16(i64 n, const float* x, u16* hi, u16* mid, u16* lo) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         float v = x[i];
         u32 h = to_bf16(v);
+        float r = v - bf16f(h);
+        u32 m = to_bf16(r);
         hi[i] = (u16)h;
-        lo[i] = (u16)to_bf16(v - bf16f(h));
+        mid[i] = (u16)m;
+        lo[i] = (u16)to_bf16(r - bf16f(m));
     }
 }
 
