@@ -20,6 +20,8 @@ pub struct Finished {
 }
 
 #[derive(Debug)]
+// One `Done` per request, moved once through a channel: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     Delta(String),
     Done(Result<Finished, String>),

@@ -273,6 +273,23 @@ macro_rules! args {
 }
 pub(crate) use args;
 
+/// `STRATA_CUDA_WATCHDOG` (seconds): wait for every kernel and panic when one runs longer.
+fn watchdog() -> Option<std::time::Duration> {
+    static W: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        let s = std::env::var("STRATA_CUDA_WATCHDOG").ok()?;
+        s.parse::<f64>().ok().filter(|v| *v > 0.0).map(std::time::Duration::from_secs_f64)
+    })
+}
+
+static LAST_KERNEL: Mutex<String> = Mutex::new(String::new());
+
+/// Under `STRATA_CUDA_WATCHDOG`: the last kernel launched (and finished, unless the
+/// watchdog is about to fire), for a test that reports where a run stalled.
+pub fn last_kernel() -> String {
+    LAST_KERNEL.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Whether a CUDA device can be used here: `Ok(count)` or why not (one line).
 pub fn device_count() -> Result<usize> {
     // SAFETY: only probes for the library.
@@ -360,6 +377,38 @@ impl CudaBackend {
         // types the kernel declares) and point at live values.
         unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.cu_stream(), args) }
             .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e}"));
+        if let Some(limit) = watchdog() {
+            self.watch(f, grid, block, limit);
+        }
+    }
+
+    /// Debugging (`STRATA_CUDA_WATCHDOG=SECONDS`): waits for the kernel just launched and
+    /// panics, naming it, when it fails or runs past `limit`.
+    fn watch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, limit: std::time::Duration) {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: a loaded function; the name is a static string of the module.
+        let name = match unsafe { sys::cuFuncGetName(&mut name, f.cu_function()) } {
+            sys::CUresult::CUDA_SUCCESS if !name.is_null() => {
+                unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            }
+            _ => "?".into(),
+        };
+        let what = format!("{name} (grid {grid:?}, block {block})");
+        *LAST_KERNEL.lock().unwrap_or_else(|e| e.into_inner()) = what.clone();
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: a live stream.
+            match unsafe { sys::cuStreamQuery(self.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return,
+                sys::CUresult::CUDA_ERROR_NOT_READY if t0.elapsed() < limit => {
+                    std::thread::sleep(std::time::Duration::from_micros(50))
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    panic!("CUDA watchdog: kernel {what} still running after {:.1} s", limit.as_secs_f64())
+                }
+                e => panic!("CUDA: kernel {what} failed: {e:?}"),
+            }
+        }
     }
 
     /// Waits for the stream (and surfaces an asynchronous error).

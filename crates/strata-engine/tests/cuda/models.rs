@@ -41,15 +41,19 @@ const TOL: f32 = 1e-4;
 /// from the f32 reference than the CPU's; the fixtures' logits reach |6.5|.
 const TOL_BF16_PREFILL: f32 = 2.5e-4;
 
-fn check_fixture(dir: &Path) {
+fn check_fixture(dir: &Path, phase: &dyn Fn(&str)) {
     let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    phase("load on CUDA");
     let gm = open(dir, Device::Cuda(0));
     assert!(gm.model.device().starts_with("cuda:0"), "{name}: runs on {}", gm.model.device());
+    phase("load on CPU");
     let cm = open(dir, Device::Cpu);
     let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
     let prompt = tensor_ids(&r, "prompt_ids");
     let want: Vec<f32> = tensor_f32(&r, "prompt_logits");
+    phase("prompt logits on CUDA");
     let got: Vec<f32> = gm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    phase("prompt logits on CPU");
     let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&prompt, true).unwrap().concat();
     let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
     let config: serde_json::Value =
@@ -61,8 +65,10 @@ fn check_fixture(dir: &Path) {
     assert!(vs_cpu < tol, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
     let gen_ids = tensor_ids(&r, "generated_ids");
     let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
+    phase("greedy generation on CUDA");
     let out = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
     assert_eq!(out.tokens, gen_ids, "{name}: CUDA greedy tokens");
+    phase("decode steps on CUDA");
     let mut worst_step = 0f32;
     if r.tensors().contains_key("generated_logits") {
         let vocab = gm.model.info().vocab_size;
@@ -95,28 +101,98 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
     dirs
 }
 
+/// The fixtures with a test below: one test each, so that one stalled or failed fixture
+/// leaves the others' results.
+const FIXTURES: [(&str, &str); 6] = [
+    ("glm5", "dense-attn"),
+    ("glm5", "dsa-shared"),
+    ("glm5", "dsa-sparse"),
+    ("glm5", "fp8"),
+    ("glm4_moe", "bf16-mha"),
+    ("glm4_moe", "gqa-bias"),
+];
+
 #[test]
-fn cuda_glm5_fixtures_match_transformers_and_cpu() {
+fn every_parity_fixture_has_a_cuda_test() {
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe"]
+        .iter()
+        .flat_map(|f| {
+            fixture_dirs(f)
+                .into_iter()
+                .map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
+        })
+        .collect();
+    all.sort();
+    let mut listed: Vec<(String, String)> = FIXTURES.iter().map(|(f, d)| (f.to_string(), d.to_string())).collect();
+    listed.sort();
+    assert_eq!(all, listed, "fixtures/ and the CUDA fixture tests disagree");
+}
+
+/// `STRATA_TEST_STALL_S`: abort the process, naming the last CUDA kernel (with
+/// `STRATA_CUDA_WATCHDOG`) and the phase, when `f` has not finished in time.
+fn stall_guard<F: FnOnce(&dyn Fn(&str))>(what: &str, f: F) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let phase = Arc::new(Mutex::new(String::from("start")));
+    let done = Arc::new(AtomicBool::new(false));
+    if let Some(secs) = std::env::var("STRATA_TEST_STALL_S").ok().and_then(|s| s.parse::<u64>().ok()) {
+        let (phase, done, what) = (phase.clone(), done.clone(), what.to_string());
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs() < secs {
+                if done.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let phase = phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            eprintln!(
+                "STALL {what}: not done after {secs} s, in phase `{phase}`; last CUDA kernel: {}",
+                strata_backend::cuda::last_kernel()
+            );
+            std::process::abort();
+        });
+    }
+    f(&|p: &str| *phase.lock().unwrap_or_else(|e| e.into_inner()) = p.to_string());
+    done.store(true, Ordering::Relaxed);
+}
+
+fn fixture_test(family: &str, dir: &str) {
     if gpu().is_none() {
         return;
     }
-    let dirs = fixture_dirs("glm5");
-    assert!(dirs.len() >= 4, "{dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+    let d = repo_root().join("fixtures").join(family).join(dir);
+    stall_guard(&format!("{family}/{dir}"), |phase| check_fixture(&d, phase));
 }
 
 #[test]
-fn cuda_glm4_moe_fixtures_match_transformers_and_cpu() {
-    if gpu().is_none() {
-        return;
-    }
-    let dirs = fixture_dirs("glm4_moe");
-    assert!(dirs.len() >= 2, "{dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+fn cuda_glm5_dense_attn() {
+    fixture_test("glm5", "dense-attn")
+}
+
+#[test]
+fn cuda_glm5_dsa_shared() {
+    fixture_test("glm5", "dsa-shared")
+}
+
+#[test]
+fn cuda_glm5_dsa_sparse() {
+    fixture_test("glm5", "dsa-sparse")
+}
+
+#[test]
+fn cuda_glm5_fp8() {
+    fixture_test("glm5", "fp8")
+}
+
+#[test]
+fn cuda_glm4_moe_bf16_mha() {
+    fixture_test("glm4_moe", "bf16-mha")
+}
+
+#[test]
+fn cuda_glm4_moe_gqa_bias() {
+    fixture_test("glm4_moe", "gqa-bias")
 }
 
 #[test]
