@@ -35,7 +35,7 @@ echo "== strata-tiny on CUDA"
 $S --version >/dev/null 2>&1 || true
 tiny() {  # prompt decode reps device
   for rep in $(seq 1 "$3"); do
-    timeout 60 $S bench decode --model models/strata-tiny --device "$4" --prompt-tokens "$1" --decode-tokens "$2" --json \
+    timeout 60 $S bench decode --model models/strata-tiny --device "$4" --prompt-tokens "$1" --decode-tokens "$2" --warmup --json \
       2>>"$OUT/strata.err" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'strata-tiny','device':r['device'],'prompt':$1,'decode':$2,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'load_s':r['load_seconds']}))" >>"$res"
@@ -58,7 +58,7 @@ if [ -n "${SLICE:-}" ]; then
   echo "== GLM-5-shaped slice (bf16, 48 experts), resident on CUDA"
   timeout 200 $S bench synth --out /tmp/slice48 --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >"$OUT/synth.log" 2>&1
   for rep in 1 2; do
-    timeout 120 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --json 2>>"$OUT/strata.err" \
+    timeout 120 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --json 2>>"$OUT/strata.err" \
       | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'slice48','device':r['device'],'prompt':64,'decode':64,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token']}))" >>"$res"
