@@ -16,6 +16,9 @@ OUT=${OUT:-/tmp/strata-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
 export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
+# A fixture test that stalls aborts after this long, naming its phase (and, with
+# STRATA_CUDA_WATCHDOG=SECONDS, the kernel that did not finish) instead of eating the timeout.
+export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-60}
 for f in strata cuda-tests; do
   [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
 done
@@ -27,7 +30,7 @@ head -20 "$OUT/machine.txt"
 
 echo "== tests"
 t0=$(date +%s)
-timeout 240 $C/cuda-tests --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log" | grep -E "^test |parity ok|strata-tiny prompt|test result|panicked|FAILED"
+timeout 240 $C/cuda-tests --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log" | grep -E "^test |parity ok|strata-tiny prompt|test result|panicked|FAILED|STALL"
 echo "tests: $(($(date +%s) - t0)) s"
 timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | tee "$OUT/bandwidth.log" | grep -E "GB/s|test result|panicked"
 
