@@ -9,7 +9,11 @@
 #   strata.xz       stripped `cargo build --release --features cuda -p strata-cli` binary
 #   cuda-tests.xz   stripped `cargo test --release --features cuda -p strata-engine --test cuda --no-run` binary
 #   bench_transformers_gpu.py   copy of scripts/bench_transformers_gpu.py
-# Writes logs and gpu-check.jsonl (one JSON object per measurement) under $OUT.
+# The device tool sends the checkout its session started in (not a helper's worktree):
+# .devcarry/ must be in that checkout, ignored by git, and named in `carry`.
+# Writes at most 7 files under $OUT (the tool returns 8): machine.txt, tests.log,
+# bandwidth.log, gpu-check.jsonl (one JSON object per measurement), profile-*.txt and
+# side.log (stderr of the benchmarks, the slice's synthesis).
 set -uo pipefail
 C=.devcarry
 OUT=${OUT:-/tmp/strata-out}
@@ -39,7 +43,7 @@ $S --version >/dev/null 2>&1 || true
 tiny() {  # prompt decode reps device
   for rep in $(seq 1 "$3"); do
     timeout 60 $S bench decode --model models/strata-tiny --device "$4" --prompt-tokens "$1" --decode-tokens "$2" --warmup --json \
-      2>>"$OUT/strata.err" | python3 -c "
+      2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'strata-tiny','device':r['device'],'prompt':$1,'decode':$2,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'load_s':r['load_seconds']}))" >>"$res"
   done
@@ -54,21 +58,21 @@ echo "no GPU path check:"; CUDA_VISIBLE_DEVICES= timeout 30 $S bench decode --mo
 [ "${TRANSFORMERS_TINY:-1}" = 1 ] && echo "== transformers on the GPU" && for cfg in "bfloat16 64 128" "bfloat16 512 256" "float32 64 128"; do
   set -- $cfg
   timeout 120 python3 $C/bench_transformers_gpu.py models/strata-tiny --dtype $1 --prompt-tokens $2 --decode-tokens $3 \
-    --reps 2 >>"$res" 2>>"$OUT/transformers.err" || { echo "transformers $cfg failed"; tail -5 "$OUT/transformers.err"; }
+    --reps 2 >>"$res" 2>>"$OUT/side.log" || { echo "transformers $cfg failed"; tail -5 "$OUT/side.log"; }
 done
 
 if [ -n "${SLICE:-}" ]; then
   echo "== GLM-5-shaped slice (bf16, 48 experts), resident on CUDA"
-  timeout 200 $S bench synth --out /tmp/slice48 --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >"$OUT/synth.log" 2>&1
+  timeout 200 $S bench synth --out /tmp/slice48 --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
   for rep in 1 2; do
-    timeout 120 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --json 2>>"$OUT/strata.err" \
+    timeout 120 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --json 2>>"$OUT/side.log" \
       | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'slice48','device':r['device'],'prompt':64,'decode':64,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token']}))" >>"$res"
   done
   timeout 60 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --profile >"$OUT/profile-slice.txt" 2>&1
   timeout 150 python3 $C/bench_transformers_gpu.py /tmp/slice48 --dtype bfloat16 --prompt-tokens 64 --decode-tokens 64 \
-    --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/transformers.err" || echo "transformers slice failed"
+    --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/side.log" || echo "transformers slice failed"
 fi
 echo "== results"
 cat "$res"
