@@ -10,10 +10,13 @@
 //! routed expert ids (streamed experts need them to plan reads) and what the caller
 //! asks for (logits, hidden states).
 //!
-//! Backends: [`cpu::CpuBackend`] (strata-kernels on a persistent thread pool). A CUDA
-//! backend implements the same trait.
+//! Backends: [`cpu::CpuBackend`] (strata-kernels on a persistent thread pool) and, with
+//! the `cuda` feature, `cuda::CudaBackend` (NVRTC-compiled kernels and cuBLAS on one
+//! stream).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod profile;
 mod step;
 

@@ -68,6 +68,12 @@ pub fn enable(on: bool) {
     }
 }
 
+/// Whether per-op timing is on (a device backend then waits for each op, so the timers
+/// hold device time).
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
 /// (op, seconds, calls) since `enable`.
 pub fn report() -> Vec<(Op, f64, u64)> {
     OPS.iter()

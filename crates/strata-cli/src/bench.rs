@@ -93,6 +93,10 @@ pub struct DecodeArgs {
     /// Time each op of the decode steps (per-stage breakdown).
     #[arg(long)]
     profile: bool,
+    /// Run the prompt and two decode steps once, untimed, before the timed run (on CUDA
+    /// the first forward loads kernels, initialises cuBLAS and grows scratch buffers).
+    #[arg(long)]
+    warmup: bool,
     /// Speculative decoding: tokens the MTP layer drafts a round (0: off; needs a model
     /// with an MTP layer and `--mtp on`).
     #[arg(long, default_value_t = 0)]
@@ -198,6 +202,15 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut rng = Rng(42);
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
+    if a.warmup {
+        let mut gen = m.generator()?;
+        gen.prefill(&prompt)?;
+        let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
+        for _ in 0..2 {
+            let next = gen.sample(&mut sampler);
+            gen.step(next)?;
+        }
+    }
     // Prefill, then greedy decode steps (no EOS: the full length), timed separately;
     // allocations counted over the decode steps.
     let mut gen = m.generator()?;

@@ -120,6 +120,20 @@ impl LoadedModel {
     pub fn open_with(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let arch = read_arch(dir)?;
         opts.device.check()?;
+        if let Device::Cuda(n) = opts.device {
+            // Phase 1 of the CUDA backend: every expert resident in GPU memory.
+            if opts.budget.is_some() {
+                bail!(
+                    "--device cuda:{n} --budget: streamed experts on CUDA (an HBM slab fed from a pinned host tier) are not implemented yet; without --budget every expert is resident in GPU memory"
+                );
+            }
+            if is_container(dir) {
+                bail!(
+                    "--device cuda:{n}: {} holds an expert container, whose experts stream; CUDA runs resident experts only (load the HF checkpoint)",
+                    dir.display()
+                );
+            }
+        }
         let moe = arch.moe();
         if opts.budget.is_none() && (!opts.runtime.pins.is_empty() || opts.runtime.auto_pin) {
             bail!("--pin and --auto-pin choose experts to keep in the slab; they need --budget (without one every expert is resident)");

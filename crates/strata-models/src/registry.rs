@@ -35,13 +35,24 @@ impl Device {
         }
     }
 
-    /// Fails, naming the device, when this build cannot run on it.
+    /// Fails, naming the device, when this build cannot run on it (with the `cuda`
+    /// feature: when the machine has no CUDA driver or no such GPU).
     pub fn check(&self) -> Result<()> {
         match self {
             Self::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
             Self::Cuda(n) => {
-                bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+                let count = strata_backend::cuda::device_count().map_err(|e| anyhow!("--device cuda:{n}: {e}"))?;
+                if *n >= count {
+                    bail!(
+                        "--device cuda:{n}: this machine has {count} CUDA device{}",
+                        if count == 1 { "" } else { "s" }
+                    );
+                }
+                Ok(())
             }
+            #[cfg(not(feature = "cuda"))]
+            Self::Cuda(n) => bail!("{}", no_cuda(*n)),
         }
     }
 
@@ -51,6 +62,26 @@ impl Device {
             Self::Cuda(n) => format!("cuda:{n}"),
         }
     }
+}
+
+/// The refusal of a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn no_cuda(n: usize) -> String {
+    format!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+}
+
+/// The CUDA backend for a model whose experts are all resident. Streamed experts (an HBM
+/// slab of expert slots fed from a pinned host tier) are not built yet: refused.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_backend(n: usize, spec: &LoadSpec) -> Result<strata_backend::cuda::CudaBackend> {
+    let streamed = matches!(spec.experts, ExpertsChoice::Cpu(_)) || matches!(spec.draft, Some(ExpertsChoice::Cpu(_)));
+    if streamed {
+        bail!(
+            "--device cuda:{n}: streamed experts (--budget or an expert container) are not supported on CUDA yet; \
+             load the HF checkpoint without --budget to hold every expert in GPU memory"
+        );
+    }
+    strata_backend::cuda::CudaBackend::new(n)
 }
 
 /// How a family's chat output marks tool calls and reasoning (for the server's parsers).

@@ -140,15 +140,21 @@ impl Arch for Glm4MoeConfig {
         if spec.draft.is_some() {
             bail!("--mtp on: speculative decoding is not implemented for glm4_moe (use --mtp off)");
         }
-        let provider = match spec.experts {
-            ExpertsChoice::Resident => None,
-            ExpertsChoice::Cpu(p) => Some(p),
-        };
         match spec.device {
-            Device::Cpu => Ok(Box::new(model::Glm4::load(CpuBackend::new(), self.clone(), store, provider)?)),
-            Device::Cuda(n) => {
-                bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+            Device::Cpu => {
+                let provider = match spec.experts {
+                    ExpertsChoice::Resident => None,
+                    ExpertsChoice::Cpu(p) => Some(p),
+                };
+                Ok(Box::new(model::Glm4::load(CpuBackend::new(), self.clone(), store, provider)?))
             }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let b = crate::registry::cuda_backend(n, &spec)?;
+                Ok(Box::new(model::Glm4::load(b, self.clone(), store, None)?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::blocks::{MlaConfig, MlaScratch, MoeScratch};
 use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, LoadSpec, MoeLayout};
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use strata_backend::cpu::CpuBackend;
@@ -163,9 +163,14 @@ impl Arch for GlmMoeDsaConfig {
                 let draft = spec.draft.map(cpu);
                 Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, cpu(spec.experts), draft)?))
             }
+            #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                bail!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
+                let b = crate::registry::cuda_backend(n, &spec)?;
+                let draft = spec.draft.map(|_| load::ExpertsFrom::Checkpoint);
+                Ok(Box::new(Glm::load(b, self.clone(), store, load::ExpertsFrom::Checkpoint, draft)?))
             }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => anyhow::bail!("{}", crate::registry::no_cuda(n)),
         }
     }
 }

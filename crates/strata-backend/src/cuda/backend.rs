@@ -1,0 +1,348 @@
+//! The `Backend` trait on the CUDA backend: buffers, matrices, and each op's launch (the
+//! larger ops' launch code is in `ops.rs`).
+
+use super::{args, kind_code, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
+use crate::profile::{Op, Timer};
+use crate::{Backend, ExpertTask, HostMatrix, LinearOut, Step};
+use anyhow::{bail, Result};
+use cudarc::driver::result;
+use std::ffi::c_void;
+use strata_kernels::{QMatrix, QuantKind};
+
+impl Backend for CudaBackend {
+    type Buf = DevBuf<f32>;
+    type Idx = DevBuf<u32>;
+    type Mat = CudaMat;
+    type ExpertRef<'a> = CudaExpert<'a>;
+
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+
+    fn parallelism(&self) -> usize {
+        self.sms
+    }
+
+    fn reserve_workspace(&self, _heads: usize, _attended: usize, _context: usize) {
+        // Attention keeps its softmax state in registers; the expert scratch grows to
+        // the largest call and is reused.
+    }
+
+    fn alloc(&self, len: usize) -> Result<DevBuf<f32>> {
+        let _g = self.lock();
+        self.alloc_t(len)
+    }
+
+    fn alloc_idx(&self, len: usize) -> Result<DevBuf<u32>> {
+        let _g = self.lock();
+        self.alloc_t(len)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<DevBuf<f32>> {
+        let mut st = self.lock();
+        let b = self.alloc_t(data.len())?;
+        self.upload_t(&mut st.ring, b.ptr, data);
+        Ok(b)
+    }
+
+    fn matrix(&self, m: HostMatrix) -> Result<CudaMat> {
+        QMatrix { kind: m.kind, rows: m.rows, cols: m.cols, payload: &m.payload, scales: &m.scales }.validate();
+        let mut st = self.lock();
+        let payload = self.alloc_t::<u8>(m.payload.len())?;
+        self.upload_bytes(&mut st.ring, payload.ptr, &m.payload);
+        let scales = self.alloc_t::<f32>(m.scales.len())?;
+        self.upload_t(&mut st.ring, scales.ptr, &m.scales);
+        let ld = m.kind.payload_bytes(1, m.cols);
+        let (group, brow, bcol, spr, width) = match m.kind {
+            QuantKind::F32 => (1, 1, 1, 0, 4),
+            QuantKind::Bf16 => (1, 1, 1, 0, 8),
+            QuantKind::Int8Row => (1, 1, 1, 1, 16),
+            QuantKind::Int4Group { group } => (group, 1, 1, m.cols.div_ceil(group), 32),
+            QuantKind::Fp8 { block_rows, block_cols } => (1, block_rows, block_cols, m.cols.div_ceil(block_cols), 16),
+        };
+        let one_scale_per_vector = match m.kind {
+            QuantKind::Int4Group { group } => group % 32 == 0,
+            QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
+            _ => true,
+        };
+        let vec = ld.is_multiple_of(16) && m.cols.is_multiple_of(width) && one_scale_per_vector;
+        anyhow::ensure!(
+            m.rows <= i32::MAX as usize && m.cols <= i32::MAX as usize,
+            "matrix {}x{} too large",
+            m.rows,
+            m.cols
+        );
+        let desc = MatDesc {
+            w: payload.ptr,
+            s: scales.ptr,
+            kind: kind_code(m.kind),
+            rows: m.rows as i32,
+            cols: m.cols as i32,
+            group: group as i32,
+            brow: brow as i32,
+            bcol: bcol as i32,
+            ld: ld as i32,
+            spr: spr as i32,
+            vec: vec as i32,
+            pad: 0,
+        };
+        Ok(CudaMat { desc, kind: m.kind, rows: m.rows, cols: m.cols, _payload: payload, _scales: scales })
+    }
+
+    fn mat_shape(&self, m: &CudaMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn expert_ref<'a>(&self, gate: &'a CudaMat, up: &'a CudaMat, down: &'a CudaMat) -> CudaExpert<'a> {
+        CudaExpert { gate, up, down }
+    }
+
+    fn read(&self, src: &DevBuf<f32>, offset: usize, dst: &mut [f32]) {
+        assert!(offset + dst.len() <= src.len, "read: {}..{} of {}", offset, offset + dst.len(), src.len);
+        let _g = self.lock();
+        self.download(src.at(offset), dst);
+    }
+
+    fn read_idx(&self, src: &DevBuf<u32>, offset: usize, dst: &mut [u32]) {
+        assert!(offset + dst.len() <= src.len, "read_idx: {}..{} of {}", offset, offset + dst.len(), src.len);
+        let _g = self.lock();
+        self.download(src.at(offset), dst);
+    }
+
+    fn write(&self, dst: &mut DevBuf<f32>, offset: usize, src: &[f32]) {
+        assert!(offset + src.len() <= dst.len, "write: {}..{} of {}", offset, offset + src.len(), dst.len);
+        let mut st = self.lock();
+        self.upload_t(&mut st.ring, dst.at(offset), src);
+    }
+
+    fn write_idx(&self, dst: &mut DevBuf<u32>, offset: usize, src: &[u32]) {
+        assert!(offset + src.len() <= dst.len, "write_idx: {}..{} of {}", offset, offset + src.len(), dst.len);
+        let mut st = self.lock();
+        self.upload_t(&mut st.ring, dst.at(offset), src);
+    }
+
+    fn host<'a>(&self, _b: &'a DevBuf<f32>) -> Option<&'a [f32]> {
+        None
+    }
+
+    fn embed(&self, step: &Step, table: &CudaMat, out: &mut DevBuf<f32>) -> Result<()> {
+        let _t = Timer::start(Op::Embed);
+        for &tok in &step.tokens {
+            if tok != u32::MAX && tok as usize >= table.rows {
+                bail!("token id {tok} is outside the vocabulary ({})", table.rows);
+            }
+        }
+        let rows = step.rows();
+        assert!(out.len >= rows * table.cols, "embed: output too small");
+        let mut st = self.lock();
+        let sd = self.step_desc(&mut st, step);
+        let (t, o) = (table.desc, out.ptr);
+        self.launch(&self.f.embed, (rows as u32, 1, 1), 256, 0, &mut args![t, sd, o]);
+        self.profiled();
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        rows: usize,
+        width: usize,
+        x: &DevBuf<f32>,
+        w: Option<&DevBuf<f32>>,
+        eps: f32,
+        out: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Norm);
+        assert!(x.len >= rows * width && out.len >= rows * width, "rms_norm: buffers too small");
+        let _g = self.lock();
+        let (xp, wp, op, wd) = (x.ptr, w.map_or(0, |w| w.ptr), out.ptr, width as i32);
+        let block = (width.div_ceil(32) * 32).clamp(32, 256) as u32;
+        self.launch(&self.f.rms_norm, (rows as u32, 1, 1), block, 0, &mut args![xp, wp, eps, op, wd]);
+        self.profiled();
+    }
+
+    fn linears(&self, x: &DevBuf<f32>, rows: usize, outs: &mut [LinearOut<'_, Self>]) {
+        let _t = Timer::start(Op::Projections);
+        if rows == 0 || outs.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        for lo in outs.iter_mut() {
+            let w = lo.w;
+            assert!(x.len >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len, w.cols);
+            assert!(
+                lo.out.len >= (rows - 1) * lo.stride + lo.col + w.rows,
+                "linears: output of {} values too small for {rows} rows (stride {}, col {}, {} outputs)",
+                lo.out.len,
+                lo.stride,
+                lo.col,
+                w.rows
+            );
+            if let Some(b) = lo.bias {
+                assert_eq!(b.len, w.rows, "linears: bias of {} values for {} outputs", b.len, w.rows);
+            }
+            let l = Lin {
+                m: w.desc,
+                kind: w.kind,
+                mrow0: 0,
+                mrow_bs: 0,
+                x: x.ptr,
+                x_bs: 0,
+                xld: w.cols,
+                xrows: 0,
+                rows,
+                nout: w.rows,
+                out: lo.out.ptr,
+                ostride: lo.stride,
+                col: lo.col,
+                col_bs: 0,
+                add: lo.add,
+                bias: lo.bias.map_or(0, |b| b.ptr),
+                batches: 1,
+            };
+            self.linear(&mut st, &l);
+        }
+        self.profiled();
+    }
+
+    fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut DevBuf<f32>, sin: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Rope);
+        let half = inv_freq.len();
+        let rows = step.rows();
+        assert!(cos.len >= rows * half && sin.len >= rows * half, "rope_tables: tables too small");
+        let mut st = self.lock();
+        let st = &mut *st;
+        let (c, s) = (&mut st.work.cos, &mut st.work.sin);
+        c.resize(rows * half, 0.0);
+        s.resize(rows * half, 0.0);
+        for r in 0..rows {
+            strata_kernels::ops::rope_angles(
+                step.positions[r] as usize,
+                inv_freq,
+                &mut c[r * half..(r + 1) * half],
+                &mut s[r * half..(r + 1) * half],
+            );
+        }
+        self.upload_t(&mut st.ring, cos.ptr, &st.work.cos);
+        self.upload_t(&mut st.ring, sin.ptr, &st.work.sin);
+        self.profiled();
+    }
+
+    fn mla_prepare(&self, step: &Step, a: crate::MlaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        ops::mla_prepare(self, step, a);
+        self.profiled();
+    }
+
+    fn gqa_prepare(&self, step: &Step, a: crate::GqaPrepare<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        ops::gqa_prepare(self, step, a);
+        self.profiled();
+    }
+
+    fn gqa_attend(&self, step: &Step, a: crate::GqaAttend<'_, Self>) {
+        // Rows that see later rows (Gemma 4's bidirectional image blocks) are CPU-only;
+        // the families that set them refuse CUDA at load.
+        assert!(step.visible_to.is_empty(), "gqa_attend on CUDA: rows with a visibility beyond their position");
+        let _t = Timer::start(Op::MlaAttend);
+        ops::gqa_attend(self, step, a);
+        self.profiled();
+    }
+
+    fn mla_absorb(&self, step: &Step, a: crate::MlaAbsorb<'_, Self>) {
+        let _t = Timer::start(Op::MlaAbsorb);
+        ops::mla_absorb(self, step, a);
+        self.profiled();
+    }
+
+    fn dsa_select(&self, step: &Step, a: crate::DsaSelect<'_, Self>) {
+        let _t = Timer::start(Op::DsaSelect);
+        ops::dsa_select(self, step, a);
+        self.profiled();
+    }
+
+    fn mla_attend(&self, step: &Step, a: crate::MlaAttend<'_, Self>) {
+        let _t = Timer::start(Op::MlaAttend);
+        ops::mla_attend(self, step, a);
+        self.profiled();
+    }
+
+    fn route_noaux(
+        &self,
+        x: &DevBuf<f32>,
+        rows: usize,
+        gate: &CudaMat,
+        bias: &DevBuf<f32>,
+        p: crate::RouterParams,
+        logits: &mut DevBuf<f32>,
+        ids: &mut DevBuf<u32>,
+        weights: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Route);
+        ops::route_noaux(self, x, rows, gate, bias, p, logits, ids, weights);
+        self.profiled();
+    }
+
+    fn experts<'a>(
+        &self,
+        x: &DevBuf<f32>,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Experts);
+        if n == 0 {
+            return;
+        }
+        ops::experts(self, x, rows, n, task, y);
+        self.profiled();
+    }
+
+    fn moe_combine(
+        &self,
+        rows: usize,
+        hidden: usize,
+        top_k: usize,
+        ids: &DevBuf<u32>,
+        weights: &DevBuf<f32>,
+        src: &DevBuf<u32>,
+        y: &DevBuf<f32>,
+        shared: Option<usize>,
+        out: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Combine);
+        assert!(top_k <= 64, "moe_combine: top_k {top_k} above 64");
+        assert!(ids.len >= rows * top_k && src.len >= rows * top_k && weights.len >= rows * top_k);
+        assert!(out.len >= rows * hidden, "moe_combine: output too small");
+        let _g = self.lock();
+        let (h, k) = (hidden as i32, top_k as i32);
+        let sh = shared.map_or(-1, |s| s as i32);
+        let (ip, wp, sp, yp, op) = (ids.ptr, weights.ptr, src.ptr, y.ptr, out.ptr);
+        self.launch(&self.f.combine, (rows as u32, 1, 1), 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, op]);
+        self.profiled();
+    }
+
+    fn add(&self, len: usize, src: &DevBuf<f32>, dst: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Combine);
+        assert!(src.len >= len && dst.len >= len, "add: {len} values of buffers of {} and {}", src.len, dst.len);
+        let _g = self.lock();
+        let (n, s, d) = (len as i64, src.ptr, dst.ptr);
+        let blocks = len.div_ceil(256).clamp(1, 4 * self.sms) as u32;
+        self.launch(&self.f.add, (blocks, 1, 1), 256, 0, &mut args![n, s, d]);
+        self.profiled();
+    }
+
+    fn gather_rows(&self, src: &DevBuf<f32>, width: usize, rows: &[u32], dst: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Other);
+        assert!(dst.len >= rows.len() * width, "gather_rows: destination too small");
+        let _g = self.lock();
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            assert!((r + 1) * width <= src.len, "gather_rows: row {r} beyond the source");
+            // SAFETY: both ranges are inside their buffers (checked).
+            unsafe { result::memcpy_dtod_async(dst.at(i * width), src.at(r * width), width * 4, self.cu_stream()) }
+                .unwrap_or_else(|e| panic!("CUDA: device copy: {e}"));
+        }
+        self.profiled();
+    }
+}

@@ -1,0 +1,450 @@
+// Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
+
+// ---------------------------------------------------------------------------------------
+// Embedding, norms, residual adds.
+
+extern "C" __global__ void k_embed(Mat t, StepDev st, float* out) {
+    int r = blockIdx.x;
+    u32 tok = st.tokens[r];
+    if (tok == 0xffffffffu) return;
+    for (int c = threadIdx.x; c < t.cols; c += blockDim.x) out[(i64)r * t.cols + c] = melem(t, (int)tok, c);
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed).
+__device__ void rms_seg(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) ss = fmaf(x[c], x[c], ss);
+    ss = bsum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = w ? x[c] * inv * w[c] : x[c] * inv;
+    __syncthreads();
+}
+
+extern "C" __global__ void k_rms_norm(const float* x, const float* w, float eps, float* out, int width) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
+    rms_seg(x + (i64)r * width, w, eps, out + (i64)r * width, width, sh);
+}
+
+extern "C" __global__ void k_add(i64 n, const float* src, float* dst) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+// Interleaved RoPE (pairs (x0,x1),(x2,x3).. out as cat(even', odd')) of x[..2*half], by a
+// whole block (tmp: 2*half floats of shared memory).
+__device__ void rope_il(float* x, const float* cs, const float* sn, int half, float* tmp) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = x[2 * i], b = x[2 * i + 1];
+        tmp[i] = a * cs[i] - b * sn[i];
+        tmp[half + i] = b * cs[i] + a * sn[i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * half; i += blockDim.x) x[i] = tmp[i];
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------
+// MLA.
+
+// Per row: q_a normalised in place; latent normalised into the cache; shared key copied
+// and rotated there.
+extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, const float* q_norm, const float* kva,
+                                         const float* kv_norm, float eps, const float* cs, const float* sn,
+                                         float* cache, int kv_lora, int rope) {
+    __shared__ float sh[32];
+    __shared__ float tmp[512];
+    int r = blockIdx.x, kw = kv_lora + rope, half = rope / 2;
+    rms_seg(qa + (i64)r * q_lora, q_norm, eps, qa + (i64)r * q_lora, q_lora, sh);
+    int slot = kv_slot(st, r, (int)st.pos[r]);
+    float* dst = cache + (i64)slot * kw;
+    const float* src = kva + (i64)r * kw;
+    rms_seg(src, kv_norm, eps, dst, kv_lora, sh);
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) dst[kv_lora + i] = src[kv_lora + i];
+    __syncthreads();
+    rope_il(dst + kv_lora, cs + (i64)r * half, sn + (i64)r * half, half, tmp);
+}
+
+// q_full[r, h, :kv_lora] = q_nope[r, h] . W_uk(h) (rows h*(nope+v) .. +nope of kv_b), and
+// q_full[r, h, kv_lora:] = rope(q_rot[r, h]). Grid (heads, column blocks of 128).
+extern "C" __global__ void __launch_bounds__(128) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
+                                                               int rope, int vdim, int kv_lora, const float* cs,
+                                                               const float* sn, float* qf) {
+    int h = blockIdx.x, k = blockIdx.y * 128 + threadIdx.x;
+    int qw = nope + rope, kw = kv_lora + rope, half = rope / 2;
+    if (blockIdx.y == 0) {
+        for (int idx = threadIdx.x; idx < rows * half; idx += blockDim.x) {
+            int r = idx / half, i = idx % half;
+            const float* src = q + ((i64)r * heads + h) * qw + nope;
+            float* dst = qf + ((i64)r * heads + h) * kw + kv_lora;
+            float a = src[2 * i], b = src[2 * i + 1], c = cs[(i64)r * half + i], s = sn[(i64)r * half + i];
+            dst[i] = a * c - b * s;
+            dst[half + i] = b * c + a * s;
+        }
+    }
+    if (k >= kv_lora) return;
+    int wrow = h * (nope + vdim);
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        int nr = min(8, rows - r0);
+        for (int n = 0; n < nope; n++) {
+            float w = melem(kvb, wrow + n, k);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < nr) acc[j] = fmaf(q[((i64)(r0 + j) * heads + h) * qw + n], w, acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < nr) qf[((i64)(r0 + j) * heads + h) * kw + k] = acc[j];
+    }
+}
+
+// Attention of row blockIdx.x, head blockIdx.y over the latent cache at its selected (or
+// all visible) positions; online softmax per warp, then the warps combined. Writes the
+// head's weighted latent to lat[(h * rows + r) * kv_lora ..]. J >= ceil(kw / 32).
+template <int J>
+__device__ __forceinline__ void mla_attend(StepDev st, const float* qf, const float* cache, int sparse,
+                                           const u32* sel, const u32* cnt, int topk, int heads, int kv_lora, int kw,
+                                           float scale, float* lat, int rows) {
+    __shared__ float sm[4], sl[4];
+    __shared__ float sacc[4][J * 32];
+    int r = blockIdx.x, h = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* q = qf + ((i64)r * heads + h) * kw;
+    float qv[J], acc[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int d = lane + 32 * j;
+        qv[j] = d < kw ? q[d] : 0.f;
+        acc[j] = 0.f;
+    }
+    int n = sparse ? (int)cnt[r] : (int)st.pos[r] + 1;
+    float m = NEG_INF, l = 0.f;
+    for (int i = warp; i < n; i += 4) {
+        int p = sparse ? (int)sel[(i64)r * topk + i] : i;
+        const float* key = cache + (i64)kv_slot(st, r, p) * kw;
+        float kv[J];
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int d = lane + 32 * j;
+            kv[j] = d < kw ? key[d] : 0.f;
+            s = fmaf(qv[j], kv[j], s);
+        }
+        s = wsum(s) * scale;
+        float mn = fmaxf(m, s);
+        float corr = expf(m - mn), e = expf(s - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int j = 0; j < J; j++) acc[j] = fmaf(e, kv[j], acc[j] * corr);
+        m = mn;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) sacc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float f[4], L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        f[w] = sm[w] == NEG_INF ? 0.f : expf(sm[w] - M);
+        L += sl[w] * f[w];
+    }
+    float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < kv_lora; d += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) a += sacc[w][d] * f[w];
+        lat[((i64)h * rows + r) * kv_lora + d] = a * inv;
+    }
+}
+
+#define MLA_ATTEND(J)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) k_mla_attend_##J(                                       \
+        StepDev st, const float* qf, const float* cache, int sparse, const u32* sel, const u32* cnt, int topk,\
+        int heads, int kv_lora, int kw, float scale, float* lat, int rows) {                                  \
+        mla_attend<J>(st, qf, cache, sparse, sel, cnt, topk, heads, kv_lora, kw, scale, lat, rows);           \
+    }
+MLA_ATTEND(1)
+MLA_ATTEND(2)
+MLA_ATTEND(4)
+MLA_ATTEND(8)
+MLA_ATTEND(12)
+MLA_ATTEND(18)
+MLA_ATTEND(24)
+MLA_ATTEND(32)
+
+// ---------------------------------------------------------------------------------------
+// The lightning indexer.
+
+// Per row: the key LayerNorm'd and rotated (in k and in the cache), each head's query
+// rotated.
+extern "C" __global__ void k_dsa_prepare(StepDev st, float* q, int heads, int dim, int rope, float* k,
+                                         const float* knw, const float* knb, float eps, const float* cs,
+                                         const float* sn, float* cache) {
+    __shared__ float sh[32];
+    __shared__ float tmp[512];
+    int r = blockIdx.x, half = rope / 2;
+    float* kr = k + (i64)r * dim;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) s += kr[c];
+    float mean = bsum(s, sh) / (float)dim;
+    float v = 0.f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float d = kr[c] - mean;
+        v = fmaf(d, d, v);
+    }
+    float var = bsum(v, sh) / (float)dim;
+    float inv = 1.0f / sqrtf(var + eps);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) kr[c] = (kr[c] - mean) * inv * knw[c] + knb[c];
+    __syncthreads();
+    const float* c0 = cs + (i64)r * half;
+    const float* s0 = sn + (i64)r * half;
+    rope_il(kr, c0, s0, half, tmp);
+    float* dst = cache + (i64)kv_slot(st, r, (int)st.pos[r]) * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = kr[c];
+    for (int hh = 0; hh < heads; hh++) rope_il(q + ((i64)r * heads + hh) * dim, c0, s0, half, tmp);
+}
+
+// score[r, t] = sum_h (w[r, h] * heads^-0.5) * relu(q[r, h] . key[t]) * dim^-0.5 for
+// t < visible(r); a warp per position, a lane per head. Grid (rows, position blocks of
+// 256); dynamic shared memory: heads * (dim + 1) + heads floats.
+extern "C" __global__ void __launch_bounds__(256) k_dsa_scores(StepDev st, const float* q, const float* w, int heads,
+                                                               int dim, float wscale, float dscale,
+                                                               const float* cache, float* work, int positions) {
+    extern __shared__ float smem[];
+    float* qs = smem;
+    float* ws = smem + heads * (dim + 1);
+    int r = blockIdx.x;
+    int v = (int)st.pos[r] + 1;
+    int t0 = blockIdx.y * 256;
+    if (t0 >= v) return;
+    for (int i = threadIdx.x; i < heads * dim; i += blockDim.x) {
+        int hh = i / dim, d = i % dim;
+        qs[hh * (dim + 1) + d] = q[((i64)r * heads + hh) * dim + d];
+    }
+    for (int i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = w[(i64)r * heads + i] * wscale;
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t1 = min(v, t0 + 256);
+    for (int t = t0 + warp; t < t1; t += 8) {
+        const float* key = cache + (i64)kv_slot(st, r, t) * dim;
+        float acc = 0.f;
+        for (int hh = lane; hh < heads; hh += 32) {
+            const float* qh = qs + hh * (dim + 1);
+            float d0 = 0.f;
+            for (int d = 0; d < dim; d++) d0 = fmaf(qh[d], key[d], d0);
+            acc += ws[hh] * (fmaxf(d0, 0.f) * dscale);
+        }
+        acc = wsum(acc);
+        if (lane == 0) work[(i64)r * positions + t] = acc;
+    }
+}
+
+// Total order of f32 (as Rust's total_cmp) as an unsigned key.
+__device__ __forceinline__ u32 fkey(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive prefix count of `f` over the block, and the block's total.
+__device__ __forceinline__ u32 bscan(bool f, u32* wt, u32* total) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    u32 bal = __ballot_sync(0xffffffffu, f);
+    u32 pre = __popc(bal & ((1u << lane) - 1u));
+    __syncthreads();
+    if (lane == 0) wt[w] = __popc(bal);
+    __syncthreads();
+    u32 off = 0, tot = 0;
+    for (int i = 0; i < nw; i++) {
+        u32 c = wt[i];
+        if (i < w) off += c;
+        tot += c;
+    }
+    *total = tot;
+    return off + pre;
+}
+
+// Per row: the top-k positions by score (ties to the earlier position), ascending, and
+// their count; rows that see no more than topk positions keep them all. Radix select of
+// the k-th key (4 passes of 8 bits), then an ordered compaction. 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) k_dsa_topk(StepDev st, const float* work, int positions, int topk,
+                                                              u32* sel, u32* cnt) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_remaining;
+    __shared__ u32 wt[32];
+    int r = blockIdx.x;
+    int v = (int)st.pos[r] + 1;
+    u32* out = sel + (i64)r * topk;
+    if (v <= topk) {
+        for (int i = threadIdx.x; i < v; i += blockDim.x) out[i] = (u32)i;
+        if (threadIdx.x == 0) cnt[r] = (u32)v;
+        return;
+    }
+    const float* sc = work + (i64)r * positions;
+    u32 prefix = 0, mask = 0, remaining = (u32)topk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int t = threadIdx.x; t < v; t += blockDim.x) {
+            u32 k = fkey(sc[t]);
+            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 cum = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (cum + hist[b] >= remaining) break;
+                cum += hist[b];
+            }
+            s_prefix = prefix | ((u32)b << shift);
+            s_remaining = remaining - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        remaining = s_remaining;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    // prefix: the k-th largest key; remaining: how many keys equal to it are taken.
+    u32 base_sel = 0, base_eq = 0;
+    for (int t0 = 0; t0 < v; t0 += blockDim.x) {
+        int t = t0 + threadIdx.x;
+        u32 k = t < v ? fkey(sc[t]) : 0u;
+        bool gt = t < v && k > prefix;
+        bool eq = t < v && k == prefix;
+        u32 eq_total, sel_total;
+        u32 eq_rank = base_eq + bscan(eq, wt, &eq_total);
+        bool take = gt || (eq && eq_rank < remaining);
+        u32 idx = base_sel + bscan(take, wt, &sel_total);
+        if (take) out[idx] = (u32)t;
+        base_eq += eq_total;
+        base_sel += sel_total;
+    }
+    if (threadIdx.x == 0) cnt[r] = (u32)topk;
+}
+
+// ---------------------------------------------------------------------------------------
+// Grouped-query attention.
+
+// Per row: each query head normalised (optional) and rotated (half-split RoPE on the
+// leading `rotary` dims); keys likewise into the cache, values copied. A warp per head.
+extern "C" __global__ void k_gqa_prepare(StepDev st, float* q, const float* k, const float* v, const float* qn,
+                                         const float* kn, float eps, int heads, int kv_heads, int hd, int rotary,
+                                         const float* cs, const float* sn, float* cache) {
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int kvw = kv_heads * hd, width = 2 * kvw, half = rotary / 2;
+    float* dst = cache + (i64)kv_slot(st, r, (int)st.pos[r]) * width;
+    const float* c0 = cs + (i64)r * half;
+    const float* s0 = sn + (i64)r * half;
+    for (int i = threadIdx.x; i < kvw; i += blockDim.x) {
+        dst[i] = k[(i64)r * kvw + i];
+        dst[kvw + i] = v[(i64)r * kvw + i];
+    }
+    __syncthreads();
+    for (int hh = warp; hh < heads + kv_heads; hh += nw) {
+        bool isq = hh < heads;
+        float* x = isq ? q + ((i64)r * heads + hh) * hd : dst + (hh - heads) * hd;
+        const float* nw_ = isq ? qn : kn;
+        if (nw_) {
+            float ss = 0.f;
+            for (int d = lane; d < hd; d += 32) ss = fmaf(x[d], x[d], ss);
+            ss = wsum(ss);
+            float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+            for (int d = lane; d < hd; d += 32) x[d] = x[d] * inv * nw_[d];
+            __syncwarp();
+        }
+        for (int i = lane; i < half; i += 32) {
+            float a = x[i], b = x[half + i];
+            x[i] = a * c0[i] - b * s0[i];
+            x[half + i] = b * c0[i] + a * s0[i];
+        }
+        __syncwarp();
+    }
+}
+
+// Causal (optionally windowed) attention of row blockIdx.x, head blockIdx.y over its KV
+// head's cache; online softmax per warp. J >= ceil(hd / 32).
+template <int J>
+__device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const float* cache, int heads, int kv_heads,
+                                           int hd, float scale, int window, float* out) {
+    __shared__ float sm[4], sl[4];
+    __shared__ float sacc[4][J * 32];
+    int r = blockIdx.x, h = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int group = heads / kv_heads, g = h / group;
+    int kvw = kv_heads * hd, width = 2 * kvw;
+    const float* qr = q + ((i64)r * heads + h) * hd;
+    float qv[J], acc[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int d = lane + 32 * j;
+        qv[j] = d < hd ? qr[d] : 0.f;
+        acc[j] = 0.f;
+    }
+    int v = (int)st.pos[r] + 1;
+    int start = window > 0 ? max(0, v - window) : 0;
+    float m = NEG_INF, l = 0.f;
+    for (int t = start + warp; t < v; t += 4) {
+        const float* base = cache + (i64)kv_slot(st, r, t) * width;
+        const float* key = base + g * hd;
+        const float* val = base + kvw + g * hd;
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int d = lane + 32 * j;
+            if (d < hd) s = fmaf(qv[j], key[d], s);
+        }
+        s = wsum(s) * scale;
+        float mn = fmaxf(m, s);
+        float corr = expf(m - mn), e = expf(s - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int d = lane + 32 * j;
+            float vv = d < hd ? val[d] : 0.f;
+            acc[j] = fmaf(e, vv, acc[j] * corr);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) sacc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float f[4], L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        f[w] = sm[w] == NEG_INF ? 0.f : expf(sm[w] - M);
+        L += sl[w] * f[w];
+    }
+    float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) a += sacc[w][d] * f[w];
+        out[((i64)r * heads + h) * hd + d] = a * inv;
+    }
+}
+
+#define GQA_ATTEND(J)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) k_gqa_attend_##J(StepDev st, const float* q,             \
+                                                                       const float* cache, int heads,          \
+                                                                       int kv_heads, int hd, float scale,      \
+                                                                       int window, float* out) {               \
+        gqa_attend<J>(st, q, cache, heads, kv_heads, hd, scale, window, out);                                 \
+    }
+GQA_ATTEND(1)
+GQA_ATTEND(2)
+GQA_ATTEND(4)
+GQA_ATTEND(8)
+

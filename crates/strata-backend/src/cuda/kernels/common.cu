@@ -1,0 +1,91 @@
+// strata's CUDA kernels. Header-free (NVRTC compiles this string at run time; bf16, FP8
+// e4m3 and int4 are decoded with bit operations), compiled with --fmad=false so that
+// element-wise arithmetic rounds as the CPU backend's does; the dot products use fmaf
+// explicitly.
+//
+// Layouts and semantics follow the CPU backend (crates/strata-backend/src/cpu): every
+// matrix is [rows = out, cols = in] in its stored precision, activations are f32, a row's
+// KV slot is blocks[seq * max_blocks + pos / bs] * bs + pos % bs.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+// A matrix in its stored precision. kind: 0 f32, 1 bf16, 2 int8 (row scales), 3 int4
+// (group scales, column 2i in the low nibble), 4 FP8 e4m3 (block scales).
+struct Mat {
+    const u8* w;
+    const float* s;
+    int kind, rows, cols, group, brow, bcol;
+    int ld;   // payload bytes per row
+    int spr;  // scales per row (int4: groups; FP8: column blocks)
+    int vec;  // 16-byte vector loads allowed (aligned rows, whole vectors, one scale per vector)
+    int pad;
+};
+
+// One forward's rows on the device.
+struct StepDev {
+    const u32* tokens;
+    const u32* pos;
+    const u32* seq;
+    const u32* blocks;
+    int bs, max_blocks;
+};
+
+__device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
+    int t = (int)s.seq[r] * s.max_blocks;
+    return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;
+}
+
+__device__ __forceinline__ float bf16f(u32 h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ float e4m3f(u32 b) {
+    u32 e = (b >> 3) & 15u, m = b & 7u;
+    float v = e == 0 ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    if (e == 15u && m == 7u) v = __int_as_float(0x7fc00000);
+    return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ float melem(const Mat& m, int r, int c) {
+    const u8* row = m.w + (size_t)r * m.ld;
+    switch (m.kind) {
+    case 0: return ((const float*)row)[c];
+    case 1: return bf16f(((const u16*)row)[c]);
+    case 2: return (float)(signed char)row[c] * m.s[r];
+    case 3: {
+        u32 b = row[c >> 1];
+        u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
+        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + c / m.group];
+    }
+    default: return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
+    }
+}
+
+__device__ __forceinline__ float wsum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float wmax(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (every thread gets it). `sh`: 32 floats of shared memory.
+__device__ float bsum(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = wsum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.f;
+    return wsum(v);
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+

@@ -1,0 +1,153 @@
+// Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
+
+// ---------------------------------------------------------------------------------------
+// MoE: noaux_tc routing and the combination of expert outputs.
+
+// (value, id) with a validity flag: valid first, then the larger value, then the lower id.
+__device__ __forceinline__ bool better(float av, int ai, float bv, int bi) {
+    if (ai < 0) return false;
+    if (bi < 0) return true;
+    return av > bv || (av == bv && ai < bi);
+}
+
+// Per row (256 threads): s = sigmoid(logits); choice = s + bias, masked to the best
+// topk_group groups (a group's score: the sum of its two best); the top k of choice (ties
+// to the lower id), best first; weights s at those ids, normalised (+1e-20) if asked,
+// times the scaling. Dynamic shared memory: 2n floats + n_group ints.
+extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, int n, const float* bias, int k,
+                                                          int n_group, int topk_group, int norm, float scaling,
+                                                          u32* ids, float* wts) {
+    extern __shared__ float smem[];
+    float* s = smem;
+    float* ch = smem + n;
+    int* keep = (int*)(ch + n);
+    __shared__ float bv[8];
+    __shared__ int bi[8];
+    __shared__ int chosen[64];
+    int r = blockIdx.x;
+    const float* l = logits + (i64)r * n;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        float sv = 1.0f / (1.0f + expf(-l[e]));
+        s[e] = sv;
+        ch[e] = sv + bias[e];
+    }
+    __syncthreads();
+    if (n_group > 1) {
+        int per = n / n_group;
+        if (threadIdx.x == 0) {
+            // Group scores, then the best topk_group groups (insertion, ties to the lower index).
+            float gsc[64];
+            int order[64];
+            int len = 0;
+            for (int gi = 0; gi < n_group; gi++) {
+                float a = NEG_INF, b2 = NEG_INF;
+                for (int e = gi * per; e < (gi + 1) * per; e++) {
+                    float x = ch[e];
+                    if (x > a) {
+                        b2 = a;
+                        a = x;
+                    } else if (x > b2) {
+                        b2 = x;
+                    }
+                }
+                gsc[gi] = a + b2;
+                keep[gi] = 0;
+            }
+            for (int gi = 0; gi < n_group; gi++) {
+                if (len == topk_group && !(gsc[gi] > gsc[order[len - 1]])) continue;
+                int at = len;
+                while (at > 0 && gsc[gi] > gsc[order[at - 1]]) at--;
+                if (len == topk_group) len--;
+                for (int j = len; j > at; j--) order[j] = order[j - 1];
+                order[at] = gi;
+                len++;
+            }
+            for (int j = 0; j < len; j++) keep[order[j]] = 1;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < n; e += blockDim.x)
+            if (!keep[e / per]) ch[e] = NEG_INF;
+        __syncthreads();
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int it = 0; it < k; it++) {
+        float v = 0.f;
+        int id = -1;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            bool taken = false;
+            for (int j = 0; j < it; j++) taken |= chosen[j] == e;
+            if (!taken && better(ch[e], e, v, id)) {
+                v = ch[e];
+                id = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, id, o);
+            if (better(ov, oi, v, id)) {
+                v = ov;
+                id = oi;
+            }
+        }
+        if (lane == 0) {
+            bv[warp] = v;
+            bi[warp] = id;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float b0 = bv[0];
+            int i0 = bi[0];
+            for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+                if (better(bv[w], bi[w], b0, i0)) {
+                    b0 = bv[w];
+                    i0 = bi[w];
+                }
+            chosen[it] = i0;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        u32* oi = ids + (i64)r * k;
+        float* ow = wts + (i64)r * k;
+        for (int i = 0; i < k; i++) {
+            oi[i] = (u32)chosen[i];
+            ow[i] = s[chosen[i]];
+        }
+        if (norm) {
+            float denom = 0.f;
+            for (int i = 0; i < k; i++) denom += ow[i];
+            denom += 1e-20f;
+            for (int i = 0; i < k; i++) ow[i] /= denom;
+        }
+        for (int i = 0; i < k; i++) ow[i] *= scaling;
+    }
+}
+
+// out[r] += sum over r's experts in ascending id of w * y[src[r, rank]] (+ y[shared + r]).
+extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const float* w, const u32* src, const float* y,
+                                     int shared, float* out) {
+    __shared__ int order[64];
+    int r = blockIdx.x;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < k; i++) {
+            int j = i;
+            while (j > 0 && ids[(i64)r * k + order[j - 1]] > ids[(i64)r * k + i]) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = i;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+        float acc = 0.f;
+        for (int i = 0; i < k; i++) {
+            int rank = order[i];
+            i64 at = src[(i64)r * k + rank];
+            acc = fmaf(w[(i64)r * k + rank], y[at * hidden + c], acc);
+        }
+        if (shared >= 0) acc += y[((i64)shared + r) * hidden + c];
+        out[(i64)r * hidden + c] += acc;
+    }
+}

@@ -1,0 +1,405 @@
+// Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
+
+// ---------------------------------------------------------------------------------------
+// Dot products of one matrix row with up to R rows of x (row pointers `xr`), the columns
+// split over the 32 lanes of a warp (and over `nsub` cooperating warps, this one `sub`).
+// Each lane's partial sums land in acc; the caller reduces over the warp.
+
+template <int KIND> struct Vw;
+template <> struct Vw<0> { enum { n = 4 }; };
+template <> struct Vw<1> { enum { n = 8 }; };
+template <> struct Vw<2> { enum { n = 16 }; };
+template <> struct Vw<3> { enum { n = 32 }; };
+template <> struct Vw<4> { enum { n = 16 }; };
+
+template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
+    u32 word[4] = {q.x, q.y, q.z, q.w};
+    if (KIND == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = __uint_as_float(word[i]);
+    } else if (KIND == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = __uint_as_float(word[i] << 16);
+            w[2 * i + 1] = __uint_as_float(word[i] & 0xffff0000u);
+        }
+    } else if (KIND == 2) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[4 * i + j] = (float)((int)(word[i] << (24 - 8 * j)) >> 24);
+    } else if (KIND == 3) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) w[8 * i + j] = (float)((int)((word[i] >> (4 * j)) & 15u) - 8);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[4 * i + j] = e4m3f((word[i] >> (8 * j)) & 255u);
+    }
+}
+
+template <int KIND, int R>
+__device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
+                                        int sub, int nsub) {
+    const int V = Vw<KIND>::n;
+    const uint4* wv = (const uint4*)(m.w + (size_t)row * m.ld);
+    int nvec = m.cols / V;
+#pragma unroll 2
+    for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
+        uint4 q = __ldg(wv + v);
+        int c = v * V;
+        float sc = 1.f;
+        if (KIND == 2) sc = m.s[row];
+        if (KIND == 3) sc = m.s[(size_t)row * m.spr + c / m.group];
+        if (KIND == 4) sc = m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
+        float w[V];
+        unpack<KIND>(q, w);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (j < nr) {
+                const float4* xp = (const float4*)(xr[j] + c);
+                if (KIND <= 1) {
+                    float a = acc[j];
+#pragma unroll
+                    for (int t = 0; t < V / 4; t++) {
+                        float4 x4 = xp[t];
+                        a = fmaf(w[4 * t], x4.x, a);
+                        a = fmaf(w[4 * t + 1], x4.y, a);
+                        a = fmaf(w[4 * t + 2], x4.z, a);
+                        a = fmaf(w[4 * t + 3], x4.w, a);
+                    }
+                    acc[j] = a;
+                } else {
+                    float p = 0.f;
+#pragma unroll
+                    for (int t = 0; t < V / 4; t++) {
+                        float4 x4 = xp[t];
+                        p = fmaf(w[4 * t], x4.x, p);
+                        p = fmaf(w[4 * t + 1], x4.y, p);
+                        p = fmaf(w[4 * t + 2], x4.z, p);
+                        p = fmaf(w[4 * t + 3], x4.w, p);
+                    }
+                    acc[j] = fmaf(p, sc, acc[j]);
+                }
+            }
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
+                                        int sub, int nsub) {
+    for (int c = lane + 32 * sub; c < m.cols; c += 32 * nsub) {
+        float w = melem(m, row, c);
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            if (j < nr) acc[j] = fmaf(w, xr[j][c], acc[j]);
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void dot_any(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
+                                        int sub, int nsub) {
+    if (!m.vec) {
+        dot_gen<R>(m, row, xr, nr, acc, lane, sub, nsub);
+        return;
+    }
+    switch (m.kind) {
+    case 0: dot_vec<0, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    case 1: dot_vec<1, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    case 2: dot_vec<2, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    case 3: dot_vec<3, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    default: dot_vec<4, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Projections of up to R rows: out[j * ostride + col + b * col_bs + o] (=, or += with add)
+// (x W^T)[j, o] + bias[o], for outputs o < nout of matrix rows mrow0 + b * mrow_bs + o.
+// 256 threads; `split` warps (1, 2, 4 or 8) share an output, so few outputs still fill
+// the device. blockIdx.y is the batch b (MLA's per-head value projections).
+
+template <int R>
+__device__ __forceinline__ void linear_small(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
+                                             int rows, int nout, float* out, int ostride, int col, int col_bs,
+                                             int add, const float* bias, int split) {
+    __shared__ float red[8][R];
+    int b = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int per_block = 8 / split;
+    int og = warp / split, sub = warp % split;
+    int o = blockIdx.x * per_block + og;
+    bool live = o < nout;
+    float acc[R];
+    const float* xr[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        acc[j] = 0.f;
+        xr[j] = x + b * x_bs + (i64)j * xld;
+    }
+    if (live) dot_any<R>(m, mrow0 + b * mrow_bs + o, xr, rows, acc, lane, sub, split);
+#pragma unroll
+    for (int j = 0; j < R; j++) acc[j] = wsum(acc[j]);
+    if (split > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < R; j++) red[warp][j] = acc[j];
+        __syncthreads();
+        if (sub == 0 && lane == 0)
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                float a = red[warp][j];
+                for (int s = 1; s < split; s++) a += red[warp + s][j];
+                acc[j] = a;
+            }
+    }
+    if (live && sub == 0 && lane == 0) {
+        float bv = bias ? bias[o] : 0.f;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (j < rows) {
+                float* p = out + (i64)j * ostride + col + b * col_bs + o;
+                float v = acc[j] + bv;
+                *p = add ? *p + v : v;
+            }
+        }
+    }
+}
+
+#define LINEAR_SMALL(R)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) k_linear_##R(                                          \
+        Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, int rows, int nout, float* out,   \
+        int ostride, int col, int col_bs, int add, const float* bias, int split) {                           \
+        linear_small<R>(m, mrow0, mrow_bs, x, x_bs, xld, rows, nout, out, ostride, col, col_bs, add, bias,  \
+                        split);                                                                              \
+    }
+LINEAR_SMALL(1)
+LINEAR_SMALL(2)
+LINEAR_SMALL(4)
+LINEAR_SMALL(8)
+
+// Many rows: 64 outputs x 64 rows a block, 32 columns a step, each thread 4 x 4; weights
+// decoded into shared memory as f32. `xrows` (optional) gathers x's rows.
+template <int KIND> __device__ __forceinline__ float melem_k(const Mat& m, int r, int c) {
+    const u8* row = m.w + (size_t)r * m.ld;
+    if (KIND == 0) return ((const float*)row)[c];
+    if (KIND == 1) return bf16f(((const u16*)row)[c]);
+    if (KIND == 2) return (float)(signed char)row[c] * m.s[r];
+    if (KIND == 3) {
+        u32 b = row[c >> 1];
+        u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
+        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + c / m.group];
+    }
+    return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
+}
+
+template <int KIND>
+__device__ __forceinline__ void linear_tiled(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
+                                             const u32* xrows, int rows, int nout, float* out, int ostride, int col,
+                                             int col_bs, int add, const float* bias) {
+    __shared__ float Ws[32][68];
+    __shared__ float Xs[32][68];
+    int b = blockIdx.z;
+    int o0 = blockIdx.x * 64, r0 = blockIdx.y * 64;
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    const float* xb = x + b * x_bs;
+    int mrow = mrow0 + b * mrow_bs;
+    for (int k0 = 0; k0 < m.cols; k0 += 32) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int e = tid + 256 * i;
+            int oo = e >> 5, kk = e & 31;
+            float w = 0.f;
+            if (o0 + oo < nout && k0 + kk < m.cols) w = melem_k<KIND>(m, mrow + o0 + oo, k0 + kk);
+            Ws[kk][oo] = w;
+            float xv = 0.f;
+            if (r0 + oo < rows && k0 + kk < m.cols) {
+                int rr = xrows ? (int)xrows[r0 + oo] : r0 + oo;
+                xv = xb[(i64)rr * xld + k0 + kk];
+            }
+            Xs[kk][oo] = xv;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < 32; kk++) {
+            float a[4], c[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i] = Ws[kk][tx * 4 + i];
+                c[i] = Xs[kk][ty * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], c[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int r = r0 + ty * 4 + j;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int o = o0 + tx * 4 + i;
+            if (o >= nout) continue;
+            float v = acc[i][j] + (bias ? bias[o] : 0.f);
+            float* p = out + (i64)r * ostride + col + b * col_bs + o;
+            *p = add ? *p + v : v;
+        }
+    }
+}
+
+#define LINEAR_TILED(K)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) k_tiled_##K(                                            \
+        Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows, int rows, int nout,\
+        float* out, int ostride, int col, int col_bs, int add, const float* bias) {                           \
+        linear_tiled<K>(m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add,   \
+                        bias);                                                                                \
+    }
+LINEAR_TILED(0)
+LINEAR_TILED(1)
+LINEAR_TILED(2)
+LINEAR_TILED(3)
+LINEAR_TILED(4)
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU experts, grouped: one launch computes h = silu(gate x) * up x for every task's
+// rows, a second y = down h. A task's blocks start at blk1 (pass 1) / blk2 (pass 2); each
+// warp one output, its rows in chunks of R.
+
+struct Task {
+    Mat g, u, d;
+    i64 h_off;  // first f32 of this task's h rows
+    int nrows, rows_off, out_row, blk1, blk2, pad;
+};
+
+__device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        int start = second ? t[mid].blk2 : t[mid].blk1;
+        if (start <= blk) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int R>
+__device__ __forceinline__ void experts_up(const Task* tasks, int ntasks, const u32* rowidx, const float* x,
+                                           int hidden, float* h) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, false);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk1) * 8 + warp;
+    int inter = T.g.rows;
+    if (o >= inter) return;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float ag[R], au[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            ag[j] = 0.f;
+            au[j] = 0.f;
+            xr[j] = x + (i64)rowidx[T.rows_off + r0 + (j < nr ? j : 0)] * hidden;
+        }
+        dot_any<R>(T.g, o, xr, nr, ag, lane, 0, 1);
+        dot_any<R>(T.u, o, xr, nr, au, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float g = wsum(ag[j]), u = wsum(au[j]);
+            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = silu(g) * u;
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, const float* h, int hidden, float* y) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, true);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk2) * 8 + warp;
+    if (o >= hidden) return;
+    int inter = T.d.cols;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0.f;
+            xr[j] = h + T.h_off + (i64)(r0 + (j < nr ? j : 0)) * inter;
+        }
+        dot_any<R>(T.d, o, xr, nr, acc, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float v = wsum(acc[j]);
+            if (lane == 0 && j < nr) y[(i64)(T.out_row + r0 + j) * hidden + o] = v;
+        }
+    }
+}
+
+#define EXPERTS(R)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
+                                                                       const u32* rowidx, const float* x,     \
+                                                                       int hidden, float* h) {                \
+        experts_up<R>(tasks, ntasks, rowidx, x, hidden, h);                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_down_##R(const Task* tasks, int ntasks,       \
+                                                                         const float* h, int hidden,          \
+                                                                         float* y) {                          \
+        experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
+    }
+EXPERTS(1)
+EXPERTS(8)
+
+// h = silu(g) * u over n values (the many-rows expert path).
+extern "C" __global__ void k_silu_mul(i64 n, const float* g, const float* u, float* h) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        h[i] = silu(g[i]) * u[i];
+}
+
+// dst[i] = x[rows[i]] (rows of `width`).
+extern "C" __global__ void k_gather(const float* x, const u32* rows, int width, float* dst) {
+    int i = blockIdx.x;
+    const float* src = x + (i64)rows[i] * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) dst[(i64)i * width + c] = src[c];
+}
+
+extern "C" __global__ void k_add_bias(int rows, int nout, float* out, int ostride, int col, const float* bias) {
+    int r = blockIdx.y;
+    for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < nout; o += gridDim.x * blockDim.x)
+        out[(i64)r * ostride + col + o] += bias[o];
+}
+
+// x -> (hi, lo), both bf16 (round to nearest even), x ~ hi + lo within 2^-17 |x|: a
+// product with bf16 weights as two bf16 GEMMs keeps f32 accuracy.
+__device__ __forceinline__ u32 to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// x = hi + mid + lo in bf16 (8 + 8 + 8 significant bits: f32's 24, so the three bf16
+// GEMMs see x exactly but for denormal-range residues).
+extern "C" __global__ void k_split_bf16(i64 n, const float* x, u16* hi, u16* mid, u16* lo) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        float v = x[i];
+        u32 h = to_bf16(v);
+        float r = v - bf16f(h);
+        u32 m = to_bf16(r);
+        hi[i] = (u16)h;
+        mid[i] = (u16)m;
+        lo[i] = (u16)to_bf16(r - bf16f(m));
+    }
+}
+

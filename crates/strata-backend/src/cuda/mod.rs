@@ -1,0 +1,572 @@
+//! The CUDA backend: weights in their stored precision in device memory, activations and
+//! KV caches in device memory, every op a kernel (compiled by NVRTC at run time, see
+//! `kernels/`) on one stream; f32 and bf16 products of many rows through cuBLAS.
+//!
+//! Same semantics as the CPU backend (`cpu/`): the same layouts, the same routing and
+//! selection rules and tie breaks, the same accumulation order where the CPU fixes one
+//! (the MoE combination); products and reductions sum in another order and agree within
+//! f32 rounding.
+//!
+//! Host <-> device traffic of a step: the step's rows (positions, block tables) and rotary
+//! tables, the expert task lists (small, through a ring of pinned staging buffers, so the
+//! copies are asynchronous), the routed expert ids the host needs (read back, by design),
+//! and the logits asked for. Ops that cannot return an error panic on a CUDA error (as the
+//! CPU backend panics on a shape mismatch); making the backend fails with a one-line
+//! error when there is no driver, no device or no NVRTC.
+
+mod backend;
+mod module;
+mod ops;
+
+use crate::Step;
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+use strata_kernels::QuantKind;
+
+/// A matrix as the kernels read it (`struct Mat` in `kernels/common.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatDesc {
+    w: u64,
+    s: u64,
+    kind: i32,
+    rows: i32,
+    cols: i32,
+    group: i32,
+    brow: i32,
+    bcol: i32,
+    ld: i32,
+    spr: i32,
+    vec: i32,
+    pad: i32,
+}
+
+/// A forward's rows as the kernels read them (`struct StepDev`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct StepDesc {
+    tokens: u64,
+    pos: u64,
+    seq: u64,
+    blocks: u64,
+    bs: i32,
+    max_blocks: i32,
+}
+
+/// One expert's share of a grouped expert launch (`struct Task`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct TaskDesc {
+    g: MatDesc,
+    u: MatDesc,
+    d: MatDesc,
+    h_off: i64,
+    nrows: i32,
+    rows_off: i32,
+    out_row: i32,
+    blk1: i32,
+    blk2: i32,
+    pad: i32,
+}
+
+/// Values in device memory.
+pub struct DevBuf<T> {
+    ptr: u64,
+    len: usize,
+    _mem: Option<CudaSlice<T>>,
+}
+
+impl<T> DevBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn at(&self, i: usize) -> u64 {
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+}
+
+/// A matrix in its stored precision in device memory.
+pub struct CudaMat {
+    desc: MatDesc,
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    _payload: DevBuf<u8>,
+    _scales: DevBuf<f32>,
+}
+
+impl CudaMat {
+    pub fn kind(&self) -> QuantKind {
+        self.kind
+    }
+
+    /// Device bytes held: payload and scales.
+    pub fn bytes_held(&self) -> u64 {
+        (self._payload.len + 4 * self._scales.len) as u64
+    }
+}
+
+/// One expert's matrices as the expert kernels read them.
+#[derive(Clone, Copy)]
+pub struct CudaExpert<'a> {
+    pub gate: &'a CudaMat,
+    pub up: &'a CudaMat,
+    pub down: &'a CudaMat,
+}
+
+/// Pinned host memory cut into chunks, each reused only once the copy that last read it
+/// has completed (an event per chunk): host -> device copies that do not wait for the
+/// stream.
+struct Ring {
+    base: *mut u8,
+    chunk: usize,
+    events: Vec<CudaEvent>,
+    next: usize,
+}
+
+// SAFETY: the pinned buffer is only touched under the backend's state lock.
+unsafe impl Send for Ring {}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for e in &self.events {
+            let _ = e.synchronize();
+        }
+        // SAFETY: allocated by cuMemHostAlloc; no copy reads it any more.
+        unsafe {
+            let _ = result::free_host(self.base as *mut c_void);
+        }
+    }
+}
+
+/// The step last uploaded: its host copy and its device image.
+#[derive(Default)]
+struct StepCache {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    seq: Vec<u32>,
+    blocks: Vec<u32>,
+    bs: usize,
+    max_blocks: usize,
+    valid: bool,
+    packed: Vec<u32>,
+    dev: Option<DevBuf<u32>>,
+    desc: StepDesc,
+}
+
+/// Scratch that grows to the largest call and is then reused.
+#[derive(Default)]
+struct Work {
+    /// Grouped experts: intermediate rows; task table and row lists (bytes).
+    h: Option<DevBuf<f32>>,
+    table: Option<DevBuf<u8>>,
+    /// Many-rows experts: gathered x, gate, up, h.
+    gx: Option<DevBuf<f32>>,
+    g: Option<DevBuf<f32>>,
+    u: Option<DevBuf<f32>>,
+    hb: Option<DevBuf<f32>>,
+    /// bf16 thirds of x for cuBLAS.
+    xhi: Option<DevBuf<u16>>,
+    xmid: Option<DevBuf<u16>>,
+    xlo: Option<DevBuf<u16>>,
+    /// Host staging.
+    bytes: Vec<u8>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+pub(crate) struct State {
+    ring: Ring,
+    step: StepCache,
+    work: Work,
+}
+
+struct Funcs {
+    linear: [CudaFunction; 4],
+    tiled: [CudaFunction; 5],
+    experts_up: [CudaFunction; 2],
+    experts_down: [CudaFunction; 2],
+    silu_mul: CudaFunction,
+    gather: CudaFunction,
+    add_bias: CudaFunction,
+    split_bf16: CudaFunction,
+    embed: CudaFunction,
+    rms_norm: CudaFunction,
+    add: CudaFunction,
+    mla_prepare: CudaFunction,
+    mla_absorb: CudaFunction,
+    mla_attend: Vec<(usize, CudaFunction)>,
+    dsa_prepare: CudaFunction,
+    dsa_scores: CudaFunction,
+    dsa_topk: CudaFunction,
+    gqa_prepare: CudaFunction,
+    gqa_attend: Vec<(usize, CudaFunction)>,
+    route: CudaFunction,
+    combine: CudaFunction,
+}
+
+impl Funcs {
+    fn load(m: &Arc<CudaModule>) -> Result<Self> {
+        let f = |name: &str| m.load_function(name).map_err(|e| anyhow!("kernel {name}: {e}"));
+        let js = |prefix: &str, list: &[usize]| -> Result<Vec<(usize, CudaFunction)>> {
+            list.iter().map(|&j| Ok((j, f(&format!("{prefix}{j}"))?))).collect()
+        };
+        Ok(Self {
+            linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
+            tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
+            experts_up: [f("k_experts_up_1")?, f("k_experts_up_8")?],
+            experts_down: [f("k_experts_down_1")?, f("k_experts_down_8")?],
+            silu_mul: f("k_silu_mul")?,
+            gather: f("k_gather")?,
+            add_bias: f("k_add_bias")?,
+            split_bf16: f("k_split_bf16")?,
+            embed: f("k_embed")?,
+            rms_norm: f("k_rms_norm")?,
+            add: f("k_add")?,
+            mla_prepare: f("k_mla_prepare")?,
+            mla_absorb: f("k_mla_absorb")?,
+            mla_attend: js("k_mla_attend_", &[1, 2, 4, 8, 12, 18, 24, 32])?,
+            dsa_prepare: f("k_dsa_prepare")?,
+            dsa_scores: f("k_dsa_scores")?,
+            dsa_topk: f("k_dsa_topk")?,
+            gqa_prepare: f("k_gqa_prepare")?,
+            gqa_attend: js("k_gqa_attend_", &[1, 2, 4, 8])?,
+            route: f("k_route")?,
+            combine: f("k_combine")?,
+        })
+    }
+}
+
+/// Products of more rows than this use the tiled kernel or cuBLAS.
+const SMALL_ROWS: usize = 8;
+/// An expert with at least this many rows runs on its own through the many-rows products.
+const EXPERT_BIG_ROWS: usize = 32;
+/// Pinned staging: chunks x bytes.
+const RING_CHUNKS: usize = 32;
+const RING_CHUNK: usize = 256 << 10;
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    f: Funcs,
+    _module: Arc<CudaModule>,
+    blas: Option<cudarc::cublas::CudaBlas>,
+    name: String,
+    sms: usize,
+    state: Mutex<State>,
+}
+
+/// The kernel arguments: pointers to the values, in order.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        [$(&$a as *const _ as *mut c_void),*]
+    };
+}
+pub(crate) use args;
+
+/// `STRATA_CUDA_WATCHDOG` (seconds): wait for every kernel and panic when one runs longer.
+fn watchdog() -> Option<std::time::Duration> {
+    static W: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        let s = std::env::var("STRATA_CUDA_WATCHDOG").ok()?;
+        s.parse::<f64>().ok().filter(|v| *v > 0.0).map(std::time::Duration::from_secs_f64)
+    })
+}
+
+static LAST_KERNEL: Mutex<String> = Mutex::new(String::new());
+
+/// Under `STRATA_CUDA_WATCHDOG`: the last kernel launched (and finished, unless the
+/// watchdog is about to fire), for a test that reports where a run stalled.
+pub fn last_kernel() -> String {
+    LAST_KERNEL.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Whether a CUDA device can be used here: `Ok(count)` or why not (one line).
+pub fn device_count() -> Result<usize> {
+    // SAFETY: only probes for the library.
+    if !unsafe { sys::is_culib_present() } {
+        bail!("no CUDA driver on this machine (libcuda.so.1 not found)");
+    }
+    let n = CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver found no usable GPU ({e})"))?;
+    Ok(n as usize)
+}
+
+impl CudaBackend {
+    /// The backend on device `ordinal`: its context and stream, the kernels (compiled by
+    /// NVRTC or from the PTX cache), cuBLAS where its library is present.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let n = device_count()?;
+        if ordinal >= n {
+            bail!("cuda:{ordinal}: this machine has {n} CUDA device{}", if n == 1 { "" } else { "s" });
+        }
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            bail!(
+                "cuda:{ordinal}: NVRTC (libnvrtc.so) not found: strata compiles its kernels at run time; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH"
+            );
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cuda:{ordinal}: cannot create a context: {e}"))?;
+        // One stream, ordered: no per-buffer events.
+        // SAFETY: every buffer is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+        let cc = ctx.compute_capability().map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+        let module = module::load(&ctx, cc)?;
+        let f = Funcs::load(&module)?;
+        // SAFETY: only probes for the library.
+        let blas = match unsafe { cudarc::cublas::sys::is_culib_present() } {
+            true => Some(cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| anyhow!("cuBLAS: {e:?}"))?),
+            false => None,
+        };
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow!("{e}"))? as usize;
+        let mem = ctx.total_mem().map_err(|e| anyhow!("{e}"))?;
+        let dev_name = ctx.name().unwrap_or_else(|_| "GPU".into());
+        let name = format!(
+            "cuda:{ordinal} ({dev_name}, {sms} SMs, sm_{}{}, {:.0} GiB{})",
+            cc.0,
+            cc.1,
+            mem as f64 / (1u64 << 30) as f64,
+            if blas.is_some() { ", cuBLAS" } else { "" }
+        );
+        // SAFETY: plain allocation; freed by the ring.
+        let base = unsafe { result::malloc_host(RING_CHUNKS * RING_CHUNK, 0) }
+            .map_err(|e| anyhow!("cuda:{ordinal}: pinned staging: {e}"))? as *mut u8;
+        let events = (0..RING_CHUNKS)
+            .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!("{e}"))?;
+        let ring = Ring { base, chunk: RING_CHUNK, events, next: 0 };
+        Ok(Self {
+            ctx,
+            stream,
+            f,
+            _module: module,
+            blas,
+            name,
+            sms,
+            state: Mutex::new(State { ring, step: StepCache::default(), work: Work::default() }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.ctx.bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Launches `f` on the stream; panics on an error.
+    fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [*mut c_void]) {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return;
+        }
+        // SAFETY: the arguments match the kernel's parameters (each call site passes the
+        // types the kernel declares) and point at live values.
+        unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.cu_stream(), args) }
+            .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e}"));
+        if let Some(limit) = watchdog() {
+            self.watch(f, grid, block, limit);
+        }
+    }
+
+    /// Debugging (`STRATA_CUDA_WATCHDOG=SECONDS`): waits for the kernel just launched and
+    /// panics, naming it, when it fails or runs past `limit`.
+    fn watch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, limit: std::time::Duration) {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: a loaded function; the name is a static string of the module.
+        let name = match unsafe { sys::cuFuncGetName(&mut name, f.cu_function()) } {
+            sys::CUresult::CUDA_SUCCESS if !name.is_null() => {
+                unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            }
+            _ => "?".into(),
+        };
+        let what = format!("{name} (grid {grid:?}, block {block})");
+        *LAST_KERNEL.lock().unwrap_or_else(|e| e.into_inner()) = what.clone();
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: a live stream.
+            match unsafe { sys::cuStreamQuery(self.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => return,
+                sys::CUresult::CUDA_ERROR_NOT_READY if t0.elapsed() < limit => {
+                    std::thread::sleep(std::time::Duration::from_micros(50))
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    panic!("CUDA watchdog: kernel {what} still running after {:.1} s", limit.as_secs_f64())
+                }
+                e => panic!("CUDA: kernel {what} failed: {e:?}"),
+            }
+        }
+    }
+
+    /// Waits for the stream (and surfaces an asynchronous error).
+    pub fn synchronize(&self) {
+        self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
+    }
+
+    fn alloc_t<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<DevBuf<T>> {
+        if len == 0 {
+            return Ok(DevBuf { ptr: 0, len: 0, _mem: None });
+        }
+        let mem = self
+            .stream
+            .alloc_zeros::<T>(len)
+            .map_err(|e| anyhow!("cannot allocate {} bytes of device memory: {e}", len * std::mem::size_of::<T>()))?;
+        let ptr = {
+            let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&mem, &self.stream);
+            ptr
+        };
+        Ok(DevBuf { ptr, len, _mem: Some(mem) })
+    }
+
+    /// `buf` with room for at least `len` values (reallocated, contents lost, if smaller).
+    fn ensure<'b, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        buf: &'b mut Option<DevBuf<T>>,
+        len: usize,
+    ) -> &'b DevBuf<T> {
+        if buf.as_ref().is_none_or(|b| b.len < len) {
+            let grown = len.max(buf.as_ref().map_or(0, |b| b.len * 2)).max(1);
+            *buf = Some(self.alloc_t(grown).unwrap_or_else(|e| panic!("CUDA: {e}")));
+        }
+        buf.as_ref().unwrap()
+    }
+
+    /// Host bytes to device address `dst`, through the pinned ring (asynchronous).
+    fn upload_bytes(&self, ring: &mut Ring, dst: u64, bytes: &[u8]) {
+        for (i, piece) in bytes.chunks(ring.chunk).enumerate() {
+            let c = ring.next;
+            ring.next = (c + 1) % ring.events.len();
+            ring.events[c].synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
+            // SAFETY: chunk c is not read by any pending copy (its event completed) and
+            // holds `ring.chunk` bytes.
+            let staged = unsafe {
+                let p = ring.base.add(c * ring.chunk);
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), p, piece.len());
+                std::slice::from_raw_parts(p, piece.len())
+            };
+            // SAFETY: `dst` is device memory of at least `bytes.len()` bytes (callers check).
+            unsafe { result::memcpy_htod_async(dst + (i * ring.chunk) as u64, staged, self.cu_stream()) }
+                .unwrap_or_else(|e| panic!("CUDA: host to device copy: {e}"));
+            ring.events[c].record(&self.stream).unwrap_or_else(|e| panic!("CUDA: {e}"));
+        }
+    }
+
+    fn upload_t<T: Copy>(&self, ring: &mut Ring, dst: u64, src: &[T]) {
+        // SAFETY: plain values viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
+        self.upload_bytes(ring, dst, bytes);
+    }
+
+    fn download<T>(&self, src: u64, dst: &mut [T]) {
+        if dst.is_empty() {
+            return;
+        }
+        // SAFETY: `src` is device memory holding `dst.len()` values (callers check).
+        unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
+            .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
+        self.synchronize();
+    }
+
+    /// The step's rows on the device (uploaded when they changed).
+    fn step_desc(&self, st: &mut State, step: &Step) -> StepDesc {
+        let c = &mut st.step;
+        let same = c.valid
+            && c.tokens == step.tokens
+            && c.positions == step.positions
+            && c.seq == step.seq
+            && c.blocks == step.blocks
+            && c.bs == step.block_size
+            && c.max_blocks == step.max_blocks;
+        if same {
+            return c.desc;
+        }
+        let rows = step.rows();
+        assert_eq!(step.seq.len(), rows, "step: {} sequence ids for {rows} rows", step.seq.len());
+        c.tokens.clone_from(&step.tokens);
+        c.positions.clone_from(&step.positions);
+        c.seq.clone_from(&step.seq);
+        c.blocks.clone_from(&step.blocks);
+        c.bs = step.block_size;
+        c.max_blocks = step.max_blocks;
+        c.packed.clear();
+        let mut tokens = step.tokens.clone();
+        tokens.resize(rows, u32::MAX);
+        c.packed.extend_from_slice(&tokens);
+        c.packed.extend_from_slice(&step.positions);
+        c.packed.extend_from_slice(&step.seq);
+        c.packed.extend_from_slice(&step.blocks);
+        c.packed.push(0);
+        let need = c.packed.len();
+        if c.dev.as_ref().is_none_or(|d| d.len < need) {
+            c.dev = Some(self.alloc_t(need.max(256) * 2).unwrap_or_else(|e| panic!("CUDA: {e}")));
+        }
+        let dev = c.dev.as_ref().unwrap();
+        let base = dev.ptr;
+        self.upload_t(&mut st.ring, base, &st.step.packed);
+        let c = &mut st.step;
+        c.desc = StepDesc {
+            tokens: base,
+            pos: base + 4 * rows as u64,
+            seq: base + 8 * rows as u64,
+            blocks: base + 12 * rows as u64,
+            bs: step.block_size.max(1) as i32,
+            max_blocks: step.max_blocks as i32,
+        };
+        c.valid = true;
+        c.desc
+    }
+
+    /// Syncs the stream at the end of a profiled op, so its timer holds device time.
+    fn profiled(&self) {
+        if crate::profile::enabled() {
+            self.synchronize();
+        }
+    }
+}
+
+/// Argument block of a projection (see `linear_small` / `linear_tiled` in `kernels/products.cu`).
+pub(crate) struct Lin {
+    pub m: MatDesc,
+    pub kind: QuantKind,
+    pub mrow0: usize,
+    pub mrow_bs: usize,
+    pub x: u64,
+    pub x_bs: usize,
+    pub xld: usize,
+    pub xrows: u64,
+    pub rows: usize,
+    pub nout: usize,
+    pub out: u64,
+    pub ostride: usize,
+    pub col: usize,
+    pub col_bs: usize,
+    pub add: bool,
+    pub bias: u64,
+    pub batches: usize,
+}
+
+fn kind_code(k: QuantKind) -> i32 {
+    match k {
+        QuantKind::F32 => 0,
+        QuantKind::Bf16 => 1,
+        QuantKind::Int8Row => 2,
+        QuantKind::Int4Group { .. } => 3,
+        QuantKind::Fp8 { .. } => 4,
+    }
+}

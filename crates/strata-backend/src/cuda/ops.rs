@@ -1,0 +1,507 @@
+//! Host side of the CUDA ops: argument checks, launch shapes, the product dispatch (few
+//! rows: a warp per output; many rows: cuBLAS for f32/bf16, else a tiled kernel) and the
+//! expert task lists.
+
+use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS};
+use crate::{Backend, Step};
+use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
+use cudarc::cublas::sys as blas;
+use std::ffi::c_void;
+use strata_kernels::QuantKind;
+
+/// The smallest instantiated register-array width that covers `n` values per lane.
+fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
+    let need = n.div_ceil(32).max(1);
+    &list
+        .iter()
+        .find(|(j, _)| *j >= need)
+        .unwrap_or_else(|| panic!("CUDA: {n} values per head is wider than the kernels support"))
+        .1
+}
+
+impl CudaBackend {
+    /// One projection (see [`Lin`]).
+    pub(crate) fn linear(&self, st: &mut State, l: &Lin) {
+        if l.rows == 0 || l.nout == 0 || l.batches == 0 {
+            return;
+        }
+        let (mrow0, mrow_bs, xld, rows, nout) =
+            (l.mrow0 as i32, l.mrow_bs as i32, l.xld as i32, l.rows as i32, l.nout as i32);
+        let (ostride, col, col_bs, add) = (l.ostride as i32, l.col as i32, l.col_bs as i32, l.add as i32);
+        let (m, x, x_bs, xrows, out, bias) = (l.m, l.x, l.x_bs as i64, l.xrows, l.out, l.bias);
+        if l.rows <= SMALL_ROWS && l.xrows == 0 {
+            let (fi, _) = [1usize, 2, 4, 8].iter().enumerate().find(|(_, &r)| r >= l.rows).unwrap();
+            // Warps per output: enough blocks to fill the device twice over.
+            let target = 2 * self.sms;
+            let split =
+                [1usize, 2, 4, 8].into_iter().find(|&s| (l.nout * s).div_ceil(8) * l.batches >= target).unwrap_or(8);
+            let split_i = split as i32;
+            let grid = ((l.nout * split).div_ceil(8) as u32, l.batches as u32, 1);
+            self.launch(
+                &self.f.linear[fi],
+                grid,
+                256,
+                0,
+                &mut args![m, mrow0, mrow_bs, x, x_bs, xld, rows, nout, out, ostride, col, col_bs, add, bias, split_i],
+            );
+            return;
+        }
+        if l.batches == 1 && l.xrows == 0 && matches!(l.kind, QuantKind::F32 | QuantKind::Bf16) {
+            if let Some(b) = &self.blas {
+                self.gemm(st, *b.handle(), l);
+                if l.bias != 0 {
+                    let grid = (l.nout.div_ceil(256) as u32, l.rows as u32, 1);
+                    self.launch(&self.f.add_bias, grid, 256, 0, &mut args![rows, nout, out, ostride, col, bias]);
+                }
+                return;
+            }
+        }
+        let grid = (l.nout.div_ceil(64) as u32, l.rows.div_ceil(64) as u32, l.batches as u32);
+        self.launch(
+            &self.f.tiled[kind_code(l.kind) as usize],
+            grid,
+            256,
+            0,
+            &mut args![m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add, bias],
+        );
+    }
+
+    /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split
+    /// into three bf16 parts (x = hi + mid + lo, exact), three GEMMs accumulating in f32.
+    fn gemm(&self, st: &mut State, h: blas::cublasHandle_t, l: &Lin) {
+        let (m, n, k) = (l.nout as i32, l.rows as i32, l.m.cols);
+        let (lda, ldb, ldc) = (l.m.cols, l.xld as i32, l.ostride as i32);
+        let a = l.m.w + (l.mrow0 as u64) * l.m.ld as u64;
+        let c = l.out + 4 * l.col as u64;
+        let one = 1f32;
+        let beta = if l.add { 1f32 } else { 0f32 };
+        let (t, nn) = (blas::cublasOperation_t::CUBLAS_OP_T, blas::cublasOperation_t::CUBLAS_OP_N);
+        let status = match l.kind {
+            QuantKind::F32 => unsafe {
+                // SAFETY: the pointers address device memory of the stated shapes.
+                blas::cublasSgemm_v2(
+                    h,
+                    t,
+                    nn,
+                    m,
+                    n,
+                    k,
+                    &one,
+                    a as *const f32,
+                    lda,
+                    l.x as *const f32,
+                    ldb,
+                    &beta,
+                    c as *mut f32,
+                    ldc,
+                )
+            },
+            _ => {
+                let len = l.rows * l.xld;
+                let hi = self.ensure(&mut st.work.xhi, len).ptr;
+                let mid = self.ensure(&mut st.work.xmid, len).ptr;
+                let lo = self.ensure(&mut st.work.xlo, len).ptr;
+                let (nl, xp) = (len as i64, l.x);
+                let blocks = len.div_ceil(256).clamp(1, 8 * self.sms) as u32;
+                self.launch(&self.f.split_bf16, (blocks, 1, 1), 256, 0, &mut args![nl, xp, hi, mid, lo]);
+                let bf = blas::cudaDataType::CUDA_R_16BF;
+                let f32t = blas::cudaDataType::CUDA_R_32F;
+                let ct = blas::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+                let algo = blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+                let run = |xb: u64, beta: &f32| unsafe {
+                    // SAFETY: as above; `xb` holds rows x xld bf16 values.
+                    blas::cublasGemmEx(
+                        h,
+                        t,
+                        nn,
+                        m,
+                        n,
+                        k,
+                        &one as *const f32 as *const c_void,
+                        a as *const c_void,
+                        bf,
+                        lda,
+                        xb as *const c_void,
+                        bf,
+                        ldb,
+                        beta as *const f32 as *const c_void,
+                        c as *mut c_void,
+                        f32t,
+                        ldc,
+                        ct,
+                        algo,
+                    )
+                };
+                let mut s = run(hi, &beta);
+                for part in [mid, lo] {
+                    if s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                        s = run(part, &one);
+                    }
+                }
+                s
+            }
+        };
+        status.result().unwrap_or_else(|e| panic!("cuBLAS: {e:?}"));
+    }
+}
+
+pub(crate) fn mla_prepare(b: &CudaBackend, step: &Step, a: MlaPrepare<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    let kw = d.key_width();
+    assert!(d.rope.is_multiple_of(2) && d.rope <= 512, "mla_prepare: rope width {} unsupported", d.rope);
+    assert!(a.q_a.len() >= rows * a.q_lora && a.kv_a.len() >= rows * kw, "mla_prepare: inputs too small");
+    assert!(a.cos.len() >= rows * d.rope / 2 && a.sin.len() >= rows * d.rope / 2, "mla_prepare: rotary tables");
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let (qa, qn, kva, kvn, cs, sn, cache) =
+        (a.q_a.ptr(), a.q_norm.ptr(), a.kv_a.ptr(), a.kv_norm.ptr(), a.cos.ptr(), a.sin.ptr(), a.cache.ptr());
+    let (q_lora, kv_lora, rope, eps) = (a.q_lora as i32, d.kv_lora as i32, d.rope as i32, a.eps);
+    b.launch(
+        &b.f.mla_prepare,
+        (rows as u32, 1, 1),
+        256,
+        0,
+        &mut args![sd, qa, q_lora, qn, kva, kvn, eps, cs, sn, cache, kv_lora, rope],
+    );
+}
+
+pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    assert!(a.q.len() >= rows * d.heads * (d.nope + d.rope), "mla_absorb: q too small");
+    assert!(a.q_full.len() >= rows * d.heads * d.key_width(), "mla_absorb: q_full too small");
+    assert_eq!(b.mat_shape(a.kv_b), (d.heads * (d.nope + d.v), d.kv_lora), "mla_absorb: kv_b shape");
+    let _g = b.lock();
+    let (q, kvb, cs, sn, qf) = (a.q.ptr(), a.kv_b.desc, a.cos.ptr(), a.sin.ptr(), a.q_full.ptr());
+    let (r, h, nope, rope, v, kvl) =
+        (rows as i32, d.heads as i32, d.nope as i32, d.rope as i32, d.v as i32, d.kv_lora as i32);
+    b.launch(
+        &b.f.mla_absorb,
+        (d.heads as u32, d.kv_lora.div_ceil(128) as u32, 1),
+        128,
+        0,
+        &mut args![q, kvb, r, h, nope, rope, v, kvl, cs, sn, qf],
+    );
+}
+
+pub(crate) fn dsa_select(b: &CudaBackend, step: &Step, a: DsaSelect<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    assert!(
+        d.rope.is_multiple_of(2) && d.rope <= d.dim && d.rope <= 512,
+        "dsa_select: rope {} of dim {}",
+        d.rope,
+        d.dim
+    );
+    assert!(a.q.len() >= rows * d.heads * d.dim && a.k.len() >= rows * d.dim, "dsa_select: inputs too small");
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let (q, k, knw, knb, cs, sn, cache) =
+        (a.q.ptr(), a.k.ptr(), a.k_norm_w.ptr(), a.k_norm_b.ptr(), a.cos.ptr(), a.sin.ptr(), a.cache.ptr());
+    let (heads, dim, rope, eps) = (d.heads as i32, d.dim as i32, d.rope as i32, a.eps);
+    b.launch(
+        &b.f.dsa_prepare,
+        (rows as u32, 1, 1),
+        256,
+        0,
+        &mut args![sd, q, heads, dim, rope, k, knw, knb, eps, cs, sn, cache],
+    );
+    if !a.select {
+        return;
+    }
+    let positions = step.max_visible();
+    assert!(a.work.len() >= rows * positions, "dsa_select: scores scratch too small");
+    assert!(d.topk >= 1, "dsa_select: index_topk must be at least 1");
+    assert!(a.selected.len() >= rows * d.topk && a.counts.len() >= rows, "dsa_select: selection buffers too small");
+    let smem = (d.heads * (d.dim + 1) + d.heads) * 4;
+    assert!(smem <= 48 << 10, "dsa_select: {} heads x {} dims exceed shared memory", d.heads, d.dim);
+    let (w, work, sel, cnt) = (a.w.ptr(), a.work.ptr(), a.selected.ptr(), a.counts.ptr());
+    let wscale = (d.heads as f32).powf(-0.5);
+    let dscale = (d.dim as f32).powf(-0.5);
+    let (pos_i, topk) = (positions as i32, d.topk as i32);
+    b.launch(
+        &b.f.dsa_scores,
+        (rows as u32, positions.div_ceil(256) as u32, 1),
+        256,
+        smem as u32,
+        &mut args![sd, q, w, heads, dim, wscale, dscale, cache, work, pos_i],
+    );
+    b.launch(&b.f.dsa_topk, (rows as u32, 1, 1), 1024, 0, &mut args![sd, work, pos_i, topk, sel, cnt]);
+}
+
+pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    let kw = d.key_width();
+    assert!(a.q_full.len() >= rows * d.heads * kw, "mla_attend: q_full too small");
+    assert!(a.latent_out.len() >= d.heads * rows * d.kv_lora, "mla_attend: latent scratch too small");
+    assert!(a.out.len() >= rows * d.heads * d.v, "mla_attend: output too small");
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let sparse = (a.selection == Selection::Sparse) as i32;
+    let (qf, cache, sel, cnt, lat) =
+        (a.q_full.ptr(), a.cache.ptr(), a.selected.ptr(), a.counts.ptr(), a.latent_out.ptr());
+    let (topk, heads, kvl, kwi, scale, rows_i) =
+        (a.topk as i32, d.heads as i32, d.kv_lora as i32, kw as i32, d.scale, rows as i32);
+    b.launch(
+        pick(&b.f.mla_attend, kw),
+        (rows as u32, d.heads as u32, 1),
+        128,
+        0,
+        &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
+    );
+    // Each head's value projection: out[r, h*v + o] = W_uv(h)[o] . lat[h, r].
+    let l = Lin {
+        m: a.kv_b.desc,
+        kind: a.kv_b.kind,
+        mrow0: d.nope,
+        mrow_bs: d.nope + d.v,
+        x: lat,
+        x_bs: rows * d.kv_lora,
+        xld: d.kv_lora,
+        xrows: 0,
+        rows,
+        nout: d.v,
+        out: a.out.ptr(),
+        ostride: d.heads * d.v,
+        col: 0,
+        col_bs: d.v,
+        add: false,
+        bias: 0,
+        batches: d.heads,
+    };
+    b.linear(&mut st, &l);
+}
+
+pub(crate) fn gqa_prepare(b: &CudaBackend, step: &Step, a: GqaPrepare<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    assert!(d.rotary.is_multiple_of(2) && d.rotary <= d.head_dim, "gqa_prepare: rotary {} of {}", d.rotary, d.head_dim);
+    assert!(
+        d.kv_heads > 0 && d.heads.is_multiple_of(d.kv_heads),
+        "gqa_prepare: {} heads over {} KV heads",
+        d.heads,
+        d.kv_heads
+    );
+    assert!(a.q.len() >= rows * d.heads * d.head_dim, "gqa_prepare: q too small");
+    assert!(a.k.len() >= rows * d.kv_heads * d.head_dim && a.v.len() >= rows * d.kv_heads * d.head_dim);
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let (q, k, v, cs, sn, cache) = (a.q.ptr(), a.k.ptr(), a.v.ptr(), a.cos.ptr(), a.sin.ptr(), a.cache.ptr());
+    let (qn, kn) = (a.q_norm.map_or(0, |w| w.ptr()), a.k_norm.map_or(0, |w| w.ptr()));
+    let (eps, heads, kvh, hd, rot) = (a.eps, d.heads as i32, d.kv_heads as i32, d.head_dim as i32, d.rotary as i32);
+    b.launch(
+        &b.f.gqa_prepare,
+        (rows as u32, 1, 1),
+        256,
+        0,
+        &mut args![sd, q, k, v, qn, kn, eps, heads, kvh, hd, rot, cs, sn, cache],
+    );
+}
+
+pub(crate) fn gqa_attend(b: &CudaBackend, step: &Step, a: GqaAttend<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    assert!(a.out.len() >= rows * d.heads * d.head_dim, "gqa_attend: output too small");
+    let window = match d.window {
+        None => 0i32,
+        Some(w) => {
+            assert!(w > 0, "gqa_attend: a window of 0 positions");
+            w as i32
+        }
+    };
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let (q, cache, out) = (a.q.ptr(), a.cache.ptr(), a.out.ptr());
+    let (heads, kvh, hd, scale) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32, d.scale);
+    b.launch(
+        pick(&b.f.gqa_attend, d.head_dim),
+        (rows as u32, d.heads as u32, 1),
+        128,
+        0,
+        &mut args![sd, q, cache, heads, kvh, hd, scale, window, out],
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn route_noaux(
+    b: &CudaBackend,
+    x: &DevBuf<f32>,
+    rows: usize,
+    gate: &CudaMat,
+    bias: &DevBuf<f32>,
+    p: RouterParams,
+    logits: &mut DevBuf<f32>,
+    ids: &mut DevBuf<u32>,
+    weights: &mut DevBuf<f32>,
+) {
+    let (n, hidden, k) = (gate.rows, gate.cols, p.top_k);
+    assert!((1..=64).contains(&k) && k <= n, "route_noaux: top_k {k} of {n} experts");
+    assert!(p.n_group >= 1 && p.n_group <= 64, "route_noaux: {} groups", p.n_group);
+    assert!(p.n_group == 1 || n % p.n_group == 0, "route_noaux: {n} experts in {} groups", p.n_group);
+    assert!(x.len() >= rows * hidden && logits.len() >= rows * n && bias.len() >= n, "route_noaux: buffers");
+    assert!(ids.len() >= rows * k && weights.len() >= rows * k, "route_noaux: outputs too small");
+    let smem = (2 * n + p.n_group) * 4;
+    assert!(smem <= 48 << 10, "route_noaux: {n} experts exceed shared memory");
+    let mut st = b.lock();
+    let l = Lin {
+        m: gate.desc,
+        kind: gate.kind,
+        mrow0: 0,
+        mrow_bs: 0,
+        x: x.ptr(),
+        x_bs: 0,
+        xld: hidden,
+        xrows: 0,
+        rows,
+        nout: n,
+        out: logits.ptr(),
+        ostride: n,
+        col: 0,
+        col_bs: 0,
+        add: false,
+        bias: 0,
+        batches: 1,
+    };
+    b.linear(&mut st, &l);
+    let (lp, bp, ip, wp) = (logits.ptr(), bias.ptr(), ids.ptr(), weights.ptr());
+    let (ni, ki, ng, tg, norm, sc) =
+        (n as i32, k as i32, p.n_group as i32, p.topk_group as i32, p.norm_topk_prob as i32, p.scaling);
+    b.launch(&b.f.route, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, bp, ki, ng, tg, norm, sc, ip, wp]);
+}
+
+/// SwiGLU experts: experts with few rows in two grouped launches (gate/up, down) over a
+/// task table built here; an expert with many rows (a dense MLP or the shared expert in a
+/// prefill) through the many-rows products.
+pub(crate) fn experts<'a>(
+    b: &CudaBackend,
+    x: &DevBuf<f32>,
+    rows: usize,
+    n: usize,
+    task: &(dyn Fn(usize) -> ExpertTask<'a, CudaBackend> + Sync),
+    y: &mut DevBuf<f32>,
+) {
+    let hidden = task(0).weights.gate.cols;
+    assert!(x.len() >= rows * hidden, "experts: x has {} values, expected {rows} rows x {hidden}", x.len());
+    let mut tasks: Vec<TaskDesc> = Vec::with_capacity(n);
+    let mut rowidx: Vec<u32> = Vec::new();
+    // (weights, rows offset, rows, out row, x as it is)
+    let mut big = Vec::new();
+    let (mut h_off, mut blk1, mut blk2) = (0usize, 0usize, 0usize);
+    let mut max_rows = 0;
+    for i in 0..n {
+        let t = task(i);
+        let (g, u, d) = (t.weights.gate, t.weights.up, t.weights.down);
+        let inter = g.rows;
+        assert!(
+            g.cols == hidden && u.rows == inter && u.cols == hidden && d.rows == hidden && d.cols == inter,
+            "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter] with hidden {hidden}",
+            g.rows,
+            g.cols,
+            u.rows,
+            u.cols,
+            d.rows,
+            d.cols
+        );
+        assert_eq!(g.kind, u.kind, "swiglu_expert: gate and up must share an encoding");
+        let nrows = match t.rows {
+            Some(r) => {
+                assert!(r.iter().all(|&i| (i as usize) < rows), "experts: a job row is beyond x's {rows} rows");
+                r.len()
+            }
+            None => rows,
+        };
+        assert!((t.out_row + nrows) * hidden <= y.len(), "experts: output rows beyond y");
+        if nrows == 0 {
+            continue;
+        }
+        let rows_off = rowidx.len();
+        match t.rows {
+            Some(r) => rowidx.extend_from_slice(r),
+            None => rowidx.extend(0..rows as u32),
+        }
+        if nrows >= EXPERT_BIG_ROWS {
+            big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
+            continue;
+        }
+        max_rows = max_rows.max(nrows);
+        tasks.push(TaskDesc {
+            g: g.desc,
+            u: u.desc,
+            d: d.desc,
+            h_off: h_off as i64,
+            nrows: nrows as i32,
+            rows_off: rows_off as i32,
+            out_row: t.out_row as i32,
+            blk1: blk1 as i32,
+            blk2: blk2 as i32,
+            pad: 0,
+        });
+        h_off += (nrows * inter).next_multiple_of(4);
+        blk1 += inter.div_ceil(8);
+        blk2 += hidden.div_ceil(8);
+    }
+    let mut st = b.lock();
+    let st = &mut *st;
+    // Table: the tasks, then the row lists (16-byte aligned).
+    let tbytes = std::mem::size_of_val(&tasks[..]);
+    let roff = tbytes.next_multiple_of(16);
+    let total = roff + 4 * rowidx.len();
+    let bytes = &mut st.work.bytes;
+    bytes.clear();
+    // SAFETY: plain #[repr(C)] values viewed as bytes.
+    bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(tasks.as_ptr() as *const u8, tbytes) });
+    bytes.resize(roff, 0);
+    bytes.extend(rowidx.iter().flat_map(|r| r.to_le_bytes()));
+    let table = b.ensure(&mut st.work.table, total.max(16)).ptr();
+    b.upload_bytes(&mut st.ring, table, &st.work.bytes);
+    let ridx = table + roff as u64;
+    let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
+    if !tasks.is_empty() {
+        let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
+        let ri = usize::from(max_rows > 1);
+        let nt = tasks.len() as i32;
+        b.launch(&b.f.experts_up[ri], (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
+        b.launch(&b.f.experts_down[ri], (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
+    }
+    for (w, rows_off, nrows, out_row, whole) in big {
+        let inter = w.gate.rows;
+        let xin = if whole && nrows == rows {
+            xp
+        } else {
+            let gx = b.ensure(&mut st.work.gx, nrows * hidden).ptr();
+            let rp = ridx + 4 * rows_off as u64;
+            b.launch(&b.f.gather, (nrows as u32, 1, 1), 256, 0, &mut args![xp, rp, hid, gx]);
+            gx
+        };
+        let gp = b.ensure(&mut st.work.g, nrows * inter).ptr();
+        let up = b.ensure(&mut st.work.u, nrows * inter).ptr();
+        let hp = b.ensure(&mut st.work.hb, nrows * inter).ptr();
+        let lin = |m: &CudaMat, x: u64, xld: usize, nout: usize, out: u64| Lin {
+            m: m.desc,
+            kind: m.kind,
+            mrow0: 0,
+            mrow_bs: 0,
+            x,
+            x_bs: 0,
+            xld,
+            xrows: 0,
+            rows: nrows,
+            nout,
+            out,
+            ostride: nout,
+            col: 0,
+            col_bs: 0,
+            add: false,
+            bias: 0,
+            batches: 1,
+        };
+        b.linear(st, &lin(w.gate, xin, hidden, inter, gp));
+        b.linear(st, &lin(w.up, xin, hidden, inter, up));
+        let len = (nrows * inter) as i64;
+        let blocks = (nrows * inter).div_ceil(256).clamp(1, 8 * b.sms) as u32;
+        b.launch(&b.f.silu_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, hp]);
+        b.linear(st, &lin(w.down, hp, inter, hidden, yp + (4 * out_row * hidden) as u64));
+    }
+}

@@ -1,0 +1,241 @@
+//! Whole models on CUDA against transformers' references and the CPU backend.
+
+use super::*;
+
+/// The checkout holding `fixtures/` and `models/`: `$STRATA_REPO_ROOT` (a test binary
+/// taken to another machine), else the one this test was built from.
+fn repo_root() -> PathBuf {
+    match std::env::var_os("STRATA_REPO_ROOT") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap(),
+    }
+}
+
+fn open(dir: &Path, device: Device) -> LoadedModel {
+    LoadedModel::open_with(dir, &LoadOptions { device, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()))
+}
+
+fn tensor_f32(f: &SafetensorsFile, name: &str) -> Vec<f32> {
+    let t = &f.tensors()[name];
+    assert_eq!(t.dtype, ElementType::F32, "{name}");
+    f.bytes(t).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn tensor_ids(f: &SafetensorsFile, name: &str) -> Vec<u32> {
+    let t = &f.tensors()[name];
+    assert_eq!(t.dtype, ElementType::I64, "{name}");
+    f.bytes(t).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Logits (max |difference|) of f32 checkpoints, and of every decode step.
+const TOL: f32 = 1e-4;
+/// Prompt logits of bf16 checkpoints: prefill products of many rows run on cuBLAS's
+/// tensor cores (bf16 weights x the activations split exactly into three bf16 parts),
+/// whose f32 accumulation is not IEEE round-to-nearest, so they drift a little further
+/// from the f32 reference than the CPU's; the fixtures' logits reach |6.5|.
+const TOL_BF16_PREFILL: f32 = 2.5e-4;
+
+fn check_fixture(dir: &Path, phase: &dyn Fn(&str)) {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    phase("load on CUDA");
+    let gm = open(dir, Device::Cuda(0));
+    assert!(gm.model.device().starts_with("cuda:0"), "{name}: runs on {}", gm.model.device());
+    phase("load on CPU");
+    let cm = open(dir, Device::Cpu);
+    let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+    let prompt = tensor_ids(&r, "prompt_ids");
+    let want: Vec<f32> = tensor_f32(&r, "prompt_logits");
+    phase("prompt logits on CUDA");
+    let got: Vec<f32> = gm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    phase("prompt logits on CPU");
+    let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let bf16 = ["torch_dtype", "dtype"].iter().any(|k| config[*k] == "bfloat16");
+    let tol = if bf16 { TOL_BF16_PREFILL } else { TOL };
+    eprintln!("{name}: prompt logits, CUDA vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e} (bound {tol:.1e})");
+    assert!(vs_ref < tol, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
+    assert!(vs_cpu < tol, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
+    let gen_ids = tensor_ids(&r, "generated_ids");
+    let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
+    phase("greedy generation on CUDA");
+    let out = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    assert_eq!(out.tokens, gen_ids, "{name}: CUDA greedy tokens");
+    phase("decode steps on CUDA");
+    let mut worst_step = 0f32;
+    if r.tensors().contains_key("generated_logits") {
+        let vocab = gm.model.info().vocab_size;
+        let steps = tensor_f32(&r, "generated_logits");
+        let mut gen = gm.generator().unwrap();
+        gen.prefill(&prompt).unwrap();
+        for (i, &t) in gen_ids.iter().enumerate() {
+            let d = max_diff(gen.last_logits(), &steps[i * vocab..(i + 1) * vocab]);
+            assert!(d < TOL, "{name}: CUDA decode step {i} logits differ by {d}");
+            worst_step = worst_step.max(d);
+            if i + 1 < gen_ids.len() {
+                gen.step(t).unwrap();
+            }
+        }
+    }
+    eprintln!(
+        "{name}: CUDA parity ok (prompt {} tokens; prefill vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; decode steps {worst_step:.2e})",
+        prompt.len()
+    );
+}
+
+fn fixture_dirs(family: &str) -> Vec<PathBuf> {
+    let root = repo_root().join("fixtures").join(family);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("reference.safetensors").exists())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// The fixtures with a test below: one test each, so that one stalled or failed fixture
+/// leaves the others' results.
+const FIXTURES: [(&str, &str); 6] = [
+    ("glm5", "dense-attn"),
+    ("glm5", "dsa-shared"),
+    ("glm5", "dsa-sparse"),
+    ("glm5", "fp8"),
+    ("glm4_moe", "bf16-mha"),
+    ("glm4_moe", "gqa-bias"),
+];
+
+#[test]
+fn every_parity_fixture_has_a_cuda_test() {
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe"]
+        .iter()
+        .flat_map(|f| {
+            fixture_dirs(f)
+                .into_iter()
+                .map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
+        })
+        .collect();
+    all.sort();
+    let mut listed: Vec<(String, String)> = FIXTURES.iter().map(|(f, d)| (f.to_string(), d.to_string())).collect();
+    listed.sort();
+    assert_eq!(all, listed, "fixtures/ and the CUDA fixture tests disagree");
+}
+
+/// `STRATA_TEST_STALL_S`: abort the process, naming the last CUDA kernel (with
+/// `STRATA_CUDA_WATCHDOG`) and the phase, when `f` has not finished in time.
+fn stall_guard<F: FnOnce(&dyn Fn(&str))>(what: &str, f: F) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let phase = Arc::new(Mutex::new(String::from("start")));
+    let done = Arc::new(AtomicBool::new(false));
+    if let Some(secs) = std::env::var("STRATA_TEST_STALL_S").ok().and_then(|s| s.parse::<u64>().ok()) {
+        let (phase, done, what) = (phase.clone(), done.clone(), what.to_string());
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs() < secs {
+                if done.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let phase = phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            eprintln!(
+                "STALL {what}: not done after {secs} s, in phase `{phase}`; last CUDA kernel: {}",
+                strata_backend::cuda::last_kernel()
+            );
+            std::process::abort();
+        });
+    }
+    f(&|p: &str| *phase.lock().unwrap_or_else(|e| e.into_inner()) = p.to_string());
+    done.store(true, Ordering::Relaxed);
+}
+
+fn fixture_test(family: &str, dir: &str) {
+    if gpu().is_none() {
+        return;
+    }
+    let d = repo_root().join("fixtures").join(family).join(dir);
+    stall_guard(&format!("{family}/{dir}"), |phase| check_fixture(&d, phase));
+}
+
+#[test]
+fn cuda_glm5_dense_attn() {
+    fixture_test("glm5", "dense-attn")
+}
+
+#[test]
+fn cuda_glm5_dsa_shared() {
+    fixture_test("glm5", "dsa-shared")
+}
+
+#[test]
+fn cuda_glm5_dsa_sparse() {
+    fixture_test("glm5", "dsa-sparse")
+}
+
+#[test]
+fn cuda_glm5_fp8() {
+    fixture_test("glm5", "fp8")
+}
+
+#[test]
+fn cuda_glm4_moe_bf16_mha() {
+    fixture_test("glm4_moe", "bf16-mha")
+}
+
+#[test]
+fn cuda_glm4_moe_gqa_bias() {
+    fixture_test("glm4_moe", "gqa-bias")
+}
+
+#[test]
+fn cuda_strata_tiny_matches_transformers_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let root = repo_root();
+    let dir = root.join("models/strata-tiny");
+    let (gm, cm) = (open(&dir, Device::Cuda(0)), open(&dir, Device::Cpu));
+    let r = SafetensorsFile::open(&root.join("fixtures/strata-tiny/reference.safetensors")).unwrap();
+    for i in 0..3 {
+        let ids = tensor_ids(&r, &format!("prompt_ids_{i}"));
+        let want = tensor_f32(&r, &format!("prompt_logits_{i}"));
+        let got: Vec<f32> = gm.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
+        assert!(vs_ref < TOL, "strata-tiny prompt {i}: CUDA vs transformers {vs_ref}");
+        assert!(vs_cpu < TOL, "strata-tiny prompt {i}: CUDA vs CPU {vs_cpu}");
+        // Greedy continuations (the MTP draft on where the model has one) agree.
+        let req = GenerateRequest::new(ids.clone(), 32, SamplingParams::default());
+        let a = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+        let b = cm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+        assert_eq!(a.tokens, b.tokens, "strata-tiny prompt {i}: greedy tokens CUDA vs CPU");
+        eprintln!(
+            "strata-tiny prompt {i} ({} tokens): CUDA vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; 32 greedy tokens equal",
+            ids.len()
+        );
+    }
+}
+
+#[test]
+fn cuda_refuses_streamed_experts() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = repo_root().join("models/strata-tiny");
+    let opts = LoadOptions { device: Device::Cuda(0), budget: Some(1 << 30), ..Default::default() };
+    let err = LoadedModel::open_with(&dir, &opts).err().expect("--budget on CUDA must be refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("--budget") && !msg.contains('\n'), "{msg}");
+    let container = repo_root().join("fixtures/colibri/dsa-sparse-int4");
+    let opts = LoadOptions { device: Device::Cuda(0), ..Default::default() };
+    let err = LoadedModel::open_with(&container, &opts).err().expect("a container on CUDA must be refused");
+    assert!(format!("{err:#}").contains("expert container"), "{err:#}");
+}

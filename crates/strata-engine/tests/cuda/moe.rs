@@ -1,0 +1,172 @@
+//! The router, the grouped expert products and the combination.
+
+use super::*;
+
+pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(7);
+    for (experts, hidden, rows, p) in [
+        (64, 96, 1, RouterParams { top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
+        (64, 96, 9, RouterParams { top_k: 6, n_group: 8, topk_group: 3, norm_topk_prob: true, scaling: 1.0 }),
+        (256, 128, 3, RouterParams { top_k: 8, n_group: 4, topk_group: 2, norm_topk_prob: false, scaling: 1.5 }),
+        (16, 64, 40, RouterParams { top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
+    ] {
+        let (gate, _) = hostmat(&mut rng, QuantKind::F32, experts, hidden, 0.3);
+        let x = rvec(&mut rng, rows * hidden, 1.0);
+        let bias = rvec(&mut rng, experts, 0.2);
+        fn run<B: Backend>(
+            b: &B,
+            gate: &HostMatrix,
+            x: &[f32],
+            bias: &[f32],
+            rows: usize,
+            p: RouterParams,
+        ) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+            let w = b.matrix(gate.clone()).unwrap();
+            let (xb, bb) = (up(b, x), up(b, bias));
+            let mut logits = up(b, &vec![f32::NAN; rows * gate.rows]);
+            let mut ids = b.alloc_idx(rows * p.top_k).unwrap();
+            let mut wts = up(b, &vec![f32::NAN; rows * p.top_k]);
+            b.route_noaux(&xb, rows, &w, &bb, p, &mut logits, &mut ids, &mut wts);
+            (down(b, &logits, rows * gate.rows), down_idx(b, &ids, rows * p.top_k), down(b, &wts, rows * p.top_k))
+        }
+        let (gl, gi, gw) = run(g, &gate, &x, &bias, rows, p);
+        let (cl, ci, cw) = run(c, &gate, &x, &bias, rows, p);
+        close("router logits", &gl, &cl, 1e-6, 1e-5);
+        assert_eq!(gi, ci, "router ids ({experts} experts, {p:?})");
+        close("router weights", &gw, &cw, 1e-6, 1e-5);
+    }
+}
+
+pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(8);
+    let (hidden, inter, rows) = (128, 64, 40);
+    // Per expert: encodings of (gate/up, down), its rows (None: every row).
+    let rows_of = |rng: &mut Rand, n: usize| -> Vec<u32> {
+        let mut all: Vec<u32> = (0..rows as u32).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, rng.random_range(0..=i));
+        }
+        let mut s = all[..n].to_vec();
+        s.sort_unstable();
+        s
+    };
+    let specs: Vec<(QuantKind, QuantKind, Option<Vec<u32>>)> = vec![
+        (QuantKind::Bf16, QuantKind::Bf16, Some(rows_of(&mut rng, 1))),
+        (QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 64 }, Some(rows_of(&mut rng, 3))),
+        (QuantKind::Int8Row, QuantKind::Int8Row, Some(rows_of(&mut rng, 8))),
+        (QuantKind::Fp8 { block_rows: 128, block_cols: 128 }, QuantKind::F32, Some(rows_of(&mut rng, 9))),
+        (QuantKind::F32, QuantKind::Bf16, Some(rows_of(&mut rng, 35))),
+        (
+            QuantKind::Int4Group { group: 6 },
+            QuantKind::Fp8 { block_rows: 16, block_cols: 24 },
+            Some(rows_of(&mut rng, 2)),
+        ),
+        (QuantKind::Bf16, QuantKind::Int4Group { group: 64 }, None),
+    ];
+    let mats: Vec<[HostMatrix; 3]> = specs
+        .iter()
+        .map(|(gu, dk, _)| {
+            [
+                hostmat(&mut rng, *gu, inter, hidden, 0.2).0,
+                hostmat(&mut rng, *gu, inter, hidden, 0.2).0,
+                hostmat(&mut rng, *dk, hidden, inter, 0.2).0,
+            ]
+        })
+        .collect();
+    let x = rvec(&mut rng, rows * hidden, 1.0);
+    let mut out_rows = Vec::new();
+    let mut at = 0;
+    for (_, _, r) in &specs {
+        out_rows.push(at);
+        at += r.as_ref().map_or(rows, |r| r.len());
+    }
+    let total = at;
+    fn run<B: Backend>(
+        b: &B,
+        mats: &[[HostMatrix; 3]],
+        specs: &[(QuantKind, QuantKind, Option<Vec<u32>>)],
+        out_rows: &[usize],
+        x: &[f32],
+        rows: usize,
+        total: usize,
+        hidden: usize,
+    ) -> Vec<f32> {
+        let dev: Vec<[B::Mat; 3]> = mats
+            .iter()
+            .map(|m| {
+                [b.matrix(m[0].clone()).unwrap(), b.matrix(m[1].clone()).unwrap(), b.matrix(m[2].clone()).unwrap()]
+            })
+            .collect();
+        let xb = up(b, x);
+        let mut y = up(b, &vec![f32::NAN; total * hidden]);
+        let task = |i: usize| ExpertTask {
+            weights: b.expert_ref(&dev[i][0], &dev[i][1], &dev[i][2]),
+            rows: specs[i].2.as_deref(),
+            out_row: out_rows[i],
+        };
+        b.experts(&xb, rows, specs.len(), &task, &mut y);
+        down(b, &y, total * hidden)
+    }
+    let gy = run(g, &mats, &specs, &out_rows, &x, rows, total, hidden);
+    let cy = run(c, &mats, &specs, &out_rows, &x, rows, total, hidden);
+    close("experts y", &gy, &cy, 1e-5, 1e-4);
+
+    // The combination: each row takes top_k of the outputs above (ids ascending order
+    // differs from rank order), plus a shared row.
+    let top_k = 3;
+    let crow = 10;
+    let mut ids = Vec::new();
+    let mut src = Vec::new();
+    for _ in 0..crow {
+        let mut pick: Vec<u32> = (0..40).collect();
+        for i in (1..pick.len()).rev() {
+            pick.swap(i, rng.random_range(0..=i));
+        }
+        ids.extend_from_slice(&pick[..top_k]);
+        src.extend((0..top_k).map(|_| rng.random_range(0..(total - crow) as u32)));
+    }
+    let w = pvec(&mut rng, crow * top_k, 0.1, 1.0);
+    let out0 = rvec(&mut rng, crow * hidden, 1.0);
+    fn comb<B: Backend>(
+        b: &B,
+        ids: &[u32],
+        w: &[f32],
+        src: &[u32],
+        y: &[f32],
+        out0: &[f32],
+        rows: usize,
+        hidden: usize,
+        top_k: usize,
+        shared: usize,
+    ) -> Vec<f32> {
+        let mut ib = b.alloc_idx(ids.len()).unwrap();
+        b.write_idx(&mut ib, 0, ids);
+        let mut sb = b.alloc_idx(src.len()).unwrap();
+        b.write_idx(&mut sb, 0, src);
+        let (wb, yb) = (up(b, w), up(b, y));
+        let mut o = up(b, out0);
+        b.moe_combine(rows, hidden, top_k, &ib, &wb, &sb, &yb, Some(shared), &mut o);
+        down(b, &o, out0.len())
+    }
+    let shared = total - crow;
+    let gcomb = comb(g, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared);
+    let ccomb = comb(c, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared);
+    // Same inputs, same order, fused multiply-adds on both: equal.
+    close("moe_combine", &gcomb, &ccomb, 1e-7, 1e-7);
+}
+
+#[test]
+fn cuda_route_noaux_matches_cpu() {
+    if let Some(g) = gpu() {
+        cuda_route_noaux_matches_cpu_on(g)
+    }
+}
+
+#[test]
+fn cuda_experts_and_combine_match_cpu() {
+    if let Some(g) = gpu() {
+        cuda_experts_and_combine_match_cpu_on(g)
+    }
+}
