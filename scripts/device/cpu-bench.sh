@@ -8,6 +8,8 @@
 #   llamacpp-peer.sh       copy of ../shared/tools/llamacpp-peer.sh
 #   pool_bench.xz, matvec_bench.xz   (optional) kernel examples
 # Writes $OUT/cpu-bench.jsonl (one JSON object per measurement) and logs.
+# The tracked tree is over the device tool's 64 MiB: run `scripts/device/slim.sh on` before
+# the call and `slim.sh off` after it.
 set -uo pipefail
 C=${C:-.devcarry}
 OUT=${OUT:-/tmp/strata-out}
