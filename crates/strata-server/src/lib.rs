@@ -19,6 +19,7 @@
 pub mod anthropic;
 pub mod common;
 pub mod error;
+pub mod fetch;
 pub mod grammar;
 pub mod media;
 pub mod metrics;

@@ -1,22 +1,14 @@
 //! Images in chat requests (`image_url` parts): `data:` URLs decoded in place, `http://`
-//! URLs fetched with a timeout and a size cap, from public addresses only (private,
-//! loopback, link-local, shared and unspecified addresses are refused unless the server
-//! runs with `--allow-private-media`; the host is resolved once and the checked address
-//! is the one connected to; redirects are not followed). `https://` needs TLS, which this
-//! build does not carry: such URLs are refused by name (send a `data:` URL).
+//! and `https://` URLs fetched by [`crate::fetch`] (timeout, size cap, public addresses
+//! only unless the server runs with `--allow-private-media`, no redirects).
 
 use crate::common::AppState;
 use crate::error::{ApiError, ApiResult};
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
 use strata_engine::image::{ImageProcessor, Rgb8};
 
 /// Largest image accepted, in bytes (encoded).
-pub const MAX_IMAGE_BYTES: usize = 20 << 20;
-/// Connect and read timeout of a fetch.
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_IMAGE_BYTES: usize = crate::fetch::MAX_BODY_BYTES;
 
 fn bad(param: &str, msg: impl std::fmt::Display) -> ApiError {
     ApiError::bad_request(format!("{param}: {msg}")).with_param(param)
@@ -34,84 +26,11 @@ pub fn load(url: &str, allow_private: bool, param: &str) -> ApiResult<Vec<u8>> {
         }
         return base64(data).ok_or_else(|| bad(param, "the data: URL is not valid base64"));
     }
-    if url.starts_with("https://") {
-        return Err(bad(
-            param,
-            "https image URLs are not fetched by this build (no TLS); send the image as a data: URL",
-        ));
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
+    if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(bad(param, "an image URL must be a data: or http(s):// URL"));
-    };
-    fetch_http(rest, allow_private).map_err(|e| bad(param, format!("fetching {url}: {e}")))
-}
-
-/// Whether `ip` is an address a server should not fetch from on a client's behalf.
-pub fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v) => {
-            let o = v.octets();
-            v.is_private()
-                || v.is_loopback()
-                || v.is_link_local()
-                || v.is_unspecified()
-                || v.is_broadcast()
-                || v.is_multicast()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
-        }
-        IpAddr::V6(v) => {
-            let s = v.segments();
-            if let Some(v4) = v.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            v.is_loopback()
-                || v.is_unspecified()
-                || v.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00
-                || (s[0] & 0xffc0) == 0xfe80
-        }
     }
-}
-
-fn fetch_http(rest: &str, allow_private: bool) -> Result<Vec<u8>, String> {
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.contains('@') || authority.is_empty() {
-        return Err("the URL needs a host (and no credentials)".into());
-    }
-    let host =
-        authority.rsplit_once(':').map_or(authority, |(h, p)| if p.parse::<u16>().is_ok() { h } else { authority });
-    let with_port = if host.len() == authority.len() { format!("{authority}:80") } else { authority.to_string() };
-    let addrs: Vec<SocketAddr> =
-        with_port.to_socket_addrs().map_err(|e| format!("cannot resolve the host: {e}"))?.collect();
-    let addr = addrs.first().copied().ok_or("the host has no address")?;
-    if !allow_private && addrs.iter().any(|a| is_private(a.ip())) {
-        return Err(format!(
-            "{} is a private, loopback or link-local address (the server refuses those without --allow-private-media)",
-            addr.ip()
-        ));
-    }
-    let mut s = TcpStream::connect_timeout(&addr, FETCH_TIMEOUT).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(FETCH_TIMEOUT)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(FETCH_TIMEOUT)).map_err(|e| e.to_string())?;
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: strata\r\nAccept: image/*\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.take((MAX_IMAGE_BYTES + 64 * 1024) as u64).read_to_end(&mut buf).map_err(|e| e.to_string())?;
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or("the reply has no headers")?;
-    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
-        return Err(format!("the server answered {status} (redirects are not followed)"));
-    }
-    let body = buf[end + 4..].to_vec();
-    if body.len() > MAX_IMAGE_BYTES {
-        return Err(format!("the image is larger than {MAX_IMAGE_BYTES} bytes"));
-    }
-    Ok(body)
+    crate::fetch::fetch(url, allow_private, &crate::fetch::public_tls())
+        .map_err(|e| bad(param, format!("fetching {url}: {e}")))
 }
 
 /// The URL of an image part: OpenAI's `image_url` (`{"url"}` or a string), the Responses
@@ -217,47 +136,12 @@ mod tests {
     }
 
     #[test]
-    fn private_addresses_are_refused_unless_allowed() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "100.64.0.1",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(is_private(ip.parse().unwrap()), "{ip}");
-        }
-        for ip in ["8.8.8.8", "1.1.1.1", "2606:4700::1111"] {
-            assert!(!is_private(ip.parse().unwrap()), "{ip}");
-        }
+    fn urls_load_by_scheme() {
         let e = load("http://127.0.0.1:9/x.png", false, "m").unwrap_err();
         assert!(e.message.contains("--allow-private-media"), "{}", e.message);
-        assert!(load("https://example.com/x.png", false, "m").unwrap_err().message.contains("data: URL"));
-        assert!(load("ftp://x/y", false, "m").is_err());
+        let e = load("https://10.0.0.1/x.png", false, "m").unwrap_err();
+        assert!(e.message.contains("--allow-private-media"), "{}", e.message);
+        assert!(load("ftp://x/y", false, "m").unwrap_err().message.contains("data: or http(s)://"));
         assert_eq!(load("data:image/png;base64,aGk=", false, "m").unwrap(), b"hi");
-    }
-
-    #[test]
-    fn an_allowed_private_fetch_reads_the_body() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let t = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
-            let mut req = Vec::new();
-            let mut buf = [0u8; 256];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = c.read(&mut buf).unwrap();
-                req.extend_from_slice(&buf[..n]);
-            }
-            c.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: image/png\r\n\r\nPIXELS").unwrap();
-        });
-        assert_eq!(load(&format!("http://127.0.0.1:{port}/a.png"), true, "m").unwrap(), b"PIXELS");
-        t.join().unwrap();
     }
 }

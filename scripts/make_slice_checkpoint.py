@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Random-weight "slice" checkpoints: a family's real widths, few layers, small vocab.
+
+For CPU speed measurements (docs/performance.md, issue 14) of families whose real checkpoints
+do not fit this machine. GLM-5 has its own generator (`strata bench synth`); this covers the
+families that transformers defines:
+
+    /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py glm4_moe /work/bench/glm45air-slice
+    /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py gemma4 /work/bench/gemma4-26b-slice
+
+Presets (widths from the released configs; `--layers` and `--vocab` override the cut):
+  glm4_moe  GLM-4.5-Air (`Glm4MoeForCausalLM`): hidden 4096, 96 query heads x 128, 8 KV heads,
+            q/k/v biases, no q/k norm, RoPE on half of each head (theta 1e6), dense MLP 10944
+            on the first layer, then 128 routed experts of 1408 top-8 + 1 shared expert
+            (sigmoid router, one group, routed_scaling_factor 1). 2 layers (1 dense + 1 MoE),
+            vocab 16384 (151552 in the release), untied head, no MTP layer.
+  gemma4    Gemma 4 26B-A4B text model (`Gemma4ForConditionalGeneration`, no vision tower):
+            hidden 2816, 16 query heads, sliding layers 8 KV heads x 256 (window 1024), full
+            layers 2 KV heads x 512 with K = V, dense GELU MLP of 2112 beside 128 experts of 704
+            top-8, soft cap 30, tied embeddings. 6 layers (5 sliding + 1 full: the release's
+            repeating unit), vocab 16384 (262144 in the release).
+
+Weights are drawn from one seeded generator (torch.manual_seed and a torch.Generator), bf16:
+matrices N(0, 1/fan_in) so every projection keeps O(1) activations, norms and scales 1,
+biases N(0, 0.02^2), router correction biases 0. Routing over random routers is close to
+uniform; these checkpoints measure bytes and arithmetic, not caching on trained routes.
+
+Written as bf16 safetensors shards of at most 2 GB with model.safetensors.index.json,
+config.json and generation_config.json; no tokenizer (drive strata with `--ids` /
+`bench decode`). The model is built on the meta device, so memory stays at one tensor.
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+SHARD_BYTES = 2 * 10**9
+S, F = "sliding_attention", "full_attention"
+
+
+def glm4_moe_config(layers, vocab):
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(
+        vocab_size=vocab,
+        hidden_size=4096,
+        intermediate_size=10944,
+        moe_intermediate_size=1408,
+        num_hidden_layers=layers,
+        num_attention_heads=96,
+        num_key_value_heads=8,
+        head_dim=128,
+        n_routed_experts=128,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        attention_bias=True,
+        use_qk_norm=False,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+        num_nextn_predict_layers=0,
+        bos_token_id=None,
+        eos_token_id=[vocab - 1],
+        pad_token_id=vocab - 1,
+    )
+
+
+def gemma4_config(layers, vocab):
+    from transformers import Gemma4Config, Gemma4TextConfig
+
+    # The release repeats (5 sliding, 1 full); the last layer is always full.
+    types = [F if (i % 6 == 5 or i == layers - 1) else S for i in range(layers)]
+    text = Gemma4TextConfig(
+        vocab_size=vocab,
+        vocab_size_per_layer_input=vocab,
+        hidden_size=2816,
+        intermediate_size=2112,
+        num_hidden_layers=layers,
+        layer_types=types,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        global_head_dim=512,
+        num_global_key_value_heads=2,
+        attention_k_eq_v=True,
+        sliding_window=1024,
+        enable_moe_block=True,
+        num_experts=128,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+        hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0,
+        use_double_wide_mlp=False,
+        hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=30.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=262144,
+        use_bidirectional_attention="vision",
+        tie_word_embeddings=True,
+        rope_parameters={
+            S: {"rope_type": "default", "rope_theta": 10000.0},
+            F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        },
+        bos_token_id=2,
+        eos_token_id=[1, 106],
+        pad_token_id=0,
+    )
+    return Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None, tie_word_embeddings=True)
+
+
+PRESETS = {
+    "glm4_moe": dict(config=glm4_moe_config, cls="Glm4MoeForCausalLM", layers=2),
+    "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6),
+}
+
+
+def init_value(name, shape, g):
+    """bf16 tensor for one state-dict entry (see the module docstring)."""
+    if len(shape) >= 2:
+        std = 1.0 / math.sqrt(shape[-1])  # [.., out, in]: the last axis is the input
+        return (torch.randn(shape, generator=g, dtype=torch.float32) * std).to(torch.bfloat16)
+    if name.endswith("e_score_correction_bias"):
+        return torch.zeros(shape, dtype=torch.bfloat16)
+    if name.endswith(".bias"):
+        return (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+    # norms, layer scalars, router scales and per-expert scales
+    return torch.ones(shape, dtype=torch.bfloat16)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("family", choices=sorted(PRESETS))
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, help="number of layers (preset default otherwise)")
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    p = PRESETS[a.family]
+    layers = a.layers or p["layers"]
+    torch.manual_seed(a.seed)
+    g = torch.Generator().manual_seed(a.seed)
+
+    cfg = p["config"](layers, a.vocab)
+    cls = getattr(transformers, p["cls"])
+    with torch.device("meta"):
+        model = cls(cfg)
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    entries = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    if tied:
+        entries = [(k, s) for k, s in entries if k != "lm_head.weight"]
+
+    # Shard plan (bf16 = 2 bytes per value), in state-dict order.
+    shards, cur, cur_bytes = [], [], 0
+    for k, s in entries:
+        nbytes = 2 * math.prod(s)
+        if cur and cur_bytes + nbytes > SHARD_BYTES:
+            shards.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append((k, s))
+        cur_bytes += nbytes
+    shards.append(cur)
+
+    os.makedirs(a.out, exist_ok=True)
+    n = len(shards)
+    weight_map, total = {}, 0
+    t0 = time.time()
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        tensors = {k: init_value(k, s, g) for k, s in shard}
+        save_file(tensors, os.path.join(a.out, fname), metadata={"format": "pt"})
+        for k, t in tensors.items():
+            weight_map[k] = fname
+            total += t.numel() * t.element_size()
+        del tensors
+        print(f"{fname}: {len(shard)} tensors ({time.time() - t0:.0f} s)", flush=True)
+    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+    cfg.architectures = [p["cls"]]
+    cfg.dtype = "bfloat16"
+    cfg.save_pretrained(a.out)
+    text = cfg.get_text_config()
+    gen = {"do_sample": False, "bos_token_id": text.bos_token_id, "eos_token_id": text.eos_token_id,
+           "pad_token_id": text.pad_token_id}
+    with open(os.path.join(a.out, "generation_config.json"), "w") as f:
+        json.dump(gen, f, indent=2)
+    params = total // 2
+    print(json.dumps({"out": a.out, "family": a.family, "layers": layers, "vocab": a.vocab, "seed": a.seed,
+                      "params": params, "bytes": total, "shards": n,
+                      "torch": torch.__version__, "transformers": transformers.__version__}))
+
+
+if __name__ == "__main__":
+    main()
