@@ -287,15 +287,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let active_experts = moe.as_ref().map_or(0, |m| (m.layers.len() * m.top_k) as u64);
     let expert_bytes_per_token = match &m.fit {
         Some(f) if f.slot_bytes > 0 => active_experts * f.slot_bytes,
-        _ => {
-            let per_expert: u64 = map
-                .specs
-                .iter()
-                .filter(|s| s.expert.is_some_and(|(l, e, _)| Some(l) == moe.as_ref().map(|m| m.layers[0]) && e == 0))
-                .filter_map(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
-                .sum();
-            active_experts * per_expert
-        }
+        _ => active_experts * moe.as_ref().map_or(0, |m| map.stored_expert_bytes(&store, m.layers[0])),
     };
     let token_bytes = resident_bytes + expert_bytes_per_token;
     let mut report = serde_json::json!({

@@ -177,6 +177,27 @@ impl WeightMap {
             .sum()
     }
 
+    /// Bytes of one routed expert of `layer` as stored (gate, up and down payloads): its
+    /// per-expert tensors, else its share of the layer's fused tensors
+    /// ([`WeightMap::fused_names`]; transformers' runtime layout, as Gemma 4 ships).
+    pub fn stored_expert_bytes(&self, store: &WeightStore, layer: usize) -> u64 {
+        let per_expert: u64 = self
+            .specs
+            .iter()
+            .filter(|s| s.expert.is_some_and(|(l, e, _)| l == layer && e == 0))
+            .filter_map(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
+            .sum();
+        if per_expert > 0 {
+            return per_expert;
+        }
+        let (gate_up, down) = self.fused_names(layer);
+        [gate_up, down]
+            .iter()
+            .filter_map(|n| store.get(n))
+            .map(|(_, t)| t.byte_len() as u64 / t.shape.first().copied().unwrap_or(1).max(1) as u64)
+            .sum()
+    }
+
     /// The largest non-expert tensor as stored (the load transient: a tensor's mapped
     /// pages are released once it is copied).
     pub fn largest_stored(&self, store: &WeightStore) -> u64 {
