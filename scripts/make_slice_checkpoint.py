@@ -22,8 +22,11 @@ Presets (widths from the released configs; `--layers` and `--vocab` override the
 
 Weights are drawn from one seeded generator (torch.manual_seed and a torch.Generator), bf16:
 matrices N(0, 1/fan_in) so every projection keeps O(1) activations, norms and scales 1,
-biases N(0, 0.02^2), router correction biases 0. Routing over random routers is close to
-uniform; these checkpoints measure bytes and arithmetic, not caching on trained routes.
+biases N(0, 0.02^2), router correction biases 0; Gemma 4's post-sublayer norms 3 (see
+PRESETS). Random routers are not trained ones: greedy decoding repeats tokens (Gemma 4's tied
+head: 6 distinct tokens in 32 on the default slice) and routing concentrates on some experts,
+so streamed hit rates flatter trained routing. These checkpoints measure bytes and
+arithmetic, not caching on trained routes.
 
 Written as bf16 safetensors shards of at most 2 GB with model.safetensors.index.json,
 config.json and generation_config.json; no tokenizer (drive strata with `--ids` /
@@ -122,11 +125,14 @@ def gemma4_config(layers, vocab):
 
 PRESETS = {
     "glm4_moe": dict(config=glm4_moe_config, cls="Glm4MoeForCausalLM", layers=2),
-    "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6),
+    # Gemma 4: the sandwich norms after each sublayer at 3 (as scripts/make_gemma4_fixtures.py):
+    # with scale 1 the token's own embedding dominates the residual and the tied head makes
+    # the greedy decode repeat its input token, so every decode step routes alike.
+    "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6, post_norm=3.0),
 }
 
 
-def init_value(name, shape, g):
+def init_value(name, shape, g, post_norm=1.0):
     """bf16 tensor for one state-dict entry (see the module docstring)."""
     if len(shape) >= 2:
         std = 1.0 / math.sqrt(shape[-1])  # [.., out, in]: the last axis is the input
@@ -135,6 +141,8 @@ def init_value(name, shape, g):
         return torch.zeros(shape, dtype=torch.bfloat16)
     if name.endswith(".bias"):
         return (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+    if ".post_" in name and "norm" in name:
+        return torch.full(shape, post_norm, dtype=torch.bfloat16)
     # norms, layer scalars, router scales and per-expert scales
     return torch.ones(shape, dtype=torch.bfloat16)
 
@@ -178,7 +186,7 @@ def main():
     t0 = time.time()
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        tensors = {k: init_value(k, s, g) for k, s in shard}
+        tensors = {k: init_value(k, s, g, p.get("post_norm", 1.0)) for k, s in shard}
         save_file(tensors, os.path.join(a.out, fname), metadata={"format": "pt"})
         for k, t in tensors.items():
             weight_map[k] = fname
