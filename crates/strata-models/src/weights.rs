@@ -418,7 +418,10 @@ pub fn load_expert(
             load_matrix(store, &names[2], [h, inter], Role::Linear, fp8_block)?,
         ]);
     }
-    let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize| -> Result<HostMatrix> {
+    // `last`: the expert's rows of this tensor are all copied out after this slice, so its
+    // pages can leave the footprint (a resident load would otherwise hold the whole
+    // checkpoint twice until it ends).
+    let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize, last: bool| -> Result<HostMatrix> {
         let (file, t) =
             store.get(tname).ok_or_else(|| anyhow!("missing tensor `{}` (and no fused `{tname}`)", names[0]))?;
         if t.shape != shape {
@@ -438,11 +441,14 @@ pub fn load_expert(
         let bytes = file.bytes(t)?;
         let start = e * per_expert + row0 * shape[2] * width;
         let payload = bytes[start..start + rows * shape[2] * width].to_vec();
+        if last {
+            file.release_bytes(t, e * per_expert, (e + 1) * per_expert);
+        }
         Ok(HostMatrix { kind, rows, cols: shape[2], payload, scales: Vec::new() })
     };
     Ok([
-        slice(&fused.0, [n, 2 * inter, h], 0, inter)?,
-        slice(&fused.0, [n, 2 * inter, h], inter, inter)?,
-        slice(&fused.1, [n, h, inter], 0, h)?,
+        slice(&fused.0, [n, 2 * inter, h], 0, inter, false)?,
+        slice(&fused.0, [n, 2 * inter, h], inter, inter, true)?,
+        slice(&fused.1, [n, h, inter], 0, h, true)?,
     ])
 }

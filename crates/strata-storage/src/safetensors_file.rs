@@ -92,10 +92,17 @@ impl SafetensorsFile {
     /// tensor decoded into its own buffer stops counting twice in the process footprint.
     /// Advisory: the bytes stay readable (they fault back in from the file).
     pub fn release(&self, t: &TensorRef) {
+        self.release_bytes(t, 0, t.end - t.start);
+    }
+
+    /// [`Self::release`] for bytes `from..to` of the tensor only (one expert's rows of a
+    /// fused 3-D tensor, once they are copied out).
+    pub fn release_bytes(&self, t: &TensorRef, from: usize, to: usize) {
         const PAGE: usize = 4096;
         let base = self.mmap.as_ptr() as usize;
-        let start = (base + t.start).div_ceil(PAGE) * PAGE;
-        let end = ((base + t.end) / PAGE) * PAGE;
+        let to = to.min(t.end - t.start);
+        let start = (base + t.start + from).div_ceil(PAGE) * PAGE;
+        let end = ((base + t.start + to) / PAGE) * PAGE;
         if end > start {
             // SAFETY: the range lies inside our read-only private mapping; MADV_DONTNEED
             // on it only discards cached pages, which later reads fault back in.
