@@ -7,7 +7,7 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::output::{THINK_END, THINK_START};
-use crate::syntax::Syntax;
+use crate::syntax::{Syntax, GEMMA_QUOTE};
 use crate::tools::{CALL_END, CALL_START};
 use anyhow::{anyhow, bail, Result};
 use llguidance::api::TopLevelGrammar;
@@ -118,6 +118,24 @@ impl Grammars {
                 }
                 "user_start".to_string()
             }
+            Format::ToolCalls { tools, parallel } if self.syntax == Syntax::Gemma => {
+                let names: Vec<String> = tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        g.push_str(&self.gemma_call_rule(i, t.get("function").unwrap_or(t)));
+                        format!("call{i}")
+                    })
+                    .collect();
+                g.push_str(&format!("call: {}\n", names.join(" | ")));
+                g.push_str(&self.gemma_value_rules());
+                // Gemma writes consecutive calls back to back.
+                if *parallel {
+                    "call (call)*".to_string()
+                } else {
+                    "call".to_string()
+                }
+            }
             Format::ToolCalls { .. } if self.syntax != Syntax::Glm => {
                 bail!(
                     "forced tool calls (`tool_choice` required or a named tool) are not supported for this \
@@ -215,6 +233,108 @@ impl Grammars {
         }
         rule.push_str(&format!(" {}\n", self.marker(CALL_END)));
         format!("{rule}{extra}")
+    }
+
+    /// Gemma 4's call: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, strings between
+    /// `<|"|>` quotes, other values bare (numbers, booleans, null, `{k:v}`, `[v]`). The
+    /// required arguments come first in the schema's order, then any optional ones.
+    fn gemma_call_rule(&self, i: usize, f: &Value) -> String {
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        let params = f.get("parameters").cloned().unwrap_or(json!({}));
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let q = self.marker(GEMMA_QUOTE);
+        let mut extra = String::new();
+        let (mut req, mut opt) = (Vec::new(), Vec::new());
+        if let Some(props) = params.get("properties").and_then(Value::as_object) {
+            for (j, (key, schema)) in props.iter().enumerate() {
+                let v = format!("call{i}_v{j}");
+                extra.push_str(&format!("{v}: {}\n", self.gemma_value(schema, &q)));
+                let bare = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                let k = if bare { quote(key) } else { format!("{q} {} {q}", quote(key)) };
+                let pair = format!("{k} \":\" {v}");
+                match required.contains(&key.as_str()) {
+                    true => req.push(pair),
+                    false => opt.push(pair),
+                }
+            }
+        }
+        // Optional arguments at most once each, in order: t_k = ("," o_k)? t_k+1 after
+        // a first argument; h_k = o_k t_k+1 | h_k+1 when none came before.
+        let m = opt.len();
+        for (k, o) in opt.iter().enumerate() {
+            let next_t = if k + 1 < m { format!(" call{i}_t{}", k + 1) } else { String::new() };
+            extra.push_str(&format!("call{i}_o{k}: {o}\n"));
+            extra.push_str(&format!("call{i}_t{k}: (\",\" call{i}_o{k})?{next_t}\n"));
+            let h = match k + 1 < m {
+                true => format!("call{i}_h{k}: call{i}_o{k}{next_t} | call{i}_h{}\n", k + 1),
+                false => format!("call{i}_h{k}: (call{i}_o{k})?\n"),
+            };
+            extra.push_str(&h);
+        }
+        let args = match (req.is_empty(), m == 0) {
+            (true, true) => String::new(),
+            (false, true) => req.join(" \",\" "),
+            (false, false) => format!("{} call{i}_t0", req.join(" \",\" ")),
+            (true, false) => format!("call{i}_h0"),
+        };
+        format!(
+            "call{i}: {} \"call:\" {} \"{{\" {args} \"}}\" {}\n{extra}",
+            self.marker(self.syntax.call().0),
+            quote(name),
+            self.marker(self.syntax.call().1)
+        )
+    }
+
+    /// A Gemma value of `schema` (its type; anything else is any Gemma value).
+    fn gemma_value(&self, schema: &Value, q: &str) -> String {
+        let string = |body: String| format!("{q} {body} {q}");
+        match (schema.get("type").and_then(Value::as_str), schema.get("enum").and_then(Value::as_array)) {
+            (Some("string"), Some(options)) => {
+                let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(|o| string(quote(o))).collect();
+                alts.join(" | ")
+            }
+            (Some("string"), None) => match schema.get("pattern").and_then(Value::as_str) {
+                Some(p) => string(format!("/{}/", p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/"))),
+                None => {
+                    let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+                    let hi = schema.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |h| h.to_string());
+                    string(format!("/[^<]{{{lo},{hi}}}/"))
+                }
+            },
+            // At most as many digits as `maximum` has (18 without one: an i64), a bound on
+            // what a model may write; the exact range is the caller's to check.
+            (Some("integer"), _) => {
+                let max = schema.get("maximum").and_then(Value::as_i64);
+                let digits = max.map_or(18, |m| m.unsigned_abs().max(1).ilog10() as usize + 1);
+                let sign =
+                    if schema.get("minimum").and_then(Value::as_i64).is_some_and(|m| m >= 0) { "" } else { "-?" };
+                format!("/{sign}(0|[1-9][0-9]{{0,{}}})/", digits - 1)
+            }
+            (Some("number"), _) => "GNUM".into(),
+            (Some("boolean"), _) => "\"true\" | \"false\"".into(),
+            (Some("null"), _) => "\"null\"".into(),
+            (Some("array"), _) => "garray".into(),
+            (Some("object"), _) => "gobject".into(),
+            _ => "gvalue".into(),
+        }
+    }
+
+    /// Any Gemma value (nested arguments without a narrower schema).
+    fn gemma_value_rules(&self) -> String {
+        let q = self.marker(GEMMA_QUOTE);
+        format!(
+            "gvalue: gstring | GNUM | \"true\" | \"false\" | \"null\" | gobject | garray\n\
+             gstring: {q} /[^<]*/ {q}\n\
+             gobject: \"{{\" (gkey \":\" gvalue (\",\" gkey \":\" gvalue)*)? \"}}\"\n\
+             gkey: /[A-Za-z_][A-Za-z0-9_]*/ | gstring\n\
+             garray: \"[\" (gvalue (\",\" gvalue)*)? \"]\"\n\
+             GNUM: /-?(0|[1-9][0-9]{{0,17}})(\\.[0-9]{{1,17}})?([eE][+-]?[0-9]{{1,3}})?/\n"
+        )
     }
 
     /// A constraint for `format`, or a 400 naming `param` when it does not compile.
