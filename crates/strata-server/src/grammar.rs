@@ -174,42 +174,21 @@ impl Grammars {
     /// a `pattern`, or text without `<` within `minLength`/`maxLength`; other values
     /// are JSON per their schema.
     fn call_rule(&self, i: usize, f: &Value) -> String {
-        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-        let params = f.get("parameters").cloned().unwrap_or(json!({}));
-        let required: Vec<&str> = params
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let (name, params, required) = tool_parts(f);
         let mut rule = format!("call{i}: {} {} \"\\n\"", self.marker(CALL_START), quote(name));
         let mut extra = String::new();
         if let Some(props) = params.get("properties").and_then(Value::as_object) {
             for (j, (key, schema)) in props.iter().enumerate() {
                 let string = schema.get("type").and_then(Value::as_str) == Some("string");
-                let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-                let hi = schema.get("maxLength").and_then(Value::as_u64);
                 let v = format!("call{i}_v{j}");
                 // String values are written raw (GLM's convention; the parser keeps them
                 // strings), everything else as JSON.
-                let value = match (string, schema.get("enum").and_then(Value::as_array), schema.get("pattern")) {
-                    (true, Some(options), _) => {
-                        let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(quote).collect();
-                        extra.push_str(&format!("{v}: {}\n", alts.join(" | ")));
+                let value = match (string, string_text(schema)) {
+                    (true, Some(text)) => {
+                        extra.push_str(&format!("{v}: {text}\n"));
                         v
                     }
-                    (true, None, Some(Value::String(p))) => {
-                        extra.push_str(&format!(
-                            "{v}: /{}/\n",
-                            p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/")
-                        ));
-                        v
-                    }
-                    (true, ..) if lo == 0 && hi.is_none() => "ARGTEXT".to_string(),
-                    (true, ..) => {
-                        let hi = hi.map_or(String::new(), |h| h.to_string());
-                        extra.push_str(&format!("{v}: /[^<]{{{lo},{hi}}}/\n"));
-                        v
-                    }
+                    (true, None) => "ARGTEXT".to_string(),
                     _ => {
                         extra.push_str(&format!("{v}: %json {}\n", json_options(schema.clone())));
                         v
@@ -224,7 +203,7 @@ impl Grammars {
                     value,
                     self.marker(ARG_VALUE.1)
                 );
-                if required.contains(&key.as_str()) {
+                if required.contains(key) {
                     rule.push_str(&format!(" {pair}"));
                 } else {
                     rule.push_str(&format!(" ({pair})?"));
@@ -239,13 +218,7 @@ impl Grammars {
     /// `<|"|>` quotes, other values bare (numbers, booleans, null, `{k:v}`, `[v]`). The
     /// required arguments come first in the schema's order, then any optional ones.
     fn gemma_call_rule(&self, i: usize, f: &Value) -> String {
-        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-        let params = f.get("parameters").cloned().unwrap_or(json!({}));
-        let required: Vec<&str> = params
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let (name, params, required) = tool_parts(f);
         let q = self.marker(GEMMA_QUOTE);
         let mut extra = String::new();
         let (mut req, mut opt) = (Vec::new(), Vec::new());
@@ -257,7 +230,7 @@ impl Grammars {
                     && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 let k = if bare { quote(key) } else { format!("{q} {} {q}", quote(key)) };
                 let pair = format!("{k} \":\" {v}");
-                match required.contains(&key.as_str()) {
+                match required.contains(key) {
                     true => req.push(pair),
                     false => opt.push(pair),
                 }
@@ -292,34 +265,22 @@ impl Grammars {
 
     /// A Gemma value of `schema` (its type; anything else is any Gemma value).
     fn gemma_value(&self, schema: &Value, q: &str) -> String {
-        let string = |body: String| format!("{q} {body} {q}");
-        match (schema.get("type").and_then(Value::as_str), schema.get("enum").and_then(Value::as_array)) {
-            (Some("string"), Some(options)) => {
-                let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(|o| string(quote(o))).collect();
-                alts.join(" | ")
-            }
-            (Some("string"), None) => match schema.get("pattern").and_then(Value::as_str) {
-                Some(p) => string(format!("/{}/", p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/"))),
-                None => {
-                    let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-                    let hi = schema.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |h| h.to_string());
-                    string(format!("/[^<]{{{lo},{hi}}}/"))
-                }
-            },
+        match schema.get("type").and_then(Value::as_str) {
+            Some("string") => format!("{q} {} {q}", string_text(schema).unwrap_or_else(|| "/[^<]*/".into())),
             // At most as many digits as `maximum` has (18 without one: an i64), a bound on
             // what a model may write; the exact range is the caller's to check.
-            (Some("integer"), _) => {
+            Some("integer") => {
                 let max = schema.get("maximum").and_then(Value::as_i64);
                 let digits = max.map_or(18, |m| m.unsigned_abs().max(1).ilog10() as usize + 1);
                 let sign =
                     if schema.get("minimum").and_then(Value::as_i64).is_some_and(|m| m >= 0) { "" } else { "-?" };
                 format!("/{sign}(0|[1-9][0-9]{{0,{}}})/", digits - 1)
             }
-            (Some("number"), _) => "GNUM".into(),
-            (Some("boolean"), _) => "\"true\" | \"false\"".into(),
-            (Some("null"), _) => "\"null\"".into(),
-            (Some("array"), _) => "garray".into(),
-            (Some("object"), _) => "gobject".into(),
+            Some("number") => "GNUM".into(),
+            Some("boolean") => "\"true\" | \"false\"".into(),
+            Some("null") => "\"null\"".into(),
+            Some("array") => "garray".into(),
+            Some("object") => "gobject".into(),
             _ => "gvalue".into(),
         }
     }
@@ -348,6 +309,37 @@ impl Grammars {
         }
         Ok(Box::new(Guided { m, eos: self.eos.clone() }))
     }
+}
+
+/// A tool's name, parameter schema and required argument names.
+fn tool_parts(f: &Value) -> (&str, Value, Vec<String>) {
+    let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+    let params = f.get("parameters").cloned().unwrap_or(json!({}));
+    let required = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).map(String::from).collect())
+        .unwrap_or_default();
+    (name, params, required)
+}
+
+/// The text of a raw string value under a string `schema`: one of its `enum`, its
+/// `pattern`, or text without `<` within `minLength` / `maxLength`; `None` when the
+/// schema bounds nothing (any text without `<`).
+fn string_text(schema: &Value) -> Option<String> {
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(quote).collect();
+        return Some(format!("({})", alts.join(" | ")));
+    }
+    if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
+        return Some(format!("/{}/", p.trim_start_matches('^').trim_end_matches('$').replace('/', "\\/")));
+    }
+    let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    let hi = schema.get("maxLength").and_then(Value::as_u64);
+    if lo == 0 && hi.is_none() {
+        return None;
+    }
+    Some(format!("/[^<]{{{lo},{}}}/", hi.map_or(String::new(), |h| h.to_string())))
 }
 
 /// JSON as `json.dumps` writes it (`, ` and `: `, no other whitespace): a model cannot
