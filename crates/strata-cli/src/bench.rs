@@ -190,6 +190,7 @@ pub fn memory_bandwidth(mib: usize) -> Result<f64> {
 }
 
 fn decode(a: DecodeArgs) -> Result<()> {
+    let draft_policy = crate::commands::draft_policy(&a.draft_policy, a.draft_tokens)?;
     if a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("--prompt-tokens must be >= 1 and --decode-tokens >= 2");
     }
@@ -237,7 +238,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         // Speculative: the generation loop itself (prefix already cached).
         let req = strata_engine::GenerateRequest {
             draft_tokens: a.draft_tokens,
-            draft_policy: strata_engine::DraftPolicy::parse(&a.draft_policy)?,
+            draft_policy,
             ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
         };
         let out = gen.generate(None, &req, &mut |_| true)?;

@@ -47,6 +47,10 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    fn draft_policy(&self) -> Result<DraftPolicy> {
+        draft_policy(&self.draft_policy, self.draft_tokens)
+    }
+
     fn truncate_left(&self) -> Result<bool> {
         match self.truncate.as_str() {
             "error" => Ok(false),
@@ -236,12 +240,22 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
     Ok(())
 }
 
+/// `--draft-policy` as given, refused where it would do nothing (no drafts).
+pub fn draft_policy(policy: &str, draft_tokens: usize) -> Result<DraftPolicy> {
+    let p = DraftPolicy::parse(policy).context("--draft-policy")?;
+    if draft_tokens == 0 && p != DraftPolicy::Auto {
+        bail!("--draft-policy {policy}: --draft-tokens 0 drafts nothing (give --draft-tokens N)");
+    }
+    Ok(p)
+}
+
 fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
         .with_context(|| format!("{}: cannot write stats", path.display()))
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
+    let draft_policy = a.sampling.draft_policy()?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let media = match a.image.is_empty() {
@@ -276,7 +290,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         eos_token_ids: m.eos_token_ids.clone(),
         truncate_left: a.sampling.truncate_left()?,
         draft_tokens: a.sampling.draft_tokens,
-        draft_policy: DraftPolicy::parse(&a.sampling.draft_policy).context("--draft-policy")?,
+        draft_policy,
         ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
     };
     let mut gen = m.generator()?;
@@ -303,6 +317,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             p.display()
         );
     }
+    let draft_policy = a.sampling.draft_policy()?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     let template = m.chat_template()?;
@@ -330,7 +345,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             eos_token_ids: m.eos_token_ids.clone(),
             truncate_left,
             draft_tokens: a.sampling.draft_tokens,
-            draft_policy: DraftPolicy::parse(&a.sampling.draft_policy).context("--draft-policy")?,
+            draft_policy,
             ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {

@@ -267,6 +267,10 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&run(&["--mtp", "on"]), &["--mtp on", "no draft (MTP) layer"]);
     assert_one_line_error(&run(&["--mtp", "maybe"]), &["--mtp `maybe`"]);
     assert_one_line_error(&run(&["--draft-policy", "sometimes"]), &["--draft-policy", "`sometimes`"]);
+    assert_one_line_error(
+        &run(&["--draft-policy", "adaptive", "--draft-tokens", "0"]),
+        &["--draft-policy adaptive", "--draft-tokens 0"],
+    );
     // Pin flags without a budget would do nothing: refused.
     assert_one_line_error(&run(&["--pin", "1:2"]), &["--pin needs --budget", "every expert is resident"]);
     assert_one_line_error(&run(&["--auto-pin"]), &["--auto-pin needs --budget"]);
