@@ -151,25 +151,16 @@ impl<'m> Generator<'m> {
             r.owed_hidden.extend_from_slice(&self.h_last);
             if g == 0 && r.owed_tokens.len() >= OWED_MAX {
                 // No drafts for a while: write the owed rows in one forward.
-                self.batch.clear();
-                self.batch.push(self.seq, &r.owed_tokens, Logits::None);
-                self.session.draft_forward(&self.batch, &r.owed_hidden)?;
-                r.owed_tokens.clear();
-                r.owed_hidden.clear();
+                self.write_owed(&mut r, 0)?;
             }
             if g > 0 {
-                // Draft: the owed rows (x last), then chained on the draft's own state.
-                let mut n = r.owed_tokens.len();
-                if n > gamma + 1 {
+                if r.owed_tokens.len() > gamma + 1 {
                     // Catch up on rows owed from rounds without drafts first, so the
                     // draft below is timed as what it is.
-                    self.batch.clear();
-                    self.batch.push(self.seq, &r.owed_tokens[..n - 1], Logits::None);
-                    self.session.draft_forward(&self.batch, &r.owed_hidden[..(n - 1) * h])?;
-                    r.owed_tokens.drain(..n - 1);
-                    r.owed_hidden.drain(..(n - 1) * h);
-                    n = 1;
+                    self.write_owed(&mut r, 1)?;
                 }
+                // Draft: the owed rows (x last), then chained on the draft's own state.
+                let n = r.owed_tokens.len();
                 self.batch.clear();
                 self.batch.push(self.seq, &r.owed_tokens[..n - 1], Logits::None);
                 self.batch.push(self.seq, &r.owed_tokens[n - 1..], Logits::Last);
@@ -260,6 +251,18 @@ impl<'m> Generator<'m> {
             }
             x = y;
         }
+    }
+
+    /// Writes the owed draft-cache rows but the last `keep` (no logits).
+    fn write_owed(&mut self, r: &mut Round, keep: usize) -> Result<()> {
+        let h = self.model.info().hidden_size;
+        let n = r.owed_tokens.len() - keep;
+        self.batch.clear();
+        self.batch.push(self.seq, &r.owed_tokens[..n], Logits::None);
+        self.session.draft_forward(&self.batch, &r.owed_hidden[..n * h])?;
+        r.owed_tokens.drain(..n);
+        r.owed_hidden.drain(..n * h);
+        Ok(())
     }
 
     /// The target forward over `rows` (logits and hidden states of every row).
