@@ -45,6 +45,14 @@ pub struct ServeArgs {
     /// by default: a client could otherwise make the server reach internal hosts).
     #[arg(long)]
     allow_private_media: bool,
+    /// Speculative decoding: tokens the MTP layer drafts per step of each decoding
+    /// request (default 3 where the model has the layer and --mtp is not off; 0: off).
+    #[arg(long)]
+    draft_tokens: Option<usize>,
+    /// How many to draft each step: auto (adaptive for greedy requests, fixed for sampled
+    /// ones, whose seeded text then repeats), fixed, or adaptive.
+    #[arg(long, default_value = "auto")]
+    draft_policy: String,
     /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
     /// --context tokens.
     #[command(flatten)]
@@ -66,12 +74,19 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         bail!("--max-body must be at least 1 byte, got {}", a.max_body);
     }
     let mut load = a.budget.load_options_for(&a.model)?;
-    // The serving engine runs no draft (MTP) layer: loading one would only take memory
-    // from the plan.
-    if load.require_mtp {
-        bail!("--mtp on: strata serve does not run speculative decoding; use --mtp auto or off");
+    let draft_policy = crate::commands::draft_policy(&a.draft_policy, a.draft_tokens.unwrap_or(3))?;
+    match a.draft_tokens {
+        Some(n @ 1..) if !load.mtp => bail!("--draft-tokens {n}: --mtp off loads no draft layer"),
+        // No drafts: the draft layer would only take memory from the plan.
+        Some(0) if load.require_mtp => bail!("--mtp on with --draft-tokens 0: nothing would use the draft layer"),
+        Some(0) => load.mtp = false,
+        Some(n) if a.step_tokens < a.max_batch * (1 + n) => bail!(
+            "--step-tokens ({}) must hold every decoding request's token and drafts: at least --max-batch x (1 + --draft-tokens) = {}",
+            a.step_tokens,
+            a.max_batch * (1 + n)
+        ),
+        _ => {}
     }
-    load.mtp = false;
     let context = load.context;
     let kv_tokens = a.kv_tokens.unwrap_or(context);
     if kv_tokens < context {
@@ -104,6 +119,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             cors: a.cors,
             allow_private_media: a.allow_private_media,
             max_body: max_body as usize,
+            draft_tokens: a.draft_tokens,
+            draft_policy,
         },
     })
 }

@@ -29,6 +29,9 @@ pub struct GenerateRequest {
     pub draft_policy: DraftPolicy,
 }
 
+/// Tokens the draft (MTP) layer proposes per round unless asked otherwise.
+pub const DEFAULT_DRAFT_TOKENS: usize = 3;
+
 impl GenerateRequest {
     pub fn new(prompt_ids: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> Self {
         Self {
@@ -39,7 +42,7 @@ impl GenerateRequest {
             eos_token_ids: Vec::new(),
             skip_special_tokens: true,
             truncate_left: false,
-            draft_tokens: 3,
+            draft_tokens: DEFAULT_DRAFT_TOKENS,
             draft_policy: DraftPolicy::Auto,
         }
     }
@@ -205,6 +208,11 @@ impl<'a> Emitter<'a> {
             }
         }
         Ok((self.out.len() >= req.max_tokens).then_some(FinishReason::Length))
+    }
+
+    /// Tokens the request may still emit.
+    pub(crate) fn remaining(&self) -> usize {
+        self.req.max_tokens.saturating_sub(self.out.len())
     }
 
     /// Flushes text held back for stop strings that never came.

@@ -65,6 +65,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     /// The expert runtime, for expert-container directories.
     pub experts: Option<Arc<StreamedExperts>>,
+    /// Whether the draft (MTP) layer is loaded (speculative decoding can run).
+    pub draft: bool,
     /// The draft (MTP) layer's expert runtime (its own int8 tier), when one is loaded.
     pub draft_experts: Option<Arc<StreamedExperts>>,
     /// The memory plan (expert containers).
@@ -150,6 +152,7 @@ impl LoadedModel {
                 arch.model_type()
             );
         }
+        let draft = opts.mtp && arch.has_draft(&store);
         let mut experts = None;
         let mut draft_experts = None;
         let mut fit = None;
@@ -162,12 +165,13 @@ impl LoadedModel {
                 experts_dir = Some(weights_dir.clone());
                 // The draft layer's experts: the container's int8 MTP tier, streamed
                 // through its own small slab.
-                draft_experts = match opts.mtp && arch.has_draft(&store) {
+                draft_experts = match draft {
                     true => crate::experts::draft_experts(&weights_dir, arch.as_ref(), opts, &backend, headroom)?,
                     false => None,
                 };
-                let draft = draft_experts.clone().map(|d| ExpertsChoice::Cpu(d as _));
-                let spec = LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft };
+                let draft_choice = draft_experts.clone().map(|d| ExpertsChoice::Cpu(d as _));
+                let spec =
+                    LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft: draft_choice };
                 let model = arch.load(&store, spec)?;
                 experts = Some(backend);
                 model
@@ -185,8 +189,11 @@ impl LoadedModel {
                     }
                     fit = Some(f);
                 }
-                let draft = (opts.mtp && arch.has_draft(&store)).then_some(ExpertsChoice::Resident);
-                arch.load(&store, LoadSpec { device: opts.device, experts: ExpertsChoice::Resident, draft })?
+                let draft_choice = draft.then_some(ExpertsChoice::Resident);
+                arch.load(
+                    &store,
+                    LoadSpec { device: opts.device, experts: ExpertsChoice::Resident, draft: draft_choice },
+                )?
             }
         };
         let tok_path = dir.join("tokenizer.json");
@@ -216,6 +223,7 @@ impl LoadedModel {
             generation,
             eos_token_ids,
             experts,
+            draft,
             draft_experts,
             fit,
             experts_dir,

@@ -54,7 +54,8 @@ pub struct MtpStats {
 }
 
 impl MtpStats {
-    fn close(&mut self) {
+    /// Fills the rates in from the counts.
+    pub fn close(&mut self) {
         self.acceptance_rate = self.accepted as f64 / self.drafted.max(1) as f64;
         self.mean_accepted_length = self.accepted as f64 / (self.rounds - self.plain_rounds).max(1) as f64;
         self.tokens_per_target_forward = self.tokens as f64 / self.rounds.max(1) as f64;
@@ -139,8 +140,9 @@ impl<'m> Generator<'m> {
             if p0 >= em.context {
                 return Ok((FinishReason::Length, close(stats, &ctl)));
             }
-            // Room for x and the drafts; near the end of the context, one token a forward.
-            let g = ctl.choose(em.context.saturating_sub(p0 + 1));
+            // Room for x and the drafts; near the end of the context (or of the tokens
+            // the request may emit: x is out already) fewer drafts, or none.
+            let g = ctl.choose(em.context.saturating_sub(p0 + 1).min(em.remaining().saturating_sub(1)));
             r.drafts.clear();
             r.context.clear();
             r.context.extend_from_slice(&self.tokens);

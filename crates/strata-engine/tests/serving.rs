@@ -39,6 +39,7 @@ fn opts(m: &LoadedModel, max_batch: usize, kv_tokens: usize, context: usize, ste
         step_tokens,
         prompt_cache_bytes: 1 << 30,
         kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+        draft_tokens: 0,
     }
 }
 

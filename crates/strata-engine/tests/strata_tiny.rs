@@ -112,7 +112,8 @@ fn speculative_greedy_equals_plain_greedy() {
             let mtp = spec.stats.mtp.expect("speculation ran");
             assert!(mtp.acceptance_rate > 0.3, "{text:?}: acceptance {}", mtp.acceptance_rate);
             assert_eq!(mtp.tokens as usize, spec.tokens.len());
-            assert_eq!(mtp.plain_rounds, 0);
+            // (Only a last round with one token left to emit has no room for drafts.)
+            assert!(mtp.plain_rounds <= 1, "{mtp:?}");
         }
         // Auto is adaptive under greedy decoding: at least the one measuring plain round.
         let spec = run(3, DraftPolicy::Auto);

@@ -14,6 +14,9 @@ pub enum Logits {
     All,
     /// Hidden states of every row, logits of the last (a prompt feeding a draft layer).
     HiddenAll,
+    /// Hidden states of every row, no logits (a prompt chunk feeding a draft layer
+    /// before the prompt's end).
+    Hidden,
 }
 
 /// (logits, hidden) for a row, last or not, of a push.
@@ -23,6 +26,7 @@ fn wants(l: Logits, last: bool) -> (bool, bool) {
         Logits::Last => (last, last),
         Logits::All => (true, true),
         Logits::HiddenAll => (last, true),
+        Logits::Hidden => (false, true),
     }
 }
 

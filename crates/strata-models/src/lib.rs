@@ -99,7 +99,7 @@ pub trait Session: Send {
     /// values each.
     fn logits(&self) -> &[f32];
     /// Final hidden states (before the last norm) of the rows that asked for them
-    /// (every logits row, and every row of a [`Logits::HiddenAll`] push), in batch
+    /// (every logits row, and every row of a [`Logits::HiddenAll`] or [`Logits::Hidden`] push), in batch
     /// order, `hidden` each.
     fn hidden(&self) -> &[f32];
     /// The last forward's routing, per MoE layer.
@@ -138,4 +138,9 @@ pub trait Session: Send {
     }
     /// Drops positions `len..` of `seq`'s draft cache.
     fn draft_truncate(&mut self, _seq: SeqId, _len: usize) {}
+    /// The draft cache's block pool (it shares no prefixes: a sequence's draft rows are
+    /// its own), to check room before a draft forward.
+    fn draft_kv(&self) -> Option<&kv::KvBlocks> {
+        None
+    }
 }

@@ -244,8 +244,12 @@ pub async fn count_tokens(State(st): State<Shared>, body: Body) -> Response {
 /// Anthropic's usage: input tokens read from the prompt cache apart from the others.
 fn usage(f: &Finished) -> Value {
     let s = &f.output.stats;
-    json!({"input_tokens": s.prefill_tokens, "cache_read_input_tokens": s.prompt_tokens - s.prefill_tokens,
-           "cache_creation_input_tokens": 0, "output_tokens": s.generated_tokens})
+    let mut u = json!({"input_tokens": s.prefill_tokens, "cache_read_input_tokens": s.prompt_tokens - s.prefill_tokens,
+           "cache_creation_input_tokens": 0, "output_tokens": s.generated_tokens});
+    if let Some(m) = crate::common::mtp_usage(std::slice::from_ref(f)) {
+        u["mtp"] = m;
+    }
+    u
 }
 
 async fn run(st: Shared, body: Body) -> ApiResult<Response> {

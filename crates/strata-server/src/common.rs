@@ -59,6 +59,10 @@ pub struct AppState {
     /// Prompt text longer than this cannot fit the context whatever it says: refused
     /// before tokenizing (`context` tokens of the tokenizer's longest token, twice).
     pub max_prompt_bytes: usize,
+    /// Speculative decoding: drafts a decoding request's step verifies (0: none), and
+    /// how many each step drafts.
+    pub draft_tokens: usize,
+    pub draft_policy: strata_engine::DraftPolicy,
 }
 
 pub type Shared = Arc<AppState>;
@@ -473,6 +477,8 @@ impl AppState {
                 stop_strings: spec.stop.clone(),
                 eos_token_ids: self.model.eos_token_ids.clone(),
                 skip_special_tokens: !(spec.parsed && self.markers_special),
+                draft_tokens: self.draft_tokens,
+                draft_policy: self.draft_policy,
                 ..GenerateRequest::new(prompt_ids.clone(), max_tokens, sampling)
             };
             let mut r = ServeRequest::new(gen);
@@ -732,4 +738,21 @@ mod tests {
         let id = new_id("chatcmpl-");
         assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 24);
     }
+}
+
+/// The `mtp` object of a usage report: speculative decoding over the choices (counts
+/// summed, rates over the sums), or None where no choice speculated.
+pub fn mtp_usage(fs: &[Finished]) -> Option<Value> {
+    let mut all = fs.iter().filter_map(|f| f.output.stats.mtp.as_ref());
+    let mut sum = all.next()?.clone();
+    for m in all {
+        sum.rounds += m.rounds;
+        sum.plain_rounds += m.plain_rounds;
+        sum.drafted += m.drafted;
+        sum.accepted += m.accepted;
+        sum.draft_forwards += m.draft_forwards;
+        sum.tokens += m.tokens;
+    }
+    sum.close();
+    serde_json::to_value(sum).ok()
 }

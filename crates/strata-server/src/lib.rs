@@ -36,7 +36,7 @@ use crate::common::{parse_body, AppState, Body, Shared};
 use crate::error::{ApiError, Flavor};
 use crate::metrics::Metrics;
 use crate::worker::Worker;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
@@ -91,6 +91,10 @@ pub struct ServeOptions {
     pub allow_private_media: bool,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
+    /// Tokens the draft (MTP) layer proposes per step of a decoding request (default:
+    /// 3 where the model's draft layer is loaded, else 0; 0 turns speculation off).
+    pub draft_tokens: Option<usize>,
+    pub draft_policy: strata_engine::DraftPolicy,
 }
 
 impl Default for ServeOptions {
@@ -106,6 +110,8 @@ impl Default for ServeOptions {
             cors: Vec::new(),
             allow_private_media: false,
             max_body: MAX_BODY_BYTES,
+            draft_tokens: None,
+            draft_policy: strata_engine::DraftPolicy::Auto,
         }
     }
 }
@@ -143,6 +149,7 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         step_tokens: opts.step_tokens.max(1),
         prompt_cache_bytes: opts.prompt_cache_bytes.unwrap_or(u64::MAX),
         kv_bytes_per_token,
+        draft_tokens: draft_tokens(&model, opts),
     };
     let grammars = grammar::Grammars::new(model.clone()).map_err(|e| format!("{e:#}"));
     // Bytes per token, twice over: slack for normalizers that shrink text.
@@ -165,6 +172,8 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         cors: opts.cors.clone(),
         max_body: opts.max_body,
         max_prompt_bytes,
+        draft_tokens: engine.draft_tokens,
+        draft_policy: opts.draft_policy,
     })
 }
 
@@ -278,6 +287,7 @@ async fn stats(State(st): State<Shared>) -> Response {
             None => json!({"device": "cpu", "expert_streaming": false}),
         },
         "experts": *m.last_experts.lock().unwrap(),
+        "draft_experts": *m.last_draft_experts.lock().unwrap(),
         "queue": {
             "capacity": st.worker.capacity(),
             "depth": m.queue_depth.load(Ordering::Relaxed),
@@ -399,11 +409,24 @@ async fn shutdown_signal() {
     eprintln!("strata serve: {name}: shutting down (no new connections; running generations end at their next token)");
 }
 
+/// Draft tokens a decoding request's step verifies: as asked, or the default where the
+/// model's draft layer is loaded.
+fn draft_tokens(model: &LoadedModel, opts: &ServeOptions) -> usize {
+    // The default fits what a step holds beside every decoding request's own row.
+    let room = (opts.step_tokens / opts.max_batch.max(1)).saturating_sub(1);
+    let default = strata_engine::generate::DEFAULT_DRAFT_TOKENS.min(room);
+    opts.draft_tokens.unwrap_or(if model.draft { default } else { 0 })
+}
+
 /// Opens the model, binds, and serves until SIGTERM or SIGINT, then shuts down
 /// gracefully (see the crate docs).
 pub fn serve(cfg: ServerConfig) -> Result<()> {
     let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
+    if let (Some(n @ 1..), false) = (cfg.serve.draft_tokens, model.draft) {
+        bail!("--draft-tokens {n}: {} has no draft (MTP) layer loaded (or --mtp off)", cfg.model_dir.display());
+    }
+    let gamma = draft_tokens(&model, &cfg.serve);
     // Under a budget the plan reserved KV cache for `--context` tokens: serve no more.
     let st = state_opts(model, &cfg.serve);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -418,8 +441,12 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
             }
             _ => String::new(),
         };
+        let mtp = match gamma {
+            0 => String::new(),
+            g => format!(", MTP {g} drafts ({})", cfg.serve.draft_policy.as_str()),
+        };
         eprintln!(
-            "strata serve: {} ({}, context {}{experts}), batch {}, queue {}, auth {}; listening on http://{local}",
+            "strata serve: {} ({}, context {}{experts}{mtp}), batch {}, queue {}, auth {}; listening on http://{local}",
             st.model_id,
             st.model.model_type,
             st.max_context(),
@@ -440,7 +467,7 @@ pub fn serve(cfg: ServerConfig) -> Result<()> {
         // Every connection is closed: the last generation's answer is out. Its end of turn
         // may still be running on the worker; this one waits for it (the runtime's lock)
         // and flushes whatever is left, so the ledger is saved before the process exits.
-        if let Some(experts) = &st.model.experts {
+        for experts in st.model.experts.iter().chain(&st.model.draft_experts) {
             if let Err(e) = experts.end_turn() {
                 eprintln!("warning: expert runtime: end of turn at shutdown: {e:#}");
             }

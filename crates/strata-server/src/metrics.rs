@@ -68,6 +68,9 @@ pub struct Metrics {
     pub experts: Mutex<Option<ExpertTotals>>,
     /// The expert runtime's last turn report, for `/stats`.
     pub last_experts: Mutex<Option<RuntimeReport>>,
+    /// The same for the draft (MTP) layer's expert tier, where it streams.
+    pub draft_experts: Mutex<Option<ExpertTotals>>,
+    pub last_draft_experts: Mutex<Option<RuntimeReport>>,
 }
 
 /// Sums of the expert runtime's per-turn counters (demand: routing; policy: pins and
@@ -124,18 +127,46 @@ impl Metrics {
 
     /// Adds one turn of the expert runtime.
     pub fn record_experts(&self, r: &RuntimeReport) {
-        let mut t = self.experts.lock().unwrap();
-        let t = t.get_or_insert_with(ExpertTotals::default);
-        let (d, p) = (&r.turn.demand, &r.turn.policy);
-        t.turns += 1;
-        t.hits += d.hits;
-        t.misses += d.misses;
-        for (i, x) in [d, p].into_iter().enumerate() {
-            t.loads[i] += x.loads;
-            t.read_ops[i] += x.read_ops;
-            t.read_bytes[i] += x.read_bytes;
-        }
+        add_turn(&self.experts, r);
         *self.last_experts.lock().unwrap() = Some(r.clone());
+    }
+
+    /// Adds one turn of the draft layer's expert tier.
+    pub fn record_draft_experts(&self, r: &RuntimeReport) {
+        add_turn(&self.draft_experts, r);
+        *self.last_draft_experts.lock().unwrap() = Some(r.clone());
+    }
+
+    /// Speculative decoding (MTP) counters, where the engine drafts.
+    fn render_mtp(&self, out: &mut String) {
+        let e = *self.engine.lock().unwrap();
+        if e.draft_tokens == 0 {
+            return;
+        }
+        let counters: [(&str, &str, u64); 6] = [
+            ("strata_mtp_rounds_total", "Decode steps of speculating requests (target forwards).", e.mtp_rounds),
+            ("strata_mtp_drafted_total", "Draft tokens proposed by the MTP layer.", e.mtp_drafted),
+            ("strata_mtp_accepted_total", "Draft tokens the target accepted.", e.mtp_accepted),
+            ("strata_mtp_tokens_total", "Tokens emitted by speculating decode steps.", e.mtp_tokens),
+            ("strata_mtp_draft_forwards_total", "Forwards of the draft layer.", e.draft.forwards),
+            (
+                "strata_mtp_dropped_total",
+                "Requests that gave up drafting (no room in the draft cache).",
+                e.draft.dropped,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let Some(t) = self.draft_experts.lock().unwrap().clone() else { return };
+        let tier: [(&str, &str, u64); 3] = [
+            ("strata_draft_expert_hits_total", "Draft-layer experts found resident.", t.hits),
+            ("strata_draft_expert_misses_total", "Draft-layer experts that had to be read.", t.misses),
+            ("strata_draft_expert_read_bytes_total", "Draft-layer expert bytes read (demand).", t.read_bytes[0]),
+        ];
+        for (name, help, v) in tier {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
     }
 
     fn render_experts(&self, out: &mut String) {
@@ -274,6 +305,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP strata_peak_rss_bytes Peak resident memory of the process.\n# TYPE strata_peak_rss_bytes gauge\nstrata_peak_rss_bytes {}", s.peak_rss_bytes);
         }
         self.render_experts(&mut out);
+        self.render_mtp(&mut out);
         self.queue_wait.render(
             &mut out,
             "strata_queue_wait_seconds",
@@ -290,6 +322,21 @@ impl Metrics {
             "Time from accepting a request to the end of its generation.",
         );
         out
+    }
+}
+
+/// Adds one turn of an expert runtime to its totals.
+fn add_turn(totals: &Mutex<Option<ExpertTotals>>, r: &RuntimeReport) {
+    let mut t = totals.lock().unwrap();
+    let t = t.get_or_insert_with(ExpertTotals::default);
+    let (d, p) = (&r.turn.demand, &r.turn.policy);
+    t.turns += 1;
+    t.hits += d.hits;
+    t.misses += d.misses;
+    for (i, x) in [d, p].into_iter().enumerate() {
+        t.loads[i] += x.loads;
+        t.read_ops[i] += x.read_ops;
+        t.read_bytes[i] += x.read_bytes;
     }
 }
 

@@ -207,8 +207,12 @@ fn usage(fs: &[Finished]) -> Value {
     let p = fs.first().map_or(0, |f| f.output.stats.prompt_tokens);
     let cached = fs.first().map_or(0, |f| f.output.stats.prompt_tokens - f.output.stats.prefill_tokens);
     let c: usize = fs.iter().map(|f| f.output.stats.generated_tokens).sum();
-    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-           "prompt_tokens_details": {"cached_tokens": cached}})
+    let mut u = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+           "prompt_tokens_details": {"cached_tokens": cached}});
+    if let Some(m) = crate::common::mtp_usage(fs) {
+        u["mtp"] = m;
+    }
+    u
 }
 
 fn openai_tool_call(index: usize, c: &ToolCall) -> Value {

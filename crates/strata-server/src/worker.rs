@@ -229,8 +229,10 @@ fn run(
         if turn_pending && (engine.is_idle() || last_turn.elapsed() >= TURN_EVERY) {
             turn_pending = false;
             last_turn = Instant::now();
-            if let Some(experts) = &model.experts {
+            let tiers = [(&model.experts, false), (&model.draft_experts, true)];
+            for (experts, draft) in tiers.into_iter().filter_map(|(e, d)| e.as_ref().map(|e| (e, d))) {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| experts.end_turn())) {
+                    Ok(Ok(report)) if draft => metrics.record_draft_experts(&report),
                     Ok(Ok(report)) => metrics.record_experts(&report),
                     Ok(Err(e)) => eprintln!("warning: expert runtime: end of turn: {e:#}"),
                     Err(_) => eprintln!("warning: expert runtime: end of turn panicked"),

@@ -360,6 +360,7 @@ fn reasoning_is_reported_apart_from_the_answer() {
         step_tokens: 64,
         prompt_cache_bytes: 1 << 20,
         kv_bytes_per_token: model.arch.kv_bytes_per_token(),
+        draft_tokens: 0,
     };
     let st = Arc::new(AppState {
         model_id: "m".into(),
@@ -378,6 +379,8 @@ fn reasoning_is_reported_apart_from_the_answer() {
         cors: vec![],
         max_body: strata_server::MAX_BODY_BYTES,
         max_prompt_bytes: usize::MAX,
+        draft_tokens: 0,
+        draft_policy: Default::default(),
     });
     let app = strata_server::router(st);
     block_on(async {

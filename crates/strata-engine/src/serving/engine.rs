@@ -4,11 +4,13 @@
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
+use super::speculate::{draft_phase, Dims, DraftCounters, Spec, VerifyScratch};
 use super::{Finished, ServeRequest, Update};
 use crate::generate::FinishReason;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
+use std::time::Instant;
 use strata_models::kv::{KvBlocks, BLOCK_SIZE};
 use strata_models::{Batch, Logits, Model, Session, SessionOptions};
 
@@ -26,6 +28,10 @@ pub struct EngineOptions {
     pub prompt_cache_bytes: u64,
     /// KV bytes per position (the model family's), to size the cache in blocks.
     pub kv_bytes_per_token: u64,
+    /// The most tokens the draft (MTP) layer proposes per step of a decoding request
+    /// (0: no speculative decoding; needs a model with its draft layer loaded). Each
+    /// request drafts up to its own `gen.draft_tokens` under its `gen.draft_policy`.
+    pub draft_tokens: usize,
 }
 
 /// Counters over the engine's life, for `/stats` and `/metrics`.
@@ -44,6 +50,15 @@ pub struct EngineCounters {
     pub kv_total_blocks: usize,
     pub running: usize,
     pub waiting: usize,
+    /// Drafts a decoding request's step may verify (0: no speculative decoding).
+    pub draft_tokens: usize,
+    /// Speculative decoding (MTP) over the engine's life: verify rounds, drafts
+    /// proposed and accepted, tokens those rounds emitted, and the draft layer's work.
+    pub mtp_rounds: u64,
+    pub mtp_drafted: u64,
+    pub mtp_accepted: u64,
+    pub mtp_tokens: u64,
+    pub draft: DraftCounters,
 }
 
 pub struct BatchEngine<'m> {
@@ -61,6 +76,13 @@ pub struct BatchEngine<'m> {
     logits: Vec<f32>,
     next_id: u64,
     counters: EngineCounters,
+    /// Drafts a round may verify (0: no speculation).
+    gamma: usize,
+    /// Whether requests keep their positions' hidden states (speculation with a prompt
+    /// cache: a cached prefix hands them on to the draft layer).
+    log_hidden: bool,
+    dims: Dims,
+    verify: VerifyScratch,
 }
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
@@ -79,6 +101,15 @@ impl<'m> BatchEngine<'m> {
                 opts.kv_tokens
             );
         }
+        let gamma = opts.draft_tokens;
+        // Every decoding request's token and drafts fit one forward.
+        if gamma > 0 && opts.step_tokens < opts.max_batch * (1 + gamma) {
+            bail!(
+                "a step of {} rows cannot verify {gamma} drafts for each of {} requests",
+                opts.step_tokens,
+                opts.max_batch
+            );
+        }
         let opts = EngineOptions { context, step_tokens: opts.step_tokens.max(opts.max_batch), ..opts };
         let session = model.new_session(SessionOptions {
             max_seqs: opts.max_batch,
@@ -87,7 +118,13 @@ impl<'m> BatchEngine<'m> {
             max_rows: opts.step_tokens,
         })?;
         let Some(pool) = session.kv() else { bail!("this model's sessions do not keep block KV") };
-        let block_bytes = (opts.kv_bytes_per_token * BLOCK_SIZE as u64).max(1);
+        if gamma > 0 && !session.has_draft() {
+            bail!("speculative decoding ({gamma} draft tokens) needs the model's draft (MTP) layer loaded");
+        }
+        let h = model.info().hidden_size;
+        // With speculation, a cached block also keeps its positions' hidden states.
+        let hidden_bytes = if gamma > 0 { (BLOCK_SIZE * h * 4) as u64 } else { 0 };
+        let block_bytes = (opts.kv_bytes_per_token * BLOCK_SIZE as u64 + hidden_bytes).max(1);
         let cache_blocks = match session.shares_prefixes() {
             true => ((opts.prompt_cache_bytes / block_bytes) as usize).min(pool.total_blocks()),
             false => 0,
@@ -105,6 +142,10 @@ impl<'m> BatchEngine<'m> {
             logits: Vec::new(),
             next_id: 0,
             counters: EngineCounters::default(),
+            gamma,
+            log_hidden: gamma > 0 && cache_blocks > 0,
+            dims: Dims { vocab: model.info().vocab_size, hidden: h },
+            verify: VerifyScratch::default(),
         })
     }
 
@@ -115,7 +156,20 @@ impl<'m> BatchEngine<'m> {
     /// Queues a request; its updates come out of [`BatchEngine::step`] under the id.
     pub fn submit(&mut self, req: ServeRequest) -> Result<u64> {
         let id = self.next_id;
-        let a = Active::new(id, req, self.opts.context)?;
+        let mut a = Active::new(id, req, self.opts.context)?;
+        if self.gamma > 0 && a.req.media.is_none() {
+            // (A grammar's forced tokens and masks follow one token at a time: constrained
+            // requests decode without drafts.)
+            let g = &a.req.gen;
+            let gamma = g.draft_tokens.min(self.gamma);
+            if a.req.constraint.is_none() && gamma > 0 {
+                let adaptive = g.draft_policy.adapts(g.sampling.temperature == 0.0);
+                a.spec = Some(Spec::new(gamma, adaptive));
+            }
+            if self.log_hidden {
+                a.hidden_log = Some(Vec::new());
+            }
+        }
         self.next_id += 1;
         self.waiting.push_back(a);
         Ok(id)
@@ -167,6 +221,7 @@ impl<'m> BatchEngine<'m> {
             kv_total_blocks: pool.map_or(0, KvBlocks::total_blocks),
             running: self.running.len(),
             waiting: self.waiting.len(),
+            draft_tokens: self.gamma,
             ..self.counters
         }
     }
@@ -175,9 +230,9 @@ impl<'m> BatchEngine<'m> {
     fn release(&mut self, a: &mut Active) {
         if let Some(seq) = a.seq.take() {
             let pool = kv(&mut self.session);
-            let full = if a.media.is_some() { 0 } else { a.computed / BLOCK_SIZE };
+            let full = if a.media.is_some() { 0 } else { a.computed.min(a.tokens.len()) / BLOCK_SIZE };
             let blocks = pool.blocks_of(seq)[..full.min(pool.blocks_of(seq).len())].to_vec();
-            self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);
+            publish(&mut self.cache, pool, a, &blocks, self.dims.hidden);
             self.session.remove_sequence(seq);
         }
     }
@@ -200,7 +255,9 @@ impl<'m> BatchEngine<'m> {
             let a = &self.waiting[i];
             // (Image placeholders say nothing of the image: such prompts share no cache.)
             let media = a.media.is_some();
-            let cached = if media { Vec::new() } else { self.cache.lookup(&a.tokens) };
+            let mut hidden = Vec::new();
+            let want_hidden = a.hidden_log.is_some().then_some(&mut hidden);
+            let cached = if media { Vec::new() } else { self.cache.lookup_with(&a.tokens, want_hidden) };
             // A prompt that shares more whole blocks with one still being computed waits
             // for it (then finds them in the cache) instead of computing them twice: the
             // choices of one request, a burst with a common system prompt.
@@ -229,6 +286,13 @@ impl<'m> BatchEngine<'m> {
             self.cache.hit_tokens += (cached.len() * BLOCK_SIZE) as u64;
             a.seq = Some(seq);
             a.admitted(cached.len() * BLOCK_SIZE);
+            // The cached positions' draft rows are owed: the draft cache starts complete.
+            if let Some(s) = a.spec.as_mut() {
+                s.record_hidden(&a.tokens, 0, &hidden, self.dims.hidden);
+            }
+            if let Some(log) = a.hidden_log.as_mut() {
+                *log = hidden;
+            }
             self.running.push(a);
         }
         Ok(())
@@ -256,9 +320,19 @@ impl<'m> BatchEngine<'m> {
     /// Plans the step's rows and makes room for their KV: evicting cached prefixes, then
     /// preempting the newest requests. Returns false when nothing runs.
     fn plan(&mut self, out: &mut Vec<(u64, Update)>) -> bool {
+        // Drafts each decoding request would verify: within its context and token limit.
+        let context = self.opts.context;
+        for a in self.running.iter_mut().filter(|a| a.decoding()) {
+            let room = context.saturating_sub(a.tokens.len()).min(a.req.gen.max_tokens.saturating_sub(a.out.len() + 1));
+            if let Some(s) = a.spec.as_mut() {
+                s.want = s.choose(room);
+            }
+        }
         loop {
-            let pending: Vec<usize> = self.running.iter().map(Active::pending).collect();
-            self.rows = plan_rows(&pending, self.opts.step_tokens);
+            let pending: Vec<usize> = self.running.iter().map(Active::to_feed).collect();
+            let drafts: Vec<usize> =
+                self.running.iter().map(|a| a.spec.as_ref().filter(|_| a.decoding()).map_or(0, |s| s.want)).collect();
+            self.rows = plan_rows(&pending, &drafts, self.opts.step_tokens);
             // A bidirectional image's run stays in one forward.
             for (a, n) in self.running.iter().zip(self.rows.iter_mut()) {
                 if let Some((m, true)) = &a.media {
@@ -289,29 +363,56 @@ impl<'m> BatchEngine<'m> {
                 return false;
             }
             self.release(&mut victim);
-            victim.computed = 0;
-            victim.preemptions += 1;
+            victim.restart();
             self.counters.preemptions += 1;
             self.waiting.push_front(victim);
         }
     }
 
-    /// Runs one step: admits what fits, one forward over the planned rows, a sample for
-    /// every request whose pending tokens are all in. Updates go to `out`. An error
-    /// fails the requests of this forward (and only them); the engine goes on.
+    /// Runs one step: admits what fits, drafts for the decoding requests that
+    /// speculate, one forward over the planned rows, a sample (or a verification of
+    /// drafts) for every request whose pending tokens are all in. Updates go to `out`. An
+    /// error fails the requests of this forward (and only them); the engine goes on.
     pub fn step(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
         self.admit(out)?;
         if !self.plan(out) {
             return Ok(());
         }
+        if self.gamma > 0 {
+            let (session, running, rows, batch) =
+                (&mut self.session, &mut self.running, &mut self.rows, &mut self.batch);
+            if let Err(e) = draft_phase(session.as_mut(), self.dims, running, rows, batch, &mut self.counters.draft) {
+                let ids = self.running.iter().filter(|a| a.spec.is_some()).map(|a| a.id).collect();
+                self.fail(ids, &format!("generation failed: draft layer: {e:#}"), out);
+                return Ok(());
+            }
+        }
         self.batch.clear();
+        let mut kinds = Vec::with_capacity(self.running.len());
         for (a, &n) in self.running.iter().zip(&self.rows) {
-            if n == 0 {
+            let seq = a.seq.expect("running");
+            if n > 1 && a.decoding() {
+                // The last sample and the drafts after it, each with its logits.
+                let drafts = &a.spec.as_ref().expect("only speculating requests verify").drafts;
+                debug_assert_eq!(drafts.len(), n - 1);
+                self.batch.push(seq, &a.tokens[a.computed..], Logits::All);
+                self.batch.push(seq, &drafts[..n - 1], Logits::All);
+                kinds.push(Logits::All);
                 continue;
             }
             let last = a.computed + n == a.tokens.len();
-            let want = if last { Logits::Last } else { Logits::None };
-            let (seq, ids) = (a.seq.expect("running"), &a.tokens[a.computed..a.computed + n]);
+            let logged = a.hidden_log.is_some() || a.spec.is_some();
+            let want = match (last, logged) {
+                (true, true) => Logits::HiddenAll,
+                (true, false) => Logits::Last,
+                (false, true) => Logits::Hidden,
+                (false, false) => Logits::None,
+            };
+            kinds.push(want);
+            if n == 0 {
+                continue;
+            }
+            let ids = &a.tokens[a.computed..a.computed + n];
             match &a.media {
                 Some((m, _)) => {
                     let mut used = a.tokens[..a.computed].iter().filter(|&&t| t == m.placeholder).count();
@@ -323,6 +424,7 @@ impl<'m> BatchEngine<'m> {
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;
         let (session, running, rows, batch) = (&mut self.session, &mut self.running, &self.rows, &self.batch);
+        let t = Instant::now();
         let (forward, masks) = std::thread::scope(|s| {
             let wants_mask = |(a, n): &(&mut Active, &usize)| **n > 0 && a.computed + **n == a.tokens.len();
             let masked: Vec<&mut Active> =
@@ -332,54 +434,102 @@ impl<'m> BatchEngine<'m> {
             let forward = session.forward(batch);
             (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
         });
+        let forward_s = t.elapsed().as_secs_f64();
         self.counters.steps += 1;
         self.counters.rows += self.batch.len() as u64;
-        let decode = self.rows.iter().zip(&self.running).filter(|(&n, a)| n == 1 && a.pending() == 1).count();
+        let decode: usize =
+            self.rows.iter().zip(&self.running).filter(|(_, a)| a.pending() == 1).map(|(&n, _)| n).sum();
         self.counters.decode_rows += decode as u64;
         self.counters.prefill_rows += (self.batch.len() - decode) as u64;
         if let Err(e) = forward {
-            let msg = format!("generation failed: {e:#}");
-            let planned: Vec<u64> =
-                self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
-            for id in planned {
-                let i = self.running.iter().position(|a| a.id == id).expect("running");
-                let mut a = self.running.remove(i);
-                if let Some(seq) = a.seq.take() {
-                    self.session.remove_sequence(seq);
-                }
-                out.push((id, Update::Done(Err(msg.clone()))));
-            }
+            let planned = self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
+            self.fail(planned, &format!("generation failed: {e:#}"), out);
             return Ok(());
         }
         let failed_masks: Vec<(u64, String)> =
             masks.into_iter().filter_map(|(id, r)| r.err().map(|e| (id, format!("grammar: {e:#}")))).collect();
-        // Samples, in batch order (the order of the logit rows).
-        let mut k = 0;
+        // Samples and verifications, in batch order (the order of the output rows).
+        let (mut k, mut hr) = (0, 0);
         let mut done = Vec::new();
-        let mut publish = Vec::new();
-        let (logits_all, context) = (self.session.logits(), self.opts.context);
+        let mut publish_at = Vec::new();
+        let mut truncate = Vec::new();
+        let (logits_all, hidden_all, context) = (self.session.logits(), self.session.hidden(), self.opts.context);
+        let (h, c) = (self.dims.hidden, &mut self.counters);
         for (i, a) in self.running.iter_mut().enumerate() {
             let n = self.rows[i];
             if n == 0 {
                 continue;
             }
+            let (lrows, hrows) = outputs(kinds[i], n);
+            let (logits, hidden) = (&logits_all[k * vocab..(k + lrows) * vocab], &hidden_all[hr * h..(hr + hrows) * h]);
+            (k, hr) = (k + lrows, hr + hrows);
+            if kinds[i] == Logits::All {
+                // A speculative round: keep the agreed drafts, roll back the rest.
+                let mut s = a.spec.take().expect("verifying");
+                let (p0, g) = (a.computed, n - 1);
+                let r = a.verify(logits, vocab, &s.drafts[..g], &s.q, &mut self.verify, self.tok, context);
+                let (update, finish, accepted) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        a.spec = Some(s);
+                        done.push((i, Err(format!("generation failed: {e:#}"))));
+                        continue;
+                    }
+                };
+                let kept = accepted + 1;
+                a.computed = (p0 + kept).min(a.tokens.len());
+                truncate.push((a.seq.expect("running"), a.computed, p0));
+                if let Some(log) = a.hidden_log.as_mut() {
+                    log.extend_from_slice(&hidden[..kept * h]);
+                }
+                s.record_hidden(&a.tokens, p0, &hidden[..kept * h], h);
+                s.record_round(g, accepted, kept, forward_s);
+                a.spec = Some(s);
+                (c.mtp_rounds, c.mtp_drafted) = (c.mtp_rounds + 1, c.mtp_drafted + g as u64);
+                (c.mtp_accepted, c.mtp_tokens) = (c.mtp_accepted + accepted as u64, c.mtp_tokens + kept as u64);
+                if let Some(u) = update {
+                    out.push((a.id, u));
+                }
+                if let Some(f) = finish {
+                    done.push((i, Ok(f)));
+                }
+                continue;
+            }
+            let (from, was_decoding) = (a.computed, a.decoding());
             a.computed += n;
+            if hrows == n && (a.hidden_log.is_some() || a.spec.is_some()) {
+                if let Some(log) = a.hidden_log.as_mut() {
+                    log.extend_from_slice(hidden);
+                }
+                if let Some(s) = a.spec.as_mut() {
+                    s.record_hidden(&a.tokens, from, hidden, h);
+                }
+            }
             if a.computed < a.tokens.len() {
                 continue;
             }
-            let row = &logits_all[k * vocab..(k + 1) * vocab];
-            k += 1;
+            let row = &logits[..vocab];
             if let Some((_, e)) = failed_masks.iter().find(|(id, _)| *id == a.id) {
                 done.push((i, Err(e.clone())));
                 continue;
             }
             if a.out.is_empty() && a.computed == a.prompt_len {
-                publish.push(i);
+                publish_at.push(i);
             }
             self.logits.clear();
             self.logits.extend_from_slice(row);
             match a.sample(&mut self.logits, self.tok, context) {
                 Ok((update, finish)) => {
+                    if let Some(s) = a.spec.as_mut() {
+                        s.settle(&a.tokens, a.computed);
+                        match was_decoding {
+                            true => {
+                                s.record_round(0, 0, 1, forward_s);
+                                (c.mtp_rounds, c.mtp_tokens) = (c.mtp_rounds + 1, c.mtp_tokens + 1);
+                            }
+                            false => s.stats.tokens += 1,
+                        }
+                    }
                     if let Some(u) = update {
                         out.push((a.id, u));
                     }
@@ -390,16 +540,20 @@ impl<'m> BatchEngine<'m> {
                 Err(e) => done.push((i, Err(format!("generation failed: {e:#}")))),
             }
         }
+        for (seq, len, draft_len) in truncate {
+            self.session.truncate(seq, len);
+            self.session.draft_truncate(seq, draft_len);
+        }
         // Prompts that are in: their full blocks join the prompt cache now, so that
         // requests arriving meanwhile can share them.
-        for i in publish {
+        for i in publish_at {
             let a = &self.running[i];
             if a.media.is_some() {
                 continue;
             }
             let pool = kv(&mut self.session);
             let blocks = pool.blocks_of(a.seq.expect("running"))[..a.prompt_len / BLOCK_SIZE].to_vec();
-            self.cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], &blocks);
+            publish(&mut self.cache, pool, a, &blocks, self.dims.hidden);
         }
         for (i, result) in done.into_iter().rev() {
             let mut a = self.running.remove(i);
@@ -411,6 +565,18 @@ impl<'m> BatchEngine<'m> {
             out.push((a.id, update));
         }
         Ok(())
+    }
+
+    /// Fails the running requests `ids` with `msg` (their sequences are dropped).
+    fn fail(&mut self, ids: Vec<u64>, msg: &str, out: &mut Vec<(u64, Update)>) {
+        for id in ids {
+            let i = self.running.iter().position(|a| a.id == id).expect("running");
+            let mut a = self.running.remove(i);
+            if let Some(seq) = a.seq.take() {
+                self.session.remove_sequence(seq);
+            }
+            out.push((id, Update::Done(Err(msg.to_string()))));
+        }
     }
 
     /// Fails every request (after a panic left the session in an unknown state) and
@@ -427,5 +593,29 @@ impl<'m> BatchEngine<'m> {
             max_rows: self.opts.step_tokens,
         })?;
         Ok(())
+    }
+}
+
+/// (logits rows, hidden rows) a push of `n` rows asks for.
+fn outputs(kind: Logits, n: usize) -> (usize, usize) {
+    match kind {
+        Logits::None => (0, 0),
+        Logits::Last => (1, 1),
+        Logits::All => (n, n),
+        Logits::HiddenAll => (1, n),
+        Logits::Hidden => (0, n),
+    }
+}
+
+/// Offers `blocks` (the first of `a`'s sequence) to the prompt cache, with their
+/// positions' hidden states where the request keeps them.
+fn publish(cache: &mut PrefixCache, pool: &mut KvBlocks, a: &Active, blocks: &[u32], h: usize) {
+    match a.hidden_log.as_deref() {
+        Some(log) => {
+            let n = blocks.len().min(log.len() / (h * BLOCK_SIZE).max(1));
+            let t = n * BLOCK_SIZE;
+            cache.insert_with(pool, &a.tokens[..t], &blocks[..n], Some(&log[..t * h]));
+        }
+        None => cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], blocks),
     }
 }

@@ -20,8 +20,10 @@ mod engine;
 pub mod prefix;
 mod request;
 pub mod schedule;
+mod speculate;
 
 pub use engine::{BatchEngine, EngineCounters, EngineOptions};
+pub use speculate::DraftCounters;
 
 use crate::generate::{GenerateRequest, GenerationOutput};
 use crate::sampling::{TokenConstraint, TokenLogprobs};

@@ -19,6 +19,9 @@ struct Entry {
     /// Cached blocks whose parent this is.
     children: u32,
     last_used: u64,
+    /// The target's final hidden states of the block's positions, where the cache keeps
+    /// them (for a draft layer's cache: see `super::speculate`).
+    hidden: Option<Box<[f32]>>,
 }
 
 pub struct PrefixCache {
@@ -61,6 +64,12 @@ impl PrefixCache {
     /// The cached blocks holding the longest prefix of `tokens` in whole blocks, leaving
     /// at least one token to compute (its logits are needed). Marks them used.
     pub fn lookup(&mut self, tokens: &[u32]) -> Vec<u32> {
+        self.lookup_with(tokens, None)
+    }
+
+    /// [`PrefixCache::lookup`]; with `hidden`, only blocks that kept their hidden states
+    /// count, and those states are appended to it.
+    pub fn lookup_with(&mut self, tokens: &[u32], mut hidden: Option<&mut Vec<f32>>) -> Vec<u32> {
         let mut out = Vec::new();
         if self.capacity == 0 || tokens.is_empty() {
             return out;
@@ -71,6 +80,10 @@ impl PrefixCache {
             let key = chain(parent, block);
             match self.entries.get_mut(&key) {
                 Some(e) if e.tokens == block && e.parent == parent => {
+                    if let Some(h) = hidden.as_deref_mut() {
+                        let Some(kept) = e.hidden.as_deref() else { break };
+                        h.extend_from_slice(kept);
+                    }
                     e.last_used = self.tick;
                     out.push(e.block);
                 }
@@ -85,15 +98,28 @@ impl PrefixCache {
     /// Blocks of prefixes not yet cached are kept (one reference each); a prefix cached
     /// already keeps its own block. Then trims the cache to its capacity.
     pub fn insert(&mut self, kv: &mut KvBlocks, tokens: &[u32], blocks: &[u32]) {
+        self.insert_with(kv, tokens, blocks, None)
+    }
+
+    /// [`PrefixCache::insert`], keeping the hidden states of the positions (`hidden`
+    /// holds as many rows as `tokens`): a block cached without them gains them.
+    pub fn insert_with(&mut self, kv: &mut KvBlocks, tokens: &[u32], blocks: &[u32], hidden: Option<&[f32]>) {
         if self.capacity == 0 {
             return;
         }
         self.tick += 1;
         let mut parent = None;
+        let width = hidden.map_or(0, |h| h.len() / tokens.len().max(1) * BLOCK_SIZE);
+        let rows = |depth: usize| hidden.map(|h| Box::<[f32]>::from(&h[depth * width..(depth + 1) * width]));
         for (depth, (block, &b)) in tokens.chunks_exact(BLOCK_SIZE).zip(blocks).enumerate() {
             let key = chain(parent, block);
             match self.entries.get_mut(&key) {
-                Some(e) if e.tokens == block && e.parent == parent => e.last_used = self.tick,
+                Some(e) if e.tokens == block && e.parent == parent => {
+                    e.last_used = self.tick;
+                    if e.hidden.is_none() {
+                        e.hidden = rows(depth);
+                    }
+                }
                 Some(_) => break, // a hash collision: leave the cached prefix alone
                 None => {
                     if kv.retain(&[b]).is_err() {
@@ -103,7 +129,15 @@ impl PrefixCache {
                     t.copy_from_slice(block);
                     self.entries.insert(
                         key,
-                        Entry { block: b, parent, tokens: t, depth: depth as u32, children: 0, last_used: self.tick },
+                        Entry {
+                            block: b,
+                            parent,
+                            tokens: t,
+                            depth: depth as u32,
+                            children: 0,
+                            last_used: self.tick,
+                            hidden: rows(depth),
+                        },
                     );
                     if let Some(p) = parent.and_then(|p| self.entries.get_mut(&p)) {
                         p.children += 1;
@@ -189,6 +223,31 @@ mod tests {
         assert!(cache.lookup(&other).is_empty());
         // The same tokens at another place are another prefix.
         assert!(cache.lookup(&a[16..]).is_empty());
+    }
+
+    #[test]
+    fn hidden_states_travel_with_their_blocks() {
+        let mut kv = KvBlocks::new(16 * 16, 4, 256);
+        let mut cache = PrefixCache::new(100);
+        let a: Vec<u32> = (0..40).collect();
+        let s = computed(&mut kv, &a);
+        let blocks = kv.blocks_of(s).to_vec();
+        // Only the first block is offered with hidden states (2 values a position).
+        cache.insert(&mut kv, &a[..32], &blocks[..2]);
+        let h: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 3.0).collect();
+        cache.insert_with(&mut kv, &a[..16], &blocks[..1], Some(&h));
+        let mut got = Vec::new();
+        assert_eq!(cache.lookup_with(&a, Some(&mut got)), blocks[..1], "the second block kept no hidden states");
+        assert_eq!(got, h);
+        // Without asking for them, both blocks count.
+        assert_eq!(cache.lookup(&a), blocks[..2]);
+        // Offered again with hidden states, the second block gains them.
+        let h2: Vec<f32> = (0..64).map(|i| (i * 7 % 13) as f32 - 6.0).collect();
+        cache.insert_with(&mut kv, &a[..32], &blocks[..2], Some(&h2));
+        got.clear();
+        assert_eq!(cache.lookup_with(&a, Some(&mut got)), blocks[..2]);
+        assert_eq!(&got[..32], &h[..], "the first block keeps the states it had");
+        assert_eq!(&got[32..], &h2[32..]);
     }
 
     #[test]

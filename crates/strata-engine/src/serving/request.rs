@@ -4,9 +4,11 @@
 //! [`crate::Generator`] streams it, so a request's output does not depend on what else
 //! runs beside it.
 
+use super::speculate::{Spec, VerifyScratch};
 use super::{ServeRequest, Update};
 use crate::generate::{held_back, FinishReason, GenerationOutput};
 use crate::sampling::{apply_logit_bias, apply_mask, ban, logprobs, Sampler, TokenLogprobs, TokenMask};
+use crate::speculative::{accept_draft, MtpStats};
 use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 use anyhow::{bail, Result};
@@ -44,6 +46,13 @@ pub(crate) struct Active {
     /// The request's image soft tokens (encoded at the first admission), and whether its
     /// image runs must stay whole in a forward (bidirectional image attention).
     pub media: Option<(crate::media::Media, bool)>,
+    /// Speculative decoding state (a request the engine drafts for).
+    pub spec: Option<Spec>,
+    /// The statistics of speculation the request gave up (its draft cache found no room).
+    pub dropped_spec: Option<MtpStats>,
+    /// The target's final hidden states of `tokens[..computed]` (`hidden_size` each),
+    /// kept while speculation is on so the prompt cache can hand them on with its blocks.
+    pub hidden_log: Option<Vec<f32>>,
 }
 
 impl Active {
@@ -84,6 +93,9 @@ impl Active {
             first: None,
             preemptions: 0,
             media: None,
+            spec: None,
+            dropped_spec: None,
+            hidden_log: None,
             req,
         })
     }
@@ -98,6 +110,35 @@ impl Active {
         if self.cached.is_none() {
             self.cached = Some(cached);
             self.admitted = Some(Instant::now());
+        }
+    }
+
+    /// Tokens the next forwards should compute before the request samples or verifies
+    /// again. A speculating request computed again after preemption stops short of its
+    /// last sample, which then starts a drafting round as it would have: its drafts,
+    /// and so its sampled text, do not depend on the preemption.
+    pub fn to_feed(&self) -> usize {
+        match self.spec.is_some() && !self.out.is_empty() && self.computed + 1 < self.tokens.len() {
+            true => self.tokens.len() - 1 - self.computed,
+            false => self.pending(),
+        }
+    }
+
+    /// Whether the request has generated and feeds its last sample next (a decode step,
+    /// where speculation drafts).
+    pub fn decoding(&self) -> bool {
+        self.pending() == 1 && !self.out.is_empty()
+    }
+
+    /// Forgets the computed positions (preemption: computed again later).
+    pub fn restart(&mut self) {
+        self.computed = 0;
+        self.preemptions += 1;
+        if let Some(s) = self.spec.as_mut() {
+            s.reset();
+        }
+        if let Some(h) = self.hidden_log.as_mut() {
+            h.clear();
         }
     }
 
@@ -119,6 +160,45 @@ impl Active {
         Ok(())
     }
 
+    /// Bails on a non-finite logit (damaged weights or expert bytes) at position `at`.
+    fn check_finite(logits: &[f32], at: usize) -> Result<()> {
+        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "the model produced a non-finite logit ({}) for token {i} at position {at}: the weights or expert bytes are damaged",
+                logits[i]
+            );
+        }
+        Ok(())
+    }
+
+    /// Narrows `logits` as this request asks before a sample: the grammar mask, the
+    /// bias, the penalties and the `min_tokens` bans, as if `ahead` (drafts under
+    /// verification) had already been generated.
+    pub fn adjust(&self, logits: &mut [f32], ahead: &[u32]) -> Result<()> {
+        let r = &self.req;
+        if let Some(mask) = self.mask.as_ref().filter(|_| r.constraint.is_some()) {
+            apply_mask(logits, mask);
+        }
+        apply_logit_bias(logits, &r.logit_bias);
+        if r.presence_penalty != 0.0 || r.frequency_penalty != 0.0 {
+            let mut seen: Vec<u32> = self.out.iter().chain(ahead).copied().collect();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= r.presence_penalty + r.frequency_penalty * run.len() as f32;
+                }
+            }
+        }
+        if self.out.len() + ahead.len() < r.min_tokens {
+            ban(logits, &r.gen.eos_token_ids);
+            ban(logits, &r.stop_token_ids);
+        }
+        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+            bail!("no token is allowed here (the grammar, logit_bias and min_tokens exclude every one)");
+        }
+        Ok(())
+    }
+
     /// Samples from `logits` (this request's row, a copy it may change) and follows the
     /// token; returns the update to send, if any, and whether the request is finished.
     pub fn sample(
@@ -127,54 +207,15 @@ impl Active {
         tok: Option<&TextTokenizer>,
         context: usize,
     ) -> Result<(Option<Update>, Option<FinishReason>)> {
-        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model produced a non-finite logit ({}) for token {i} at position {}: the weights or expert bytes are damaged",
-                logits[i],
-                self.tokens.len()
-            );
-        }
+        Self::check_finite(logits, self.tokens.len())?;
         if self.first.is_none() {
             self.first = Some(Instant::now());
         }
         let want_logprobs = self.req.logprobs;
         let raw = want_logprobs.map(|_| logits.to_vec());
-        let r = &self.req;
-        if let Some(mask) = self.mask.as_ref().filter(|_| r.constraint.is_some()) {
-            apply_mask(logits, mask);
-        }
-        apply_logit_bias(logits, &r.logit_bias);
-        if r.presence_penalty != 0.0 || r.frequency_penalty != 0.0 {
-            let mut seen = self.out.clone();
-            seen.sort_unstable();
-            for run in seen.chunk_by(|a, b| a == b) {
-                if let Some(l) = logits.get_mut(run[0] as usize) {
-                    *l -= r.presence_penalty + r.frequency_penalty * run.len() as f32;
-                }
-            }
-        }
-        if self.out.len() < r.min_tokens {
-            ban(logits, &r.gen.eos_token_ids);
-            ban(logits, &r.stop_token_ids);
-        }
-        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
-            bail!("no token is allowed here (the grammar, logit_bias and min_tokens exclude every one)");
-        }
+        self.adjust(logits, &[])?;
         let next = self.sampler.sample(logits, &self.tokens);
-        let r = &self.req;
-        let eos = !r.ignore_eos && r.gen.eos_token_ids.contains(&next);
-        if eos || r.stop_token_ids.contains(&next) {
-            return Ok((self.flush(), Some(FinishReason::Stop)));
-        }
-        if let (Some(top), Some(raw)) = (want_logprobs, raw) {
-            let lp = logprobs(&raw, next, top);
-            self.pending_logprobs.push(lp.clone());
-            self.all_logprobs.push(lp);
-        }
-        if let Some(c) = self.req.constraint.as_mut() {
-            c.commit(next)?;
-        }
-        let (mut delta, mut finish) = self.accept(next, tok, context)?;
+        let (mut delta, mut finish) = self.follow(next, raw.as_deref(), tok, context)?;
         // Tokens the grammar forces next join without a sample each: they are fed
         // together in the next forward (not when log-probabilities are wanted, which
         // forced tokens have none of).
@@ -200,6 +241,111 @@ impl Active {
                 }
             }
         }
+        Ok(self.close_step(delta, finish, tok))
+    }
+
+    /// Verifies the drafts of a speculative round against the target's logits `rows`
+    /// (one per verified position: the round's first token, then each draft; `vocab`
+    /// wide) with the standard speculative-sampling rule, so the output is distributed
+    /// exactly as the target's. `q[k]` is the distribution `drafts[k]` was drawn from.
+    /// Follows the accepted drafts and the target's own next token; returns the update,
+    /// the finish, and how many drafts were accepted.
+    pub fn verify(
+        &mut self,
+        rows: &[f32],
+        vocab: usize,
+        drafts: &[u32],
+        q: &[Vec<(u32, f64)>],
+        scratch: &mut VerifyScratch,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(Option<Update>, Option<FinishReason>, usize)> {
+        let g = drafts.len();
+        let row = |k: usize| &rows[k * vocab..(k + 1) * vocab];
+        for k in 0..=g {
+            Self::check_finite(row(k), self.tokens.len() + k)?;
+        }
+        let s = scratch;
+        s.context.clear();
+        s.context.extend_from_slice(&self.tokens);
+        let mut accepted = 0;
+        let mut next = None;
+        for k in 0..g {
+            s.logits.clear();
+            s.logits.extend_from_slice(row(k));
+            self.adjust(&mut s.logits, &drafts[..k])?;
+            self.sampler.distribution(&mut s.logits, &s.context, &mut s.p);
+            let u = self.sampler.uniform();
+            match accept_draft(&s.p, &q[k], drafts[k], u, &mut s.residual, &mut self.sampler) {
+                Ok(d) => {
+                    accepted += 1;
+                    s.context.push(d);
+                }
+                Err(t) => {
+                    next = Some(t);
+                    break;
+                }
+            }
+        }
+        let y = match next {
+            Some(t) => t,
+            None => {
+                s.logits.clear();
+                s.logits.extend_from_slice(row(g));
+                self.adjust(&mut s.logits, drafts)?;
+                self.sampler.sample(&mut s.logits, &s.context)
+            }
+        };
+        let mut delta = String::new();
+        let mut finish = None;
+        for (k, &t) in drafts[..accepted].iter().chain([&y]).enumerate() {
+            let raw = self.req.logprobs.map(|_| row(k));
+            let (d, f) = self.follow(t, raw, tok, context)?;
+            delta.push_str(&d);
+            finish = f;
+            if finish.is_some() {
+                break;
+            }
+        }
+        let (update, finish) = self.close_step(delta, finish, tok);
+        Ok((update, finish, accepted))
+    }
+
+    /// Follows a chosen token: an end-of-sequence or stop id ends the request (and is
+    /// not output), otherwise its log-probabilities (under `raw`, the unnarrowed logits)
+    /// and the grammar, then [`Active::accept`].
+    fn follow(
+        &mut self,
+        next: u32,
+        raw: Option<&[f32]>,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(String, Option<FinishReason>)> {
+        let r = &self.req;
+        let eos = !r.ignore_eos && r.gen.eos_token_ids.contains(&next);
+        if eos || r.stop_token_ids.contains(&next) {
+            return Ok((String::new(), Some(FinishReason::Stop)));
+        }
+        if let (Some(top), Some(raw)) = (r.logprobs, raw) {
+            let lp = logprobs(raw, next, top);
+            self.pending_logprobs.push(lp.clone());
+            self.all_logprobs.push(lp);
+        }
+        if let Some(c) = self.req.constraint.as_mut() {
+            c.commit(next)?;
+        }
+        self.accept(next, tok, context)
+    }
+
+    /// The end of a step's tokens: a finished grammar ends the request; a finish
+    /// flushes the text held back for stop strings; the update carries the new text
+    /// and log-probabilities.
+    fn close_step(
+        &mut self,
+        mut delta: String,
+        mut finish: Option<FinishReason>,
+        tok: Option<&TextTokenizer>,
+    ) -> (Option<Update>, Option<FinishReason>) {
         if finish.is_none() && self.req.constraint.as_ref().is_some_and(|c| c.is_done()) {
             finish = Some(FinishReason::Stop);
         }
@@ -209,10 +355,12 @@ impl Active {
         }
         let update = if !delta.is_empty() || (!self.pending_logprobs.is_empty() && tok.is_none()) {
             self.delta(delta)
+        } else if finish.is_some() {
+            self.flush()
         } else {
             None
         };
-        Ok((update, finish))
+        (update, finish)
     }
 
     /// Appends a generated token: its text (up to a stop string), the token limit and
@@ -290,6 +438,7 @@ impl Active {
             peak_rss_bytes: peak_rss_bytes(),
             finish_reason: finish.as_str().to_string(),
             truncated_prompt_tokens: self.truncated,
+            mtp: self.spec.as_ref().map(Spec::finished_stats).or_else(|| self.dropped_spec.clone()),
             ..Default::default()
         };
         let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };

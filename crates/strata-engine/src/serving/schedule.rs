@@ -3,16 +3,24 @@
 
 /// Rows for each running request (by its pending tokens, in admission order) in one
 /// forward of at most `budget` rows: first one row for every request that decodes (its
-/// only pending token is its last sample), then prompt chunks, oldest request first, in
-/// what the budget leaves. A long prompt so never holds up the others' next tokens: it
+/// only pending token is its last sample), then the rows of the drafts each decoding
+/// request wants verified (`drafts`), then prompt chunks, oldest request first, in what
+/// the budget leaves. A long prompt so never holds up the others' next tokens: it
 /// advances by what each step has room for.
-pub fn plan_rows(pending: &[usize], budget: usize) -> Vec<usize> {
+pub fn plan_rows(pending: &[usize], drafts: &[usize], budget: usize) -> Vec<usize> {
     let mut rows = vec![0; pending.len()];
     let mut left = budget;
     for (r, &p) in rows.iter_mut().zip(pending) {
         if p == 1 && left > 0 {
             *r = 1;
             left -= 1;
+        }
+    }
+    for ((r, &p), &d) in rows.iter_mut().zip(pending).zip(drafts) {
+        if p == 1 && *r == 1 {
+            let more = d.min(left);
+            *r += more;
+            left -= more;
         }
     }
     for (r, &p) in rows.iter_mut().zip(pending) {
@@ -42,12 +50,17 @@ mod tests {
 
     #[test]
     fn decode_rows_come_first_then_prompt_chunks_in_order() {
-        assert_eq!(plan_rows(&[300, 1, 1, 40], 256), vec![254, 1, 1, 0]);
-        assert_eq!(plan_rows(&[10, 1, 40], 64), vec![10, 1, 40]);
-        assert_eq!(plan_rows(&[10, 1, 60], 64), vec![10, 1, 53]);
+        let none = [0; 4];
+        assert_eq!(plan_rows(&[300, 1, 1, 40], &none, 256), vec![254, 1, 1, 0]);
+        assert_eq!(plan_rows(&[10, 1, 40], &none, 64), vec![10, 1, 40]);
+        assert_eq!(plan_rows(&[10, 1, 60], &none, 64), vec![10, 1, 53]);
         // More decoders than the budget: the oldest go first.
-        assert_eq!(plan_rows(&[1, 1, 1], 2), vec![1, 1, 0]);
-        assert_eq!(plan_rows(&[], 8), Vec::<usize>::new());
+        assert_eq!(plan_rows(&[1, 1, 1], &none, 2), vec![1, 1, 0]);
+        assert_eq!(plan_rows(&[], &none, 8), Vec::<usize>::new());
+        // Drafts to verify come after every decoder's own row, before prompt chunks.
+        assert_eq!(plan_rows(&[1, 40, 1], &[3, 0, 3], 16), vec![4, 8, 4]);
+        assert_eq!(plan_rows(&[1, 40, 1], &[3, 0, 3], 6), vec![4, 0, 2]);
+        assert_eq!(plan_rows(&[1, 1], &[2, 2], 2), vec![1, 1]);
     }
 
     #[test]

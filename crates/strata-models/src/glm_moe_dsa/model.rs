@@ -278,4 +278,8 @@ impl<B: Backend> Session for GlmSession<'_, B> {
             d.kv.truncate(seq, len);
         }
     }
+
+    fn draft_kv(&self) -> Option<&KvBlocks> {
+        self.draft.as_ref().map(|d| &d.kv)
+    }
 }

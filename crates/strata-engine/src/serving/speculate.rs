@@ -1,0 +1,383 @@
+//! Speculative decoding in the serving engine, with the model's draft (MTP) layer.
+//!
+//! The same round as [`crate::speculative`], for every decoding request of a step at
+//! once: one draft forward writes each request's owed draft-cache rows and drafts its
+//! first token, `gamma - 1` more draft forwards of one row a request chain the rest, and
+//! the step's target forward verifies each request's token and drafts beside the other
+//! requests' rows. Acceptance is per request ([`super::request::Active::verify`]), so a
+//! request's output is distributed exactly as without drafts (greedy: identical).
+//!
+//! The draft cache follows the target's: its row for position `p` pairs the target's
+//! final hidden state at `p` with the token at `p + 1`. A row becomes writable once the
+//! token after a position is known ("owed" until the next draft forward). A request that
+//! starts from the prompt cache gets the cached positions' hidden states with the blocks
+//! (the cache keeps them while speculation is on), so its draft cache is complete and
+//! its drafts do not depend on what the cache held.
+
+use super::request::Active;
+use crate::draft_policy::DraftController;
+use crate::speculative::MtpStats;
+use anyhow::Result;
+use std::time::Instant;
+use strata_models::{Batch, Logits, Session};
+
+/// Owed draft rows a request that is not drafting may hold before they are written.
+const OWED_MAX: usize = 64;
+
+/// Scratch for [`Active::verify`].
+#[derive(Default)]
+pub(crate) struct VerifyScratch {
+    pub context: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub p: Vec<(u32, f64)>,
+    pub residual: Vec<(u32, f64)>,
+}
+
+/// A request's speculation state.
+pub(crate) struct Spec {
+    ctl: DraftController,
+    pub stats: MtpStats,
+    /// Draft-cache rows ready to write: a token and the target's hidden state at the
+    /// position before it.
+    owed_tokens: Vec<u32>,
+    owed_hidden: Vec<f32>,
+    /// The target's hidden state at the last computed position, until the token after
+    /// it is known.
+    h_last: Option<Vec<f32>>,
+    /// This round's drafts and the distributions they were drawn from.
+    pub drafts: Vec<u32>,
+    pub q: Vec<Vec<(u32, f64)>>,
+    /// Drafts the round plans (set before the step's rows are planned).
+    pub want: usize,
+    /// The draft layer's hidden state after the last draft (input of the next).
+    h_draft: Vec<f32>,
+    draft_s: f64,
+    timed: usize,
+}
+
+impl Spec {
+    pub fn new(gamma: usize, adaptive: bool) -> Self {
+        let policy = if adaptive { "adaptive" } else { "fixed" };
+        Self {
+            ctl: DraftController::new(gamma, adaptive),
+            stats: MtpStats { draft_tokens: gamma, policy, ..Default::default() },
+            owed_tokens: Vec::new(),
+            owed_hidden: Vec::new(),
+            h_last: None,
+            drafts: Vec::new(),
+            q: (0..gamma).map(|_| Vec::new()).collect(),
+            want: 0,
+            h_draft: Vec::new(),
+            draft_s: 0.0,
+            timed: 0,
+        }
+    }
+
+    /// Forgets everything tied to the request's sequence (preemption: it is computed
+    /// again from the start or the prompt cache).
+    pub fn reset(&mut self) {
+        self.owed_tokens.clear();
+        self.owed_hidden.clear();
+        self.h_last = None;
+        self.drafts.clear();
+        self.want = 0;
+    }
+
+    /// The target's hidden states `hidden` (`h` each) of positions `from..` of `tokens`:
+    /// each position whose next token is known owes a draft row; the last one waits.
+    pub fn record_hidden(&mut self, tokens: &[u32], from: usize, hidden: &[f32], h: usize) {
+        for (i, row) in hidden.chunks_exact(h).enumerate() {
+            match tokens.get(from + i + 1) {
+                Some(&t) => {
+                    self.owed_tokens.push(t);
+                    self.owed_hidden.extend_from_slice(row);
+                }
+                None => self.h_last = Some(row.to_vec()),
+            }
+        }
+    }
+
+    /// The token after the last computed position is known now (`tokens` ends with it
+    /// or goes past it): its draft row is owed.
+    pub fn settle(&mut self, tokens: &[u32], computed: usize) {
+        if let (Some(h), Some(&t)) = (self.h_last.as_ref(), tokens.get(computed)) {
+            self.owed_tokens.push(t);
+            self.owed_hidden.extend_from_slice(h);
+            self.h_last = None;
+        }
+    }
+
+    /// Drafts for the next round: up to `room` (context and token limit).
+    pub fn choose(&mut self, room: usize) -> usize {
+        self.ctl.choose(room)
+    }
+
+    /// Books a round: `g` drafts, `accepted` of them kept, `emitted` tokens out.
+    pub fn record_round(&mut self, g: usize, accepted: usize, emitted: usize, verify_s: f64) {
+        let s = &mut self.stats;
+        s.rounds += 1;
+        s.plain_rounds += u64::from(g == 0);
+        s.drafted += g as u64;
+        s.accepted += accepted as u64;
+        s.tokens += emitted as u64;
+        let (draft_s, timed) = if g > 0 { (self.draft_s, self.timed) } else { (0.0, 0) };
+        s.draft_forwards += timed as u64;
+        self.ctl.record(g, accepted, verify_s, draft_s, timed);
+        self.draft_s = 0.0;
+        self.timed = 0;
+    }
+
+    /// The statistics with their rates filled in.
+    pub fn finished_stats(&self) -> MtpStats {
+        let mut s = self.stats.clone();
+        s.estimated_acceptance = self.ctl.acceptance();
+        s.close();
+        s
+    }
+
+    fn owed(&self) -> usize {
+        self.owed_tokens.len()
+    }
+}
+
+/// Draft-layer totals over the engine's life.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DraftCounters {
+    /// Draft-layer forwards.
+    pub forwards: u64,
+    /// Draft-cache rows written (owed rows and chained drafts).
+    pub rows: u64,
+    /// Requests whose draft cache found no room in its pool (they decode on without).
+    pub dropped: u64,
+}
+
+/// The model's widths: logits per row, hidden state per row.
+#[derive(Clone, Copy)]
+pub(crate) struct Dims {
+    pub vocab: usize,
+    pub hidden: usize,
+}
+
+/// The step's draft phase over the running requests `running` with their planned
+/// target rows `rows` (a decoding request with `want` drafts has `1 + want` rows): owed
+/// rows are written, and each drafting request draws its drafts into `spec.drafts`.
+/// A request whose draft rows do not fit the draft pool loses speculation (its row count
+/// drops to 1). Returns an error naming the draft forward that failed.
+pub(crate) fn draft_phase(
+    session: &mut dyn Session,
+    dims: Dims,
+    running: &mut [Active],
+    rows: &mut [usize],
+    batch: &mut Batch,
+    counters: &mut DraftCounters,
+) -> Result<()> {
+    let max_rows = session.max_rows();
+    let drafting = |a: &Active, n: usize| a.spec.is_some() && a.pending() == 1 && n > 1;
+    // Room in the draft pool: the newest requests give up their drafts first.
+    loop {
+        let Some(pool) = session.draft_kv() else { return Ok(()) };
+        let need: usize = running
+            .iter()
+            .zip(rows.iter())
+            .filter_map(|(a, &n)| {
+                let s = a.spec.as_ref()?;
+                let chained = if drafting(a, n) { n - 2 } else { 0 };
+                Some(pool.blocks_needed(a.seq?, s.owed() + chained))
+            })
+            .sum();
+        if need <= pool.free_blocks() {
+            break;
+        }
+        let Some(i) = running.iter().rposition(|a| a.spec.is_some()) else { break };
+        let a = &mut running[i];
+        let mut spec = a.spec.take().expect("found above");
+        spec.reset();
+        a.dropped_spec = Some(spec.finished_stats());
+        if let Some(seq) = a.seq {
+            session.draft_truncate(seq, 0);
+        }
+        if rows[i] > 1 && a.pending() == 1 {
+            rows[i] = 1;
+        }
+        counters.dropped += 1;
+    }
+    // Owed rows beyond what one forward holds go first, in forwards of their own.
+    let total: usize = running.iter().filter_map(|a| a.spec.as_ref()).map(Spec::owed).sum();
+    if total > max_rows {
+        write_bulk(session, dims.hidden, running, rows, batch, counters)?;
+    }
+    // One forward: the remaining owed rows, logits for each drafting request's last.
+    batch.clear();
+    let mut drafters = Vec::new();
+    let mut written = Vec::new();
+    let mut hidden = Vec::new();
+    for (i, (a, &n)) in running.iter().zip(rows.iter()).enumerate() {
+        let (Some(s), Some(seq)) = (a.spec.as_ref(), a.seq) else { continue };
+        let m = s.owed();
+        if m == 0 || (!drafting(a, n) && m < OWED_MAX) {
+            continue;
+        }
+        if drafting(a, n) {
+            batch.push(seq, &s.owed_tokens[..m - 1], Logits::None);
+            batch.push(seq, &s.owed_tokens[m - 1..], Logits::Last);
+            drafters.push(i);
+        } else {
+            batch.push(seq, &s.owed_tokens, Logits::None);
+        }
+        hidden.extend_from_slice(&s.owed_hidden);
+        written.push(i);
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let t = Instant::now();
+    session.draft_forward(batch, &hidden)?;
+    let first_s = t.elapsed().as_secs_f64();
+    counters.forwards += 1;
+    counters.rows += batch.len() as u64;
+    for &i in &written {
+        let s = running[i].spec.as_mut().expect("written above");
+        s.owed_tokens.clear();
+        s.owed_hidden.clear();
+    }
+    draw_drafts(session, dims, running, rows, batch, &drafters, first_s, counters)
+}
+
+/// Writes owed rows in forwards of at most `max_rows`, leaving each drafting request's
+/// last owed row (its round's first token) for the drafting forward.
+fn write_bulk(
+    session: &mut dyn Session,
+    h: usize,
+    running: &mut [Active],
+    rows: &[usize],
+    batch: &mut Batch,
+    counters: &mut DraftCounters,
+) -> Result<()> {
+    let max_rows = session.max_rows();
+    let mut hidden = Vec::new();
+    // (request, rows of its owed list to write)
+    let mut parts: Vec<(usize, usize)> = Vec::new();
+    let mut flush = |session: &mut dyn Session,
+                     running: &mut [Active],
+                     batch: &mut Batch,
+                     hidden: &mut Vec<f32>,
+                     parts: &mut Vec<(usize, usize)>|
+     -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        session.draft_forward(batch, hidden)?;
+        counters.forwards += 1;
+        counters.rows += batch.len() as u64;
+        for &(i, n) in parts.iter() {
+            let s = running[i].spec.as_mut().expect("has owed rows");
+            s.owed_tokens.drain(..n);
+            s.owed_hidden.drain(..n * h);
+        }
+        batch.clear();
+        hidden.clear();
+        parts.clear();
+        Ok(())
+    };
+    batch.clear();
+    for i in 0..running.len() {
+        let a = &running[i];
+        let (Some(s), Some(seq)) = (a.spec.as_ref(), a.seq) else { continue };
+        let keep = usize::from(a.pending() == 1 && rows[i] > 1);
+        let mut todo = s.owed().saturating_sub(keep);
+        let mut at = 0;
+        while todo > 0 {
+            if batch.len() == max_rows {
+                flush(session, running, batch, &mut hidden, &mut parts)?;
+                at = 0;
+                continue;
+            }
+            let s = running[i].spec.as_ref().expect("checked");
+            let n = todo.min(max_rows - batch.len());
+            batch.push(seq, &s.owed_tokens[at..at + n], Logits::None);
+            hidden.extend_from_slice(&s.owed_hidden[at * h..(at + n) * h]);
+            parts.push((i, n));
+            at += n;
+            todo -= n;
+        }
+    }
+    flush(session, running, batch, &mut hidden, &mut parts)
+}
+
+/// Draws each drafting request's drafts: the first from the drafting forward's logits
+/// (row `j` for `drafters[j]`), the rest chained through one-row draft forwards fed
+/// the draft layer's own hidden state.
+#[allow(clippy::too_many_arguments)]
+fn draw_drafts(
+    session: &mut dyn Session,
+    dims: Dims,
+    running: &mut [Active],
+    rows: &[usize],
+    batch: &mut Batch,
+    drafters: &[usize],
+    first_s: f64,
+    counters: &mut DraftCounters,
+) -> Result<()> {
+    let (vocab, h) = (dims.vocab, dims.hidden);
+    let mut scratch = VerifyScratch::default();
+    let mut live: Vec<usize> = drafters.to_vec();
+    for &i in drafters {
+        let s = running[i].spec.as_mut().expect("drafting");
+        s.drafts.clear();
+        s.draft_s = first_s;
+        s.timed = 1;
+    }
+    let mut k = 0;
+    loop {
+        // Sample draft k of every live request from the last draft forward's rows.
+        for (j, &i) in live.iter().enumerate() {
+            let logits = &session.logits()[j * vocab..(j + 1) * vocab];
+            let hidden = &session.hidden()[j * h..(j + 1) * h];
+            let a = &mut running[i];
+            scratch.logits.clear();
+            scratch.logits.extend_from_slice(logits);
+            let mut spec = a.spec.take().expect("drafting");
+            let drawn = draw_one(a, &mut spec, k, &mut scratch);
+            spec.h_draft.clear();
+            spec.h_draft.extend_from_slice(hidden);
+            a.spec = Some(spec);
+            drawn?;
+        }
+        k += 1;
+        live.retain(|&i| rows[i] - 1 > k);
+        if live.is_empty() {
+            return Ok(());
+        }
+        batch.clear();
+        let mut hidden = Vec::with_capacity(live.len() * h);
+        for &i in &live {
+            let a = &running[i];
+            let s = a.spec.as_ref().expect("drafting");
+            batch.push(a.seq.expect("running"), &s.drafts[k - 1..k], Logits::Last);
+            hidden.extend_from_slice(&s.h_draft);
+        }
+        let t = Instant::now();
+        session.draft_forward(batch, &hidden)?;
+        let dt = t.elapsed().as_secs_f64();
+        counters.forwards += 1;
+        counters.rows += batch.len() as u64;
+        for &i in &live {
+            let s = running[i].spec.as_mut().expect("drafting");
+            s.draft_s += dt;
+            s.timed += 1;
+        }
+    }
+}
+
+/// Draft `k` of request `a` from its draft logits in `scratch.logits`: narrowed as the
+/// request asks (as if its earlier drafts were generated), drawn from its sampler.
+fn draw_one(a: &mut Active, spec: &mut Spec, k: usize, scratch: &mut VerifyScratch) -> Result<()> {
+    a.adjust(&mut scratch.logits, &spec.drafts[..k])?;
+    scratch.context.clear();
+    scratch.context.extend_from_slice(&a.tokens);
+    scratch.context.extend_from_slice(&spec.drafts[..k]);
+    a.sampler.distribution(&mut scratch.logits, &scratch.context, &mut spec.q[k]);
+    let d = a.sampler.draw(&spec.q[k]);
+    spec.drafts.push(d);
+    Ok(())
+}

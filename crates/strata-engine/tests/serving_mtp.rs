@@ -1,0 +1,173 @@
+//! Speculative decoding (MTP) in the serving engine, on strata-tiny (trained weights
+//! with a draft layer): batched, chunked, cached and preempted requests give the tokens
+//! the single-sequence generator gives, greedy and sampled, and their drafts are mostly
+//! accepted.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use strata_engine::serving::{BatchEngine, EngineOptions, Finished, ServeRequest, Update};
+use strata_engine::{DraftPolicy, GenerateRequest, GenerationOutput, LoadedModel, SamplingParams};
+
+fn model() -> LoadedModel {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    LoadedModel::open(&dir).unwrap()
+}
+
+fn prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
+    let tok = m.tokenizer().unwrap();
+    let long = "In the beginning God created the heaven and the earth. And the earth was without form, and void; and darkness was upon the face of the deep.";
+    [long, "The quick brown fox", "def main():\n    x =", "Once upon a time there was a little"]
+        .iter()
+        .map(|t| tok.encode(t, true).unwrap())
+        .collect()
+}
+
+fn request(
+    m: &LoadedModel,
+    ids: Vec<u32>,
+    sampling: SamplingParams,
+    max_tokens: usize,
+    draft: usize,
+) -> GenerateRequest {
+    GenerateRequest {
+        eos_token_ids: m.eos_token_ids.clone(),
+        draft_tokens: draft,
+        draft_policy: DraftPolicy::Fixed,
+        ..GenerateRequest::new(ids, max_tokens, sampling)
+    }
+}
+
+fn opts(m: &LoadedModel, max_batch: usize, kv_tokens: usize, step_tokens: usize, draft: usize) -> EngineOptions {
+    EngineOptions {
+        max_batch,
+        kv_tokens,
+        context: 256,
+        step_tokens,
+        prompt_cache_bytes: 1 << 30,
+        kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+        draft_tokens: draft,
+    }
+}
+
+/// Runs `reqs` through the engine, all submitted at once; outputs by submission order.
+fn run_all(engine: &mut BatchEngine, reqs: Vec<GenerateRequest>) -> Vec<(Finished, String)> {
+    let ids: Vec<u64> = reqs.into_iter().map(|r| engine.submit(ServeRequest::new(r)).unwrap()).collect();
+    let mut done: HashMap<u64, Finished> = HashMap::new();
+    let mut text: HashMap<u64, String> = HashMap::new();
+    let mut out = Vec::new();
+    let mut steps = 0;
+    while !engine.is_idle() {
+        engine.step(&mut out).unwrap();
+        for (id, u) in out.drain(..) {
+            match u {
+                Update::Delta { text: t, .. } => text.entry(id).or_default().push_str(&t),
+                Update::Done(r) => {
+                    done.insert(id, *r.unwrap_or_else(|e| panic!("request {id}: {e}")));
+                }
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    ids.iter().map(|id| (done.remove(id).unwrap(), text.remove(id).unwrap_or_default())).collect()
+}
+
+fn alone(m: &LoadedModel, req: &GenerateRequest) -> GenerationOutput {
+    let mut g = strata_engine::Generator::new(m.model.as_ref(), 256).unwrap();
+    g.generate(m.tokenizer.as_ref(), req, &mut |_| true).unwrap()
+}
+
+fn check(got: &[(Finished, String)], want: &[GenerationOutput], what: &str) {
+    for (i, ((f, streamed), w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(f.output.tokens, w.tokens, "{what}: request {i}");
+        assert_eq!(f.output.text, w.text, "{what}: request {i}");
+        assert_eq!(*streamed, w.text, "{what}: request {i}: the deltas add up to the text");
+        assert_eq!(f.output.finish_reason, w.finish_reason, "{what}: request {i}");
+    }
+}
+
+/// Greedy: the batch engine with drafts gives the tokens of plain one-token decoding,
+/// with prompts in chunks beside other requests' verify rows, and again from the prompt
+/// cache (whose blocks carry their hidden states to the draft layer); drafts are mostly
+/// accepted.
+#[test]
+fn speculating_batches_decode_what_plain_decoding_does() {
+    let m = model();
+    let ps = prompts(&m);
+    let greedy = SamplingParams::default();
+    let want: Vec<_> = ps.iter().map(|p| alone(&m, &request(&m, p.clone(), greedy.clone(), 40, 0))).collect();
+    let reqs: Vec<_> = ps.iter().map(|p| request(&m, p.clone(), greedy.clone(), 40, 3)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 24, 3)).unwrap();
+    let got = run_all(&mut engine, reqs.clone());
+    check(&got, &want, "first run");
+    for (f, _) in &got {
+        let mtp = f.output.stats.mtp.as_ref().expect("speculation ran");
+        assert!(mtp.drafted > 0 && mtp.acceptance_rate > 0.3, "{mtp:?}");
+        assert!(mtp.tokens as usize >= f.output.tokens.len(), "{mtp:?}");
+    }
+    let c = engine.counters();
+    assert!(c.mtp_drafted > 0 && c.mtp_accepted > 0 && c.draft.forwards > 0, "{c:?}");
+    assert_eq!(c.draft_tokens, 3);
+    // Again: the prompts' blocks come from the cache, the drafts stay as good.
+    let again = run_all(&mut engine, reqs);
+    check(&again, &want, "from the prompt cache");
+    assert!(engine.counters().cache_hit_tokens > 0);
+    for ((f, _), (g, _)) in again.iter().zip(&got) {
+        let (a, b) = (f.output.stats.mtp.as_ref().unwrap(), g.output.stats.mtp.as_ref().unwrap());
+        assert_eq!((a.drafted, a.accepted), (b.drafted, b.accepted), "the draft cache was complete");
+    }
+}
+
+/// Sampled: each request's text is exactly the single-sequence speculative generator's
+/// for its seed (same drafts, same acceptance draws), whatever runs beside it, whether
+/// its prompt came from the cache, or it was preempted and computed again.
+#[test]
+fn sampled_speculation_is_reproducible_beside_others() {
+    let m = model();
+    let ps = prompts(&m);
+    let sampled = |seed| SamplingParams { temperature: 0.9, top_p: 0.95, seed, ..Default::default() };
+    let reqs: Vec<_> =
+        ps.iter().enumerate().map(|(i, p)| request(&m, p.clone(), sampled(11 + i as u64), 48, 2)).collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, r)).collect();
+    assert!(want.iter().all(|w| w.stats.mtp.as_ref().is_some_and(|s| s.drafted > 0)));
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 16, 2)).unwrap();
+    check(&run_all(&mut engine, reqs.clone()), &want, "batched");
+    check(&run_all(&mut engine, reqs.clone()), &want, "cached");
+    // Too little KV for all four at once: requests are preempted and computed again.
+    assert!(ps.iter().all(|p| p.len() + 48 < 96), "the answers fit a context of 96");
+    let mut o = opts(&m, 4, 128, 16, 2);
+    (o.prompt_cache_bytes, o.context) = (0, 96);
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), o).unwrap();
+    check(&run_all(&mut engine, reqs), &want, "preempted");
+    assert!(engine.counters().preemptions > 0, "{:?}", engine.counters());
+    assert_eq!(engine.counters().kv_free_blocks, 8);
+}
+
+/// Requests choose their own drafts (up to the engine's), a request asking for none
+/// decodes plainly beside speculating ones, and an engine without drafts runs none.
+#[test]
+fn requests_draft_what_they_ask_within_the_engine() {
+    let m = model();
+    let ps = prompts(&m);
+    let greedy = SamplingParams::default();
+    let reqs = vec![
+        request(&m, ps[1].clone(), greedy.clone(), 24, 0),
+        request(&m, ps[2].clone(), greedy.clone(), 24, 1),
+        request(&m, ps[3].clone(), greedy.clone(), 24, 8),
+    ];
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, &GenerateRequest { draft_tokens: 0, ..r.clone() })).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 64, 3)).unwrap();
+    let got = run_all(&mut engine, reqs.clone());
+    check(&got, &want, "mixed drafts");
+    assert!(got[0].0.output.stats.mtp.is_none());
+    assert_eq!(got[1].0.output.stats.mtp.as_ref().unwrap().draft_tokens, 1);
+    assert_eq!(got[2].0.output.stats.mtp.as_ref().unwrap().draft_tokens, 3, "capped by the engine");
+    let mut plain = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 64, 0)).unwrap();
+    let got = run_all(&mut plain, reqs);
+    check(&got, &want, "no drafts");
+    assert!(got.iter().all(|(f, _)| f.output.stats.mtp.is_none()));
+    assert_eq!(plain.counters().draft.forwards, 0);
+    // A step must hold every decoding request's token and drafts.
+    let e = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 8, 1024, 16, 3)).err().unwrap();
+    assert!(e.to_string().contains("cannot verify 3 drafts"), "{e}");
+}
