@@ -274,5 +274,50 @@ else
   echo "SKIP docs/server.md examples: port 8080 is taken"
 fi
 
+# --- speculative decoding: strata-tiny's MTP layer, through the official clients ----------
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$BIN" serve --model "$ROOT/models/strata-tiny" --host 127.0.0.1 --port "$PORT" --max-batch 4 \
+  --draft-policy fixed 2>"$WORK/mtp-server.log" &
+SERVER=$!
+for _ in $(seq 1 300); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  kill -0 "$SERVER" 2>/dev/null || break
+  sleep 0.1
+done
+if grep -q "MTP 3 drafts (fixed)" "$WORK/mtp-server.log"; then pass "serve drafts with strata-tiny's MTP layer by default"; else fail "MTP banner: $(cat "$WORK/mtp-server.log")"; fi
+cat >"$WORK/mtp_clients.py" <<'EOF'
+import sys, concurrent.futures as cf
+import anthropic, openai
+base = sys.argv[1]
+oa = openai.OpenAI(base_url=base + "/v1", api_key="none")
+prompts = ["In the beginning God created", "The quick brown fox", "Once upon a time there was"]
+def complete(p):
+    return oa.completions.create(model="strata-tiny", prompt=p, max_tokens=32, temperature=0)
+with cf.ThreadPoolExecutor(3) as pool:
+    whole = list(pool.map(complete, prompts))
+for p, r in zip(prompts, whole):
+    mtp = r.usage.model_extra["mtp"]
+    assert mtp["drafted"] > 0 and mtp["policy"] == "fixed", mtp
+    # Streamed: the same greedy text, and the usage chunk reports the drafts too.
+    parts, usage = [], None
+    for c in oa.completions.create(model="strata-tiny", prompt=p, max_tokens=32, temperature=0, stream=True,
+                                   stream_options={"include_usage": True}):
+        parts += [ch.text for ch in c.choices]
+        usage = c.usage or usage
+    assert "".join(parts) == r.choices[0].text, (p, parts, r.choices[0].text)
+    assert usage.model_extra["mtp"]["drafted"] == mtp["drafted"], (usage, mtp)
+msg = anthropic.Anthropic(base_url=base, api_key="none").messages.create(
+    model="strata-tiny", max_tokens=16, messages=[{"role": "user", "content": "Tell me a story"}])
+assert msg.usage.model_extra["mtp"]["rounds"] > 0, msg.usage
+EOF
+if out=$("$PY" "$WORK/mtp_clients.py" "http://127.0.0.1:$PORT" 2>&1); then
+  pass "MTP usage through the openai and anthropic clients, streamed text equal"
+else
+  fail "MTP through the clients: $out"
+fi
+kill "$SERVER" 2>/dev/null
+wait "$SERVER" 2>/dev/null
+SERVER=
+
 echo "e2e took $(($(date +%s) - T0)) s"
 finish

@@ -16,6 +16,9 @@ pub enum BenchCommand {
     Decode(Box<DecodeArgs>),
     /// Main-memory read bandwidth (the decode floor's denominator).
     Mem(MemArgs),
+    /// Throughput of the serving engine for many concurrent requests (continuous
+    /// batching in process), with or without MTP speculative decoding.
+    Serve(Box<crate::bench_serve::ServeBenchArgs>),
     /// Random whole-expert reads from a container (O_DIRECT by default): the disk's
     /// bandwidth for this access pattern.
     Io(IoArgs),
@@ -120,6 +123,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Synth(a) => synth(a),
         BenchCommand::Decode(a) => decode(*a),
         BenchCommand::Io(a) => io(a),
+        BenchCommand::Serve(a) => crate::bench_serve::serve(*a),
         BenchCommand::Mem(a) => {
             let gbs = memory_bandwidth(a.mib)?;
             if a.json {

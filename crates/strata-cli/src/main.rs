@@ -4,6 +4,7 @@ mod alloc_count;
 mod atlas;
 mod atlas_html;
 mod bench;
+mod bench_serve;
 mod commands;
 mod quality;
 mod residency;

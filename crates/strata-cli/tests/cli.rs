@@ -330,6 +330,13 @@ fn serve_refuses_bad_batching_options_before_loading() {
         (vec!["--prompt-cache", "lots"], "--prompt-cache"),
         (vec!["--cors", "example.com"], "--cors"),
         (vec!["--mtp", "on"], "--mtp"),
+        (vec!["--mtp", "off", "--draft-tokens", "2"], "--draft-tokens 2: --mtp off"),
+        (
+            vec!["--max-batch", "8", "--step-tokens", "16", "--draft-tokens", "3"],
+            "at least --max-batch x (1 + --draft-tokens) = 32",
+        ),
+        (vec!["--draft-tokens", "0", "--draft-policy", "fixed"], "--draft-policy fixed"),
+        (vec!["--draft-policy", "sometimes"], "--draft-policy"),
     ] {
         let mut all = vec!["serve", "--model", m, "--port", "0"];
         all.extend(args);

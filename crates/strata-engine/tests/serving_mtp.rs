@@ -171,3 +171,32 @@ fn requests_draft_what_they_ask_within_the_engine() {
     let e = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 8, 1024, 16, 3)).err().unwrap();
     assert!(e.to_string().contains("cannot verify 3 drafts"), "{e}");
 }
+
+/// Requests sharing a cached prompt hold its KV blocks once, but each needs its own
+/// draft rows: when the draft cache's pool runs out, the newest requests stop drafting
+/// (counted) and still answer what plain decoding does.
+#[test]
+fn a_full_draft_pool_stops_drafting_not_requests() {
+    let m = model();
+    let ps = prompts(&m);
+    let common = [ps[0].as_slice(), &ps[3][1..], &ps[1][1..]].concat();
+    assert!(common.len() >= 33, "two whole blocks shared");
+    let greedy = SamplingParams::default();
+    let reqs: Vec<_> = (0..4)
+        .map(|i| {
+            let mut p = common.clone();
+            p.push(100 + i);
+            request(&m, p, greedy.clone(), 40, 3)
+        })
+        .collect();
+    let want: Vec<_> = reqs.iter().map(|r| alone(&m, &GenerateRequest { draft_tokens: 0, ..r.clone() })).collect();
+    let blocks = (common.len() + 1 + 40).div_ceil(16);
+    // Room for the shared prompt once and each request's own blocks, not four copies.
+    let kv = 16 * (blocks + 4 * 2 + 2);
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, kv, 32, 3)).unwrap();
+    let got = run_all(&mut engine, reqs);
+    check(&got, &want, "draft pool full");
+    let c = engine.counters();
+    assert!(c.draft.dropped > 0, "{c:?}");
+    assert!(got.iter().all(|(f, _)| f.output.stats.mtp.is_some()), "dropped requests keep their statistics");
+}

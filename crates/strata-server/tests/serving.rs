@@ -360,3 +360,72 @@ fn fields_are_honoured_or_refused_by_name() {
         assert!(h.get("access-control-allow-origin").is_none());
     });
 }
+
+/// strata-tiny carries a draft (MTP) layer: the server drafts by default, answers
+/// concurrent greedy requests with the text of a server that does not, reports the
+/// speculation in each usage (OpenAI and Anthropic), `/metrics` and `/stats`, and runs
+/// a grammar-constrained request (which decodes one token a step) beside them.
+#[test]
+fn the_server_speculates_with_the_draft_layer_and_reports_it() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    let opts = strata_server::ServeOptions {
+        max_batch: 4,
+        step_tokens: 32,
+        draft_policy: strata_engine::DraftPolicy::Fixed,
+        ..Default::default()
+    };
+    let spec = strata_server::state_opts(LoadedModel::open(&dir).unwrap(), &opts);
+    assert_eq!(spec.draft_tokens, 3, "on by default where the layer is loaded");
+    let off = strata_server::ServeOptions { draft_tokens: Some(0), ..opts.clone() };
+    let plain = strata_server::router(strata_server::state_opts(LoadedModel::open(&dir).unwrap(), &off));
+    let app = strata_server::router(spec);
+    block_on(async {
+        let texts = ["In the beginning God created", "The quick brown fox", "def main():"];
+        let body = |t: &str| json!({"prompt": t, "max_tokens": 24, "temperature": 0});
+        let runs = texts.iter().map(|t| post(&app, "/v1/completions", body(t)));
+        let got = futures_util::future::join_all(runs).await;
+        let (mut drafted, mut accepted) = (0, 0);
+        for (t, (status, r)) in texts.iter().zip(&got) {
+            assert_eq!(*status, 200, "{r}");
+            let (_, want) = post(&plain, "/v1/completions", body(t)).await;
+            assert_eq!(r["choices"][0]["text"], want["choices"][0]["text"], "{t}");
+            assert!(want["usage"].get("mtp").is_none(), "{want}");
+            let mtp = &r["usage"]["mtp"];
+            assert_eq!((mtp["draft_tokens"].as_u64(), mtp["policy"].as_str()), (Some(3), Some("fixed")), "{r}");
+            drafted += mtp["drafted"].as_u64().unwrap();
+            accepted += mtp["accepted"].as_u64().unwrap();
+        }
+        assert!(accepted as f64 > 0.3 * drafted as f64, "{accepted} of {drafted} drafts accepted");
+        let (status, r) = post(
+            &app,
+            "/v1/messages",
+            json!({"max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": "Tell me a story"}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{r}");
+        assert!(r["usage"]["mtp"]["rounds"].as_u64().unwrap() > 0, "{r}");
+        // A grammar follows one token at a time: no drafts, the same JSON rules.
+        let (status, r) = post(
+            &app,
+            "/v1/chat/completions",
+            chat("Say hi", json!({"response_format": {"type": "json_object"}, "max_tokens": 40})),
+        )
+        .await;
+        assert_eq!(status, 200, "{r}");
+        assert!(r["usage"].get("mtp").is_none(), "{r}");
+        let (_, _, metrics) = send(&app, "GET", "/metrics", &[], "").await;
+        let value = |name: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {metrics}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(
+            value("strata_mtp_drafted_total ") >= value("strata_mtp_accepted_total ")
+                && value("strata_mtp_accepted_total ") > 0
+        );
+        assert!(value("strata_mtp_draft_forwards_total ") > 0);
+        let (_, _, stats) = send(&app, "GET", "/stats", &[], "").await;
+        let stats: Value = serde_json::from_str(&stats).unwrap();
+        assert_eq!(stats["engine"]["draft_tokens"], 3, "{stats}");
+        assert!(stats["engine"]["mtp_rounds"].as_u64().unwrap() > 0, "{stats}");
+    });
+}
