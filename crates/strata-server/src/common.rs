@@ -658,6 +658,23 @@ pub fn json_event(name: Option<&str>, data: &Value) -> SseEvent {
     }
 }
 
+/// The `mtp` object of a usage report: speculative decoding over the choices (counts
+/// summed, rates over the sums), or None where no choice speculated.
+pub fn mtp_usage(fs: &[Finished]) -> Option<Value> {
+    let mut all = fs.iter().filter_map(|f| f.output.stats.mtp.as_ref());
+    let mut sum = all.next()?.clone();
+    for m in all {
+        sum.rounds += m.rounds;
+        sum.plain_rounds += m.plain_rounds;
+        sum.drafted += m.drafted;
+        sum.accepted += m.accepted;
+        sum.draft_forwards += m.draft_forwards;
+        sum.tokens += m.tokens;
+    }
+    sum.close();
+    serde_json::to_value(sum).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -738,21 +755,4 @@ mod tests {
         let id = new_id("chatcmpl-");
         assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 24);
     }
-}
-
-/// The `mtp` object of a usage report: speculative decoding over the choices (counts
-/// summed, rates over the sums), or None where no choice speculated.
-pub fn mtp_usage(fs: &[Finished]) -> Option<Value> {
-    let mut all = fs.iter().filter_map(|f| f.output.stats.mtp.as_ref());
-    let mut sum = all.next()?.clone();
-    for m in all {
-        sum.rounds += m.rounds;
-        sum.plain_rounds += m.plain_rounds;
-        sum.drafted += m.drafted;
-        sum.accepted += m.accepted;
-        sum.draft_forwards += m.draft_forwards;
-        sum.tokens += m.tokens;
-    }
-    sum.close();
-    serde_json::to_value(sum).ok()
 }

@@ -1,6 +1,7 @@
 //! The execution piece: one session holding every running sequence, one forward per
 //! step over the rows the scheduler picked, a sample per request whose tokens are in.
 
+use super::batch_drafts::BatchDrafts;
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
@@ -83,6 +84,8 @@ pub struct BatchEngine<'m> {
     log_hidden: bool,
     dims: Dims,
     verify: VerifyScratch,
+    /// The draft count of the adaptive requests, chosen for the batch each step.
+    batch_drafts: BatchDrafts,
 }
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
@@ -146,6 +149,7 @@ impl<'m> BatchEngine<'m> {
             log_hidden: gamma > 0 && cache_blocks > 0,
             dims: Dims { vocab: model.info().vocab_size, hidden: h },
             verify: VerifyScratch::default(),
+            batch_drafts: BatchDrafts::new(),
         })
     }
 
@@ -322,10 +326,20 @@ impl<'m> BatchEngine<'m> {
     fn plan(&mut self, out: &mut Vec<(u64, Update)>) -> bool {
         // Drafts each decoding request would verify: within its context and token limit.
         let context = self.opts.context;
-        for a in self.running.iter_mut().filter(|a| a.decoding()) {
+        let mut adaptive = Vec::new();
+        for (i, a) in self.running.iter_mut().enumerate().filter(|(_, a)| a.decoding()) {
             let room = context.saturating_sub(a.tokens.len()).min(a.req.gen.max_tokens.saturating_sub(a.out.len() + 1));
-            if let Some(s) = a.spec.as_mut() {
-                s.want = s.choose(room);
+            match a.spec.as_mut() {
+                Some(s) if s.adaptive => adaptive.push((i, s.batch_bid(room))),
+                Some(s) => s.want = s.choose(room),
+                None => {}
+            }
+        }
+        if !adaptive.is_empty() {
+            let bids: Vec<(f64, usize)> = adaptive.iter().map(|x| x.1).collect();
+            let g = self.batch_drafts.choose(&bids);
+            for (i, (_, most)) in adaptive {
+                self.running[i].spec.as_mut().expect("adaptive").want = g.min(most);
             }
         }
         loop {
@@ -378,6 +392,7 @@ impl<'m> BatchEngine<'m> {
         if !self.plan(out) {
             return Ok(());
         }
+        let (t_step, forwards0) = (Instant::now(), self.counters.draft.forwards);
         if self.gamma > 0 {
             let (session, running, rows, batch) =
                 (&mut self.session, &mut self.running, &mut self.rows, &mut self.batch);
@@ -435,6 +450,12 @@ impl<'m> BatchEngine<'m> {
             (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
         });
         let forward_s = t.elapsed().as_secs_f64();
+        if self.gamma > 0 {
+            let drafts: usize =
+                self.running.iter().zip(&self.rows).filter(|(a, &n)| n > 1 && a.decoding()).map(|(_, &n)| n - 1).sum();
+            let forwards = (self.counters.draft.forwards - forwards0) as usize;
+            self.batch_drafts.observe(self.batch.len(), drafts, forwards, t_step.elapsed().as_secs_f64());
+        }
         self.counters.steps += 1;
         self.counters.rows += self.batch.len() as u64;
         let decode: usize =

@@ -16,6 +16,7 @@
 //! never fail for memory. Sampling is per request and the kernels are deterministic per
 //! row, so a request's output does not depend on what runs beside it.
 
+mod batch_drafts;
 mod engine;
 pub mod prefix;
 mod request;

@@ -250,6 +250,7 @@ impl Active {
     /// exactly as the target's. `q[k]` is the distribution `drafts[k]` was drawn from.
     /// Follows the accepted drafts and the target's own next token; returns the update,
     /// the finish, and how many drafts were accepted.
+    #[allow(clippy::too_many_arguments)]
     pub fn verify(
         &mut self,
         rows: &[f32],
@@ -439,7 +440,6 @@ impl Active {
             finish_reason: finish.as_str().to_string(),
             truncated_prompt_tokens: self.truncated,
             mtp: self.spec.as_ref().map(Spec::finished_stats).or_else(|| self.dropped_spec.clone()),
-            ..Default::default()
         };
         let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };
         (out, self.stop_sequence.clone(), std::mem::take(&mut self.all_logprobs))

@@ -36,6 +36,11 @@ pub(crate) struct VerifyScratch {
 /// A request's speculation state.
 pub(crate) struct Spec {
     ctl: DraftController,
+    /// Most drafts a step (the request's own count, within the engine's).
+    gamma: usize,
+    /// Whether the engine chooses the drafts for this request with the batch's other
+    /// adaptive requests (`super::batch_drafts`) instead of a fixed count.
+    pub adaptive: bool,
     pub stats: MtpStats,
     /// Draft-cache rows ready to write: a token and the target's hidden state at the
     /// position before it.
@@ -60,6 +65,8 @@ impl Spec {
         let policy = if adaptive { "adaptive" } else { "fixed" };
         Self {
             ctl: DraftController::new(gamma, adaptive),
+            gamma,
+            adaptive,
             stats: MtpStats { draft_tokens: gamma, policy, ..Default::default() },
             owed_tokens: Vec::new(),
             owed_hidden: Vec::new(),
@@ -107,9 +114,16 @@ impl Spec {
         }
     }
 
-    /// Drafts for the next round: up to `room` (context and token limit).
+    /// Drafts for the next round of a fixed-count request: up to `room` (context and
+    /// token limit).
     pub fn choose(&mut self, room: usize) -> usize {
         self.ctl.choose(room)
+    }
+
+    /// The most an adaptive request may draft this step (room, its own count), and its
+    /// acceptance estimate, for the batch's decision.
+    pub fn batch_bid(&self, room: usize) -> (f64, usize) {
+        (self.ctl.acceptance(), self.gamma.min(room))
     }
 
     /// Books a round: `g` drafts, `accepted` of them kept, `emitted` tokens out.
