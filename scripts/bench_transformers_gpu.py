@@ -7,27 +7,28 @@ the same checkpoint that `strata bench decode --device cuda` measures. Usage:
 
 Prints one JSON line per repetition: prefill and decode tokens/s (CUDA-synchronised wall
 time), after one untimed warm-up repetition. Random prompt ids (seed 42), KV cache on,
-one sequence, no CUDA graphs, no torch.compile.
+one sequence, no CUDA graphs, no torch.compile. The model class is the checkpoint's own
+(`architectures[0]`), so Gemma 4's multimodal wrapper loads too.
 """
 import argparse
 import json
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+import transformers
 
 
 def once(model, ids, decode_tokens):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    out = model(ids, use_cache=True)
+    out = model(input_ids=ids, use_cache=True)
     nxt = out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
     prefill_s = time.perf_counter() - t0
     cache = out.past_key_values
     t0 = time.perf_counter()
     for _ in range(decode_tokens - 1):
-        out = model(nxt, past_key_values=cache, use_cache=True)
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         nxt = out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
@@ -46,14 +47,16 @@ def main():
     a = ap.parse_args()
     t0 = time.time()
     kw = dict(dtype=getattr(torch, a.dtype), attn_implementation=a.attn)
+    cfg = transformers.AutoConfig.from_pretrained(a.model)
+    cls = getattr(transformers, cfg.architectures[0])
     try:
-        model = AutoModelForCausalLM.from_pretrained(a.model, experts_implementation=a.experts, **kw)
+        model = cls.from_pretrained(a.model, experts_implementation=a.experts, **kw)
     except (TypeError, ValueError):
-        model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
+        model = cls.from_pretrained(a.model, **kw)
     model = model.to("cuda").eval()
     load_s = time.time() - t0
     g = torch.Generator().manual_seed(42)
-    ids = torch.randint(0, model.config.vocab_size, (1, a.prompt_tokens), generator=g).to("cuda")
+    ids = torch.randint(0, cfg.get_text_config().vocab_size, (1, a.prompt_tokens), generator=g).to("cuda")
     with torch.no_grad():
         once(model, ids, a.decode_tokens)  # warm-up
         for rep in range(a.reps):

@@ -5,7 +5,8 @@
 # HEAD has them. The files on disk are never touched.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-SLIM=(fixtures/gemma4)
+# SLIM_PATHS (space-separated) overrides the default list; give `off` the same list.
+read -r -a SLIM <<<"${SLIM_PATHS:-fixtures/gemma4}"
 ex=.git/info/exclude
 case ${1:?usage: slim.sh on|off} in
 on)

@@ -3,7 +3,7 @@
 
 use super::{args, kind_code, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
 use crate::profile::{Op, Timer};
-use crate::{Backend, ExpertTask, HostMatrix, LinearOut, Step};
+use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
 use cudarc::driver::result;
 use std::ffi::c_void;
@@ -240,9 +240,6 @@ impl Backend for CudaBackend {
     }
 
     fn gqa_attend(&self, step: &Step, a: crate::GqaAttend<'_, Self>) {
-        // Rows that see later rows (Gemma 4's bidirectional image blocks) are CPU-only;
-        // the families that set them refuse CUDA at load.
-        assert!(step.visible_to.is_empty(), "gqa_attend on CUDA: rows with a visibility beyond their position");
         let _t = Timer::start(Op::MlaAttend);
         ops::gqa_attend(self, step, a);
         self.profiled();
@@ -294,7 +291,92 @@ impl Backend for CudaBackend {
         if n == 0 {
             return;
         }
-        ops::experts(self, x, rows, n, task, y);
+        ops::experts(self, x, rows, n, task, GateAct::Silu, y);
+        self.profiled();
+    }
+
+    fn gated_experts<'a>(
+        &self,
+        act: GateAct,
+        x: &DevBuf<f32>,
+        rows: usize,
+        n: usize,
+        task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
+        y: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Experts);
+        if n == 0 {
+            return;
+        }
+        ops::experts(self, x, rows, n, task, act, y);
+        self.profiled();
+    }
+
+    fn route_softmax(
+        &self,
+        x: &DevBuf<f32>,
+        rows: usize,
+        gate: &CudaMat,
+        expert_scale: &DevBuf<f32>,
+        top_k: usize,
+        logits: &mut DevBuf<f32>,
+        ids: &mut DevBuf<u32>,
+        weights: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Route);
+        ops::route_softmax(self, x, rows, gate, expert_scale, top_k, logits, ids, weights);
+        self.profiled();
+    }
+
+    fn gqa_query(&self, step: &Step, a: crate::GqaQuery<'_, Self>) {
+        let _t = Timer::start(Op::MlaPrepare);
+        ops::gqa_query(self, step, a);
+        self.profiled();
+    }
+
+    fn scale(&self, len: usize, factor: f32, x: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Other);
+        self.scale_op(len, factor, x);
+        self.profiled();
+    }
+
+    fn fill(&self, len: usize, value: f32, x: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Other);
+        self.fill_op(len, value, x);
+        self.profiled();
+    }
+
+    fn soft_cap(&self, len: usize, cap: f32, x: &mut DevBuf<f32>) {
+        let _t = Timer::start(Op::Other);
+        self.soft_cap_op(len, cap, x);
+        self.profiled();
+    }
+
+    fn add_rms_norm(
+        &self,
+        rows: usize,
+        width: usize,
+        a: &DevBuf<f32>,
+        w: Option<&DevBuf<f32>>,
+        eps: f32,
+        x: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Norm);
+        self.add_rms_norm_op(rows, width, a, w, eps, x);
+        self.profiled();
+    }
+
+    fn gelu_tanh_mul(
+        &self,
+        rows: usize,
+        width: usize,
+        a: &mut DevBuf<f32>,
+        b: &DevBuf<f32>,
+        b_stride: usize,
+        b_col: usize,
+    ) {
+        let _t = Timer::start(Op::Other);
+        self.gelu_tanh_mul_op(rows, width, a, b, b_stride, b_col);
         self.profiled();
     }
 

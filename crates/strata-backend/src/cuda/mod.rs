@@ -15,6 +15,7 @@
 //! error when there is no driver, no device or no NVRTC.
 
 mod backend;
+mod elementwise;
 mod module;
 mod ops;
 
@@ -51,6 +52,8 @@ struct StepDesc {
     pos: u64,
     seq: u64,
     blocks: u64,
+    /// Per row, one past the last position it sees (0: each row its own position).
+    vis: u64,
     bs: i32,
     max_blocks: i32,
 }
@@ -68,7 +71,8 @@ struct TaskDesc {
     out_row: i32,
     blk1: i32,
     blk2: i32,
-    pad: i32,
+    /// The gate activation (`gate_act` in `kernels/common.cu`).
+    act: i32,
 }
 
 /// Values in device memory.
@@ -155,6 +159,7 @@ struct StepCache {
     positions: Vec<u32>,
     seq: Vec<u32>,
     blocks: Vec<u32>,
+    visible: Vec<u32>,
     bs: usize,
     max_blocks: usize,
     valid: bool,
@@ -195,7 +200,7 @@ struct Funcs {
     tiled: [CudaFunction; 5],
     experts_up: [CudaFunction; 2],
     experts_down: [CudaFunction; 2],
-    silu_mul: CudaFunction,
+    act_mul: CudaFunction,
     gather: CudaFunction,
     add_bias: CudaFunction,
     split_bf16: CudaFunction,
@@ -211,7 +216,13 @@ struct Funcs {
     gqa_prepare: CudaFunction,
     gqa_attend: Vec<(usize, CudaFunction)>,
     route: CudaFunction,
+    route_softmax: CudaFunction,
     combine: CudaFunction,
+    scale: CudaFunction,
+    fill: CudaFunction,
+    soft_cap: CudaFunction,
+    add_rms_norm: CudaFunction,
+    gelu_mul: CudaFunction,
 }
 
 impl Funcs {
@@ -225,7 +236,7 @@ impl Funcs {
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             experts_up: [f("k_experts_up_1")?, f("k_experts_up_8")?],
             experts_down: [f("k_experts_down_1")?, f("k_experts_down_8")?],
-            silu_mul: f("k_silu_mul")?,
+            act_mul: f("k_act_mul")?,
             gather: f("k_gather")?,
             add_bias: f("k_add_bias")?,
             split_bf16: f("k_split_bf16")?,
@@ -239,9 +250,15 @@ impl Funcs {
             dsa_scores: f("k_dsa_scores")?,
             dsa_topk: f("k_dsa_topk")?,
             gqa_prepare: f("k_gqa_prepare")?,
-            gqa_attend: js("k_gqa_attend_", &[1, 2, 4, 8])?,
+            gqa_attend: js("k_gqa_attend_", &[1, 2, 4, 8, 16])?,
             route: f("k_route")?,
+            route_softmax: f("k_route_softmax")?,
             combine: f("k_combine")?,
+            scale: f("k_scale")?,
+            fill: f("k_fill")?,
+            soft_cap: f("k_soft_cap")?,
+            add_rms_norm: f("k_add_rms_norm")?,
+            gelu_mul: f("k_gelu_mul")?,
         })
     }
 }
@@ -491,6 +508,7 @@ impl CudaBackend {
             && c.positions == step.positions
             && c.seq == step.seq
             && c.blocks == step.blocks
+            && c.visible == step.visible_to
             && c.bs == step.block_size
             && c.max_blocks == step.max_blocks;
         if same {
@@ -498,10 +516,16 @@ impl CudaBackend {
         }
         let rows = step.rows();
         assert_eq!(step.seq.len(), rows, "step: {} sequence ids for {rows} rows", step.seq.len());
+        assert!(
+            step.visible_to.is_empty() || step.visible_to.len() == rows,
+            "step: {} visibility entries for {rows} rows",
+            step.visible_to.len()
+        );
         c.tokens.clone_from(&step.tokens);
         c.positions.clone_from(&step.positions);
         c.seq.clone_from(&step.seq);
         c.blocks.clone_from(&step.blocks);
+        c.visible.clone_from(&step.visible_to);
         c.bs = step.block_size;
         c.max_blocks = step.max_blocks;
         c.packed.clear();
@@ -511,6 +535,7 @@ impl CudaBackend {
         c.packed.extend_from_slice(&step.positions);
         c.packed.extend_from_slice(&step.seq);
         c.packed.extend_from_slice(&step.blocks);
+        c.packed.extend_from_slice(&step.visible_to);
         c.packed.push(0);
         let need = c.packed.len();
         if c.dev.as_ref().is_none_or(|d| d.len < need) {
@@ -525,6 +550,10 @@ impl CudaBackend {
             pos: base + 4 * rows as u64,
             seq: base + 8 * rows as u64,
             blocks: base + 12 * rows as u64,
+            vis: match step.visible_to.is_empty() {
+                true => 0,
+                false => base + 4 * (3 * rows + step.blocks.len()) as u64,
+            },
             bs: step.block_size.max(1) as i32,
             max_blocks: step.max_blocks as i32,
         };
@@ -559,6 +588,32 @@ pub(crate) struct Lin {
     pub add: bool,
     pub bias: u64,
     pub batches: usize,
+}
+
+impl Lin {
+    /// `out[r, ..] = x[r, ..] m^T` for `rows` rows of `x` (row stride `xld`), whole and
+    /// unbatched; `out` rows of `m.rows` values.
+    pub fn plain(m: &CudaMat, x: u64, xld: usize, rows: usize, out: u64) -> Self {
+        Lin {
+            m: m.desc,
+            kind: m.kind,
+            mrow0: 0,
+            mrow_bs: 0,
+            x,
+            x_bs: 0,
+            xld,
+            xrows: 0,
+            rows,
+            nout: m.rows,
+            out,
+            ostride: m.rows,
+            col: 0,
+            col_bs: 0,
+            add: false,
+            bias: 0,
+            batches: 1,
+        }
+    }
 }
 
 fn kind_code(k: QuantKind) -> i32 {

@@ -3,7 +3,7 @@
 //! expert task lists.
 
 use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS};
-use crate::{Backend, Step};
+use crate::{Backend, GateAct, GqaQuery, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;
@@ -300,6 +300,25 @@ pub(crate) fn gqa_prepare(b: &CudaBackend, step: &Step, a: GqaPrepare<'_, CudaBa
     );
 }
 
+/// The queries of [`gqa_prepare`] alone (`k_gqa_prepare` without a cache).
+pub(crate) fn gqa_query(b: &CudaBackend, step: &Step, a: GqaQuery<'_, CudaBackend>) {
+    let d = a.dims;
+    let rows = step.rows();
+    assert!(d.rotary.is_multiple_of(2) && d.rotary <= d.head_dim, "gqa_query: rotary {} of {}", d.rotary, d.head_dim);
+    assert!(a.q.len() >= rows * d.heads * d.head_dim, "gqa_query: q too small");
+    let mut st = b.lock();
+    let sd = b.step_desc(&mut st, step);
+    let (q, cs, sn, qn, none) = (a.q.ptr(), a.cos.ptr(), a.sin.ptr(), a.q_norm.map_or(0, |w| w.ptr()), 0u64);
+    let (eps, heads, kvh, hd, rot) = (a.eps, d.heads as i32, d.kv_heads as i32, d.head_dim as i32, d.rotary as i32);
+    b.launch(
+        &b.f.gqa_prepare,
+        (rows as u32, 1, 1),
+        256,
+        0,
+        &mut args![sd, q, none, none, qn, none, eps, heads, kvh, hd, rot, cs, sn, none],
+    );
+}
+
 pub(crate) fn gqa_attend(b: &CudaBackend, step: &Step, a: GqaAttend<'_, CudaBackend>) {
     let d = a.dims;
     let rows = step.rows();
@@ -345,43 +364,56 @@ pub(crate) fn route_noaux(
     let smem = (2 * n + p.n_group) * 4;
     assert!(smem <= 48 << 10, "route_noaux: {n} experts exceed shared memory");
     let mut st = b.lock();
-    let l = Lin {
-        m: gate.desc,
-        kind: gate.kind,
-        mrow0: 0,
-        mrow_bs: 0,
-        x: x.ptr(),
-        x_bs: 0,
-        xld: hidden,
-        xrows: 0,
-        rows,
-        nout: n,
-        out: logits.ptr(),
-        ostride: n,
-        col: 0,
-        col_bs: 0,
-        add: false,
-        bias: 0,
-        batches: 1,
-    };
-    b.linear(&mut st, &l);
+    b.linear(&mut st, &Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()));
     let (lp, bp, ip, wp) = (logits.ptr(), bias.ptr(), ids.ptr(), weights.ptr());
     let (ni, ki, ng, tg, norm, sc) =
         (n as i32, k as i32, p.n_group as i32, p.topk_group as i32, p.norm_topk_prob as i32, p.scaling);
     b.launch(&b.f.route, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, bp, ki, ng, tg, norm, sc, ip, wp]);
 }
 
-/// SwiGLU experts: experts with few rows in two grouped launches (gate/up, down) over a
-/// task table built here; an expert with many rows (a dense MLP or the shared expert in a
-/// prefill) through the many-rows products.
+/// Softmax routing (Gemma 4): the router logits as one product, then per row the
+/// softmax, top-k and renormalised, scaled weights (`k_route_softmax`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn route_softmax(
+    b: &CudaBackend,
+    x: &DevBuf<f32>,
+    rows: usize,
+    gate: &CudaMat,
+    expert_scale: &DevBuf<f32>,
+    k: usize,
+    logits: &mut DevBuf<f32>,
+    ids: &mut DevBuf<u32>,
+    weights: &mut DevBuf<f32>,
+) {
+    let (n, hidden) = (gate.rows, gate.cols);
+    assert!((1..=64).contains(&k) && k <= n, "route_softmax: top_k {k} of {n} experts");
+    assert_eq!(expert_scale.len(), n, "route_softmax: {} expert scales for {n} experts", expert_scale.len());
+    assert!(x.len() >= rows * hidden && logits.len() >= rows * n, "route_softmax: buffers");
+    assert!(ids.len() >= rows * k && weights.len() >= rows * k, "route_softmax: outputs too small");
+    let smem = n * 4;
+    assert!(smem <= 48 << 10, "route_softmax: {n} experts exceed shared memory");
+    let mut st = b.lock();
+    b.linear(&mut st, &Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()));
+    let (lp, sp, ip, wp, ni, ki) = (logits.ptr(), expert_scale.ptr(), ids.ptr(), weights.ptr(), n as i32, k as i32);
+    b.launch(&b.f.route_softmax, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, sp, ki, ip, wp]);
+}
+
+/// Gated experts (`down(act(gate x) * up x)`): experts with few rows in two grouped
+/// launches (gate/up, down) over a task table built here; an expert with many rows (a
+/// dense MLP or the shared expert in a prefill) through the many-rows products.
 pub(crate) fn experts<'a>(
     b: &CudaBackend,
     x: &DevBuf<f32>,
     rows: usize,
     n: usize,
     task: &(dyn Fn(usize) -> ExpertTask<'a, CudaBackend> + Sync),
+    act: GateAct,
     y: &mut DevBuf<f32>,
 ) {
+    let act: i32 = match act {
+        GateAct::Silu => 0,
+        GateAct::GeluTanh => 1,
+    };
     let hidden = task(0).weights.gate.cols;
     assert!(x.len() >= rows * hidden, "experts: x has {} values, expected {rows} rows x {hidden}", x.len());
     let mut tasks: Vec<TaskDesc> = Vec::with_capacity(n);
@@ -436,7 +468,7 @@ pub(crate) fn experts<'a>(
             out_row: t.out_row as i32,
             blk1: blk1 as i32,
             blk2: blk2 as i32,
-            pad: 0,
+            act,
         });
         h_off += (nrows * inter).next_multiple_of(4);
         blk1 += inter.div_ceil(8);
@@ -478,30 +510,11 @@ pub(crate) fn experts<'a>(
         let gp = b.ensure(&mut st.work.g, nrows * inter).ptr();
         let up = b.ensure(&mut st.work.u, nrows * inter).ptr();
         let hp = b.ensure(&mut st.work.hb, nrows * inter).ptr();
-        let lin = |m: &CudaMat, x: u64, xld: usize, nout: usize, out: u64| Lin {
-            m: m.desc,
-            kind: m.kind,
-            mrow0: 0,
-            mrow_bs: 0,
-            x,
-            x_bs: 0,
-            xld,
-            xrows: 0,
-            rows: nrows,
-            nout,
-            out,
-            ostride: nout,
-            col: 0,
-            col_bs: 0,
-            add: false,
-            bias: 0,
-            batches: 1,
-        };
-        b.linear(st, &lin(w.gate, xin, hidden, inter, gp));
-        b.linear(st, &lin(w.up, xin, hidden, inter, up));
+        b.linear(st, &Lin::plain(w.gate, xin, hidden, nrows, gp));
+        b.linear(st, &Lin::plain(w.up, xin, hidden, nrows, up));
         let len = (nrows * inter) as i64;
         let blocks = (nrows * inter).div_ceil(256).clamp(1, 8 * b.sms) as u32;
-        b.launch(&b.f.silu_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, hp]);
-        b.linear(st, &lin(w.down, hp, inter, hidden, yp + (4 * out_row * hidden) as u64));
+        b.launch(&b.f.act_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, act, hp]);
+        b.linear(st, &Lin::plain(w.down, hp, inter, nrows, yp + (4 * out_row * hidden) as u64));
     }
 }

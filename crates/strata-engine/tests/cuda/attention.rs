@@ -247,18 +247,32 @@ pub(crate) fn cuda_dsa_select_matches_cpu_on<G: Backend>(g: &G) {
 pub(crate) fn cuda_gqa_matches_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(6);
-    for (heads, kv_heads, hd, rotary, window, norms) in
-        [(4, 2, 16, 8, None, true), (6, 3, 40, 40, Some(5), false), (2, 1, 128, 64, None, true)]
-    {
+    // Gemma 4's shapes too: sliding heads of 256, full heads of 512 with a quarter rotated.
+    for (heads, kv_heads, hd, rotary, window, norms) in [
+        (4, 2, 16, 8, None, true),
+        (6, 3, 40, 40, Some(5), false),
+        (2, 1, 128, 64, None, true),
+        (4, 2, 256, 256, Some(7), true),
+        (4, 1, 512, 128, None, true),
+    ] {
         let d = GqaDims { heads, kv_heads, head_dim: hd, rotary, scale: (hd as f32).powf(-0.5), window };
-        for (step, slots) in steps(&mut rng) {
+        let mut all = steps(&mut rng);
+        // Rows that see later rows of their forward (an image block attended both ways):
+        // rows 3..8 of the prefill-like step see up to its eighth row's position.
+        let (mut bidir, slots) = all[2].clone();
+        bidir.visible_to = bidir.positions.iter().map(|p| p + 1).collect();
+        for r in 3..8 {
+            bidir.visible_to[r] = bidir.positions[7] + 1;
+        }
+        all.push((bidir, slots));
+        for (step, slots) in all {
             let rows = step.rows();
             let q = rvec(&mut rng, rows * heads * hd, 1.0);
             let k = rvec(&mut rng, rows * kv_heads * hd, 1.0);
             let v = rvec(&mut rng, rows * kv_heads * hd, 1.0);
             let (qn, kn) = (rvec(&mut rng, hd, 1.0), rvec(&mut rng, hd, 1.0));
             let cache = rvec(&mut rng, slots * d.cache_width(), 1.0);
-            fn run<B: Backend>(b: &B, step: &Step, d: GqaDims, v: [&[f32]; 6], norms: bool) -> [Vec<f32>; 3] {
+            fn run<B: Backend>(b: &B, step: &Step, d: GqaDims, v: [&[f32]; 6], norms: bool) -> [Vec<f32>; 4] {
                 let rows = step.rows();
                 let mut cos = b.alloc(rows * d.rotary / 2).unwrap();
                 let mut sin = b.alloc(rows * d.rotary / 2).unwrap();
@@ -282,14 +296,22 @@ pub(crate) fn cuda_gqa_matches_cpu_on<G: Backend>(g: &G) {
                 );
                 let mut out = up(b, &vec![f32::NAN; v[0].len()]);
                 b.gqa_attend(step, GqaAttend { dims: d, q: &q, cache: &cache, out: &mut out });
-                [down(b, &q, v[0].len()), down(b, &cache, v[5].len()), down(b, &out, v[0].len())]
+                // The queries alone (a layer reading another layer's cache).
+                let mut q2 = up(b, v[0]);
+                let q_norm = norms.then_some(&qn);
+                b.gqa_query(step, GqaQuery { dims: d, q: &mut q2, q_norm, eps: 1e-5, cos: &cos, sin: &sin });
+                let n = v[0].len();
+                [down(b, &q, n), down(b, &cache, v[5].len()), down(b, &out, n), down(b, &q2, n)]
             }
             let vv = [&q[..], &k[..], &v[..], &qn[..], &kn[..], &cache[..]];
             let gv = run(g, &step, d, vv, norms);
             let cv = run(c, &step, d, vv, norms);
-            close("gqa q", &gv[0], &cv[0], 1e-6, 2e-6);
-            close("gqa cache", &gv[1], &cv[1], 1e-6, 2e-6);
-            close(&format!("gqa attend hd {hd} window {window:?}"), &gv[2], &cv[2], 2e-6, 2e-5);
+            let what = format!("hd {hd} window {window:?} visible {}", !step.visible_to.is_empty());
+            close(&format!("gqa q, {what}"), &gv[0], &cv[0], 1e-6, 2e-6);
+            close(&format!("gqa cache, {what}"), &gv[1], &cv[1], 1e-6, 2e-6);
+            close(&format!("gqa attend, {what}"), &gv[2], &cv[2], 2e-6, 2e-5);
+            close(&format!("gqa query, {what}"), &gv[3], &cv[3], 1e-6, 2e-6);
+            assert_eq!(gv[3], gv[0], "gqa_query's queries equal gqa_prepare's ({what})");
         }
     }
 }

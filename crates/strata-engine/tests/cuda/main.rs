@@ -3,7 +3,8 @@
 //! Kernel tests: every op of the `Backend` trait on random inputs (never zeros), on both
 //! backends, compared with each other and, for the products, with an f64 reference over
 //! the dequantized weights; outputs are poisoned (NaN) first so an unwritten element fails.
-//! Model tests: every parity fixture (`fixtures/glm5/*`, `fixtures/glm4_moe/*`) and
+//! Model tests: every parity fixture (`fixtures/glm5/*`, `fixtures/glm4_moe/*`,
+//! `fixtures/gemma4/*`, the image fixtures through the vision tower on CUDA) and
 //! `models/strata-tiny` on CUDA: prompt logits within 1e-4 of transformers' and of the CPU
 //! backend's (the references are computed in f32 over the stored weights, bf16 ones
 //! included, and so is every CUDA op: weights are decoded exactly, activations stay f32,
@@ -20,6 +21,7 @@
 
 mod attention;
 mod bench;
+mod elementwise;
 mod models;
 mod moe;
 mod products;
@@ -30,8 +32,8 @@ use std::sync::OnceLock;
 use strata_backend::cpu::CpuBackend;
 use strata_backend::cuda::CudaBackend;
 use strata_backend::{
-    Backend, DsaSelect, ExpertTask, GqaAttend, GqaDims, GqaPrepare, HostMatrix, IndexDims, LinearOut, MlaAbsorb,
-    MlaAttend, MlaDims, MlaPrepare, RouterParams, Selection, Step,
+    Backend, DsaSelect, ExpertTask, GateAct, GqaAttend, GqaDims, GqaPrepare, GqaQuery, HostMatrix, IndexDims,
+    LinearOut, MlaAbsorb, MlaAttend, MlaDims, MlaPrepare, RouterParams, Selection, Step,
 };
 use strata_engine::{Device, GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::{dequantize, quantize, QuantKind};
@@ -164,4 +166,6 @@ fn op_tests_hold_on_the_cpu_backend() {
     attention::cuda_gqa_matches_cpu_on(c);
     moe::cuda_route_noaux_matches_cpu_on(c);
     moe::cuda_experts_and_combine_match_cpu_on(c);
+    moe::cuda_route_softmax_matches_cpu_on(c);
+    elementwise::cuda_elementwise_ops_match_cpu_on(c);
 }

@@ -95,7 +95,8 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("reference.safetensors").exists())
+        // Model fixtures (not the image processor's, which has no config).
+        .filter(|p| p.join("reference.safetensors").exists() && p.join("config.json").exists())
         .collect();
     dirs.sort();
     dirs
@@ -103,18 +104,22 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 6] = [
+const FIXTURES: [(&str, &str); 10] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
     ("glm5", "fp8"),
     ("glm4_moe", "bf16-mha"),
     ("glm4_moe", "gqa-bias"),
+    ("gemma4", "dense-ple"),
+    ("gemma4", "moe"),
+    ("gemma4", "vision"),
+    ("gemma4", "vision-bidir"),
 ];
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe"]
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "gemma4"]
         .iter()
         .flat_map(|f| {
             fixture_dirs(f)
@@ -193,6 +198,78 @@ fn cuda_glm4_moe_bf16_mha() {
 #[test]
 fn cuda_glm4_moe_gqa_bias() {
     fixture_test("glm4_moe", "gqa-bias")
+}
+
+#[test]
+fn cuda_gemma4_dense_ple() {
+    fixture_test("gemma4", "dense-ple")
+}
+
+#[test]
+fn cuda_gemma4_moe() {
+    fixture_test("gemma4", "moe")
+}
+
+#[test]
+fn cuda_gemma4_vision() {
+    image_fixture_test("vision")
+}
+
+#[test]
+fn cuda_gemma4_vision_bidir() {
+    image_fixture_test("vision-bidir")
+}
+
+/// Gemma 4 with an image on CUDA: the vision tower's soft tokens, the prompt's logits at
+/// every position (image rows attended both ways on sliding layers in `vision-bidir`)
+/// against transformers and the CPU backend, then each decode step's logits and greedy
+/// token.
+fn image_fixture_test(name: &str) {
+    use strata_engine::image::Rgb8;
+    use strata_engine::media;
+    if gpu().is_none() {
+        return;
+    }
+    let dir = repo_root().join("fixtures/gemma4").join(name);
+    stall_guard(&format!("gemma4/{name}"), |phase| {
+        phase("load");
+        let (gm, cm) = (open(&dir, Device::Cuda(0)), open(&dir, Device::Cpu));
+        let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+        let img = Rgb8::open(&dir.join("image.png")).unwrap();
+        phase("vision tower on CUDA");
+        let media = media::encode_images(&gm, std::slice::from_ref(&img)).unwrap();
+        let feats = max_diff(&media.rows, &tensor_f32(&r, "image_features"));
+        assert!(feats < TOL, "{name}: CUDA image features differ from transformers by {feats}");
+        let cpu_media = media::encode_images(&cm, &[img]).unwrap();
+        let prompt = tensor_ids(&r, "prompt_ids");
+        phase("prompt logits");
+        let got = gm.generator().unwrap().logits_with_media(&prompt, &media, true).unwrap().concat();
+        let on_cpu = cm.generator().unwrap().logits_with_media(&prompt, &cpu_media, true).unwrap().concat();
+        let (vs_ref, vs_cpu) = (max_diff(&got, &tensor_f32(&r, "prompt_logits")), max_diff(&got, &on_cpu));
+        assert!(vs_ref < TOL, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
+        assert!(vs_cpu < TOL, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
+        phase("decode steps");
+        let (gen_ids, steps) = (tensor_ids(&r, "generated_ids"), tensor_f32(&r, "generated_logits"));
+        let vocab = gm.model.info().vocab_size;
+        let mut gen = gm.generator().unwrap();
+        gen.prefill_with_media(&prompt, &media).unwrap();
+        let mut worst = 0f32;
+        for (i, &t) in gen_ids.iter().enumerate() {
+            let l = gen.last_logits();
+            let d = max_diff(l, &steps[i * vocab..(i + 1) * vocab]);
+            assert!(d < TOL, "{name}: CUDA decode step {i} logits differ by {d}");
+            worst = worst.max(d);
+            let argmax = l.iter().enumerate().fold((0, f32::MIN), |a, (j, &v)| if v > a.1 { (j, v) } else { a }).0;
+            assert_eq!(argmax as u32, t, "{name}: CUDA greedy token {i}");
+            if i + 1 < gen_ids.len() {
+                gen.step(t).unwrap();
+            }
+        }
+        eprintln!(
+            "{name}: CUDA parity ok (prompt {} tokens with an image; features {feats:.2e}, prefill vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; decode steps {worst:.2e})",
+            prompt.len()
+        );
+    });
 }
 
 #[test]

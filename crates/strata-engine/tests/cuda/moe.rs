@@ -38,6 +38,47 @@ pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
     }
 }
 
+/// Gemma 4's softmax router: logits, ids (best first) and renormalised, scaled weights.
+pub(crate) fn cuda_route_softmax_matches_cpu_on<G: Backend>(g: &G) {
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(17);
+    for (experts, hidden, rows, top_k, kind) in
+        [(128, 96, 1, 8, QuantKind::F32), (128, 64, 37, 8, QuantKind::Bf16), (12, 40, 5, 3, QuantKind::F32)]
+    {
+        let (gate, _) = hostmat(&mut rng, kind, experts, hidden, 0.5);
+        let x = rvec(&mut rng, rows * hidden, 1.0);
+        let scale = pvec(&mut rng, experts, 0.5, 1.5);
+        fn run<B: Backend>(
+            b: &B,
+            gate: &HostMatrix,
+            x: &[f32],
+            scale: &[f32],
+            rows: usize,
+            k: usize,
+        ) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+            let w = b.matrix(gate.clone()).unwrap();
+            let (xb, sb) = (up(b, x), up(b, scale));
+            let mut logits = up(b, &vec![f32::NAN; rows * gate.rows]);
+            let mut ids = b.alloc_idx(rows * k).unwrap();
+            let mut wts = up(b, &vec![f32::NAN; rows * k]);
+            b.route_softmax(&xb, rows, &w, &sb, k, &mut logits, &mut ids, &mut wts);
+            (down(b, &logits, rows * gate.rows), down_idx(b, &ids, rows * k), down(b, &wts, rows * k))
+        }
+        let (gl, gi, gw) = run(g, &gate, &x, &scale, rows, top_k);
+        let (cl, ci, cw) = run(c, &gate, &x, &scale, rows, top_k);
+        close("softmax router logits", &gl, &cl, 1e-6, 1e-5);
+        assert_eq!(gi, ci, "softmax router ids ({experts} experts, top {top_k}, {kind:?})");
+        close("softmax router weights", &gw, &cw, 1e-6, 1e-5);
+    }
+}
+
+#[test]
+fn cuda_route_softmax_matches_cpu() {
+    if let Some(g) = gpu() {
+        cuda_route_softmax_matches_cpu_on(g)
+    }
+}
+
 pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(8);
@@ -92,6 +133,7 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
         rows: usize,
         total: usize,
         hidden: usize,
+        act: GateAct,
     ) -> Vec<f32> {
         let dev: Vec<[B::Mat; 3]> = mats
             .iter()
@@ -106,12 +148,16 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
             rows: specs[i].2.as_deref(),
             out_row: out_rows[i],
         };
-        b.experts(&xb, rows, specs.len(), &task, &mut y);
+        b.gated_experts(act, &xb, rows, specs.len(), &task, &mut y);
         down(b, &y, total * hidden)
     }
-    let gy = run(g, &mats, &specs, &out_rows, &x, rows, total, hidden);
-    let cy = run(c, &mats, &specs, &out_rows, &x, rows, total, hidden);
-    close("experts y", &gy, &cy, 1e-5, 1e-4);
+    // SwiGLU (GLM) and GELU-tanh (Gemma 4) gates, on the grouped and the many-rows paths.
+    let mut cy = Vec::new();
+    for act in [GateAct::GeluTanh, GateAct::Silu] {
+        let gy = run(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        cy = run(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        close(&format!("experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
+    }
 
     // The combination: each row takes top_k of the outputs above (ids ascending order
     // differs from rank order), plus a shared row.

@@ -200,13 +200,21 @@ impl Arch for Gemma4Config {
         if spec.draft.is_some() {
             bail!("--mtp on: Gemma 4 has no draft (MTP) layer (use --mtp off)");
         }
-        let provider = match spec.experts {
-            ExpertsChoice::Resident => None,
-            ExpertsChoice::Cpu(p) => Some(p),
-        };
         match spec.device {
-            Device::Cpu => Ok(Box::new(model::Gemma4::load(CpuBackend::new(), self.clone(), store, provider)?)),
-            Device::Cuda(n) => bail!("--device cuda:{n}: Gemma 4 runs on the CPU backend only (use --device cpu)"),
+            Device::Cpu => {
+                let provider = match spec.experts {
+                    ExpertsChoice::Resident => None,
+                    ExpertsChoice::Cpu(p) => Some(p),
+                };
+                Ok(Box::new(model::Gemma4::load(CpuBackend::new(), self.clone(), store, provider)?))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let b = crate::registry::cuda_backend(n, &spec)?;
+                Ok(Box::new(model::Gemma4::load(b, self.clone(), store, None)?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),
         }
     }
 }

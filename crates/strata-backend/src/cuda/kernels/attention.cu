@@ -120,7 +120,7 @@ __device__ __forceinline__ void mla_attend(StepDev st, const float* qf, const fl
         qv[j] = d < kw ? q[d] : 0.f;
         acc[j] = 0.f;
     }
-    int n = sparse ? (int)cnt[r] : (int)st.pos[r] + 1;
+    int n = sparse ? (int)cnt[r] : visible(st, r);
     float m = NEG_INF, l = 0.f;
     for (int i = warp; i < n; i += 4) {
         int p = sparse ? (int)sel[(i64)r * topk + i] : i;
@@ -221,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(256) k_dsa_scores(StepDev st, const
     float* qs = smem;
     float* ws = smem + heads * (dim + 1);
     int r = blockIdx.x;
-    int v = (int)st.pos[r] + 1;
+    int v = visible(st, r);
     int t0 = blockIdx.y * 256;
     if (t0 >= v) return;
     for (int i = threadIdx.x; i < heads * dim; i += blockDim.x) {
@@ -279,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(1024) k_dsa_topk(StepDev st, const 
     __shared__ u32 s_prefix, s_remaining;
     __shared__ u32 wt[32];
     int r = blockIdx.x;
-    int v = (int)st.pos[r] + 1;
+    int v = visible(st, r);
     u32* out = sel + (i64)r * topk;
     if (v <= topk) {
         for (int i = threadIdx.x; i < v; i += blockDim.x) out[i] = (u32)i;
@@ -334,21 +334,24 @@ extern "C" __global__ void __launch_bounds__(1024) k_dsa_topk(StepDev st, const 
 // Grouped-query attention.
 
 // Per row: each query head normalised (optional) and rotated (half-split RoPE on the
-// leading `rotary` dims); keys likewise into the cache, values copied. A warp per head.
+// leading `rotary` dims); keys likewise into the cache, values copied (cache null: the
+// queries only). A warp per head.
 extern "C" __global__ void k_gqa_prepare(StepDev st, float* q, const float* k, const float* v, const float* qn,
                                          const float* kn, float eps, int heads, int kv_heads, int hd, int rotary,
                                          const float* cs, const float* sn, float* cache) {
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int kvw = kv_heads * hd, width = 2 * kvw, half = rotary / 2;
-    float* dst = cache + (i64)kv_slot(st, r, (int)st.pos[r]) * width;
+    float* dst = cache ? cache + (i64)kv_slot(st, r, (int)st.pos[r]) * width : nullptr;
     const float* c0 = cs + (i64)r * half;
     const float* s0 = sn + (i64)r * half;
-    for (int i = threadIdx.x; i < kvw; i += blockDim.x) {
+    for (int i = threadIdx.x; dst && i < kvw; i += blockDim.x) {
         dst[i] = k[(i64)r * kvw + i];
         dst[kvw + i] = v[(i64)r * kvw + i];
     }
     __syncthreads();
-    for (int hh = warp; hh < heads + kv_heads; hh += nw) {
+    // Without a cache (a layer reading another layer's K/V) only the queries.
+    int nh = dst ? heads + kv_heads : heads;
+    for (int hh = warp; hh < nh; hh += nw) {
         bool isq = hh < heads;
         float* x = isq ? q + ((i64)r * heads + hh) * hd : dst + (hh - heads) * hd;
         const float* nw_ = isq ? qn : kn;
@@ -388,8 +391,9 @@ __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const flo
         qv[j] = d < hd ? qr[d] : 0.f;
         acc[j] = 0.f;
     }
-    int v = (int)st.pos[r] + 1;
-    int start = window > 0 ? max(0, v - window) : 0;
+    // A window bounds what a row sees from below, by its own position.
+    int v = visible(st, r), own = (int)st.pos[r] + 1;
+    int start = window > 0 ? max(0, own - window) : 0;
     float m = NEG_INF, l = 0.f;
     for (int t = start + warp; t < v; t += 4) {
         const float* base = cache + (i64)kv_slot(st, r, t) * width;
@@ -447,4 +451,5 @@ GQA_ATTEND(1)
 GQA_ATTEND(2)
 GQA_ATTEND(4)
 GQA_ATTEND(8)
+GQA_ATTEND(16)
 

@@ -32,6 +32,7 @@ struct StepDev {
     const u32* pos;
     const u32* seq;
     const u32* blocks;
+    const u32* vis;  // per row, one past the last position it sees; null: its own position
     int bs, max_blocks;
 };
 
@@ -39,6 +40,9 @@ __device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
     int t = (int)s.seq[r] * s.max_blocks;
     return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;
 }
+
+// One past the last position row r may attend (an image row may see its whole image).
+__device__ __forceinline__ int visible(const StepDev& s, int r) { return s.vis ? (int)s.vis[r] : (int)s.pos[r] + 1; }
 
 __device__ __forceinline__ float bf16f(u32 h) { return __uint_as_float(h << 16); }
 
@@ -88,4 +92,24 @@ __device__ float bsum(float v, float* sh) {
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// GELU, tanh approximation (Gemma's gelu_pytorch_tanh), as strata_kernels::ops::gelu_tanh.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float K = 0.7978846f;
+    return 0.5f * x * (1.0f + tanhf(K * (x + 0.044715f * x * x * x)));
+}
+
+// An expert's gate activation: 0 SiLU (SwiGLU), 1 GELU-tanh (Gemma 4).
+__device__ __forceinline__ float gate_act(float g, int act) { return act ? gelu_tanh(g) : silu(g); }
+
+// Max over the block (every thread gets it). `sh`: 32 floats of shared memory.
+__device__ float bmax(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = wmax(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : NEG_INF;
+    return wmax(v);
+}
 

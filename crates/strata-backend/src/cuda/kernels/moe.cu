@@ -10,6 +10,51 @@ __device__ __forceinline__ bool better(float av, int ai, float bv, int bi) {
     return av > bv || (av == bv && ai < bi);
 }
 
+// The k largest of vals[..n] (valid first, ties to the lower id), best first, into
+// chosen[..k] (shared), by a whole block of at most 256 threads.
+__device__ void block_topk(const float* vals, int n, int k, int* chosen) {
+    __shared__ float bv[8];
+    __shared__ int bi[8];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int it = 0; it < k; it++) {
+        float v = 0.f;
+        int id = -1;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            bool taken = false;
+            for (int j = 0; j < it; j++) taken |= chosen[j] == e;
+            if (!taken && better(vals[e], e, v, id)) {
+                v = vals[e];
+                id = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, id, o);
+            if (better(ov, oi, v, id)) {
+                v = ov;
+                id = oi;
+            }
+        }
+        if (lane == 0) {
+            bv[warp] = v;
+            bi[warp] = id;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float b0 = bv[0];
+            int i0 = bi[0];
+            for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+                if (better(bv[w], bi[w], b0, i0)) {
+                    b0 = bv[w];
+                    i0 = bi[w];
+                }
+            chosen[it] = i0;
+        }
+        __syncthreads();
+    }
+}
+
 // Per row (256 threads): s = sigmoid(logits); choice = s + bias, masked to the best
 // topk_group groups (a group's score: the sum of its two best); the top k of choice (ties
 // to the lower id), best first; weights s at those ids, normalised (+1e-20) if asked,
@@ -21,8 +66,6 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
     float* s = smem;
     float* ch = smem + n;
     int* keep = (int*)(ch + n);
-    __shared__ float bv[8];
-    __shared__ int bi[8];
     __shared__ int chosen[64];
     int r = blockIdx.x;
     const float* l = logits + (i64)r * n;
@@ -69,44 +112,7 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
             if (!keep[e / per]) ch[e] = NEG_INF;
         __syncthreads();
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int it = 0; it < k; it++) {
-        float v = 0.f;
-        int id = -1;
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {
-            bool taken = false;
-            for (int j = 0; j < it; j++) taken |= chosen[j] == e;
-            if (!taken && better(ch[e], e, v, id)) {
-                v = ch[e];
-                id = e;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            int oi = __shfl_xor_sync(0xffffffffu, id, o);
-            if (better(ov, oi, v, id)) {
-                v = ov;
-                id = oi;
-            }
-        }
-        if (lane == 0) {
-            bv[warp] = v;
-            bi[warp] = id;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float b0 = bv[0];
-            int i0 = bi[0];
-            for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-                if (better(bv[w], bi[w], b0, i0)) {
-                    b0 = bv[w];
-                    i0 = bi[w];
-                }
-            chosen[it] = i0;
-        }
-        __syncthreads();
-    }
+    block_topk(ch, n, k, chosen);
     if (threadIdx.x == 0) {
         u32* oi = ids + (i64)r * k;
         float* ow = wts + (i64)r * k;
@@ -149,5 +155,40 @@ extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const fl
         }
         if (shared >= 0) acc += y[((i64)shared + r) * hidden + c];
         out[(i64)r * hidden + c] += acc;
+    }
+}
+
+// Softmax routing (Gemma 4), per row (256 threads): p = softmax(logits); the top k of p
+// (ties to the lower id), best first; weights p at those ids over their sum, times
+// scale[id]. Dynamic shared memory: n floats.
+extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* logits, int n, const float* scale,
+                                                                  int k, u32* ids, float* wts) {
+    extern __shared__ float p[];
+    __shared__ float sh[32];
+    __shared__ int chosen[64];
+    int r = blockIdx.x;
+    const float* l = logits + (i64)r * n;
+    float m = NEG_INF;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) m = fmaxf(m, l[e]);
+    m = bmax(m, sh);
+    float sum = 0.f;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        p[e] = expf(l[e] - m);
+        sum += p[e];
+    }
+    sum = bsum(sum, sh);
+    float inv = 1.0f / sum;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) p[e] *= inv;
+    __syncthreads();
+    block_topk(p, n, k, chosen);
+    if (threadIdx.x == 0) {
+        u32* oi = ids + (i64)r * k;
+        float* ow = wts + (i64)r * k;
+        float total = 0.f;
+        for (int i = 0; i < k; i++) total += p[chosen[i]];
+        for (int i = 0; i < k; i++) {
+            oi[i] = (u32)chosen[i];
+            ow[i] = p[chosen[i]] / total * scale[chosen[i]];
+        }
     }
 }

@@ -272,14 +272,14 @@ LINEAR_TILED(3)
 LINEAR_TILED(4)
 
 // ---------------------------------------------------------------------------------------
-// SwiGLU experts, grouped: one launch computes h = silu(gate x) * up x for every task's
+// Gated experts, grouped: one launch computes h = act(gate x) * up x for every task's
 // rows, a second y = down h. A task's blocks start at blk1 (pass 1) / blk2 (pass 2); each
 // warp one output, its rows in chunks of R.
 
 struct Task {
     Mat g, u, d;
     i64 h_off;  // first f32 of this task's h rows
-    int nrows, rows_off, out_row, blk1, blk2, pad;
+    int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -317,7 +317,7 @@ __device__ __forceinline__ void experts_up(const Task* tasks, int ntasks, const 
 #pragma unroll
         for (int j = 0; j < R; j++) {
             float g = wsum(ag[j]), u = wsum(au[j]);
-            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = silu(g) * u;
+            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = gate_act(g, T.act) * u;
         }
     }
 }
@@ -362,10 +362,10 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 EXPERTS(1)
 EXPERTS(8)
 
-// h = silu(g) * u over n values (the many-rows expert path).
-extern "C" __global__ void k_silu_mul(i64 n, const float* g, const float* u, float* h) {
+// h = act(g) * u over n values (the many-rows expert path).
+extern "C" __global__ void k_act_mul(i64 n, const float* g, const float* u, int act, float* h) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-        h[i] = silu(g[i]) * u[i];
+        h[i] = gate_act(g[i], act) * u[i];
 }
 
 // dst[i] = x[rows[i]] (rows of `width`).
