@@ -236,6 +236,9 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
             ps_step.tokens.extend(step.tokens.iter().map(|&tok| if tok == u32::MAX { t.pad_token_id } else { tok }));
             ps_step.positions.clear();
             ps_step.positions.extend_from_slice(&step.positions);
+            // (Backends may check a step whole, not just the ids the table is read with.)
+            ps_step.seq.clear();
+            ps_step.seq.extend_from_slice(&step.seq);
             ple.inputs(b, &s.ple_step, &s.x, eps, ps)?;
         }
         let [(cs, ss), (cf, sf)] = &mut s.rope;
