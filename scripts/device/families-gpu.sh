@@ -10,7 +10,8 @@
 # Needs, in .devcarry/ (built here: the GPU machine has no Rust toolchain), as
 # scripts/device/gpu-check.sh: strata.xz, cuda-tests.xz, bench_transformers_gpu.py.
 # SKIP_TESTS=1 skips the test suite; SKIP_TESTS_MATCHING names tests to skip (the device
-# tool's 64 MiB limit can leave fixtures/strata-tiny behind).
+# tool's 64 MiB limit can leave fixtures behind); FIXTURES lists the fixtures to time
+# (default: all four); SLICES=0 and SERVE=0 skip those parts.
 # Writes under $OUT: machine.txt, tests.log, families.jsonl (one JSON object per
 # measurement), side.log, profile-*.txt.
 set -uo pipefail
@@ -55,7 +56,7 @@ print(json.dumps({'engine':'strata','model':'$label','device':r['device'],'promp
 }
 
 since "fixtures"
-for fx in glm4_moe/bf16-mha glm4_moe/gqa-bias gemma4/dense-ple gemma4/moe; do
+for fx in ${FIXTURES:-glm4_moe/bf16-mha glm4_moe/gqa-bias gemma4/dense-ple gemma4/moe}; do
   bench "fixtures/$fx" "$fx" cuda 64 128 2
   bench "fixtures/$fx" "$fx" cpu 64 128 1 --threads 16
 done
@@ -72,7 +73,7 @@ import json,sys
 for l in sys.stdin:
     r=json.loads(l); r['model']='$2'; print(json.dumps(r))" >>"$res" || echo "transformers $2 failed" | tee -a "$OUT/side.log"
 }
-for fam in glm4_moe:glm45air-slice gemma4:gemma4-26b-slice; do
+[ "${SLICES:-1}" = 1 ] && for fam in glm4_moe:glm45air-slice gemma4:gemma4-26b-slice; do
   f=${fam%%:*} label=${fam#*:} dir=/tmp/${fam#*:}
   mk "$f" "$dir" || continue
   since "$label written ($(du -sh "$dir" | cut -f1))"
@@ -86,7 +87,7 @@ for fam in glm4_moe:glm45air-slice gemma4:gemma4-26b-slice; do
 done
 
 since "serving on CUDA (strata-tiny)"
-for cfg in "1 0" "1 3" "8 0" "8 3"; do
+[ "${SERVE:-1}" = 1 ] && for cfg in "1 0" "1 3" "8 0" "8 3"; do
   set -- $cfg
   timeout 120 $S bench serve --model models/strata-tiny --device cuda --requests $1 --prompt-tokens 32 --decode-tokens 128 \
     --draft-tokens $2 --warmup --json 2>>"$OUT/side.log" | python3 -c "
