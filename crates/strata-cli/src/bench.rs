@@ -329,6 +329,15 @@ fn decode(a: DecodeArgs) -> Result<()> {
         report["expert_slab_bytes"] = r.plan.slab_bytes.into();
         report["expert_total_bytes"] = m.fit.as_ref().map_or(0, |f| f.expert_bytes_total).into();
         report["experts"] = serde_json::to_value(&r.turn)?;
+        if let Some(t) = &r.device_tier {
+            // The decode's GPU tier (CUDA): hits, copies host -> GPU per token.
+            let per_token = |v: u64| v as f64 / s.generated_tokens.max(1) as f64;
+            report["gpu_budget_bytes"] = opts.gpu_budget.into();
+            report["gpu_tier"] = serde_json::to_value(t)?;
+            report["gpu_tier_copy_bytes_per_token"] = per_token(t.traffic.copy_bytes).into();
+            report["gpu_tier_hit_rate"] = t.hit_rate.into();
+            report["gpu_slab_bytes"] = t.plan.slab_bytes.into();
+        }
     }
     if let (Some(r), Some(p)) = (&draft, &prefill_draft) {
         report["draft_experts"] = serde_json::json!({

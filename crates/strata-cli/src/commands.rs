@@ -202,6 +202,20 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                 human_bytes(r.footprint_bytes),
                 r.budget_bytes.map_or("none".to_string(), human_bytes),
             );
+            if let Some(t) = &r.device_tier {
+                eprintln!(
+                    "gpu tier ({}): {} hits, {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; {} slots ({})",
+                    t.device,
+                    t.traffic.hits,
+                    t.traffic.misses,
+                    t.hit_rate.unwrap_or(0.0) * 100.0,
+                    t.traffic.copies,
+                    human_bytes(t.traffic.copy_bytes),
+                    t.traffic.copy_wait_seconds * 1e3,
+                    t.slots.total,
+                    human_bytes(t.plan.slab_bytes),
+                );
+            }
         }
         if let (true, Some(p)) = (report.stats, &r.pilot) {
             eprintln!(

@@ -90,6 +90,11 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// The device named, not checked against this machine (plans are made from headers).
+    pub fn named(&self) -> Result<strata_engine::Device> {
+        strata_engine::Device::parse(&self.device)
+    }
+
     /// The device, after sizing the CPU thread pool.
     pub fn device(&self) -> Result<strata_engine::Device> {
         if let Some(n) = self.threads {
@@ -106,10 +111,16 @@ impl DeviceArgs {
 pub struct BudgetArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Process memory budget (512MiB, 2GiB, 1.5GB or bytes). Needs an expert container
-    /// (`strata convert`); without it everything is resident.
+    /// Process memory budget (512MiB, 2GiB, 1.5GB or bytes); an HF checkpoint is
+    /// converted to an expert container once. Without it everything is resident. On
+    /// CUDA: the host tier of expert slots (page-locked), the model being on the GPU.
     #[arg(long)]
     budget: Option<String>,
+    /// CUDA: GPU memory for the model, its KV cache and a slab of expert slots fed from
+    /// the host tier (the rest of the experts stream through it). Without it, streamed
+    /// experts each get a GPU slot.
+    #[arg(long)]
+    gpu_budget: Option<String>,
     /// Context (positions) to reserve KV cache for; prompts longer than it fail unless
     /// `--truncate left`.
     #[arg(long, default_value_t = 4096)]
@@ -194,6 +205,10 @@ impl BudgetArgs {
             Some(b) => Some(strata_residency::parse_size(b).map_err(|e| anyhow!("--budget: {e}"))?),
             None => None,
         };
+        let gpu_budget = match &self.gpu_budget {
+            Some(b) => Some(strata_residency::parse_size(b).map_err(|e| anyhow!("--gpu-budget: {e}"))?),
+            None => None,
+        };
         let pins = self
             .pin
             .iter()
@@ -258,6 +273,7 @@ impl BudgetArgs {
             require_mtp,
             device: self.device.device()?,
             budget,
+            gpu_budget,
             context: self.context,
             runtime: RuntimeOptions {
                 working_slots: self.working_slots,
@@ -287,37 +303,77 @@ pub struct FitArgs {
 
 /// `strata fit`: the plan from headers alone; refuses (exit 1) when it cannot fit.
 pub fn fit(a: FitArgs) -> Result<()> {
-    let opts = a.budget.load_options_for(&a.model)?;
+    // A plan is made from headers: the device is named, not opened.
+    let device = a.budget.device.named()?;
+    let mut args = a.budget.clone();
+    args.device.device = "cpu".into();
+    let opts = args.load_options_for(&a.model)?;
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
     let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);
     fit_opts.draft = opts.mtp;
-    let fit = strata_engine::fit::fit_dir(&a.model, arch.as_ref(), &store, &fit_opts)?;
+    let on_gpu = matches!(device, strata_engine::Device::Cuda(_));
+    if opts.gpu_budget.is_some() && !on_gpu {
+        return Err(anyhow!("--gpu-budget sizes the GPU's expert tier; it needs --device cuda"));
+    }
+    // On CUDA: the GPU's plan, and with streamed experts the host tier's.
+    let streams = opts.budget.is_some() || opts.gpu_budget.is_some() || strata_engine::experts::is_container(&a.model);
+    let mut plans: Vec<(&str, strata_engine::fit::Fit)> = Vec::new();
+    if on_gpu && arch.moe().is_some() {
+        let gpu = strata_engine::fit::fit_gpu(&a.model, arch.as_ref(), &store, &fit_opts, opts.gpu_budget)?;
+        plans.push(("gpu", gpu));
+        if streams {
+            fit_opts.host_tier_only = true;
+            plans.push(("host", strata_engine::fit::fit_dir(&a.model, arch.as_ref(), &store, &fit_opts)?));
+        }
+    } else {
+        plans.push(("host", strata_engine::fit::fit_dir(&a.model, arch.as_ref(), &store, &fit_opts)?));
+    }
     if a.json {
-        let mut v = serde_json::to_value(&fit)?;
-        v["error"] = fit.error.clone().into();
+        let mut all = serde_json::Map::new();
+        for (name, fit) in &plans {
+            let mut v = serde_json::to_value(fit)?;
+            v["error"] = fit.error.clone().into();
+            all.insert(name.to_string(), v);
+        }
+        // One plan: the plan itself (as before the GPU tier); several: by tier.
+        let v = match plans.len() {
+            1 if !on_gpu => all.remove("host").unwrap_or_default(),
+            _ => serde_json::Value::Object(all),
+        };
         crate::commands::emit(&serde_json::to_string_pretty(&v)?)?;
     } else {
-        println!("{}", fit.report);
-        if let Some(p) = &fit.plan {
-            println!(
-                "plan: {} slots ({} working, {} pinned, {} per layer x {} layers), slot {} bytes; experts {} in all ({:.1}x the slab)",
-                p.total_slots,
-                p.input.working_slots,
-                p.input.pinned_experts,
-                p.slots_per_layer,
-                p.input.sparse_layers,
-                p.input.slot_bytes,
-                crate::commands::human_bytes(fit.expert_bytes_total),
-                fit.expert_bytes_total as f64 / p.slab_bytes.max(1) as f64
-            );
+        for (name, fit) in &plans {
+            if on_gpu {
+                println!("{} tier ({}):", name, if *name == "gpu" { "--gpu-budget" } else { "--budget" });
+            }
+            println!("{}", fit.report);
+            if let Some(p) = &fit.plan {
+                println!(
+                    "plan: {} slots ({} working, {} pinned, {} per layer x {} layers), slot {} bytes; experts {} in all ({:.1}x the slab)",
+                    p.total_slots,
+                    p.input.working_slots,
+                    p.input.pinned_experts,
+                    p.slots_per_layer,
+                    p.input.sparse_layers,
+                    p.input.slot_bytes,
+                    crate::commands::human_bytes(fit.expert_bytes_total),
+                    fit.expert_bytes_total as f64 / p.slab_bytes.max(1) as f64
+                );
+            }
         }
     }
-    match (&fit.error, fit.report.fits) {
-        (Some(e), _) => Err(anyhow!("{}: {e}", a.model.display())),
-        (None, false) => Err(anyhow!("{}: does not fit in the budget (see the table above)", a.model.display())),
-        _ => Ok(()),
+    for (name, fit) in &plans {
+        let tier = if on_gpu { format!(" ({name} tier)") } else { String::new() };
+        match (&fit.error, fit.report.fits) {
+            (Some(e), _) => return Err(anyhow!("{}{tier}: {e}", a.model.display())),
+            (None, false) => {
+                return Err(anyhow!("{}{tier}: does not fit in the budget (see the table above)", a.model.display()))
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 #[derive(Args)]

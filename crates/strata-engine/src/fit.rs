@@ -17,6 +17,10 @@ use strata_storage::{ExpertLayout, WeightStore};
 /// plans are reproducible; the peak-RSS test holds runs to it.
 pub const RUNTIME_RESERVE: u64 = 32 << 20;
 
+/// GPU memory beside the plan's items on CUDA: cuBLAS's workspace, the kernels' scratch
+/// (grown to the largest forward), the pinned staging ring's device side, the step tables.
+pub const CUDA_RESERVE: u64 = 256 << 20;
+
 #[derive(Clone, Debug)]
 pub struct FitOptions {
     pub budget: Option<u64>,
@@ -26,6 +30,9 @@ pub struct FitOptions {
     pub max_slots_per_layer: Option<usize>,
     /// Count the draft (MTP) layer: its weights, KV and expert slab.
     pub draft: bool,
+    /// The host side of a model on a GPU (`--device cuda`): its weights, KV and
+    /// activations are in GPU memory (see [`fit_gpu`]); the host holds the expert tier.
+    pub host_tier_only: bool,
 }
 
 impl FitOptions {
@@ -37,6 +44,7 @@ impl FitOptions {
             pinned: rt.pins.len(),
             max_slots_per_layer: rt.max_slots_per_layer,
             draft: false,
+            host_tier_only: false,
         }
     }
 }
@@ -101,7 +109,43 @@ fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64
 /// (refused with every number when one slot per layer does not fit). Without a budget:
 /// everything resident.
 pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
-    let items = fixed_items(dir, arch, store, opts.context, opts.draft)?;
+    let items = match opts.host_tier_only {
+        true => vec![FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE)],
+        false => fixed_items(dir, arch, store, opts.context, opts.draft)?,
+    };
+    plan_items(dir, arch, store, opts, items, false)
+}
+
+/// The GPU memory plan of a model on CUDA whose experts stream: its weights as held, KV,
+/// transients and [`CUDA_RESERVE`] beside a slab of expert slots, in `gpu_budget` (None:
+/// a slot for every expert). `dir` holds the expert container.
+pub fn fit_gpu(
+    dir: &Path,
+    arch: &dyn Arch,
+    store: &WeightStore,
+    opts: &FitOptions,
+    gpu_budget: Option<u64>,
+) -> Result<Fit> {
+    let mut items = fixed_items(dir, arch, store, opts.context, opts.draft)?;
+    for item in &mut items {
+        if item.bytes == RUNTIME_RESERVE && item.name.starts_with("runtime reserve") {
+            *item = FitItem::new("CUDA reserve (cuBLAS workspace, kernel scratch, step tables)", CUDA_RESERVE);
+        }
+    }
+    let opts = FitOptions { budget: gpu_budget, pinned: 0, ..opts.clone() };
+    plan_items(dir, arch, store, &opts, items, true)
+}
+
+/// The plan of `items` beside the expert slab the budget buys; `slots_always`: plan slots
+/// even for an HF checkpoint without a budget (the GPU tier).
+fn plan_items(
+    dir: &Path,
+    arch: &dyn Arch,
+    store: &WeightStore,
+    opts: &FitOptions,
+    items: Vec<FitItem>,
+    slots_always: bool,
+) -> Result<Fit> {
     let Some(moe) = arch.moe() else {
         let total: u64 = items.iter().map(|i| i.bytes).sum();
         let report = FitReport::new(opts.budget.unwrap_or(total), items);
@@ -114,7 +158,7 @@ pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptio
     let layers = layer_ids.len();
     let total = slot * (layers * per_layer) as u64;
     let container = open_source(dir, Some(&moe))?.is_some();
-    if opts.budget.is_none() && !container {
+    if opts.budget.is_none() && !container && !slots_always {
         // An HF checkpoint without a budget: experts resident, as stored.
         let mut all = items;
         let held = arch.weight_map().specs.iter().filter(|s| s.expert.is_some()).count() as u64;

@@ -19,8 +19,13 @@ use strata_storage::WeightStore;
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub device: Device,
-    /// Process memory budget; experts stream when the container's experts exceed it.
+    /// Process memory budget; experts stream when the container's experts exceed it. On
+    /// CUDA: the host tier of expert slots (page-locked), the rest of the model being
+    /// in GPU memory.
     pub budget: Option<u64>,
+    /// CUDA: GPU memory for the model, its KV cache and a slab of expert slots fed from
+    /// the host tier (`--gpu-budget`); None with streamed experts: a slot for every one.
+    pub gpu_budget: Option<u64>,
     /// Context reserved for the KV cache in the plan (and the sessions' capacity).
     pub context: usize,
     pub runtime: RuntimeOptions,
@@ -36,6 +41,7 @@ impl Default for LoadOptions {
         Self {
             device: Device::Cpu,
             budget: None,
+            gpu_budget: None,
             context: 4096,
             runtime: RuntimeOptions::default(),
             mtp: true,
@@ -69,6 +75,11 @@ pub struct LoadedModel {
     pub draft: bool,
     /// The draft (MTP) layer's expert runtime (its own int8 tier), when one is loaded.
     pub draft_experts: Option<Arc<StreamedExperts>>,
+    /// On CUDA with streamed experts: the GPU tier in front of `experts` (and of
+    /// `draft_experts`, second), and its memory plan.
+    #[cfg(feature = "cuda")]
+    pub gpu_tiers: Vec<Arc<crate::experts::gpu::GpuExperts>>,
+    pub gpu_fit: Option<Fit>,
     /// The memory plan (expert containers).
     pub fit: Option<Fit>,
     /// Where the expert container is (the model dir, or its `.strata/` conversion).
@@ -122,26 +133,23 @@ impl LoadedModel {
     pub fn open_with(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let arch = read_arch(dir)?;
         opts.device.check()?;
-        if let Device::Cuda(n) = opts.device {
-            // Phase 1 of the CUDA backend: every expert resident in GPU memory.
-            if opts.budget.is_some() {
-                bail!(
-                    "--device cuda:{n} --budget: streamed experts on CUDA (an HBM slab fed from a pinned host tier) are not implemented yet; without --budget every expert is resident in GPU memory"
-                );
-            }
-            if is_container(dir) {
-                bail!(
-                    "--device cuda:{n}: {} holds an expert container, whose experts stream; CUDA runs resident experts only (load the HF checkpoint)",
-                    dir.display()
-                );
-            }
+        let on_gpu = matches!(opts.device, Device::Cuda(_));
+        if opts.gpu_budget.is_some() && !on_gpu {
+            bail!(
+                "--gpu-budget sizes the GPU's expert tier; it needs --device cuda (on the CPU, --budget is the budget)"
+            );
         }
         let moe = arch.moe();
+        if opts.gpu_budget.is_some() && moe.is_none() {
+            bail!("--gpu-budget: {} has no routed experts to stream (the whole model is resident)", dir.display());
+        }
         if opts.budget.is_none() && (!opts.runtime.pins.is_empty() || opts.runtime.auto_pin) {
             bail!("--pin and --auto-pin choose experts to keep in the slab; they need --budget (without one every expert is resident)");
         }
-        let weights_dir = match (opts.budget, &moe) {
-            (Some(_), Some(_)) if !is_container(dir) => crate::autoconvert::container_for(dir, arch.as_ref())?,
+        // Experts stream through a container when a budget asks for it (either on CUDA).
+        let streams = opts.budget.is_some() || opts.gpu_budget.is_some();
+        let weights_dir = match (streams, &moe) {
+            (true, Some(_)) if !is_container(dir) => crate::autoconvert::container_for(dir, arch.as_ref())?,
             _ => dir.to_path_buf(),
         };
         let store = WeightStore::open_dir(&weights_dir)?;
@@ -156,6 +164,10 @@ impl LoadedModel {
         let mut experts = None;
         let mut draft_experts = None;
         let mut fit = None;
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut gpu_fit = None;
+        #[cfg(feature = "cuda")]
+        let mut gpu_tiers = Vec::new();
         let mut experts_dir = None;
         let model = match open_source(&weights_dir, moe.as_ref())? {
             Some(source) => {
@@ -169,9 +181,23 @@ impl LoadedModel {
                     true => crate::experts::draft_experts(&weights_dir, arch.as_ref(), opts, &backend, headroom)?,
                     false => None,
                 };
-                let draft_choice = draft_experts.clone().map(|d| ExpertsChoice::Cpu(d as _));
-                let spec =
-                    LoadSpec { device: opts.device, experts: ExpertsChoice::Cpu(backend.clone()), draft: draft_choice };
+                let spec = match on_gpu {
+                    false => LoadSpec {
+                        device: opts.device,
+                        experts: ExpertsChoice::Cpu(backend.clone()),
+                        draft: draft_experts.clone().map(|d| ExpertsChoice::Cpu(d as _)),
+                    },
+                    #[cfg(feature = "cuda")]
+                    true => {
+                        let (spec, f, tiers) =
+                            gpu_spec(&weights_dir, arch.as_ref(), &store, opts, &backend, draft_experts.as_ref())?;
+                        gpu_fit = Some(f);
+                        gpu_tiers = tiers;
+                        spec
+                    }
+                    #[cfg(not(feature = "cuda"))]
+                    true => unreachable!("Device::check refuses CUDA in a build without it"),
+                };
                 let model = arch.load(&store, spec)?;
                 experts = Some(backend);
                 model
@@ -225,6 +251,9 @@ impl LoadedModel {
             experts,
             draft,
             draft_experts,
+            #[cfg(feature = "cuda")]
+            gpu_tiers,
+            gpu_fit,
             fit,
             experts_dir,
         })
@@ -301,8 +330,10 @@ fn open_experts(
             Some(ledger)
         }
     };
+    let on_gpu = matches!(opts.device, Device::Cuda(_));
     let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
     fit_opts.draft = opts.mtp && arch.has_draft(store);
+    fit_opts.host_tier_only = on_gpu;
     let mut pins = rt.pins.clone();
     if rt.auto_pin && pins.is_empty() {
         if let (Some(ledger), Some(budget)) = (&ledger, opts.budget) {
@@ -316,11 +347,53 @@ fn open_experts(
     };
     let resident_all = opts.budget.is_none();
     let ledger = ledger.map(|l| Arc::new(std::sync::Mutex::new(l)));
-    let backend = StreamedExperts::new(source, plan, &pins, ledger, rt, opts.budget)?;
+    // On CUDA the host holds just the expert tier: no footprint correction against the
+    // process's RSS (the budget is the tier's).
+    let pressure_budget = if on_gpu { None } else { opts.budget };
+    let backend = StreamedExperts::new(source, plan, &pins, ledger, rt, pressure_budget)?;
     if resident_all {
         backend.preload_all()?;
     }
     Ok((Arc::new(backend), fit))
+}
+
+/// The load spec of a model on CUDA whose experts stream: a GPU tier (planned by
+/// [`crate::fit::fit_gpu`] in `--gpu-budget`) in front of the host tier `host`, and one
+/// with the draft tier's slots in front of `draft`.
+#[cfg(feature = "cuda")]
+fn gpu_spec(
+    dir: &Path,
+    arch: &dyn Arch,
+    store: &WeightStore,
+    opts: &LoadOptions,
+    host: &Arc<StreamedExperts>,
+    draft: Option<&Arc<StreamedExperts>>,
+) -> Result<(LoadSpec, Fit, Vec<Arc<crate::experts::gpu::GpuExperts>>)> {
+    use crate::experts::gpu::GpuExperts;
+    let mut fit_opts = FitOptions::new(opts.gpu_budget, opts.context, &opts.runtime);
+    fit_opts.draft = draft.is_some();
+    let f = crate::fit::fit_gpu(dir, arch, store, &fit_opts, opts.gpu_budget)?;
+    let Some(plan) = f.plan else {
+        bail!(
+            "{}: --gpu-budget: {} (see `strata fit --device cuda`)",
+            dir.display(),
+            f.error.clone().unwrap_or_default()
+        );
+    };
+    let main = GpuExperts::new(host.clone(), plan, opts.gpu_budget.is_none())?.attach();
+    let mut tiers = vec![main.clone()];
+    let draft_choice = match draft {
+        Some(d) => {
+            // The draft tier's slab is small (counted among the GPU plan's items): the
+            // same slots on the GPU as on the host.
+            let t = GpuExperts::new(d.clone(), *d.plan(), false)?.attach();
+            tiers.push(t.clone());
+            Some(ExpertsChoice::Cuda(t as _))
+        }
+        None => None,
+    };
+    let spec = LoadSpec { device: opts.device, experts: ExpertsChoice::Cuda(main as _), draft: draft_choice };
+    Ok((spec, f, tiers))
 }
 
 /// Auto-pin: the most used experts the budget left after the working bank and one slot

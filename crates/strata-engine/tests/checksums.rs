@@ -29,6 +29,7 @@ fn nan_overwritten_experts_fail_the_read_naming_file_layer_and_expert() {
     let load = LoadOptions {
         device: strata_engine::Device::Cpu,
         budget: Some(u64::MAX / 4),
+        gpu_budget: None,
         context: 256,
         runtime: RuntimeOptions {
             working_slots: 8,

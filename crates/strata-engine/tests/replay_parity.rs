@@ -22,6 +22,7 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
         let load = LoadOptions {
             device: strata_engine::Device::Cpu,
             budget: Some(u64::MAX / 4),
+            gpu_budget: None,
             context: 256,
             runtime: RuntimeOptions {
                 working_slots: working,

@@ -32,6 +32,7 @@ fn options(budget: Option<u64>, working: usize) -> LoadOptions {
         mtp: false,
         require_mtp: false,
         budget,
+        gpu_budget: None,
         context: 256,
         runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
     }
@@ -62,6 +63,7 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
             pinned: 0,
             max_slots_per_layer: None,
             draft: false,
+            host_tier_only: false,
         },
     )
     .unwrap();
@@ -137,6 +139,17 @@ fn container_matches_hf_model_when_experts_are_f32() {
     let b = m.generator().unwrap().logits(&prompt, true).unwrap();
     let worst = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "container f32 experts differ from the HF model by {worst}");
+}
+
+/// `--gpu-budget` sizes the GPU tier: refused by name on the CPU.
+#[test]
+fn gpu_budget_is_refused_on_the_cpu() {
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
+    let mut opts = options(None, 2);
+    opts.gpu_budget = Some(1 << 30);
+    let err = LoadedModel::open_with(dir.path(), &opts).err().expect("--gpu-budget on the CPU must be refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("--gpu-budget") && msg.contains("--device cuda"), "{msg}");
 }
 
 #[test]

@@ -23,9 +23,11 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
 
     /// Makes `experts` (unique, ascending) of `layer` available and calls `compute` with
     /// batches of them as they are ready (hits first, then misses as their reads land);
-    /// every expert is handed over exactly once.
+    /// every expert is handed over exactly once. `b`: the model's backend (a device tier
+    /// copies into its memory on the backend's stream).
     fn run(
         &self,
+        b: &B,
         layer: usize,
         experts: &[u32],
         compute: &mut dyn FnMut(&dyn ReadyExperts<B>) -> Result<()>,

@@ -70,18 +70,35 @@ pub(crate) fn no_cuda(n: usize) -> String {
     format!("--device cuda:{n}: this build of strata has no CUDA backend (the CPU backend is `--device cpu`)")
 }
 
-/// The CUDA backend for a model whose experts are all resident. Streamed experts (an HBM
-/// slab of expert slots fed from a pinned host tier) are not built yet: refused.
-#[cfg(feature = "cuda")]
-pub(crate) fn cuda_backend(n: usize, spec: &LoadSpec) -> Result<strata_backend::cuda::CudaBackend> {
-    let streamed = matches!(spec.experts, ExpertsChoice::Cpu(_)) || matches!(spec.draft, Some(ExpertsChoice::Cpu(_)));
-    if streamed {
-        bail!(
-            "--device cuda:{n}: streamed experts (--budget or an expert container) are not supported on CUDA yet; \
-             load the HF checkpoint without --budget to hold every expert in GPU memory"
-        );
+/// A CPU model's expert provider: none (resident) or the engine's slab runtime.
+pub(crate) fn cpu_provider(c: ExpertsChoice) -> Result<Option<Arc<dyn ExpertProvider<CpuBackend>>>> {
+    match c {
+        ExpertsChoice::Resident => Ok(None),
+        ExpertsChoice::Cpu(p) => Ok(Some(p)),
+        #[cfg(feature = "cuda")]
+        ExpertsChoice::Cuda(_) => bail!("a GPU expert tier cannot feed a model on the CPU"),
     }
+}
+
+/// The CUDA backend on device `n`.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_backend(n: usize) -> Result<strata_backend::cuda::CudaBackend> {
     strata_backend::cuda::CudaBackend::new(n)
+}
+
+/// A CUDA model's expert provider: none (resident in GPU memory) or the engine's GPU
+/// tier; a CPU runtime cannot feed a CUDA model.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_provider(
+    c: ExpertsChoice,
+) -> Result<Option<Arc<dyn ExpertProvider<strata_backend::cuda::CudaBackend>>>> {
+    match c {
+        ExpertsChoice::Resident => Ok(None),
+        ExpertsChoice::Cuda(p) => Ok(Some(p)),
+        ExpertsChoice::Cpu(_) => {
+            bail!("a CPU expert runtime cannot feed a model on CUDA (the engine builds a GPU tier)")
+        }
+    }
 }
 
 /// How a family's chat output marks tool calls and reasoning (for the server's parsers).
@@ -115,6 +132,9 @@ pub enum ExpertsChoice {
     Resident,
     /// Through the engine's slab runtime (CPU device).
     Cpu(Arc<dyn ExpertProvider<CpuBackend>>),
+    /// Through the engine's GPU tier (an HBM slab fed from the host slab).
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<dyn ExpertProvider<strata_backend::cuda::CudaBackend>>),
 }
 
 /// How to build a model.

@@ -84,6 +84,11 @@ pub struct ExpertTotals {
     pub loads: [u64; 2],
     pub read_ops: [u64; 2],
     pub read_bytes: [u64; 2],
+    /// The GPU tier (CUDA): hits, misses, host -> GPU copy bytes, seconds waiting on copies.
+    pub gpu_hits: u64,
+    pub gpu_misses: u64,
+    pub gpu_copy_bytes: u64,
+    pub gpu_copy_wait_s: f64,
 }
 
 /// Routes known to the server; anything else is counted as `other`, so that random paths
@@ -187,6 +192,25 @@ impl Metrics {
         for (name, help, v) in by_cause {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name}{{cause=\"demand\"}} {}\n{name}{{cause=\"policy\"}} {}", v[0], v[1]);
+        }
+        if self.last_experts.lock().unwrap().as_ref().is_some_and(|r| r.device_tier.is_some()) {
+            let gpu: [(&str, &str, String); 4] = [
+                ("strata_gpu_tier_hits_total", "Routed experts found in GPU slots.", t.gpu_hits.to_string()),
+                (
+                    "strata_gpu_tier_misses_total",
+                    "Routed experts copied to the GPU from the host tier.",
+                    t.gpu_misses.to_string(),
+                ),
+                ("strata_gpu_tier_copy_bytes_total", "Expert bytes copied host -> GPU.", t.gpu_copy_bytes.to_string()),
+                (
+                    "strata_gpu_tier_copy_wait_seconds_total",
+                    "Host time spent waiting for expert copies.",
+                    t.gpu_copy_wait_s.to_string(),
+                ),
+            ];
+            for (name, help, v) in gpu {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            }
         }
         if let Some(r) = self.last_experts.lock().unwrap().as_ref() {
             let s = &r.slots;
@@ -337,6 +361,12 @@ fn add_turn(totals: &Mutex<Option<ExpertTotals>>, r: &RuntimeReport) {
         t.loads[i] += x.loads;
         t.read_ops[i] += x.read_ops;
         t.read_bytes[i] += x.read_bytes;
+    }
+    if let Some(g) = &r.device_tier {
+        t.gpu_hits += g.traffic.hits;
+        t.gpu_misses += g.traffic.misses;
+        t.gpu_copy_bytes += g.traffic.copy_bytes;
+        t.gpu_copy_wait_s += g.traffic.copy_wait_seconds;
     }
 }
 

@@ -458,6 +458,7 @@ fn streamed_experts_report_their_traffic() {
         mtp: false,
         require_mtp: false,
         budget: Some(u64::MAX / 4),
+        gpu_budget: None,
         context: 128,
         runtime: RuntimeOptions { working_slots: 4, usage: UsageSetting::Off, ..Default::default() },
     };

@@ -1,13 +1,13 @@
 //! The `Backend` trait on the CUDA backend: buffers, matrices, and each op's launch (the
 //! larger ops' launch code is in `ops.rs`).
 
-use super::{args, kind_code, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
+use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
 use cudarc::driver::result;
 use std::ffi::c_void;
-use strata_kernels::{QMatrix, QuantKind};
+use strata_kernels::QMatrix;
 
 impl Backend for CudaBackend {
     type Buf = DevBuf<f32>;
@@ -52,40 +52,7 @@ impl Backend for CudaBackend {
         self.upload_bytes(&mut st.ring, payload.ptr, &m.payload);
         let scales = self.alloc_t::<f32>(m.scales.len())?;
         self.upload_t(&mut st.ring, scales.ptr, &m.scales);
-        let ld = m.kind.payload_bytes(1, m.cols);
-        let (group, brow, bcol, spr, width) = match m.kind {
-            QuantKind::F32 => (1, 1, 1, 0, 4),
-            QuantKind::Bf16 => (1, 1, 1, 0, 8),
-            QuantKind::Int8Row => (1, 1, 1, 1, 16),
-            QuantKind::Int4Group { group } => (group, 1, 1, m.cols.div_ceil(group), 32),
-            QuantKind::Fp8 { block_rows, block_cols } => (1, block_rows, block_cols, m.cols.div_ceil(block_cols), 16),
-        };
-        let one_scale_per_vector = match m.kind {
-            QuantKind::Int4Group { group } => group % 32 == 0,
-            QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
-            _ => true,
-        };
-        let vec = ld.is_multiple_of(16) && m.cols.is_multiple_of(width) && one_scale_per_vector;
-        anyhow::ensure!(
-            m.rows <= i32::MAX as usize && m.cols <= i32::MAX as usize,
-            "matrix {}x{} too large",
-            m.rows,
-            m.cols
-        );
-        let desc = MatDesc {
-            w: payload.ptr,
-            s: scales.ptr,
-            kind: kind_code(m.kind),
-            rows: m.rows as i32,
-            cols: m.cols as i32,
-            group: group as i32,
-            brow: brow as i32,
-            bcol: bcol as i32,
-            ld: ld as i32,
-            spr: spr as i32,
-            vec: vec as i32,
-            pad: 0,
-        };
+        let desc = MatDesc::new(m.kind, m.rows, m.cols, payload.ptr, scales.ptr)?;
         Ok(CudaMat { desc, kind: m.kind, rows: m.rows, cols: m.cols, _payload: payload, _scales: scales })
     }
 

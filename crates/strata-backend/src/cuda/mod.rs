@@ -18,6 +18,9 @@ mod backend;
 mod elementwise;
 mod module;
 mod ops;
+mod transfer;
+
+pub use transfer::{CopyFence, HostRegistration};
 
 use crate::Step;
 use anyhow::{anyhow, bail, Result};
@@ -42,6 +45,43 @@ pub struct MatDesc {
     spr: i32,
     vec: i32,
     pad: i32,
+}
+
+impl MatDesc {
+    /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
+    /// address `w` and its f32 scales at `s`.
+    fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
+        let ld = kind.payload_bytes(1, cols);
+        let (group, brow, bcol, spr, width) = match kind {
+            QuantKind::F32 => (1, 1, 1, 0, 4),
+            QuantKind::Bf16 => (1, 1, 1, 0, 8),
+            QuantKind::Int8Row => (1, 1, 1, 1, 16),
+            QuantKind::Int4Group { group } => (group, 1, 1, cols.div_ceil(group), 32),
+            QuantKind::Fp8 { block_rows, block_cols } => (1, block_rows, block_cols, cols.div_ceil(block_cols), 16),
+        };
+        let one_scale_per_vector = match kind {
+            QuantKind::Int4Group { group } => group % 32 == 0,
+            QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
+            _ => true,
+        };
+        let vec = w.is_multiple_of(16) && ld.is_multiple_of(16) && cols.is_multiple_of(width) && one_scale_per_vector;
+        anyhow::ensure!(rows <= i32::MAX as usize && cols <= i32::MAX as usize, "matrix {rows}x{cols} too large");
+        anyhow::ensure!(s.is_multiple_of(4), "matrix scales at a misaligned address");
+        Ok(MatDesc {
+            w,
+            s,
+            kind: kind_code(kind),
+            rows: rows as i32,
+            cols: cols as i32,
+            group: group as i32,
+            brow: brow as i32,
+            bcol: bcol as i32,
+            ld: ld as i32,
+            spr: spr as i32,
+            vec: vec as i32,
+            pad: 0,
+        })
+    }
 }
 
 /// A forward's rows as the kernels read them (`struct StepDev`).

@@ -3,6 +3,8 @@
 //! strata-residency, bytes from strata-storage's I/O pool, arithmetic from
 //! strata-kernels. See ARCHITECTURE.md ("A token's path", "Streaming invariants").
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod runtime;
 mod source;
 pub mod telemetry;

@@ -9,7 +9,7 @@
 //! on what was resident: streamed output equals resident output bit for bit.
 
 use super::source::ExpertSource;
-use super::telemetry::{Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
+use super::telemetry::{DeviceTier, DeviceTierReport, Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -121,6 +121,8 @@ pub struct StreamedExperts {
     slot_bytes: usize,
     plan: ResidencyPlan,
     state: Mutex<State>,
+    /// A device tier in front of this one (the GPU tier), reported with it.
+    device_tier: Mutex<Option<std::sync::Weak<dyn DeviceTier>>>,
 }
 
 /// A snapshot for `--stats` / `/stats`.
@@ -140,6 +142,8 @@ pub struct RuntimeReport {
     /// Process footprint (VmRSS) after pressure correction.
     pub footprint_bytes: u64,
     pub budget_bytes: Option<u64>,
+    /// The device tier in front of this host tier, when there is one (CUDA).
+    pub device_tier: Option<DeviceTierReport>,
 }
 
 /// Views a slot's bytes as one matrix of an expert.
@@ -188,9 +192,15 @@ impl StreamedExperts {
             slot_bytes,
             plan,
             state: Mutex::new(state),
+            device_tier: Mutex::new(None),
         };
         me.preload(pins)?;
         Ok(me)
+    }
+
+    /// Reports `tier` (in front of this runtime) with this runtime's turns.
+    pub fn set_device_tier(&self, tier: std::sync::Weak<dyn DeviceTier>) {
+        *self.device_tier.lock().unwrap_or_else(|e| e.into_inner()) = Some(tier);
     }
 
     /// Another runtime (the main tier) flushes the shared ledger at turn ends.
@@ -384,6 +394,13 @@ impl StreamedExperts {
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
             footprint_bytes: crate::stats::current_rss_bytes(),
             budget_bytes: self.budget,
+            device_tier: self
+                .device_tier
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .and_then(|w| w.upgrade())
+                .map(|t| t.take_report()),
         };
         st.demand = Traffic::default();
         st.policy = Traffic::default();
@@ -450,11 +467,55 @@ impl StreamedExperts {
         Ok(())
     }
 
+    /// Makes `experts` of `layer` ready in host slots and calls `compute` with batches of
+    /// (expert, slot) as they are (hits first, then each wave of reads); a slot's bytes
+    /// stay put until `compute` returns. The CPU provider views the slots as matrices; the
+    /// GPU tier copies them to device slots.
+    pub(crate) fn run_slots(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&[(u32, usize)]) -> Result<()>,
+    ) -> Result<()> {
+        let t_layer = Instant::now();
+        let result = self.run_layer(layer, experts, compute);
+        self.state.lock().unwrap().layer_forward.push(t_layer.elapsed());
+        result
+    }
+
+    /// A slot's bytes (a slot handed to [`StreamedExperts::run_slots`]'s `compute`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn slot_bytes_of(&self, slot: usize) -> &[u8] {
+        self.slot(slot)
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Where the matrices of `(layer, expert)` lie inside its slot.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn layout(&self, layer: usize, expert: usize) -> Result<&strata_storage::ExpertLayout> {
+        self.source.layout(layer, expert)
+    }
+
+    /// The slab's address and length (the GPU tier page-locks it for the copy engine).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn slab_region(&self) -> (*mut u8, usize) {
+        (self.slab.as_ptr() as *mut u8, self.plan.total_slots * self.slot_bytes)
+    }
+
+    /// Model layer ids with routed experts, and experts per layer.
+    pub fn layers(&self) -> (&[usize], usize) {
+        (self.source.layers(), self.source.experts_per_layer())
+    }
+
     fn run_layer(
         &self,
         layer: usize,
         experts: &[u32],
-        compute: &mut dyn FnMut(&dyn ReadyExperts<CpuBackend>) -> Result<()>,
+        compute: &mut dyn FnMut(&[(u32, usize)]) -> Result<()>,
     ) -> Result<()> {
         let mut hits: Vec<(u32, usize)> = Vec::new();
         let mut misses: Vec<u32> = Vec::new();
@@ -491,7 +552,7 @@ impl StreamedExperts {
         }
         // Resident work overlaps the reads just submitted; no lock is held meanwhile
         // (leased slots are never reused).
-        let mut result = if hits.is_empty() { Ok(()) } else { compute(&SlotsReady { rt: self, layer, items: &hits }) };
+        let mut result = if hits.is_empty() { Ok(()) } else { compute(&hits) };
         let mut landed: Vec<(u32, usize)> = Vec::new();
         while result.is_ok() && (!wave.is_empty() || next < misses.len()) {
             if wave.is_empty() {
@@ -536,7 +597,7 @@ impl StreamedExperts {
                 }
             }
             if result.is_ok() && !landed.is_empty() {
-                result = compute(&SlotsReady { rt: self, layer, items: &landed });
+                result = compute(&landed);
             }
             let mut st = self.state.lock().unwrap();
             for &(_, slot) in &landed {
@@ -597,14 +658,12 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
 
     fn run(
         &self,
+        _b: &CpuBackend,
         layer: usize,
         experts: &[u32],
         compute: &mut dyn FnMut(&dyn ReadyExperts<CpuBackend>) -> Result<()>,
     ) -> Result<()> {
-        let t_layer = Instant::now();
-        let result = self.run_layer(layer, experts, compute);
-        self.state.lock().unwrap().layer_forward.push(t_layer.elapsed());
-        result
+        self.run_slots(layer, experts, &mut |items| compute(&SlotsReady { rt: self, layer, items }))
     }
 
     fn wants_prediction(&self) -> bool {

@@ -222,3 +222,36 @@ mod pilot_tests {
         assert_eq!(r.rank_hit_rates, vec![1.0, 0.5, 0.5, 0.5]);
     }
 }
+
+/// A device tier's traffic since its last report (the GPU tier on CUDA).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DeviceTierTraffic {
+    /// Expert lookups found in device slots.
+    pub hits: u64,
+    /// Lookups that went to the host tier (each copied host -> device).
+    pub misses: u64,
+    /// Host -> device copies and their bytes (misses and the preload).
+    pub copies: u64,
+    pub copy_bytes: u64,
+    /// Time the host waited for copies to finish reading host slots (the part of the
+    /// transfers not hidden behind queued device work).
+    pub copy_wait_seconds: f64,
+}
+
+/// A device tier of expert slots in front of the host slab, for `--stats` and `/stats`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceTierReport {
+    pub device: String,
+    pub plan: strata_residency::ResidencyPlan,
+    /// Whether every expert has a device slot (no `--gpu-budget`).
+    pub resident_all: bool,
+    pub traffic: DeviceTierTraffic,
+    pub slots: strata_residency::SlotSnapshot,
+    /// hits / (hits + misses) over this report's window.
+    pub hit_rate: Option<f64>,
+}
+
+/// A tier in front of a host runtime, reported with it at each turn's end.
+pub trait DeviceTier: Send + Sync {
+    fn take_report(&self) -> DeviceTierReport;
+}

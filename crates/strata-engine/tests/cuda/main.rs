@@ -25,6 +25,7 @@ mod elementwise;
 mod models;
 mod moe;
 mod products;
+mod tiers;
 
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};

@@ -30,7 +30,7 @@ impl<B: Backend> ExpertSource<B> {
     ) -> Result<()> {
         match self {
             Self::Resident(r) => r.run(b, layer, experts, compute),
-            Self::Provider(p) => p.run(layer, experts, compute),
+            Self::Provider(p) => p.run(b, layer, experts, compute),
         }
     }
 

@@ -39,7 +39,7 @@ pub mod weights;
 pub use config::{Gemma4Config, LayerKind, LayerSpec, MoeSpec, PleSpec, Rope, TextConfig};
 pub use model::{Gemma4, Gemma4Session};
 
-use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, LoadSpec, MoeLayout};
+use crate::registry::{Arch, ChatFormat, Device, Family, LoadSpec, MoeLayout};
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{bail, Result};
@@ -202,16 +202,14 @@ impl Arch for Gemma4Config {
         }
         match spec.device {
             Device::Cpu => {
-                let provider = match spec.experts {
-                    ExpertsChoice::Resident => None,
-                    ExpertsChoice::Cpu(p) => Some(p),
-                };
+                let provider = crate::registry::cpu_provider(spec.experts)?;
                 Ok(Box::new(model::Gemma4::load(CpuBackend::new(), self.clone(), store, provider)?))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                let b = crate::registry::cuda_backend(n, &spec)?;
-                Ok(Box::new(model::Gemma4::load(b, self.clone(), store, None)?))
+                let provider = crate::registry::cuda_provider(spec.experts)?;
+                let b = crate::registry::cuda_backend(n)?;
+                Ok(Box::new(model::Gemma4::load(b, self.clone(), store, provider)?))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),

@@ -18,7 +18,7 @@ pub use config::Glm4MoeConfig;
 pub use model::{Glm4, Glm4Session};
 
 use crate::blocks::{GqaScratch, MoeScratch};
-use crate::registry::{Arch, ChatFormat, Device, ExpertsChoice, Family, LoadSpec, MoeLayout};
+use crate::registry::{Arch, ChatFormat, Device, Family, LoadSpec, MoeLayout};
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{bail, Result};
@@ -142,16 +142,14 @@ impl Arch for Glm4MoeConfig {
         }
         match spec.device {
             Device::Cpu => {
-                let provider = match spec.experts {
-                    ExpertsChoice::Resident => None,
-                    ExpertsChoice::Cpu(p) => Some(p),
-                };
+                let provider = crate::registry::cpu_provider(spec.experts)?;
                 Ok(Box::new(model::Glm4::load(CpuBackend::new(), self.clone(), store, provider)?))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                let b = crate::registry::cuda_backend(n, &spec)?;
-                Ok(Box::new(model::Glm4::load(b, self.clone(), store, None)?))
+                let provider = crate::registry::cuda_provider(spec.experts)?;
+                let b = crate::registry::cuda_backend(n)?;
+                Ok(Box::new(model::Glm4::load(b, self.clone(), store, provider)?))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),

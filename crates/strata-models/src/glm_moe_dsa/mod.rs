@@ -154,20 +154,28 @@ impl Arch for GlmMoeDsaConfig {
     }
 
     fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
-        let cpu = |c: ExpertsChoice| match c {
-            ExpertsChoice::Resident => load::ExpertsFrom::Checkpoint,
-            ExpertsChoice::Cpu(p) => load::ExpertsFrom::Provider(p),
-        };
         match spec.device {
             Device::Cpu => {
-                let draft = spec.draft.map(cpu);
-                Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, cpu(spec.experts), draft)?))
+                let cpu = |c: ExpertsChoice| -> Result<_> {
+                    Ok(match crate::registry::cpu_provider(c)? {
+                        None => load::ExpertsFrom::Checkpoint,
+                        Some(p) => load::ExpertsFrom::Provider(p),
+                    })
+                };
+                let draft = spec.draft.map(cpu).transpose()?;
+                Ok(Box::new(Glm::load(CpuBackend::new(), self.clone(), store, cpu(spec.experts)?, draft)?))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                let b = crate::registry::cuda_backend(n, &spec)?;
-                let draft = spec.draft.map(|_| load::ExpertsFrom::Checkpoint);
-                Ok(Box::new(Glm::load(b, self.clone(), store, load::ExpertsFrom::Checkpoint, draft)?))
+                let cuda = |c: ExpertsChoice| -> Result<_> {
+                    Ok(match crate::registry::cuda_provider(c)? {
+                        None => load::ExpertsFrom::Checkpoint,
+                        Some(p) => load::ExpertsFrom::Provider(p),
+                    })
+                };
+                let (experts, draft) = (cuda(spec.experts)?, spec.draft.map(cuda).transpose()?);
+                let b = crate::registry::cuda_backend(n)?;
+                Ok(Box::new(Glm::load(b, self.clone(), store, experts, draft)?))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(n) => anyhow::bail!("{}", crate::registry::no_cuda(n)),

@@ -1,0 +1,106 @@
+//! What a device tier of expert slots needs from the backend: device bytes, matrix views
+//! onto them, host-to-device copies on the compute stream (so a kernel queued after a
+//! copy sees its bytes, and a copy queued after a kernel waits for it: a slot can be
+//! refilled as soon as its last use is queued), a fence that says when the copies queued
+//! so far have read their host bytes, page-locked host memory, and the device's memory
+//! in use.
+
+use super::{CudaBackend, CudaMat, DevBuf, MatDesc};
+use anyhow::{anyhow, Result};
+use cudarc::driver::{result, sys, CudaEvent};
+use std::ffi::c_void;
+use strata_kernels::QuantKind;
+
+/// Completion of the work queued on the stream before it (see [`CudaBackend::fence`]).
+pub struct CopyFence(CudaEvent);
+
+impl CopyFence {
+    /// Waits until the stream has passed the fence.
+    pub fn wait(&self) -> Result<()> {
+        self.0.synchronize().map_err(|e| anyhow!("CUDA: {e}"))
+    }
+}
+
+/// Host memory page-locked for the copy engine; unlocked on drop.
+pub struct HostRegistration {
+    ptr: *mut u8,
+    ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+}
+
+// SAFETY: only the address is held; unregistering may happen from any thread (the
+// context is bound first).
+unsafe impl Send for HostRegistration {}
+unsafe impl Sync for HostRegistration {}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: registered by `register_host` and not yet unregistered.
+        unsafe {
+            let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
+        }
+    }
+}
+
+impl CudaBackend {
+    /// `len` bytes of device memory (zeroed).
+    pub fn alloc_bytes(&self, len: usize) -> Result<DevBuf<u8>> {
+        let _g = self.lock();
+        self.alloc_t::<u8>(len)
+    }
+
+    /// A matrix whose payload (at device address `payload`) and f32 scales (at `scales`)
+    /// live in memory the caller owns (a slot of a device slab); the view must not
+    /// outlive it.
+    pub fn view_matrix(&self, kind: QuantKind, rows: usize, cols: usize, payload: u64, scales: u64) -> Result<CudaMat> {
+        let desc = MatDesc::new(kind, rows, cols, payload, scales)?;
+        let payload = DevBuf { ptr: payload, len: 0, _mem: None };
+        let scales = DevBuf { ptr: scales, len: 0, _mem: None };
+        Ok(CudaMat { desc, kind, rows, cols, _payload: payload, _scales: scales })
+    }
+
+    /// Queues a copy of `src` to device address `dst` on the compute stream. `src` must
+    /// stay unchanged until a [`CopyFence`] recorded after this call has passed
+    /// (page-locked memory, see [`CudaBackend::register_host`], copies asynchronously;
+    /// other memory is staged by the driver).
+    pub fn copy_to_device(&self, dst: u64, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        let _g = self.lock();
+        // SAFETY: `dst` is device memory of at least `src.len()` bytes (the caller's slot);
+        // `src` outlives the copy (the caller waits on a fence before changing it).
+        unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }
+            .unwrap_or_else(|e| panic!("CUDA: host to device copy: {e}"));
+    }
+
+    /// A fence after everything queued so far.
+    pub fn fence(&self) -> Result<CopyFence> {
+        let _g = self.lock();
+        let e =
+            self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| anyhow!("CUDA: {e}"))?;
+        e.record(&self.stream).map_err(|e| anyhow!("CUDA: {e}"))?;
+        Ok(CopyFence(e))
+    }
+
+    /// Page-locks `len` bytes at `ptr` (a host slab) so copies from it run on the copy
+    /// engine at the link's rate without staging.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is host memory that outlives the returned registration.
+    pub unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<HostRegistration> {
+        let _g = self.lock();
+        let r = sys::cuMemHostRegister_v2(ptr as *mut c_void, len, 0);
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(anyhow!("cannot page-lock the host expert slab ({len} bytes) for the GPU: {r:?}"));
+        }
+        Ok(HostRegistration { ptr, ctx: self.ctx.clone() })
+    }
+
+    /// Device memory (free, total) bytes, as the driver reports them.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        let _g = self.lock();
+        let (free, total) = result::mem_get_info().map_err(|e| anyhow!("CUDA: {e}"))?;
+        Ok((free as u64, total as u64))
+    }
+}

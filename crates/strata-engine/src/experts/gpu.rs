@@ -1,0 +1,288 @@
+//! The GPU tier of streamed experts: a slab of expert slots in GPU memory (sized by
+//! `--gpu-budget`) in front of the host tier (the page-locked host slab of
+//! [`StreamedExperts`], sized by `--budget`), which reads misses from the container.
+//!
+//! One MoE layer of a forward: GPU hits are computed at once from their device slots;
+//! the misses go to the host tier, which hands them over in batches as they are ready in
+//! host slots (host hits first, then each wave of SSD reads); each batch is copied into
+//! GPU working slots on the compute stream and computed, and the slots are promoted into
+//! the layer's GPU slots by role swap. Copies and kernels share one stream, so a copy
+//! into a slot always follows the kernels queued on its previous expert: no slot needs a
+//! wait of its own. The host slot is released only once a fence says its copy has read
+//! it. Outputs are combined in ascending expert id by the model, so the result does not
+//! depend on which tier held an expert: streamed equals resident bit for bit.
+
+use super::runtime::StreamedExperts;
+use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
+use anyhow::{anyhow, bail, Result};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use strata_backend::cuda::{CudaBackend, CudaExpert, CudaMat, DevBuf, HostRegistration};
+use strata_backend::Backend;
+use strata_models::{ExpertProvider, ReadyExperts};
+use strata_residency::{ResidencyPlan, SlotRole, SlotTable};
+
+struct Device {
+    slab: DevBuf<u8>,
+    /// Keeps the host slab page-locked while copies may read it.
+    _pinned: Option<HostRegistration>,
+}
+
+struct State {
+    table: SlotTable,
+    device: Option<Device>,
+    /// The backend's description, once known.
+    name: String,
+    traffic: DeviceTierTraffic,
+}
+
+pub struct GpuExperts {
+    host: Arc<StreamedExperts>,
+    plan: ResidencyPlan,
+    slot_bytes: usize,
+    resident_all: bool,
+    state: Mutex<State>,
+}
+
+/// Experts ready in GPU slots.
+struct GpuReady<'a> {
+    items: &'a [(u32, usize)],
+    views: Vec<[CudaMat; 3]>,
+}
+
+impl ReadyExperts<CudaBackend> for GpuReady<'_> {
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+    fn get(&self, i: usize) -> (u32, CudaExpert<'_>) {
+        let [g, u, d] = &self.views[i];
+        (self.items[i].0, CudaExpert { gate: g, up: u, down: d })
+    }
+}
+
+impl GpuExperts {
+    /// The tier for `plan` (its slots are the host tier's slot size) over `host`. The
+    /// device slab is allocated on the first forward (the backend exists then); with
+    /// `resident_all` every expert is copied in then.
+    pub fn new(host: Arc<StreamedExperts>, plan: ResidencyPlan, resident_all: bool) -> Result<Self> {
+        let slot_bytes = host.slot_size();
+        if plan.input.slot_bytes != slot_bytes as u64 {
+            bail!("GPU tier: planned slots of {} bytes for host slots of {slot_bytes}", plan.input.slot_bytes);
+        }
+        let table = SlotTable::new(&plan, host.layers().0);
+        let state = State { table, device: None, name: String::new(), traffic: DeviceTierTraffic::default() };
+        Ok(Self { host, plan, slot_bytes, resident_all, state: Mutex::new(state) })
+    }
+
+    /// The tier, reporting with its host runtime at each turn's end.
+    pub fn attach(self) -> Arc<Self> {
+        let me = Arc::new(self);
+        let weak: std::sync::Weak<dyn DeviceTier> = Arc::downgrade(&(me.clone() as Arc<dyn DeviceTier>));
+        me.host.set_device_tier(weak);
+        me
+    }
+
+    pub fn plan(&self) -> &ResidencyPlan {
+        &self.plan
+    }
+
+    pub fn host(&self) -> &Arc<StreamedExperts> {
+        &self.host
+    }
+
+    /// Device memory of the slab, the host slab page-locked; with `resident_all`, every
+    /// expert copied in.
+    fn ensure_device(&self, b: &CudaBackend, st: &mut State) -> Result<()> {
+        if st.device.is_some() {
+            return Ok(());
+        }
+        let slab = b.alloc_bytes(self.plan.total_slots * self.slot_bytes).map_err(|e| {
+            anyhow!("GPU expert slab ({} slots of {} bytes): {e:#}", self.plan.total_slots, self.slot_bytes)
+        })?;
+        let (ptr, len) = self.host.slab_region();
+        // SAFETY: the host slab lives as long as `self.host`, which outlives the device
+        // state (both are owned by this tier).
+        let pinned = match unsafe { b.register_host(ptr, len) } {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("warning: {e:#}; host -> GPU expert copies are staged by the driver");
+                None
+            }
+        };
+        st.device = Some(Device { slab, _pinned: pinned });
+        st.name = b.describe();
+        if self.resident_all {
+            let (layers, n) = self.host.layers();
+            let all: Vec<u32> = (0..n as u32).collect();
+            for &layer in layers {
+                self.bring_in(b, st, layer, &all, &mut |_| Ok(()))?;
+            }
+            let _ = b.fence()?.wait();
+        }
+        Ok(())
+    }
+
+    /// The device views of the experts in `items` ((expert, GPU slot)) of `layer`.
+    fn views(&self, b: &CudaBackend, st: &State, layer: usize, items: &[(u32, usize)]) -> Result<Vec<[CudaMat; 3]>> {
+        let base = st.device.as_ref().expect("the device slab exists").slab.ptr();
+        items
+            .iter()
+            .map(|&(e, slot)| {
+                let l = self.host.layout(layer, e as usize)?;
+                let at = base + (slot * self.slot_bytes) as u64;
+                let m = |m: &strata_storage::MatrixLayout| {
+                    let (p, s) = (at + m.payload_offset as u64, at + m.scales_offset as u64);
+                    b.view_matrix(m.kind, m.rows, m.cols, p, s)
+                };
+                Ok([m(&l.gate)?, m(&l.up)?, m(&l.down)?])
+            })
+            .collect()
+    }
+
+    /// Gets `experts` (not in GPU slots) of `layer` from the host tier, copies each batch
+    /// into GPU working slots, calls `compute` on it and promotes the slots.
+    fn bring_in(
+        &self,
+        b: &CudaBackend,
+        st: &mut State,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<CudaBackend>) -> Result<()>,
+    ) -> Result<()> {
+        let base = st.device.as_ref().expect("the device slab exists").slab.ptr();
+        let mut chunk: Vec<(u32, usize)> = Vec::new();
+        let mut loads: Vec<(usize, u64)> = Vec::new();
+        self.host.run_slots(layer, experts, &mut |items| {
+            let mut i = 0;
+            while i < items.len() {
+                chunk.clear();
+                loads.clear();
+                while let Some(&(e, host_slot)) = items.get(i) {
+                    let Some((slot, generation)) = st.table.begin_load((layer, e as usize)) else { break };
+                    let bytes = self.host.slot_bytes_of(host_slot);
+                    b.copy_to_device(base + (slot * self.slot_bytes) as u64, bytes);
+                    st.traffic.copies += 1;
+                    st.traffic.copy_bytes += bytes.len() as u64;
+                    chunk.push((e, slot));
+                    loads.push((slot, generation));
+                    i += 1;
+                }
+                if chunk.is_empty() {
+                    bail!("GPU tier: no free working slot for expert {layer}:{}", items[i].0);
+                }
+                let fence = b.fence()?;
+                for &(slot, generation) in &loads {
+                    st.table.finish_load(slot, generation);
+                    st.table.lease(slot);
+                }
+                let result =
+                    self.views(b, st, layer, &chunk).and_then(|views| compute(&GpuReady { items: &chunk, views }));
+                let t = Instant::now();
+                let waited = fence.wait();
+                st.traffic.copy_wait_seconds += t.elapsed().as_secs_f64();
+                for &(_, slot) in &chunk {
+                    st.table.release(slot);
+                    if result.is_ok() && waited.is_ok() {
+                        st.table.promote(slot);
+                    }
+                }
+                result?;
+                waited?;
+            }
+            Ok(())
+        })
+    }
+
+    fn run_layer(
+        &self,
+        b: &CudaBackend,
+        st: &mut State,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<CudaBackend>) -> Result<()>,
+    ) -> Result<()> {
+        self.ensure_device(b, st)?;
+        st.table.tick();
+        let mut hits: Vec<(u32, usize)> = Vec::new();
+        let mut misses: Vec<u32> = Vec::new();
+        for &e in experts {
+            match st.table.lookup((layer, e as usize)) {
+                Some(slot) => {
+                    st.table.lease(slot);
+                    hits.push((e, slot));
+                }
+                None => misses.push(e),
+            }
+        }
+        st.traffic.hits += hits.len() as u64;
+        st.traffic.misses += misses.len() as u64;
+        let result = match hits.is_empty() {
+            true => Ok(()),
+            false => self.views(b, st, layer, &hits).and_then(|views| compute(&GpuReady { items: &hits, views })),
+        };
+        // Queued on the stream: a later copy into these slots waits for these kernels.
+        for &(_, slot) in &hits {
+            st.table.release(slot);
+            if st.table.slot(slot).role == SlotRole::Working {
+                st.table.promote(slot);
+            }
+        }
+        result?;
+        if misses.is_empty() {
+            return Ok(());
+        }
+        self.bring_in(b, st, layer, &misses, compute)
+    }
+}
+
+impl DeviceTier for GpuExperts {
+    /// This window's report; the traffic counters start over.
+    fn take_report(&self) -> DeviceTierReport {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let traffic = std::mem::take(&mut st.traffic);
+        let looked = traffic.hits + traffic.misses;
+        DeviceTierReport {
+            device: st.name.clone(),
+            plan: self.plan,
+            resident_all: self.resident_all,
+            hit_rate: (looked > 0).then(|| traffic.hits as f64 / looked as f64),
+            traffic,
+            slots: st.table.snapshot(),
+        }
+    }
+}
+
+impl ExpertProvider<CudaBackend> for GpuExperts {
+    fn record(&self, layer: usize, ids: &[u32], top_k: usize) {
+        ExpertProvider::<strata_backend::cpu::CpuBackend>::record(self.host.as_ref(), layer, ids, top_k);
+    }
+
+    fn run(
+        &self,
+        b: &CudaBackend,
+        layer: usize,
+        experts: &[u32],
+        compute: &mut dyn FnMut(&dyn ReadyExperts<CudaBackend>) -> Result<()>,
+    ) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.run_layer(b, &mut st, layer, experts, compute).map_err(|e| anyhow!("GPU expert tier: {e:#}"))
+    }
+
+    fn wants_prediction(&self) -> bool {
+        ExpertProvider::<strata_backend::cpu::CpuBackend>::wants_prediction(self.host.as_ref())
+    }
+
+    fn two_step_prediction(&self) -> bool {
+        ExpertProvider::<strata_backend::cpu::CpuBackend>::two_step_prediction(self.host.as_ref())
+    }
+
+    /// Advisory: the host tier prefetches predicted misses from the container.
+    fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let any_missing = ids.iter().any(|&e| st.table.peek((layer, e as usize)).is_none());
+        drop(st);
+        if any_missing {
+            ExpertProvider::<strata_backend::cpu::CpuBackend>::predicted(self.host.as_ref(), layer, ids, top_k);
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Streamed experts on CUDA: a GPU slab of expert slots (`--gpu-budget`) in front of the
+//! host tier (`--budget`) and the container.
+
+use super::*;
+use strata_engine::experts::{RuntimeOptions, UsageSetting};
+use strata_engine::fit::{fit_gpu, FitOptions, RUNTIME_RESERVE};
+use strata_models::convert::{convert, ConvertOptions};
+use strata_storage::WeightStore;
+
+fn fixture(name: &str) -> PathBuf {
+    models::repo_root().join("fixtures").join(name)
+}
+
+fn container(name: &str, kind: QuantKind) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ConvertOptions { experts: kind, mtp_experts: QuantKind::Int8Row };
+    convert(&fixture(name), dir.path(), &opts, &mut |_, _| {}).unwrap();
+    dir
+}
+
+fn options(gpu_budget: Option<u64>, budget: Option<u64>, working: usize) -> LoadOptions {
+    LoadOptions {
+        device: Device::Cuda(0),
+        mtp: false,
+        require_mtp: false,
+        budget,
+        gpu_budget,
+        context: 256,
+        runtime: RuntimeOptions { working_slots: working, usage: UsageSetting::Off, ..Default::default() },
+    }
+}
+
+/// Prompt logits (every position) and 24 greedy tokens.
+fn run(m: &LoadedModel) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
+    let logits = m.generator().unwrap().logits(&prompt, true).unwrap();
+    let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
+    let out = m.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    (logits, out.tokens)
+}
+
+fn open(dir: &Path, opts: &LoadOptions) -> LoadedModel {
+    LoadedModel::open_with(dir, opts).unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()))
+}
+
+/// The smallest GPU budget (the model, KV, transients and reserve beside `working` +
+/// one slot per layer) and the slot size.
+fn gpu_min(dir: &Path, working: usize) -> (u64, u64) {
+    let arch = strata_models::read_arch(dir).unwrap();
+    let store = WeightStore::open_dir(dir).unwrap();
+    let rt = RuntimeOptions { working_slots: working, ..Default::default() };
+    let f = fit_gpu(dir, arch.as_ref(), &store, &FitOptions::new(None, 256, &rt), None).unwrap();
+    let p = f.plan.unwrap();
+    (
+        p.input.fixed_bytes + (p.input.working_slots + p.input.sparse_layers) as u64 * p.input.slot_bytes,
+        p.input.slot_bytes,
+    )
+}
+
+/// The smallest host tier: the runtime reserve beside `working` + one slot per layer.
+fn host_min(dir: &Path, working: usize, slot: u64) -> u64 {
+    let layers = strata_models::read_arch(dir).unwrap().moe().unwrap().layers.len() as u64;
+    RUNTIME_RESERVE + (working as u64 + layers) * slot
+}
+
+pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
+    for (name, kind) in [
+        ("glm5/dsa-sparse", QuantKind::Int4Group { group: 16 }),
+        ("glm4_moe/gqa-bias", QuantKind::Int8Row),
+        ("gemma4/moe", QuantKind::Int4Group { group: 16 }),
+    ] {
+        let dir = container(name, kind);
+        // Every expert in a GPU slot (no budgets): the reference.
+        let resident = run(&open(dir.path(), &options(None, None, 64)));
+        let (gmin, slot) = gpu_min(dir.path(), 2);
+        let hmin = host_min(dir.path(), 2, slot);
+        let pairs = [
+            (Some(gmin), None, 2),
+            (Some(gmin), Some(hmin), 2),
+            (Some(gmin + 3 * slot), Some(hmin + 2 * slot), 2),
+            (Some(gmin + 20 * slot), Some(hmin + 40 * slot), 4),
+            (None, Some(hmin), 2),
+        ];
+        for (gpu, host, working) in pairs {
+            let m = open(dir.path(), &options(gpu, host, working));
+            let streamed = run(&m);
+            let what = format!("{name}: --gpu-budget {gpu:?} --budget {host:?} (working {working})");
+            assert_eq!(streamed.1, resident.1, "{what}: greedy tokens differ from every expert on the GPU");
+            assert!(streamed.0 == resident.0, "{what}: logits differ from every expert on the GPU");
+            let report = m.experts.as_ref().unwrap().end_turn().unwrap();
+            let tier = report.device_tier.expect("the host tier reports its GPU tier");
+            if gpu == Some(gmin) {
+                assert!(tier.traffic.misses > 0 && tier.traffic.copies > 0, "{what}: nothing streamed ({tier:?})");
+            }
+            eprintln!(
+                "{what}: equal; GPU tier {} hits, {} misses, {} copied; host tier {} misses",
+                tier.traffic.hits, tier.traffic.misses, tier.traffic.copy_bytes, report.turn.demand.misses
+            );
+        }
+        let err = LoadedModel::open_with(dir.path(), &options(Some(gmin - 1), None, 2)).err().expect("too small");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("--gpu-budget") && msg.contains("short by 1 bytes"), "{msg}");
+    }
+}
+
+#[test]
+fn cuda_streamed_experts_equal_resident_bit_for_bit() {
+    if let Some(g) = gpu() {
+        cuda_streamed_experts_equal_resident_on(g)
+    }
+}
+
+/// GPU memory the model takes (the driver's count of memory in use, before loading and
+/// after generating) stays within `--gpu-budget`.
+#[test]
+fn cuda_gpu_memory_stays_within_the_gpu_budget() {
+    let Some(g) = gpu() else { return };
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
+    let (gmin, slot) = gpu_min(dir.path(), 2);
+    for budget in [gmin, gmin + 10 * slot] {
+        g.synchronize();
+        let (free0, total) = g.memory_info().unwrap();
+        let m = open(dir.path(), &options(Some(budget), None, 2));
+        run(&m);
+        g.synchronize();
+        let (free1, _) = g.memory_info().unwrap();
+        let used = free0.saturating_sub(free1);
+        eprintln!("--gpu-budget {budget}: {used} bytes of GPU memory in use by the model (of {total})");
+        assert!(used <= budget, "the model uses {used} bytes of GPU memory, over --gpu-budget {budget}");
+        drop(m);
+    }
+}
+
+/// A read that fails (a truncated container) fails that request; once the file is back,
+/// the same model serves the next request with the reference's output.
+#[test]
+fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
+    let reference = run(&open(dir.path(), &options(None, None, 64)));
+    let (gmin, slot) = gpu_min(dir.path(), 2);
+    let m = open(dir.path(), &options(Some(gmin), Some(host_min(dir.path(), 2, slot)), 2));
+    let file = dir.path().join("experts/experts-00000.bin");
+    let saved = std::fs::read(&file).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
+    let err = m.generator().unwrap().logits(&prompt, true).expect_err("a short read must fail the request");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("experts-00000.bin"), "the error names the file: {msg}");
+    std::fs::write(&file, saved).unwrap();
+    let again = run(&m);
+    assert!(again == reference, "after the fault the tiers must serve the reference output");
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one go (issue 9, the expert tiers): the CUDA test suite (the
+# tier tests among them), the pinned host -> GPU copy rate (PyTorch), then a GLM-5-shaped
+# slice (4 layers: 1 dense + 3 MoE of 48 experts, written as an expert container) decoded
+# with every expert in GPU slots, with the GPU slab holding ~30% of the experts and the
+# rest in the host tier, and with the host tier short too (the container on disk engaged).
+# Run from the repository root.
+#
+# Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh).
+# SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
+# fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings.
+# Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
+# measurement), side.log.
+set -uo pipefail
+C=.devcarry
+OUT=${OUT:-/tmp/strata-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
+export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
+export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-90} PYTHONUNBUFFERED=1
+for f in strata cuda-tests; do
+  [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
+done
+S=$C/strata
+res="$OUT/tiers.jsonl"
+: >"$res"
+{ nvidia-smi; date -u; nproc; free -g; df -h /tmp; } >"$OUT/machine.txt" 2>&1
+t_start=$(date +%s)
+since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
+
+since "tests"
+skip=()
+for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
+timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
+  grep -E "^test |parity ok|equal;|in use by the model|test result|panicked|FAILED|STALL"
+
+since "pinned host -> GPU copy rate"
+python3 - >>"$res" 2>>"$OUT/side.log" <<'EOF'
+import json, time, torch
+x = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+y = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+for _ in range(2):
+    y.copy_(x, non_blocking=True)
+torch.cuda.synchronize()
+best = 0.0
+for _ in range(5):
+    t = time.perf_counter(); y.copy_(x, non_blocking=True); torch.cuda.synchronize()
+    best = max(best, (1 << 30) / (time.perf_counter() - t) / 1e9)
+print(json.dumps({"measure": "pinned_h2d_gb_per_s", "value": best, "bytes": 1 << 30}))
+EOF
+
+for enc in ${ENCODINGS:-int4-g64 bf16}; do
+  dir=/tmp/slice-$enc
+  since "slice $enc"
+  timeout 240 $S bench synth --out "$dir" --preset glm5 --layers 4 --dense-layers 1 --experts 48 --container "$enc" \
+    >>"$OUT/side.log" 2>&1 || { echo "synth $enc failed"; tail -3 "$OUT/side.log"; continue; }
+  since "written ($(du -sh "$dir" | cut -f1))"
+  common=(--working-slots 8 --context 512 --mtp off --usage off --prompt-tokens 64 --decode-tokens 64 --warmup --json)
+  fit=$($S fit --model "$dir" --device cuda --working-slots 8 --context 512 --mtp off --json 2>>"$OUT/side.log")
+  read -r g30 h40 slot <<<"$(echo "$fit" | python3 -c "
+import json,sys; f=json.load(sys.stdin)['gpu']; p=f['plan']['input']
+slot=p['slot_bytes']; experts=3*48
+per=(int(0.3*experts)-8)//3            # GPU: 8 working + per-layer slots ~ 30% of the experts
+host=(int(0.4*experts)-8)//3           # host tier: ~40% of the experts
+print(p['fixed_bytes']+(8+3*per)*slot, 32*2**20+(8+3*host)*slot, slot)")"
+  echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
+  for mode in resident gpu30 gpu30-host40; do
+    case $mode in
+    resident) extra=() ;;
+    gpu30) extra=(--gpu-budget "$g30") ;;
+    gpu30-host40) extra=(--gpu-budget "$g30" --budget "$h40" --floor) ;;
+    esac
+    for rep in 1 2; do
+      timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
+        python3 -c "
+import json,sys; r=json.load(sys.stdin); r['slice']='$enc'; r['mode']='$mode'; r['rep']=$rep
+r.pop('experts', None); print(json.dumps(r))" >>"$res" || echo "bench $enc $mode failed" | tee -a "$OUT/side.log"
+      [ "$mode" = gpu30-host40 ] && break
+    done
+  done
+  rm -rf "$dir"
+done
+since "done"
+python3 - "$res" <<'EOF'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "mode" in r:
+        print(r["slice"], r["mode"], "decode %.1f tok/s" % r["decode_tokens_per_s"], "prefill %.1f" % r["prefill_tokens_per_s"],
+              "gpu hit", r.get("gpu_tier_hit_rate"), "copy/token", r.get("gpu_tier_copy_bytes_per_token"),
+              "host hit", r.get("expert_hit_rate"), "read/token", r.get("decode_expert_read_bytes_per_token"),
+              "bytes/token", r.get("decode_bytes_read_per_token"))
+    else:
+        print(r)
+EOF
