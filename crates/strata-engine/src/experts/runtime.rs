@@ -107,6 +107,9 @@ struct State {
 /// count into the same `.coli_usage`).
 pub type SharedLedger = std::sync::Arc<Mutex<UsageLedger>>;
 
+/// Computes with a batch of (expert, host slot) pairs whose bytes are ready.
+pub(crate) type SlotCompute<'a> = dyn FnMut(&[(u32, usize)]) -> Result<()> + 'a;
+
 pub struct StreamedExperts {
     ledger: Option<SharedLedger>,
     /// Whether this runtime flushes the ledger at the end of a turn (the main tier does).
@@ -475,7 +478,7 @@ impl StreamedExperts {
         &self,
         layer: usize,
         experts: &[u32],
-        compute: &mut dyn FnMut(&[(u32, usize)]) -> Result<()>,
+        compute: &mut SlotCompute<'_>,
     ) -> Result<()> {
         let t_layer = Instant::now();
         let result = self.run_layer(layer, experts, compute);
@@ -515,7 +518,7 @@ impl StreamedExperts {
         &self,
         layer: usize,
         experts: &[u32],
-        compute: &mut dyn FnMut(&[(u32, usize)]) -> Result<()>,
+        compute: &mut SlotCompute<'_>,
     ) -> Result<()> {
         let mut hits: Vec<(u32, usize)> = Vec::new();
         let mut misses: Vec<u32> = Vec::new();
