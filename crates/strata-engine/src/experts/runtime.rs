@@ -474,12 +474,7 @@ impl StreamedExperts {
     /// (expert, slot) as they are (hits first, then each wave of reads); a slot's bytes
     /// stay put until `compute` returns. The CPU provider views the slots as matrices; the
     /// GPU tier copies them to device slots.
-    pub(crate) fn run_slots(
-        &self,
-        layer: usize,
-        experts: &[u32],
-        compute: &mut SlotCompute<'_>,
-    ) -> Result<()> {
+    pub(crate) fn run_slots(&self, layer: usize, experts: &[u32], compute: &mut SlotCompute<'_>) -> Result<()> {
         let t_layer = Instant::now();
         let result = self.run_layer(layer, experts, compute);
         self.state.lock().unwrap().layer_forward.push(t_layer.elapsed());
@@ -514,12 +509,7 @@ impl StreamedExperts {
         (self.source.layers(), self.source.experts_per_layer())
     }
 
-    fn run_layer(
-        &self,
-        layer: usize,
-        experts: &[u32],
-        compute: &mut SlotCompute<'_>,
-    ) -> Result<()> {
+    fn run_layer(&self, layer: usize, experts: &[u32], compute: &mut SlotCompute<'_>) -> Result<()> {
         let mut hits: Vec<(u32, usize)> = Vec::new();
         let mut misses: Vec<u32> = Vec::new();
         // Hits still in a working slot (prefetched, or a miss that found no victim) are
