@@ -388,6 +388,17 @@ pub struct ReplayArgs {
     /// Pinned slots for the pinned+LRU policy (the trace's most used experts).
     #[arg(long, default_value_t = 0)]
     pinned: usize,
+    /// Also replay two tiers: the slots above as a GPU slab in front of a host slab with
+    /// this many slots per layer (as `--device cuda` with `--gpu-budget` and `--budget`).
+    #[arg(long)]
+    host_slots_per_layer: Option<usize>,
+    /// The host tier's working bank (with --host-slots-per-layer).
+    #[arg(long, default_value_t = 64, requires = "host_slots_per_layer")]
+    host_working: usize,
+    /// Host slots pinned to the next most used experts after the GPU's pins (with
+    /// --host-slots-per-layer).
+    #[arg(long, default_value_t = 0, requires = "host_slots_per_layer")]
+    host_pinned: usize,
     #[arg(long)]
     json: bool,
 }
@@ -400,10 +411,16 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
-    let report = strata_residency::replay(
-        &records,
-        &strata_residency::ReplayConfig { slots_per_layer: a.slots_per_layer, working: a.working, pinned: a.pinned },
-    );
+    let gpu =
+        strata_residency::ReplayConfig { slots_per_layer: a.slots_per_layer, working: a.working, pinned: a.pinned };
+    let mut report = strata_residency::replay(&records, &gpu);
+    if let Some(slots_per_layer) = a.host_slots_per_layer {
+        if slots_per_layer == 0 {
+            return Err(anyhow!("--host-slots-per-layer must be at least 1"));
+        }
+        let host = strata_residency::ReplayConfig { slots_per_layer, working: a.host_working, pinned: a.host_pinned };
+        report.tiers = Some(strata_residency::replay_tiers(&records, &gpu, &host));
+    }
     if a.json {
         crate::commands::emit(&serde_json::to_string_pretty(&report)?)
     } else {

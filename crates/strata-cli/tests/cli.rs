@@ -345,3 +345,46 @@ fn serve_refuses_bad_batching_options_before_loading() {
         assert_one_line_error(&out, &[want]);
     }
 }
+
+#[test]
+fn replay_two_tiers_from_a_generated_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.trace");
+    let (m, t) = (fixture(), trace.to_str().unwrap().to_string());
+    let out = strata(&[
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The river town",
+        "--max-tokens",
+        "24",
+        "--trace",
+        &t,
+        "--usage",
+        "off",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let replay = |extra: &[&str]| {
+        let mut args = vec!["replay", "--trace", &t, "--slots-per-layer", "1", "--working", "2"];
+        args.extend(extra);
+        strata(&args)
+    };
+    let out = replay(&["--host-slots-per-layer", "2", "--host-working", "2", "--pinned", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for policy in ["lru", "pinned_lru"] {
+        let r = &v["tiers"][policy];
+        let n = r["accesses"].as_u64().unwrap();
+        assert!(n > 0, "{v}");
+        // Every access is served by exactly one tier.
+        let served: u64 = ["gpu_hits", "host_hits", "disk_reads"].iter().map(|k| r[*k].as_u64().unwrap()).sum();
+        assert_eq!(served, n, "{r}");
+        assert!(r["disk_reads"].as_u64().unwrap() > 0, "{r}");
+    }
+    // Without the host tier the report has no `tiers`; the text report names both tiers.
+    let single: serde_json::Value = serde_json::from_slice(&replay(&["--json"]).stdout).unwrap();
+    assert!(single.get("tiers").is_none(), "{single}");
+    assert!(String::from_utf8_lossy(&replay(&["--host-slots-per-layer", "2"]).stdout).contains("tiers: GPU"));
+    assert_one_line_error(&replay(&["--host-slots-per-layer", "0"]), &["--host-slots-per-layer"]);
+}

@@ -31,6 +31,9 @@
 //! access group's misses in chunks of `working`.
 
 mod slab;
+mod tiers;
+
+pub use tiers::{replay_tiers, TiersReport, TiersResult};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -78,6 +81,10 @@ pub struct ReplayReport {
     /// LRU (the runtime's slot table), LFRU, pinned+LRU (the runtime's, with pins),
     /// Belady (with bypass), Belady-nobypass, in that order.
     pub policies: Vec<PolicyResult>,
+    /// A GPU tier in front of a host tier (`strata replay --host-slots-per-layer`): the
+    /// GPU at `config`'s capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TiersReport>,
 }
 
 impl ReplayReport {
@@ -121,6 +128,9 @@ impl fmt::Display for ReplayReport {
                 p.hit_rate * 100.0,
                 p.waves
             )?;
+        }
+        if let Some(tiers) = &self.tiers {
+            write!(f, "{tiers}")?;
         }
         Ok(())
     }
@@ -397,6 +407,7 @@ pub fn replay(records: &[TraceRecord], cfg: &ReplayConfig) -> ReplayReport {
         segments: g.segments,
         layers: g.layers.len(),
         policies,
+        tiers: None,
     }
 }
 

@@ -1,0 +1,244 @@
+//! Two tiers replayed: a GPU slab of expert slots in front of the host slab, as the CUDA
+//! backend runs them (`GpuExperts` in strata-engine). Per access group (one forward at
+//! one layer):
+//! 1. GPU: `tick`; each expert is looked up; hits are leased, then released (hits found
+//!    in working slots are promoted);
+//! 2. the GPU's misses, if any, go to the host slab exactly as the CPU runtime serves a
+//!    layer (`slab::forward_layer`): a host hit costs a copy, a host miss a disk read;
+//! 3. every GPU miss is loaded into a free GPU working slot (in chunks of the GPU's
+//!    working bank), then promoted into the layer's GPU slots.
+//!
+//! Pins: the GPU tier pins the trace's `gpu.pinned` most selected keys, the host tier the
+//! next `host.pinned` (a key pinned on the GPU never reaches the host).
+
+use serde::Serialize;
+
+use super::slab::{self, SlabTally};
+use super::{group, most_selected, ReplayConfig};
+use crate::slots::{SlotRole, SlotTable};
+use crate::trace::TraceRecord;
+
+/// Where the accesses of a two-tier replay were served.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TiersResult {
+    /// Unique (forward, layer, expert) accesses.
+    pub accesses: u64,
+    pub gpu_hits: u64,
+    /// GPU misses found in the host slab (a host -> GPU copy each).
+    pub host_hits: u64,
+    /// GPU misses read from disk (a disk read and a copy each).
+    pub disk_reads: u64,
+    /// Fractions of `accesses`.
+    pub gpu_hit_rate: f64,
+    pub host_hit_rate: f64,
+    pub disk_rate: f64,
+    /// GPU slots (working + pinned + layer slots) and host slots.
+    pub gpu_slots: usize,
+    pub host_slots: usize,
+}
+
+/// LRU in both tiers, and the same with pins.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TiersReport {
+    pub gpu: ReplayConfig,
+    pub host: ReplayConfig,
+    pub lru: TiersResult,
+    pub pinned_lru: TiersResult,
+}
+
+/// Replays `records` through a GPU tier at `gpu`'s capacity in front of a host tier at
+/// `host`'s.
+pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayConfig) -> TiersReport {
+    let g = group(records);
+    let run = |gpu_pins: usize, host_pins: usize| {
+        let ranked = most_selected(records, gpu_pins + host_pins);
+        let (gp, hp) = ranked.split_at(gpu_pins.min(ranked.len()));
+        let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp);
+        let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp);
+        let mut gpu_tally = SlabTally::default();
+        let mut host_tally = SlabTally::default();
+        for a in &g.accesses {
+            let layer = g.layers[a.layer_pos];
+            let misses = gpu_lookup(&mut gpu_table, layer, &a.experts, &mut gpu_tally);
+            if !misses.is_empty() {
+                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally);
+                gpu_bring_in(&mut gpu_table, layer, &misses);
+            }
+        }
+        let accesses = gpu_tally.hits + gpu_tally.misses;
+        let rate = |n: u64| if accesses == 0 { 0.0 } else { n as f64 / accesses as f64 };
+        let slots = |c: &ReplayConfig, pins: usize| c.working.max(1) + pins + g.layers.len() * c.slots_per_layer.max(1);
+        TiersResult {
+            accesses,
+            gpu_hits: gpu_tally.hits,
+            host_hits: host_tally.hits,
+            disk_reads: host_tally.misses,
+            gpu_hit_rate: rate(gpu_tally.hits),
+            host_hit_rate: rate(host_tally.hits),
+            disk_rate: rate(host_tally.misses),
+            gpu_slots: slots(gpu, gp.len()),
+            host_slots: slots(host, hp.len()),
+        }
+    };
+    TiersReport { gpu: *gpu, host: *host, lru: run(0, 0), pinned_lru: run(gpu.pinned, host.pinned) }
+}
+
+/// Step 1: the GPU's hits (leased, released, working ones promoted); returns the misses
+/// in ascending order.
+fn gpu_lookup(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) -> Vec<usize> {
+    let mut sorted = experts.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    table.tick();
+    let mut hits = Vec::new();
+    let mut misses = Vec::new();
+    for e in sorted {
+        match table.lookup((layer, e)) {
+            Some(slot) => {
+                table.lease(slot);
+                hits.push(slot);
+            }
+            None => misses.push(e),
+        }
+    }
+    tally.hits += hits.len() as u64;
+    tally.misses += misses.len() as u64;
+    for slot in hits {
+        table.release(slot);
+        if table.slot(slot).role == SlotRole::Working {
+            table.promote(slot);
+        }
+    }
+    misses
+}
+
+/// Step 3: each miss copied into a GPU working slot, chunk by chunk, then promoted.
+fn gpu_bring_in(table: &mut SlotTable, layer: usize, misses: &[usize]) {
+    let mut i = 0;
+    while i < misses.len() {
+        let mut chunk = Vec::new();
+        while let Some(&e) = misses.get(i) {
+            let Some(loading) = table.begin_load((layer, e)) else { break };
+            chunk.push(loading);
+            i += 1;
+        }
+        if chunk.is_empty() {
+            return; // the engine fails such a forward; the plan's working bank prevents it
+        }
+        for &(slot, generation) in &chunk {
+            table.finish_load(slot, generation);
+            table.lease(slot);
+        }
+        for (slot, _) in chunk {
+            table.release(slot);
+            table.promote(slot);
+        }
+    }
+}
+
+impl std::fmt::Display for TiersReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "tiers: GPU {} slots per layer, {} working, {} pinned; host {} slots per layer, {} working, {} pinned",
+            self.gpu.slots_per_layer,
+            self.gpu.working,
+            self.gpu.pinned,
+            self.host.slots_per_layer,
+            self.host.working,
+            self.host.pinned
+        )?;
+        writeln!(
+            f,
+            "{:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "policy", "GPU slots", "host slots", "GPU hits", "host hits", "disk"
+        )?;
+        for (name, r) in [("LRU", &self.lru), ("pinned+LRU", &self.pinned_lru)] {
+            writeln!(
+                f,
+                "{:<16} {:>10} {:>10} {:>9.2}% {:>9.2}% {:>9.2}%",
+                name,
+                r.gpu_slots,
+                r.host_slots,
+                r.gpu_hit_rate * 100.0,
+                r.host_hit_rate * 100.0,
+                r.disk_rate * 100.0
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestRng;
+
+    fn rows(layer: usize, forwards: &[Vec<usize>]) -> Vec<TraceRecord> {
+        forwards
+            .iter()
+            .enumerate()
+            .map(|(f, experts)| TraceRecord { segment: 0, forward: f as u64, row: 0, layer, experts: experts.clone() })
+            .collect()
+    }
+
+    fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
+        ReplayConfig { slots_per_layer, working, pinned }
+    }
+
+    #[test]
+    fn experts_that_fit_the_gpu_miss_once() {
+        let trace = rows(2, &vec![vec![1, 2, 3]; 5]);
+        let r = replay_tiers(&trace, &cfg(4, 2, 0), &cfg(4, 2, 0)).lru;
+        assert_eq!((r.accesses, r.gpu_hits, r.host_hits, r.disk_reads), (15, 12, 0, 3));
+        assert_eq!((r.gpu_slots, r.host_slots), (6, 6));
+    }
+
+    #[test]
+    fn a_cycle_too_big_for_the_gpu_is_served_by_the_host_after_the_cold_reads() {
+        // Six experts cycle through a GPU of 2 layer slots + 1 working; the host holds all.
+        let forwards: Vec<Vec<usize>> = (0..30).map(|i| vec![i % 6]).collect();
+        let r = replay_tiers(&rows(0, &forwards), &cfg(2, 1, 0), &cfg(8, 2, 0)).lru;
+        assert_eq!(r.accesses, 30);
+        assert_eq!(r.disk_reads, 6, "only the first use of each expert reads the disk");
+        assert_eq!(r.gpu_hits, 0, "LRU over a cycle longer than the GPU tier never hits it");
+        assert_eq!(r.host_hits, 24);
+        assert!((r.gpu_hit_rate + r.host_hit_rate + r.disk_rate - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pins_keep_the_hottest_expert_on_the_gpu() {
+        // Expert 7 in every forward, the rest a long cycle that flushes an LRU of 1 slot.
+        let forwards: Vec<Vec<usize>> = (0..40).map(|i| vec![7, 10 + i % 9]).collect();
+        let t = replay_tiers(&rows(1, &forwards), &cfg(1, 1, 1), &cfg(2, 1, 0));
+        assert_eq!(t.pinned_lru.gpu_hits, 40, "the pinned expert hits in every forward");
+        assert!(t.pinned_lru.gpu_hits > t.lru.gpu_hits, "{t:?}");
+        assert_eq!(t.pinned_lru.gpu_slots, t.lru.gpu_slots + 1);
+    }
+
+    #[test]
+    fn every_access_is_served_once_on_random_traces() {
+        let mut rng = TestRng::new(11);
+        for _ in 0..20 {
+            let mut trace = Vec::new();
+            for f in 0..60u64 {
+                for layer in [3usize, 5, 9] {
+                    let experts: Vec<usize> = (0..4).map(|_| rng.below(24)).collect();
+                    trace.push(TraceRecord { segment: (f / 20) as u32, forward: f, row: 0, layer, experts });
+                }
+            }
+            let gpu = cfg(1 + rng.below(6), 1 + rng.below(4), rng.below(5));
+            let host = cfg(1 + rng.below(10), 1 + rng.below(4), rng.below(5));
+            let t = replay_tiers(&trace, &gpu, &host);
+            let accesses = crate::replay(&trace, &gpu).accesses;
+            for r in [t.lru, t.pinned_lru] {
+                assert_eq!(r.accesses, accesses);
+                assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads, r.accesses, "{gpu:?} {host:?}");
+                // Every distinct key is read from disk at least once.
+                let distinct: std::collections::HashSet<(usize, usize)> =
+                    trace.iter().flat_map(|t| t.experts.iter().map(move |&e| (t.layer, e))).collect();
+                assert!(r.disk_reads >= distinct.len() as u64 - (gpu.pinned + host.pinned) as u64);
+            }
+        }
+    }
+}
