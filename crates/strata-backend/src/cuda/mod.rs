@@ -238,8 +238,12 @@ pub(crate) struct State {
 struct Funcs {
     linear: [CudaFunction; 4],
     tiled: [CudaFunction; 5],
-    experts_up: [CudaFunction; 2],
-    experts_down: [CudaFunction; 2],
+    /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
+    experts_up: CudaFunction,
+    experts_down: CudaFunction,
+    /// One row a task (decode): several outputs a warp (`k_experts_*_row`).
+    experts_up_row: CudaFunction,
+    experts_down_row: CudaFunction,
     act_mul: CudaFunction,
     gather: CudaFunction,
     add_bias: CudaFunction,
@@ -274,8 +278,10 @@ impl Funcs {
         Ok(Self {
             linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
-            experts_up: [f("k_experts_up_1")?, f("k_experts_up_8")?],
-            experts_down: [f("k_experts_down_1")?, f("k_experts_down_8")?],
+            experts_up: f("k_experts_up_8")?,
+            experts_down: f("k_experts_down_8")?,
+            experts_up_row: f("k_experts_up_row")?,
+            experts_down_row: f("k_experts_down_row")?,
             act_mul: f("k_act_mul")?,
             gather: f("k_gather")?,
             add_bias: f("k_add_bias")?,

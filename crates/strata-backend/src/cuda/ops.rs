@@ -179,7 +179,7 @@ pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBack
     b.launch(
         &b.f.mla_absorb,
         (d.heads as u32, d.kv_lora.div_ceil(128) as u32, 1),
-        128,
+        1024,
         0,
         &mut args![q, kvb, r, h, nope, rope, v, kvl, cs, sn, qf],
     );
@@ -420,7 +420,7 @@ pub(crate) fn experts<'a>(
     let mut rowidx: Vec<u32> = Vec::new();
     // (weights, rows offset, rows, out row, x as it is)
     let mut big = Vec::new();
-    let (mut h_off, mut blk1, mut blk2) = (0usize, 0usize, 0usize);
+    let mut h_off = 0usize;
     let mut max_rows = 0;
     for i in 0..n {
         let t = task(i);
@@ -466,13 +466,23 @@ pub(crate) fn experts<'a>(
             nrows: nrows as i32,
             rows_off: rows_off as i32,
             out_row: t.out_row as i32,
-            blk1: blk1 as i32,
-            blk2: blk2 as i32,
+            blk1: 0,
+            blk2: 0,
             act,
         });
         h_off += (nrows * inter).next_multiple_of(4);
-        blk1 += inter.div_ceil(8);
-        blk2 += hidden.div_ceil(8);
+    }
+    // Block ranges: 8 warps a block, each one output, or with one row a task (decode) the
+    // row kernels' several.
+    let one_row = max_rows == 1;
+    // UP_OUTS and DOWN_OUTS in kernels/products.cu.
+    let (up_outs, down_outs) = if one_row { (2, 4) } else { (1, 1) };
+    let (mut blk1, mut blk2) = (0usize, 0usize);
+    for t in &mut tasks {
+        t.blk1 = blk1 as i32;
+        t.blk2 = blk2 as i32;
+        blk1 += (t.g.rows as usize).div_ceil(8 * up_outs);
+        blk2 += hidden.div_ceil(8 * down_outs);
     }
     let mut st = b.lock();
     let st = &mut *st;
@@ -492,10 +502,11 @@ pub(crate) fn experts<'a>(
     let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
     if !tasks.is_empty() {
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
-        let ri = usize::from(max_rows > 1);
         let nt = tasks.len() as i32;
-        b.launch(&b.f.experts_up[ri], (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
-        b.launch(&b.f.experts_down[ri], (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
+        let (up, down) =
+            if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (&b.f.experts_up, &b.f.experts_down) };
+        b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
+        b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
     }
     for (w, rows_off, nrows, out_row, whole) in big {
         let inter = w.gate.rows;

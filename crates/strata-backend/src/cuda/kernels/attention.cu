@@ -66,11 +66,16 @@ extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, cons
 }
 
 // q_full[r, h, :kv_lora] = q_nope[r, h] . W_uk(h) (rows h*(nope+v) .. +nope of kv_b), and
-// q_full[r, h, kv_lora:] = rope(q_rot[r, h]). Grid (heads, column blocks of 128).
-extern "C" __global__ void __launch_bounds__(128) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
-                                                               int rope, int vdim, int kv_lora, const float* cs,
-                                                               const float* sn, float* qf) {
-    int h = blockIdx.x, k = blockIdx.y * 128 + threadIdx.x;
+// q_full[r, h, kv_lora:] = rope(q_rot[r, h]). Grid (heads, column blocks of 128); 1024
+// threads: 8 groups of 128 columns, group g summing the nope rows n = g mod 8, so a head's
+// small matrix is read with many loads in flight (one group per column left the kernel
+// bound by latency, at a few percent of HBM bandwidth).
+#define ABSORB_GROUPS 8
+extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
+                                                                int rope, int vdim, int kv_lora, const float* cs,
+                                                                const float* sn, float* qf) {
+    __shared__ float part[ABSORB_GROUPS][8][128];
+    int h = blockIdx.x, t = threadIdx.x & 127, g = threadIdx.x >> 7, k = blockIdx.y * 128 + t;
     int qw = nope + rope, kw = kv_lora + rope, half = rope / 2;
     if (blockIdx.y == 0) {
         for (int idx = threadIdx.x; idx < rows * half; idx += blockDim.x) {
@@ -82,22 +87,37 @@ extern "C" __global__ void __launch_bounds__(128) k_mla_absorb(const float* q, M
             dst[half + i] = b * c + a * s;
         }
     }
-    if (k >= kv_lora) return;
     int wrow = h * (nope + vdim);
+    bool live = k < kv_lora;
     for (int r0 = 0; r0 < rows; r0 += 8) {
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
         int nr = min(8, rows - r0);
-        for (int n = 0; n < nope; n++) {
-            float w = melem(kvb, wrow + n, k);
+        if (live) {
+#pragma unroll 4
+            for (int n = g; n < nope; n += ABSORB_GROUPS) {
+                float w = melem(kvb, wrow + n, k);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (j < nr) acc[j] = fmaf(q[((i64)(r0 + j) * heads + h) * qw + n], w, acc[j]);
+                for (int j = 0; j < 8; j++)
+                    if (j < nr) acc[j] = fmaf(q[((i64)(r0 + j) * heads + h) * qw + n], w, acc[j]);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < nr) qf[((i64)(r0 + j) * heads + h) * kw + k] = acc[j];
+        for (int j = 0; j < 8; j++) part[g][j][t] = acc[j];
+        __syncthreads();
+        if (g == 0 && live) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j < nr) {
+                    float a = 0.f;
+#pragma unroll
+                    for (int i = 0; i < ABSORB_GROUPS; i++) a += part[i][j][t];
+                    qf[((i64)(r0 + j) * heads + h) * kw + k] = a;
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 

@@ -24,15 +24,22 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
             w[2 * i + 1] = __uint_as_float(word[i] & 0xffff0000u);
         }
     } else if (KIND == 2) {
+        // Integers to floats without the (slow) conversion unit, exactly: 2^23 + n has n in
+        // its low mantissa bits. A signed byte b becomes 2^23 + (b + 128) - (2^23 + 128).
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
+            u32 flipped = word[i] ^ 0x80808080u;
 #pragma unroll
-            for (int j = 0; j < 4; j++) w[4 * i + j] = (float)((int)(word[i] << (24 - 8 * j)) >> 24);
+            for (int j = 0; j < 4; j++)
+                w[4 * i + j] = __uint_as_float(0x4B000000u | ((flipped >> (8 * j)) & 255u)) - 8388736.f;
+        }
     } else if (KIND == 3) {
+        // A nibble n stores n - 8: 2^23 + n - (2^23 + 8), exact as above.
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) w[8 * i + j] = (float)((int)((word[i] >> (4 * j)) & 15u) - 8);
+            for (int j = 0; j < 8; j++)
+                w[8 * i + j] = __uint_as_float(0x4B000000u | ((word[i] >> (4 * j)) & 15u)) - 8388616.f;
     } else {
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -97,6 +104,66 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 #pragma unroll
         for (int j = 0; j < R; j++)
             if (j < nr) acc[j] = fmaf(w, xr[j][c], acc[j]);
+    }
+}
+
+// One x row against NM matrix rows of one encoding and width: each step loads x once and
+// uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
+// issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
+template <int KIND, int NM>
+__device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
+                                             int lane) {
+    const int V = Vw<KIND>::n;
+    const uint4* wv[NM];
+#pragma unroll
+    for (int n = 0; n < NM; n++) wv[n] = (const uint4*)(m[n]->w + (size_t)row[n] * m[n]->ld);
+    int nvec = m[0]->cols / V;
+    for (int v = lane; v < nvec; v += 32) {
+        uint4 q[NM];
+#pragma unroll
+        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+        int c = v * V;
+        float xv[V];
+        const float4* xp = (const float4*)(x + c);
+#pragma unroll
+        for (int t = 0; t < V / 4; t++) {
+            float4 x4 = xp[t];
+            xv[4 * t] = x4.x;
+            xv[4 * t + 1] = x4.y;
+            xv[4 * t + 2] = x4.z;
+            xv[4 * t + 3] = x4.w;
+        }
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            const Mat& mn = *m[n];
+            float w[V];
+            unpack<KIND>(q[n], w);
+            float p = 0.f;
+#pragma unroll
+            for (int i = 0; i < V; i++) p = fmaf(w[i], xv[i], p);
+            float sc = 1.f;
+            if (KIND == 2) sc = mn.s[row[n]];
+            if (KIND == 3) sc = mn.s[(size_t)row[n] * mn.spr + c / mn.group];
+            if (KIND == 4) sc = mn.s[(size_t)(row[n] / mn.brow) * mn.spr + c / mn.bcol];
+            acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
+        }
+    }
+}
+
+template <int NM>
+__device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane) {
+    if (!m[0]->vec) {
+        const float* xr[1] = {x};
+#pragma unroll
+        for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, 0, 1);
+        return;
+    }
+    switch (m[0]->kind) {
+    case 0: dot_rows_vec<0, NM>(m, row, x, acc, lane); break;
+    case 1: dot_rows_vec<1, NM>(m, row, x, acc, lane); break;
+    case 2: dot_rows_vec<2, NM>(m, row, x, acc, lane); break;
+    case 3: dot_rows_vec<3, NM>(m, row, x, acc, lane); break;
+    default: dot_rows_vec<4, NM>(m, row, x, acc, lane); break;
     }
 }
 
@@ -348,6 +415,62 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
     }
 }
 
+// One row per task (decode): a warp computes UP_OUTS outputs of gate and up (2 x UP_OUTS
+// matrix rows sharing x), or DOWN_OUTS outputs of down; blocks of 8 warps.
+#define UP_OUTS 2
+#define DOWN_OUTS 4
+
+extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
+                                                                   const float* x, int hidden, float* h) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, false);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = ((blockIdx.x - T.blk1) * 8 + warp) * UP_OUTS;
+    int inter = T.g.rows;
+    if (o0 >= inter) return;
+    const Mat* m[2 * UP_OUTS];
+    int row[2 * UP_OUTS];
+    float acc[2 * UP_OUTS];
+#pragma unroll
+    for (int k = 0; k < UP_OUTS; k++) {
+        int o = min(o0 + k, inter - 1);
+        m[k] = &T.g;
+        m[UP_OUTS + k] = &T.u;
+        row[k] = row[UP_OUTS + k] = o;
+        acc[k] = acc[UP_OUTS + k] = 0.f;
+    }
+    dot_rows<2 * UP_OUTS>(m, row, x + (i64)rowidx[T.rows_off] * hidden, acc, lane);
+#pragma unroll
+    for (int k = 0; k < UP_OUTS; k++) {
+        float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
+        if (lane == 0 && o0 + k < inter) h[T.h_off + o0 + k] = gate_act(g, T.act) * u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
+                                                                     int hidden, float* y) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, true);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = ((blockIdx.x - T.blk2) * 8 + warp) * DOWN_OUTS;
+    if (o0 >= hidden) return;
+    const Mat* m[DOWN_OUTS];
+    int row[DOWN_OUTS];
+    float acc[DOWN_OUTS];
+#pragma unroll
+    for (int k = 0; k < DOWN_OUTS; k++) {
+        m[k] = &T.d;
+        row[k] = min(o0 + k, hidden - 1);
+        acc[k] = 0.f;
+    }
+    dot_rows<DOWN_OUTS>(m, row, h + T.h_off, acc, lane);
+#pragma unroll
+    for (int k = 0; k < DOWN_OUTS; k++) {
+        float v = wsum(acc[k]);
+        if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = v;
+    }
+}
+
 #define EXPERTS(R)                                                                                            \
     extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
                                                                        const u32* rowidx, const float* x,     \
@@ -359,7 +482,6 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
                                                                          float* y) {                          \
         experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
     }
-EXPERTS(1)
 EXPERTS(8)
 
 // h = act(g) * u over n values (the many-rows expert path).

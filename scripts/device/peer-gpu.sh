@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one go (issue 9, the peers): the CUDA test suite and the
+# expert-kernel bandwidth test, then a GLM-5-shaped slice decoded resident on the H200 by
+# strata (bf16 experts; int4 experts from `strata convert`), by llama.cpp's CUDA build on
+# the same weights (GGUF bf16, and Q4_0 from llama-quantize) and by transformers (bf16,
+# `grouped_mm` experts). llama.cpp builds and the GGUF converts while the tests run.
+# Run from the repository root.
+#
+# Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh) and
+# llama-src.tar.xz (`../shared/tools/llamacpp-peer.sh source .devcarry`) with a copy of
+# that script, llamacpp-peer.sh.
+# SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
+# fixtures behind); EXPERTS (default 48) the slice's routed experts.
+# Writes under $OUT: machine.txt, tests.log, bandwidth.log, peer.jsonl (one JSON object
+# per measurement), llama.log (llama-bench's own output), profile.txt (strata's per-stage
+# decode profile of both slices), side.log.
+set -uo pipefail
+C=.devcarry
+OUT=${OUT:-/tmp/strata-out}
+PEER=${PEER:-$C/llamacpp-peer.sh}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
+export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
+export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-90} PYTHONUNBUFFERED=1
+for f in strata cuda-tests; do
+  [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
+done
+S=$PWD/$C/strata
+res="$OUT/peer.jsonl"
+: >"$res"
+{ nvidia-smi; date -u; nproc; free -g; } >"$OUT/machine.txt" 2>&1
+t_start=$(date +%s)
+since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
+slice=/tmp/slice-peer
+L=/tmp/llama-cuda
+
+# CPU work in the background while the GPU runs the tests: build llama.cpp, write the
+# slice, convert it to GGUF and to strata's int4 container.
+(
+  TARGETS="llama-bench llama-quantize" bash "$PEER" build "$C/llama-src.tar.xz" "$L" cuda >/tmp/llama-build.log 2>&1 &
+  timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+    --vocab 16384 >>"$OUT/side.log" 2>&1
+  # llama.cpp's converter needs a tokenizer; strata-tiny's (8192 ids) is padded to the vocab.
+  tok=${TOKENIZER_DIR:-models/strata-tiny}
+  cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice/"
+  timeout 300 bash "$PEER" convert "$C/llama-src.tar.xz" "$slice" /tmp/slice.gguf bf16 >>"$OUT/side.log" 2>&1 ||
+    echo "convert to GGUF failed" >>"$OUT/side.log"
+  timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1 ||
+    echo "strata convert int4 failed" >>"$OUT/side.log"
+  wait
+  touch /tmp/cpu-work.done
+) &
+
+since "tests"
+skip=()
+for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
+timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
+  grep -E "^test |test result|panicked|FAILED|STALL"
+timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | tee "$OUT/bandwidth.log" |
+  grep -E "GB/s|test result|panicked"
+
+since "waiting for llama.cpp and the slice"
+for _ in $(seq 1 300); do [ -f /tmp/cpu-work.done ] && break; sleep 1; done
+since "cpu work $( [ -f /tmp/cpu-work.done ] && echo done || echo 'NOT done')"; ls "$L/bin" 2>&1 | tr '\n' ' '; echo
+tail -3 /tmp/llama-build.log | tee -a "$OUT/side.log"
+
+strata_bench() {  # dir label
+  for rep in 1 2; do
+    timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off \
+      --mtp off --json 2>>"$OUT/side.log" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print(json.dumps({'engine':'strata','weights':'$2','rep':$rep,'decode_tps':r['decode_tokens_per_s'],
+  'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token']}))" >>"$res" ||
+      echo "strata $2 failed" | tee -a "$OUT/side.log"
+  done
+}
+llama_bench() {  # gguf label
+  timeout 150 "$L/bin/llama-bench" -m "$1" -ngl 99 -p 64 -n 64 -r 3 -o json 2>>"$OUT/side.log" | tee -a "$OUT/llama.log" |
+    python3 -c "
+import json,sys
+for r in json.load(sys.stdin):
+    kind = 'prefill_tps' if r['n_prompt'] else 'decode_tps'
+    print(json.dumps({'engine':'llama.cpp','weights':'$2',kind:r['avg_ts'],'stddev':r['stddev_ts'],'model_bytes':r['model_size']}))" \
+    >>"$res" || echo "llama-bench $2 failed" | tee -a "$OUT/side.log"
+}
+
+since "strata bf16"; strata_bench "$slice" bf16
+since "strata int4"; strata_bench "$slice-int4" int4-g64
+for d in "$slice" "$slice-int4"; do
+  echo "== $d" >>"$OUT/profile.txt"
+  timeout 60 $S bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \
+    --profile >>"$OUT/profile.txt" 2>&1
+done
+if [ -x "$L/bin/llama-bench" ] && [ -f /tmp/slice.gguf ]; then
+  since "llama.cpp bf16"; llama_bench /tmp/slice.gguf bf16
+  timeout 120 "$L/bin/llama-quantize" /tmp/slice.gguf /tmp/slice-q4_0.gguf Q4_0 >>"$OUT/side.log" 2>&1 &&
+    { since "llama.cpp q4_0"; llama_bench /tmp/slice-q4_0.gguf q4_0; }
+fi
+since "transformers bf16"
+timeout 150 python3 scripts/bench_transformers_gpu.py "$slice" --dtype bfloat16 --prompt-tokens 64 --decode-tokens 64 \
+  --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/side.log" || echo "transformers failed" | tee -a "$OUT/side.log"
+since "done"
+cat "$res"
