@@ -39,7 +39,7 @@ pub fn atlas_model(m: &LoadedModel) -> Result<AtlasModel> {
 fn count_routes(counter: &mut RunCounter, routes: &Routes, buf: &mut Vec<usize>) -> Result<()> {
     let k = routes.top_k.max(1);
     for i in 0..routes.len() {
-        let (layer, ids, _) = routes.layer(i);
+        let (layer, ids) = routes.layer(i);
         for row in ids.chunks(k) {
             buf.clear();
             buf.extend(row.iter().map(|&e| e as usize));

@@ -123,7 +123,7 @@ impl RouteTrace {
     fn record(&mut self, routes: &Routes) -> Result<()> {
         use std::io::Write;
         for i in 0..routes.len() {
-            let (layer, ids, _) = routes.layer(i);
+            let (layer, ids) = routes.layer(i);
             for (row, r) in ids.chunks(routes.top_k.max(1)).enumerate() {
                 let rec = strata_residency::TraceRecord {
                     segment: self.segment,

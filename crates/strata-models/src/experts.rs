@@ -163,8 +163,9 @@ impl Union {
     }
 }
 
-/// The routing of a forward, per MoE layer: ids (best first) and gate weights of every
-/// row. Reused across forwards.
+/// The routing of a forward, per MoE layer: the ids (best first) of every row. Reused
+/// across forwards. (The gate weights stay on the device: nothing on the host needs them,
+/// and reading them back would cost a sync a layer.)
 #[derive(Default, Debug, Clone)]
 pub struct Routes {
     pub rows: usize,
@@ -172,7 +173,6 @@ pub struct Routes {
     /// Model layer ids of the MoE layers, in order.
     pub layers: Vec<usize>,
     ids: Vec<u32>,
-    weights: Vec<f32>,
 }
 
 impl Routes {
@@ -181,20 +181,18 @@ impl Routes {
         self.top_k = top_k;
         self.layers.clear();
         self.ids.clear();
-        self.weights.clear();
     }
 
-    pub fn push(&mut self, layer: usize, ids: &[u32], weights: &[f32]) {
+    pub fn push(&mut self, layer: usize, ids: &[u32]) {
         let n = self.rows * self.top_k;
         self.layers.push(layer);
         self.ids.extend_from_slice(&ids[..n]);
-        self.weights.extend_from_slice(&weights[..n]);
     }
 
-    /// The `i`-th MoE layer's (layer id, ids, weights), each `rows x top_k`.
-    pub fn layer(&self, i: usize) -> (usize, &[u32], &[f32]) {
+    /// The `i`-th MoE layer's layer id and ids (`rows x top_k`).
+    pub fn layer(&self, i: usize) -> (usize, &[u32]) {
         let n = self.rows * self.top_k;
-        (self.layers[i], &self.ids[i * n..(i + 1) * n], &self.weights[i * n..(i + 1) * n])
+        (self.layers[i], &self.ids[i * n..(i + 1) * n])
     }
 
     pub fn len(&self) -> usize {

@@ -61,7 +61,6 @@ pub struct MoeScratch<B: Backend> {
     /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`).
     y: B::Buf,
     host_ids: Vec<u32>,
-    host_weights: Vec<f32>,
     union: Union,
 }
 
@@ -74,7 +73,6 @@ impl<B: Backend> MoeScratch<B> {
             src: b.alloc_idx(rows * top_k)?,
             y: b.alloc(rows * (top_k + 1) * hidden)?,
             host_ids: vec![0; rows * top_k],
-            host_weights: vec![0.0; rows * top_k],
             union: Union::default(),
         })
     }
@@ -90,7 +88,6 @@ impl<B: Backend> MoeWeights<B> {
         b.route_noaux(xn, rows, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
         let n = rows * self.params.top_k;
         b.read_idx(&s.ids, 0, &mut s.host_ids[..n]);
-        b.read(&s.weights, 0, &mut s.host_weights[..n]);
     }
 
     /// Predicts this layer's routing from `xn` (the previous layer's residual, normed with
@@ -116,7 +113,7 @@ impl<B: Backend> MoeWeights<B> {
         let k = self.params.top_k;
         self.route(b, xn, rows, s);
         let n = rows * k;
-        routes.push(self.layer, &s.host_ids[..n], &s.host_weights[..n]);
+        routes.push(self.layer, &s.host_ids[..n]);
         if let Some(p) = experts.provider() {
             p.record(self.layer, &s.host_ids[..n], k);
         }

@@ -68,7 +68,6 @@ struct RouteScratch<B: Backend> {
     /// Routed outputs, `rows * top_k` rows.
     y: B::Buf,
     host_ids: Vec<u32>,
-    host_weights: Vec<f32>,
     union: Union,
 }
 
@@ -85,7 +84,6 @@ impl<B: Backend> FfnScratch<B> {
                 src: b.alloc_idx(rows * k)?,
                 y: b.alloc(rows * k * hidden)?,
                 host_ids: vec![0; rows * k],
-                host_weights: vec![0.0; rows * k],
                 union: Union::default(),
             }),
         };
@@ -99,13 +97,12 @@ impl<B: Backend> FfnScratch<B> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// Routes `x` (the residual) and reads the ids and weights back to the host.
+    /// Routes `x` (the residual) and reads the ids back to the host.
     fn route(&self, b: &B, x: &B::Buf, rows: usize, hidden: usize, eps: f32, s: &mut RouteScratch<B>) {
         b.rms_norm(rows, hidden, x, Some(&self.router_norm), eps, &mut s.xr);
         let k = self.top_k;
         b.route_softmax(&s.xr, rows, &self.router, &self.expert_scale, k, &mut s.logits, &mut s.ids, &mut s.weights);
         b.read_idx(&s.ids, 0, &mut s.host_ids[..rows * k]);
-        b.read(&s.weights, 0, &mut s.host_weights[..rows * k]);
     }
 }
 
@@ -136,7 +133,7 @@ impl<B: Backend> Ffn<B> {
         moe.route(b, x, rows, hidden, eps, rs);
         let k = moe.top_k;
         let n = rows * k;
-        routes.push(moe.layer, &rs.host_ids[..n], &rs.host_weights[..n]);
+        routes.push(moe.layer, &rs.host_ids[..n]);
         if let Some(p) = experts.provider() {
             p.record(moe.layer, &rs.host_ids[..n], k);
         }
