@@ -7,7 +7,7 @@
 # Run from the repository root.
 #
 # Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh).
-# SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
+# TESTS=0 skips the test suite; SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings.
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
@@ -28,11 +28,13 @@ res="$OUT/tiers.jsonl"
 t_start=$(date +%s)
 since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 
-since "tests"
-skip=()
-for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
-timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-  grep -E "^test |parity ok|equal;|in use by the model|test result|panicked|FAILED|STALL"
+if [ "${TESTS:-1}" = 1 ]; then
+  since "tests"
+  skip=()
+  for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
+  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
+    grep -E "^test |parity ok|equal;|in use by the model|test result|panicked|FAILED|STALL"
+fi
 
 since "pinned host -> GPU copy rate"
 python3 - >>"$res" 2>>"$OUT/side.log" <<'EOF'

@@ -354,6 +354,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// One expert's three matrices as the expert op reads them (resident matrices or a
     /// slot of the expert slab).
     type ExpertRef<'a>: Copy + Send + Sync;
+    /// A layer's resident experts as the device indexes them by routed id
+    /// ([`Backend::experts_by_id`]); `()` where the backend has no such path (the CPU
+    /// reads routed ids at no cost).
+    type ExpertTable: Send + Sync;
 
     /// "cpu (16 threads, avx512f)" and the like.
     fn describe(&self) -> String;
@@ -430,6 +434,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Self::Buf,
     );
+    /// The table of a layer's resident `experts` (gate, up, down; one encoding and shape
+    /// for all), or `None` where the backend dispatches experts from the host only.
+    fn expert_table(&self, _experts: &[[Self::Mat; 3]]) -> Result<Option<Self::ExpertTable>> {
+        Ok(None)
+    }
+    /// One row's routed experts dispatched on the device, the ids never visiting the host:
+    /// task `j < top_k` is expert `ids[j]` of `table` into y row `j`, then `shared` into
+    /// row `top_k` when given. Each task's products are [`Backend::experts`]' for the same
+    /// expert and row, bit for bit.
+    fn experts_by_id(
+        &self,
+        _x: &Self::Buf,
+        _top_k: usize,
+        _ids: &Self::Idx,
+        _table: &Self::ExpertTable,
+        _shared: Option<Self::ExpertRef<'_>>,
+        _y: &mut Self::Buf,
+    ) {
+        not_implemented("experts_by_id", &self.describe())
+    }
     /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus
     /// `y[shared + r]` when given: the fixed accumulation order every expert path shares.
     #[allow(clippy::too_many_arguments)]

@@ -63,6 +63,7 @@ pub fn run_prompt(m: &LoadedModel, category: &str, index: usize, text: &str, opt
     // The main model's routing, one token a forward: no draft (MTP) forwards, whose
     // routes would replace the target's after each prefill chunk.
     gen.disable_draft();
+    gen.record_routes(true);
     let context = gen.context();
     if ids.is_empty() {
         bail!("prompt {category}:{index} encodes to no tokens");

@@ -247,6 +247,7 @@ impl<'m> Generator<'m> {
     pub fn new(model: &'m dyn Model, context: usize) -> Result<Self> {
         let context = context.min(model.info().max_context).max(1);
         let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
+        session.record_routes(false);
         let seq = session.add_sequence()?;
         let h = model.info().hidden_size;
         Ok(Self {
@@ -281,6 +282,13 @@ impl<'m> Generator<'m> {
     /// Records every routing decision of later forwards to `trace`.
     pub fn set_trace(&mut self, trace: RouteTrace) {
         self.trace = Some(trace);
+        self.session.record_routes(true);
+    }
+
+    /// Whether later forwards record their routing for [`Generator::routes`] (off by
+    /// default: recording costs a device sync per MoE layer on a GPU).
+    pub fn record_routes(&mut self, on: bool) {
+        self.session.record_routes(on);
     }
 
     /// One forward over `ids` appended to the sequence.
@@ -515,7 +523,7 @@ impl<'m> Generator<'m> {
         &self.logits
     }
 
-    /// The last forward's routing.
+    /// The last forward's routing (complete while recording: [`Generator::record_routes`]).
     pub fn routes(&self) -> &Routes {
         self.session.routes()
     }

@@ -90,6 +90,7 @@ impl<'m> Runner<'m> {
             bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
         }
         let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
+        session.record_routes(false);
         let seq = session.add_sequence()?;
         Ok(Self { session, seq, batch: Batch::new(), vocab: model.info().vocab_size })
     }

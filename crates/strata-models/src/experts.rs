@@ -53,11 +53,26 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
 pub struct ResidentExperts<B: Backend> {
     /// Per sparse layer (by model layer id): each expert's (gate, up, down).
     layers: Vec<Option<Vec<[B::Mat; 3]>>>,
+    /// Per sparse layer: the experts as the backend indexes them by routed id on the
+    /// device ([`Backend::experts_by_id`]), where it can.
+    tables: Vec<Option<B::ExpertTable>>,
 }
 
 impl<B: Backend> ResidentExperts<B> {
-    pub fn new(layers: Vec<Option<Vec<[B::Mat; 3]>>>) -> Self {
-        Self { layers }
+    pub fn new(b: &B, layers: Vec<Option<Vec<[B::Mat; 3]>>>) -> Result<Self> {
+        let tables = layers
+            .iter()
+            .map(|l| match l {
+                Some(mats) if !mats.is_empty() => b.expert_table(mats),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { layers, tables })
+    }
+
+    /// The layer's device-side expert table, if the backend dispatches by id.
+    pub fn table(&self, layer: usize) -> Option<&B::ExpertTable> {
+        self.tables.get(layer).and_then(Option::as_ref)
     }
 }
 
@@ -173,6 +188,9 @@ pub struct Routes {
     /// Model layer ids of the MoE layers, in order.
     pub layers: Vec<usize>,
     ids: Vec<u32>,
+    /// Not recording: a layer whose experts are dispatched on the device then leaves its
+    /// ids there (no sync). Layers that bring ids to the host anyway still record.
+    off: bool,
 }
 
 impl Routes {
@@ -197,6 +215,15 @@ impl Routes {
 
     pub fn len(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Whether forwards record every layer (the default).
+    pub fn recording(&self) -> bool {
+        !self.off
+    }
+
+    pub fn set_recording(&mut self, on: bool) {
+        self.off = !on;
     }
 
     pub fn is_empty(&self) -> bool {

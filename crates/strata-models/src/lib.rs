@@ -102,8 +102,12 @@ pub trait Session: Send {
     /// (every logits row, and every row of a [`Logits::HiddenAll`] or [`Logits::Hidden`] push), in batch
     /// order, `hidden` each.
     fn hidden(&self) -> &[f32];
-    /// The last forward's routing, per MoE layer.
+    /// The last forward's routing, per MoE layer (every layer while recording, the
+    /// default; see [`Session::record_routes`]).
     fn routes(&self) -> &Routes;
+    /// Whether later forwards record every MoE layer's routing. Off, a layer whose experts
+    /// the device dispatches by id keeps its ids on the device (no sync a layer).
+    fn record_routes(&mut self, _on: bool) {}
     /// The session's KV block pool (for prefix sharing: [`kv::KvBlocks::attach`],
     /// `retain`, `release`); `None` where a session keeps its cache otherwise.
     fn kv(&self) -> Option<&kv::KvBlocks> {

@@ -187,6 +187,7 @@ impl Backend for CpuBackend {
     type Idx = Vec<u32>;
     type Mat = CpuMat;
     type ExpertRef<'a> = CpuExpert<'a>;
+    type ExpertTable = ();
 
     fn describe(&self) -> String {
         format!("cpu ({} threads, {})", self.pool.threads(), self.path.name())

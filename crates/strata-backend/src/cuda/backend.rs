@@ -14,6 +14,7 @@ impl Backend for CudaBackend {
     type Idx = DevBuf<u32>;
     type Mat = CudaMat;
     type ExpertRef<'a> = CudaExpert<'a>;
+    type ExpertTable = super::CudaExpertTable;
 
     fn describe(&self) -> String {
         self.name.clone()
@@ -260,6 +261,23 @@ impl Backend for CudaBackend {
         }
         ops::experts(self, x, rows, n, task, GateAct::Silu, y);
         self.profiled();
+    }
+
+    fn expert_table(&self, experts: &[[CudaMat; 3]]) -> Result<Option<super::CudaExpertTable>> {
+        super::dispatch::expert_table(self, experts).map(Some)
+    }
+
+    fn experts_by_id(
+        &self,
+        x: &DevBuf<f32>,
+        top_k: usize,
+        ids: &DevBuf<u32>,
+        table: &super::CudaExpertTable,
+        shared: Option<CudaExpert<'_>>,
+        y: &mut DevBuf<f32>,
+    ) {
+        let _t = Timer::start(Op::Experts);
+        super::dispatch::experts_by_id(self, x, top_k, ids, table, shared, y);
     }
 
     fn gated_experts<'a>(

@@ -15,11 +15,13 @@
 //! error when there is no driver, no device or no NVRTC.
 
 mod backend;
+mod dispatch;
 mod elementwise;
 mod module;
 mod ops;
 mod transfer;
 
+pub use dispatch::CudaExpertTable;
 pub use transfer::{CopyFence, HostRegistration};
 
 use crate::Step;
@@ -244,6 +246,7 @@ struct Funcs {
     /// One row a task (decode): several outputs a warp (`k_experts_*_row`).
     experts_up_row: CudaFunction,
     experts_down_row: CudaFunction,
+    tasks_from_ids: CudaFunction,
     act_mul: CudaFunction,
     gather: CudaFunction,
     add_bias: CudaFunction,
@@ -282,6 +285,7 @@ impl Funcs {
             experts_down: f("k_experts_down_8")?,
             experts_up_row: f("k_experts_up_row")?,
             experts_down_row: f("k_experts_down_row")?,
+            tasks_from_ids: f("k_tasks_from_ids")?,
             act_mul: f("k_act_mul")?,
             gather: f("k_gather")?,
             add_bias: f("k_add_bias")?,

@@ -2,6 +2,7 @@
 //! rows: a warp per output; many rows: cuBLAS for f32/bf16, else a tiled kernel) and the
 //! expert task lists.
 
+use super::dispatch::row_blocks;
 use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS};
 use crate::{Backend, GateAct, GqaQuery, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
@@ -475,14 +476,14 @@ pub(crate) fn experts<'a>(
     // Block ranges: 8 warps a block, each one output, or with one row a task (decode) the
     // row kernels' several.
     let one_row = max_rows == 1;
-    // UP_OUTS and DOWN_OUTS in kernels/products.cu.
-    let (up_outs, down_outs) = if one_row { (2, 4) } else { (1, 1) };
     let (mut blk1, mut blk2) = (0usize, 0usize);
     for t in &mut tasks {
         t.blk1 = blk1 as i32;
         t.blk2 = blk2 as i32;
-        blk1 += (t.g.rows as usize).div_ceil(8 * up_outs);
-        blk2 += hidden.div_ceil(8 * down_outs);
+        let inter = t.g.rows as usize;
+        let (up, down) = if one_row { row_blocks(inter, hidden) } else { (inter.div_ceil(8), hidden.div_ceil(8)) };
+        blk1 += up;
+        blk2 += down;
     }
     let mut st = b.lock();
     let st = &mut *st;

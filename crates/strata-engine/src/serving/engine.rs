@@ -114,12 +114,14 @@ impl<'m> BatchEngine<'m> {
             );
         }
         let opts = EngineOptions { context, step_tokens: opts.step_tokens.max(opts.max_batch), ..opts };
-        let session = model.new_session(SessionOptions {
+        let mut session = model.new_session(SessionOptions {
             max_seqs: opts.max_batch,
             kv_tokens: opts.kv_tokens,
             max_len: context,
             max_rows: opts.step_tokens,
         })?;
+        // Nothing here reads the routing back: leave it on the device.
+        session.record_routes(false);
         let Some(pool) = session.kv() else { bail!("this model's sessions do not keep block KV") };
         if gamma > 0 && !session.has_draft() {
             bail!("speculative decoding ({gamma} draft tokens) needs the model's draft (MTP) layer loaded");
@@ -613,6 +615,7 @@ impl<'m> BatchEngine<'m> {
             max_len: self.opts.context,
             max_rows: self.opts.step_tokens,
         })?;
+        self.session.record_routes(false);
         Ok(())
     }
 }

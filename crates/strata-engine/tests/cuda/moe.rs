@@ -216,3 +216,141 @@ fn cuda_experts_and_combine_match_cpu() {
         cuda_experts_and_combine_match_cpu_on(g)
     }
 }
+
+/// One row's routed experts dispatched on the device by id equal the host-dispatched path
+/// (tasks in ascending id, `src` from the ranks) bit for bit, y and the combined output,
+/// for mixed encodings and an odd intermediate width; both match the CPU.
+#[test]
+fn cuda_experts_by_id_equal_the_host_path() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(21);
+    let fp8 = QuantKind::Fp8 { block_rows: 16, block_cols: 32 };
+    let int4 = QuantKind::Int4Group { group: 32 };
+    for (hidden, inter, kinds, top_k) in [
+        (128, 64, vec![QuantKind::Bf16, int4, QuantKind::Int8Row, fp8, QuantKind::F32, QuantKind::Bf16], 4),
+        (96, 42, vec![QuantKind::Bf16, QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::F32], 3),
+    ] {
+        let n = kinds.len() * 2;
+        let mats: Vec<[HostMatrix; 3]> = (0..n)
+            .map(|e| {
+                let k = kinds[e % kinds.len()];
+                let down_kind = kinds[(e + 1) % kinds.len()];
+                [
+                    hostmat(&mut rng, k, inter, hidden, 0.2).0,
+                    hostmat(&mut rng, k, inter, hidden, 0.2).0,
+                    hostmat(&mut rng, down_kind, hidden, inter, 0.2).0,
+                ]
+            })
+            .collect();
+        let shared_inter = inter * 2;
+        let shared = [
+            hostmat(&mut rng, QuantKind::Bf16, shared_inter, hidden, 0.2).0,
+            hostmat(&mut rng, QuantKind::Bf16, shared_inter, hidden, 0.2).0,
+            hostmat(&mut rng, QuantKind::Bf16, hidden, shared_inter, 0.2).0,
+        ];
+        let x = rvec(&mut rng, hidden, 1.0);
+        let mut pick: Vec<u32> = (0..n as u32).collect();
+        for i in (1..pick.len()).rev() {
+            pick.swap(i, rng.random_range(0..=i));
+        }
+        let ids = pick[..top_k].to_vec();
+        let w = pvec(&mut rng, top_k, 0.1, 1.0);
+        let out0 = rvec(&mut rng, hidden, 1.0);
+
+        // The host path, as the MoE block runs it: tasks in ascending id, then the shared
+        // expert; src[j] = the output row of ids[j].
+        #[allow(clippy::too_many_arguments)]
+        fn host_path<B: Backend>(
+            b: &B,
+            mats: &[[B::Mat; 3]],
+            shared: &[B::Mat; 3],
+            ids: &[u32],
+            w: &[f32],
+            x: &[f32],
+            out0: &[f32],
+            hidden: usize,
+        ) -> (Vec<f32>, Vec<f32>, Vec<u32>) {
+            let k = ids.len();
+            let mut sorted = ids.to_vec();
+            sorted.sort_unstable();
+            let src: Vec<u32> = ids.iter().map(|e| sorted.iter().position(|s| s == e).unwrap() as u32).collect();
+            let xb = up(b, x);
+            let mut y = up(b, &vec![f32::NAN; (k + 1) * hidden]);
+            let task = |i: usize| {
+                if i == k {
+                    return ExpertTask {
+                        weights: b.expert_ref(&shared[0], &shared[1], &shared[2]),
+                        rows: None,
+                        out_row: k,
+                    };
+                }
+                let m = &mats[sorted[i] as usize];
+                ExpertTask { weights: b.expert_ref(&m[0], &m[1], &m[2]), rows: None, out_row: i }
+            };
+            b.experts(&xb, 1, k + 1, &task, &mut y);
+            let mut ib = b.alloc_idx(k).unwrap();
+            b.write_idx(&mut ib, 0, ids);
+            let mut sb = b.alloc_idx(k).unwrap();
+            b.write_idx(&mut sb, 0, &src);
+            let wb = up(b, w);
+            let mut o = up(b, out0);
+            b.moe_combine(1, hidden, k, &ib, &wb, &sb, &y, Some(k), &mut o);
+            (down(b, &y, (k + 1) * hidden), down(b, &o, hidden), src)
+        }
+        let dev = |b: &CudaBackend, m: &[HostMatrix; 3]| {
+            [b.matrix(m[0].clone()).unwrap(), b.matrix(m[1].clone()).unwrap(), b.matrix(m[2].clone()).unwrap()]
+        };
+        let gm: Vec<_> = mats.iter().map(|m| dev(g, m)).collect();
+        let gs = dev(g, &shared);
+        let (ya, oa, src) = host_path(g, &gm, &gs, &ids, &w, &x, &out0, hidden);
+
+        let table = g.expert_table(&gm).unwrap().expect("CUDA builds expert tables");
+        let k = top_k;
+        let xb = up(g, &x);
+        let mut ib = g.alloc_idx(k).unwrap();
+        g.write_idx(&mut ib, 0, &ids);
+        let mut y = up(g, &vec![f32::NAN; (k + 1) * hidden]);
+        g.experts_by_id(&xb, k, &ib, &table, Some(g.expert_ref(&gs[0], &gs[1], &gs[2])), &mut y);
+        let yb = down(g, &y, (k + 1) * hidden);
+        for j in 0..k {
+            let a = &ya[src[j] as usize * hidden..][..hidden];
+            let b = &yb[j * hidden..][..hidden];
+            assert!(a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()), "expert {} (rank {j}) differs", ids[j]);
+        }
+        assert!(
+            ya[k * hidden..].iter().zip(&yb[k * hidden..]).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "shared expert differs"
+        );
+        let mut order = g.alloc_idx(k).unwrap();
+        g.write_idx(&mut order, 0, &(0..k as u32).collect::<Vec<_>>());
+        let wb = up(g, &w);
+        let mut o = up(g, &out0);
+        g.moe_combine(1, hidden, k, &ib, &wb, &order, &y, Some(k), &mut o);
+        let ob = down(g, &o, hidden);
+        assert!(oa.iter().zip(&ob).all(|(p, q)| p.to_bits() == q.to_bits()), "combined output differs");
+
+        let cm: Vec<[_; 3]> = mats
+            .iter()
+            .map(|m| {
+                [c.matrix(m[0].clone()).unwrap(), c.matrix(m[1].clone()).unwrap(), c.matrix(m[2].clone()).unwrap()]
+            })
+            .collect();
+        let cs = [
+            c.matrix(shared[0].clone()).unwrap(),
+            c.matrix(shared[1].clone()).unwrap(),
+            c.matrix(shared[2].clone()).unwrap(),
+        ];
+        let (_, oc, _) = host_path(c, &cm, &cs, &ids, &w, &x, &out0, hidden);
+        close("experts by id vs CPU", &ob, &oc, 1e-5, 1e-4);
+    }
+    // A table needs one shape for every expert.
+    let mut rng = Rand::seed_from_u64(22);
+    let m = |rng: &mut Rand, r, c| g.matrix(hostmat(rng, QuantKind::Bf16, r, c, 0.2).0).unwrap();
+    let bad = vec![
+        [m(&mut rng, 8, 16), m(&mut rng, 8, 16), m(&mut rng, 16, 8)],
+        [m(&mut rng, 4, 16), m(&mut rng, 4, 16), m(&mut rng, 16, 4)],
+    ];
+    let err = g.expert_table(&bad).err().expect("mixed shapes refused").to_string();
+    assert!(err.contains("expert 1"), "{err}");
+}

@@ -4,7 +4,10 @@
 //! and counts selections), the rows' experts are deduplicated ([`Union`]), and the
 //! provider hands ready experts to one batched expert op (the shared expert rides in the
 //! first batch). The outputs are combined per row in ascending expert id, so the result
-//! does not depend on which experts were resident.
+//! does not depend on which experts were resident. One row over resident experts on a
+//! backend with an expert table (CUDA) skips the round trip: the device indexes the
+//! table by the routed ids ([`Backend::experts_by_id`]), with the same products and the
+//! same combine, so the output is the same bit for bit.
 
 use super::mlp::SwiGlu;
 use crate::experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
@@ -58,6 +61,8 @@ pub struct MoeScratch<B: Backend> {
     ids: B::Idx,
     weights: B::Buf,
     src: B::Idx,
+    /// `0..top_k`: one row's y rows in routed order (the by-id path).
+    in_order: B::Idx,
     /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`).
     y: B::Buf,
     host_ids: Vec<u32>,
@@ -71,6 +76,11 @@ impl<B: Backend> MoeScratch<B> {
             ids: b.alloc_idx(rows * top_k)?,
             weights: b.alloc(rows * top_k)?,
             src: b.alloc_idx(rows * top_k)?,
+            in_order: {
+                let mut i = b.alloc_idx(top_k)?;
+                b.write_idx(&mut i, 0, &(0..top_k as u32).collect::<Vec<_>>());
+                i
+            },
             y: b.alloc(rows * (top_k + 1) * hidden)?,
             host_ids: vec![0; rows * top_k],
             union: Union::default(),
@@ -111,6 +121,11 @@ impl<B: Backend> MoeWeights<B> {
         x: &mut B::Buf,
     ) -> Result<()> {
         let k = self.params.top_k;
+        if let (1, ExpertSource::Resident(r)) = (rows, experts) {
+            if let Some(table) = r.table(self.layer) {
+                return self.forward_by_id(b, table, xn, hidden, s, routes, x);
+            }
+        }
         self.route(b, xn, rows, s);
         let n = rows * k;
         routes.push(self.layer, &s.host_ids[..n]);
@@ -145,6 +160,31 @@ impl<B: Backend> MoeWeights<B> {
             b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
         }
         b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
+        Ok(())
+    }
+
+    /// One row over resident experts dispatched on the device by id (see the module
+    /// comment); the ids come to the host only while `routes` is recording.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_by_id(
+        &self,
+        b: &B,
+        table: &B::ExpertTable,
+        xn: &B::Buf,
+        hidden: usize,
+        s: &mut MoeScratch<B>,
+        routes: &mut Routes,
+        x: &mut B::Buf,
+    ) -> Result<()> {
+        let k = self.params.top_k;
+        b.route_noaux(xn, 1, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
+        if routes.recording() {
+            b.read_idx(&s.ids, 0, &mut s.host_ids[..k]);
+            routes.push(self.layer, &s.host_ids[..k]);
+        }
+        let sh = &self.shared;
+        b.experts_by_id(xn, k, &s.ids, table, Some(b.expert_ref(&sh.gate, &sh.up, &sh.down)), &mut s.y);
+        b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, Some(k), x);
         Ok(())
     }
 }

@@ -172,7 +172,7 @@ impl<B: Backend> Gemma4<B> {
         let norm = ld.vec(Key::Norm)?;
         let experts = match provider {
             Some(p) => ExpertSource::Provider(p),
-            None => ExpertSource::Resident(ResidentExperts::new(resident)),
+            None => ExpertSource::Resident(ResidentExperts::new(ld.b, resident)?),
         };
         let rope = |kind: LayerKind| {
             let hd = t.kind_shape(kind).map_or(0, |(hd, _)| hd);

@@ -288,6 +288,10 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
         &self.routes
     }
 
+    fn record_routes(&mut self, on: bool) {
+        self.routes.set_recording(on);
+    }
+
     /// The full layers' blocks, for the serving engine's admission and planning; the
     /// sliding layers' rings are per sequence, so no prefix is shared.
     fn kv(&self) -> Option<&KvBlocks> {

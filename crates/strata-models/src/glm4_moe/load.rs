@@ -131,7 +131,7 @@ impl<B: Backend> Glm4<B> {
         let norm = ld.vec(Key::Norm)?;
         let experts = match provider {
             Some(p) => ExpertSource::Provider(p),
-            None => ExpertSource::Resident(ResidentExperts::new(resident)),
+            None => ExpertSource::Resident(ResidentExperts::new(ld.b, resident)?),
         };
         Ok(Self {
             info: super::info(&cfg),

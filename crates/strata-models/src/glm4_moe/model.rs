@@ -172,6 +172,10 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
         &self.routes
     }
 
+    fn record_routes(&mut self, on: bool) {
+        self.routes.set_recording(on);
+    }
+
     fn kv(&self) -> Option<&KvBlocks> {
         Some(&self.kv)
     }

@@ -130,7 +130,7 @@ impl<B: Backend> Loader<'_, B> {
             ExpertsFrom::Checkpoint => {
                 let mut layers: Vec<Option<Vec<[B::Mat; 3]>>> = (0..=i).map(|_| None).collect();
                 layers[i] = Some(self.resident_experts(i)?);
-                ExpertSource::Resident(ResidentExperts::new(layers))
+                ExpertSource::Resident(ResidentExperts::new(self.b, layers)?)
             }
         };
         let own = |lk| self.store.contains(&name(k(lk)));
@@ -226,7 +226,7 @@ impl<B: Backend> Glm<B> {
         };
         let experts = match provider {
             Some(p) => ExpertSource::Provider(p),
-            None => ExpertSource::Resident(ResidentExperts::new(resident)),
+            None => ExpertSource::Resident(ResidentExperts::new(ld.b, resident)?),
         };
         Ok(Self {
             info: super::info(&cfg),

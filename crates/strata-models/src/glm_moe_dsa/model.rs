@@ -225,6 +225,10 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         &self.routes
     }
 
+    fn record_routes(&mut self, on: bool) {
+        self.routes.set_recording(on);
+    }
+
     fn kv(&self) -> Option<&KvBlocks> {
         Some(&self.kv)
     }

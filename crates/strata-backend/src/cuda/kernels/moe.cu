@@ -192,3 +192,31 @@ extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* l
         }
     }
 }
+
+// One decode row's expert task table from its routed ids, on the device (see
+// cuda/dispatch.rs): task t < k is expert ids[t] of `descs` ((gate, up, down) each), its h
+// at t * hstride, its output row t; then `shared` when given. rowidx[0] = 0: every task
+// reads row 0.
+extern "C" __global__ void k_tasks_from_ids(const Mat* descs, int n, const u32* ids, int k, int hstride, int up_b,
+                                            int down_b, Task shared, int has_shared, Task* tasks, u32* rowidx) {
+    if (threadIdx.x == 0) {
+        rowidx[0] = 0;
+        if (has_shared) tasks[k] = shared;
+    }
+    for (int t = threadIdx.x; t < k; t += blockDim.x) {
+        u32 e = ids[t];
+        if (e >= (u32)n) __trap();  // the router never gives one: fail loudly, not read wild memory
+        Task T;
+        T.g = descs[3 * e];
+        T.u = descs[3 * e + 1];
+        T.d = descs[3 * e + 2];
+        T.h_off = (i64)t * hstride;
+        T.nrows = 1;
+        T.rows_off = 0;
+        T.out_row = t;
+        T.blk1 = t * up_b;
+        T.blk2 = t * down_b;
+        T.act = 0;
+        tasks[t] = T;
+    }
+}

@@ -1,0 +1,118 @@
+//! Routed experts dispatched on the device: a decode row's top-k ids index a table of the
+//! layer's resident experts in device memory, and a one-warp kernel writes the task table
+//! the grouped expert kernels read. The ids never visit the host, so a MoE layer costs
+//! no device-to-host sync and no task upload.
+
+use super::{args, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
+use anyhow::{bail, Result};
+use std::ffi::c_void;
+
+/// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
+/// kernels/products.cu); block counts follow from them.
+pub(super) const UP_OUTS: usize = 2;
+pub(super) const DOWN_OUTS: usize = 4;
+
+/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
+pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
+    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
+}
+
+/// A layer's resident experts as [`crate::Backend::experts_by_id`] indexes them:
+/// (gate, up, down) descriptors per expert in device memory. The matrices themselves stay
+/// owned by the caller and must outlive the table.
+pub struct CudaExpertTable {
+    descs: DevBuf<u8>,
+    experts: usize,
+    inter: usize,
+    hidden: usize,
+}
+
+pub(super) fn expert_table(b: &CudaBackend, experts: &[[CudaMat; 3]]) -> Result<CudaExpertTable> {
+    let Some([g0, ..]) = experts.first() else { bail!("expert table: a layer with no experts") };
+    let (inter, hidden) = (g0.rows, g0.cols);
+    let mut descs: Vec<MatDesc> = Vec::with_capacity(3 * experts.len());
+    for (e, [g, u, d]) in experts.iter().enumerate() {
+        let shapes = [(g.rows, g.cols), (u.rows, u.cols), (d.rows, d.cols)];
+        if shapes != [(inter, hidden), (inter, hidden), (hidden, inter)] {
+            bail!("expert table: expert {e} has shapes {shapes:?}, expert 0 gate/up {inter}x{hidden}, down {hidden}x{inter}");
+        }
+        if g.kind != u.kind {
+            bail!("expert table: expert {e}'s gate ({:?}) and up ({:?}) differ in encoding", g.kind, u.kind);
+        }
+        descs.extend([g.desc, u.desc, d.desc]);
+    }
+    // SAFETY: plain #[repr(C)] values viewed as bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, std::mem::size_of_val(&descs[..])) };
+    let mut st = b.lock();
+    let buf = b.alloc_t::<u8>(bytes.len())?;
+    b.upload_bytes(&mut st.ring, buf.ptr, bytes);
+    Ok(CudaExpertTable { descs: buf, experts: experts.len(), inter, hidden })
+}
+
+pub(super) fn experts_by_id(
+    b: &CudaBackend,
+    x: &DevBuf<f32>,
+    top_k: usize,
+    ids: &DevBuf<u32>,
+    table: &CudaExpertTable,
+    shared: Option<CudaExpert<'_>>,
+    y: &mut DevBuf<f32>,
+) {
+    let (inter, hidden) = (table.inter, table.hidden);
+    assert!(top_k >= 1 && ids.len() >= top_k, "experts_by_id: {} ids for top-{top_k}", ids.len());
+    assert!(x.len() >= hidden, "experts_by_id: x has {} values, expected a row of {hidden}", x.len());
+    let (up_b, down_b) = row_blocks(inter, hidden);
+    // Each task's h starts 16-byte aligned (the down kernel loads it in vectors).
+    let hstride = inter.next_multiple_of(4);
+    let routed_h = top_k * hstride;
+    let shared_task = shared.map(|s| {
+        let si = s.gate.rows;
+        assert!(
+            s.gate.cols == hidden
+                && s.up.rows == si
+                && s.up.cols == hidden
+                && s.down.rows == hidden
+                && s.down.cols == si,
+            "experts_by_id: the shared expert's shapes do not fit hidden {hidden}"
+        );
+        assert_eq!(s.gate.kind, s.up.kind, "experts_by_id: shared gate and up must share an encoding");
+        TaskDesc {
+            g: s.gate.desc,
+            u: s.up.desc,
+            d: s.down.desc,
+            h_off: routed_h as i64,
+            nrows: 1,
+            rows_off: 0,
+            out_row: top_k as i32,
+            blk1: (top_k * up_b) as i32,
+            blk2: (top_k * down_b) as i32,
+            act: 0,
+        }
+    });
+    let ntasks = top_k + usize::from(shared_task.is_some());
+    assert!(ntasks * hidden <= y.len(), "experts_by_id: y holds {} values, need {ntasks} rows", y.len());
+    let shared_inter = shared.map_or(0, |s| s.gate.rows);
+    let blk1 = top_k * up_b + shared_inter.div_ceil(8 * UP_OUTS);
+    let blk2 = ntasks * down_b;
+    let mut st = b.lock();
+    let st = &mut *st;
+    // The task table, then one row index (0: the row every task reads).
+    let roff = (ntasks * std::mem::size_of::<TaskDesc>()).next_multiple_of(16);
+    let tasks = b.ensure(&mut st.work.table, roff + 16).ptr();
+    let hp = b.ensure(&mut st.work.h, routed_h + shared_inter.next_multiple_of(4)).ptr();
+    let ridx = tasks + roff as u64;
+    let (descs, idp, n_experts) = (table.descs.ptr(), ids.ptr(), table.experts as i32);
+    let (k, hstride_i, up_i, down_i) = (top_k as i32, hstride as i32, up_b as i32, down_b as i32);
+    let has_shared = i32::from(shared_task.is_some());
+    let sh = shared_task.unwrap_or_default();
+    b.launch(
+        &b.f.tasks_from_ids,
+        (1, 1, 1),
+        32,
+        0,
+        &mut args![descs, n_experts, idp, k, hstride_i, up_i, down_i, sh, has_shared, tasks, ridx],
+    );
+    let (xp, yp, hid, nt) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32);
+    b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![tasks, nt, ridx, xp, hid, hp]);
+    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![tasks, nt, hp, hid, yp]);
+}
