@@ -62,30 +62,40 @@ pub(crate) fn table(layers: &[usize], slots_per_layer: usize, working: usize, pi
     table
 }
 
-/// One forward of one layer over its unique `experts` (any order; the runtime visits
-/// them ascending).
-pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) {
+/// Looks `experts` up in ascending order (after a `tick`), leasing the hits; counts both.
+/// Returns the leased slots and the missed experts, ascending.
+pub(crate) fn lease_hits(
+    table: &mut SlotTable,
+    layer: usize,
+    experts: &[usize],
+    tally: &mut SlabTally,
+) -> (Vec<usize>, Vec<usize>) {
     let mut sorted = experts.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
     table.tick();
     let mut hits = Vec::new();
-    let mut to_promote = Vec::new();
     let mut misses = Vec::new();
     for e in sorted {
         match table.lookup((layer, e)) {
             Some(slot) => {
                 table.lease(slot);
                 hits.push(slot);
-                if table.slot(slot).role == SlotRole::Working {
-                    to_promote.push(slot);
-                }
             }
             None => misses.push(e),
         }
     }
     tally.hits += hits.len() as u64;
     tally.misses += misses.len() as u64;
+    (hits, misses)
+}
+
+/// One forward of one layer over its unique `experts` (any order; the runtime visits
+/// them ascending).
+pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) {
+    let (hits, misses) = lease_hits(table, layer, experts, tally);
+    let to_promote: Vec<usize> =
+        hits.iter().copied().filter(|&slot| table.slot(slot).role == SlotRole::Working).collect();
     let mut pending = misses.into_iter().peekable();
     while pending.peek().is_some() {
         let mut wave = Vec::new();

@@ -86,23 +86,7 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
 /// Step 1: the GPU's hits (leased, released, working ones promoted); returns the misses
 /// in ascending order.
 fn gpu_lookup(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) -> Vec<usize> {
-    let mut sorted = experts.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    table.tick();
-    let mut hits = Vec::new();
-    let mut misses = Vec::new();
-    for e in sorted {
-        match table.lookup((layer, e)) {
-            Some(slot) => {
-                table.lease(slot);
-                hits.push(slot);
-            }
-            None => misses.push(e),
-        }
-    }
-    tally.hits += hits.len() as u64;
-    tally.misses += misses.len() as u64;
+    let (hits, misses) = slab::lease_hits(table, layer, experts, tally);
     for slot in hits {
         table.release(slot);
         if table.slot(slot).role == SlotRole::Working {
