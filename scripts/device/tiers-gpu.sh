@@ -60,11 +60,11 @@ for enc in ${ENCODINGS:-int4-g64 bf16}; do
   common=(--working-slots 8 --context 512 --mtp off --usage off --prompt-tokens 64 --decode-tokens 64 --warmup --json)
   fit=$($S fit --model "$dir" --device cuda --working-slots 8 --context 512 --mtp off --json 2>>"$OUT/side.log")
   read -r g30 h40 slot <<<"$(echo "$fit" | python3 -c "
-import json,sys; f=json.load(sys.stdin)['gpu']; p=f['plan']['input']
+import json,sys; j=json.load(sys.stdin); p=j['gpu']['plan']['input']; h=j['host']['plan']['input']
 slot=p['slot_bytes']; experts=3*48
 per=(int(0.3*experts)-8)//3            # GPU: 8 working + per-layer slots ~ 30% of the experts
-host=(int(0.4*experts)-8)//3           # host tier: ~40% of the experts
-print(p['fixed_bytes']+(8+3*per)*slot, 32*2**20+(8+3*host)*slot, slot)")"
+host=(int(0.4*experts)-8)//3           # host tier: ~40% of the experts, beside the host plan's fixed items
+print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")"
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
   for mode in resident gpu30 gpu30-host40; do
     case $mode in
@@ -94,4 +94,7 @@ for l in open(sys.argv[1]):
               "bytes/token", r.get("decode_bytes_read_per_token"))
     else:
         print(r)
+    if r.get("budget_bytes"):
+        ok = r["peak_rss_bytes"] <= r["budget_bytes"]
+        print("  host RSS peak %d %s --budget %d" % (r["peak_rss_bytes"], "<=" if ok else "EXCEEDS", r["budget_bytes"]))
 EOF

@@ -388,3 +388,38 @@ fn replay_two_tiers_from_a_generated_trace() {
     assert!(String::from_utf8_lossy(&replay(&["--host-slots-per-layer", "2"]).stdout).contains("tiers: GPU"));
     assert_one_line_error(&replay(&["--host-slots-per-layer", "0"]), &["--host-slots-per-layer"]);
 }
+
+/// On CUDA `--budget` is the process's host memory: the host plan counts the CUDA runtime
+/// and the largest weight in transit beside the tier of expert slots (no GPU needed).
+#[test]
+fn fit_on_cuda_counts_the_host_runtime_in_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().join("c");
+    let m = fixture();
+    let conv = strata(&["convert", "--model", m.to_str().unwrap(), "--out", o.to_str().unwrap(), "--experts", "int8"]);
+    assert!(conv.status.success(), "{}", String::from_utf8_lossy(&conv.stderr));
+    let fit = |budget: &str| {
+        strata(&["fit", "--model", o.to_str().unwrap(), "--device", "cuda", "--budget", budget, "--json"])
+    };
+    let out = fit("2GiB");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = v["host"]["report"]["items"].as_array().unwrap_or_else(|| panic!("no host items: {v}"));
+    let bytes = |needle: &str| {
+        items
+            .iter()
+            .find(|i| i["name"].as_str().unwrap().contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` item: {items:?}"))["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(bytes("CUDA driver"), strata_engine::fit::CUDA_HOST_RUNTIME);
+    // Three times the largest non-expert tensor of the fixture (mapped + decoded).
+    let store = strata_storage::WeightStore::open_dir(&o).unwrap();
+    let largest = store.names().map(|n| store.get(n).unwrap().1.byte_len() as u64).max().unwrap();
+    assert_eq!(bytes("largest weight"), 3 * largest);
+    // A budget below the CUDA runtime is refused with the numbers.
+    let small = fit("300MiB");
+    assert_eq!(small.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&small.stderr).contains("host tier"), "{}", String::from_utf8_lossy(&small.stderr));
+}

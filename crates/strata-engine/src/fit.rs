@@ -17,6 +17,12 @@ use strata_storage::{ExpertLayout, WeightStore};
 /// plans are reproducible; the peak-RSS test holds runs to it.
 pub const RUNTIME_RESERVE: u64 = 32 << 20;
 
+/// Host memory of a process on CUDA beyond its own baseline and the expert tier: the
+/// driver's and the CUDA libraries' (cuBLAS, NVRTC) mappings and allocations. On the H200
+/// (driver 580, CUDA 13.0) processes held 0.77-0.93 GB beside their expert tier, the
+/// largest weight in transit included (counted separately here).
+pub const CUDA_HOST_RUNTIME: u64 = 768 << 20;
+
 /// GPU memory beside the plan's items on CUDA: cuBLAS's workspace, the kernels' scratch
 /// (grown to the largest forward), the pinned staging ring's device side, the step tables.
 pub const CUDA_RESERVE: u64 = 256 << 20;
@@ -110,10 +116,30 @@ fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64
 /// everything resident.
 pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
     let items = match opts.host_tier_only {
-        true => vec![FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE)],
+        true => host_tier_items(arch, store),
         false => fixed_items(dir, arch, store, opts.context, opts.draft)?,
     };
     plan_items(dir, arch, store, opts, items, false)
+}
+
+/// The host side of a model on CUDA beside its tier of expert slots: the process
+/// baseline, the CUDA runtime's host memory, and the largest weight on its way to the GPU
+/// (mapped, and decoded into a buffer of up to twice its stored size), so that the
+/// process's RSS stays within `--budget`.
+fn host_tier_items(arch: &dyn Arch, store: &WeightStore) -> Vec<FitItem> {
+    let transit = arch
+        .weight_map()
+        .specs
+        .iter()
+        .filter(|s| s.expert.is_none())
+        .filter_map(|s| store.get(&s.name).map(|(_, t)| t.byte_len() as u64))
+        .max()
+        .unwrap_or(0);
+    vec![
+        FitItem::new("runtime reserve (process baseline + allocator margin)", RUNTIME_RESERVE),
+        FitItem::new("CUDA driver and libraries in host memory", CUDA_HOST_RUNTIME),
+        FitItem::new("largest weight on its way to the GPU (mapped + decoded)", 3 * transit),
+    ]
 }
 
 /// The GPU memory plan of a model on CUDA whose experts stream: its weights as held, KV,

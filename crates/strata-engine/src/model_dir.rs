@@ -347,8 +347,9 @@ fn open_experts(
     };
     let resident_all = opts.budget.is_none();
     let ledger = ledger.map(|l| Arc::new(std::sync::Mutex::new(l)));
-    // On CUDA the host holds just the expert tier: no footprint correction against the
-    // process's RSS (the budget is the tier's).
+    // On CUDA the plan counts the CUDA runtime's host memory and the weights in transit
+    // beside the page-locked tier (host_tier_items); page-locked slots cannot be given
+    // back, so there is no footprint correction against the RSS.
     let pressure_budget = if on_gpu { None } else { opts.budget };
     let backend = StreamedExperts::new(source, plan, &pins, ledger, rt, pressure_budget)?;
     if resident_all {

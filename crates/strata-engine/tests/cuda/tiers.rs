@@ -3,7 +3,7 @@
 
 use super::*;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
-use strata_engine::fit::{fit_gpu, FitOptions, RUNTIME_RESERVE};
+use strata_engine::fit::{fit_dir, fit_gpu, FitOptions};
 use strata_models::convert::{convert, ConvertOptions};
 use strata_storage::WeightStore;
 
@@ -57,10 +57,18 @@ fn gpu_min(dir: &Path, working: usize) -> (u64, u64) {
     )
 }
 
-/// The smallest host tier: the runtime reserve beside `working` + one slot per layer.
+/// The smallest host budget: the host plan's fixed items (process baseline, the CUDA
+/// runtime's host memory, the largest weight in transit) beside `working` + one slot per
+/// layer.
 fn host_min(dir: &Path, working: usize, slot: u64) -> u64 {
-    let layers = strata_models::read_arch(dir).unwrap().moe().unwrap().layers.len() as u64;
-    RUNTIME_RESERVE + (working as u64 + layers) * slot
+    let arch = strata_models::read_arch(dir).unwrap();
+    let store = WeightStore::open_dir(dir).unwrap();
+    let rt = RuntimeOptions { working_slots: working, ..Default::default() };
+    let mut o = FitOptions::new(None, 256, &rt);
+    o.host_tier_only = true;
+    let p = fit_dir(dir, arch.as_ref(), &store, &o).unwrap().plan.unwrap();
+    assert_eq!(p.input.slot_bytes, slot);
+    p.input.fixed_bytes + (p.input.working_slots + p.input.sparse_layers) as u64 * slot
 }
 
 pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
