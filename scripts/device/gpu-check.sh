@@ -15,17 +15,8 @@
 # bandwidth.log, gpu-check.jsonl (one JSON object per measurement), profile-*.txt and
 # side.log (stderr of the benchmarks, the slice's synthesis).
 set -uo pipefail
-C=.devcarry
-OUT=${OUT:-/tmp/strata-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
-export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
-# A fixture test that stalls aborts after this long, naming its phase (and, with
-# STRATA_CUDA_WATCHDOG=SECONDS, the kernel that did not finish) instead of eating the timeout.
-export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-60}
-for f in strata cuda-tests; do
-  [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
-done
+STALL_S=60
+. "$(dirname "$0")/env.sh"
 S=$C/strata
 res="$OUT/gpu-check.jsonl"
 : >"$res"

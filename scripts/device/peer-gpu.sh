@@ -15,16 +15,8 @@
 # per measurement), llama.log (llama-bench's own output), profile.txt (strata's per-stage
 # decode profile of both slices), side.log.
 set -uo pipefail
-C=.devcarry
-OUT=${OUT:-/tmp/strata-out}
+. "$(dirname "$0")/env.sh"
 PEER=${PEER:-$C/llamacpp-peer.sh}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
-export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
-export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-90} PYTHONUNBUFFERED=1
-for f in strata cuda-tests; do
-  [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
-done
 S=$PWD/$C/strata
 res="$OUT/peer.jsonl"
 : >"$res"

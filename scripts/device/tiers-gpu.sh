@@ -12,15 +12,7 @@
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
-C=.devcarry
-OUT=${OUT:-/tmp/strata-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
-export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
-export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-90} PYTHONUNBUFFERED=1
-for f in strata cuda-tests; do
-  [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
-done
+. "$(dirname "$0")/env.sh"
 S=$C/strata
 res="$OUT/tiers.jsonl"
 : >"$res"
