@@ -4,7 +4,7 @@ use crate::slots::SlotTable;
 use crate::TestRng;
 
 /// One row per forward, in order, all at `layer`, segment 0.
-fn single_rows(layer: usize, forwards: &[&[usize]]) -> Vec<TraceRecord> {
+pub(super) fn single_rows(layer: usize, forwards: &[&[usize]]) -> Vec<TraceRecord> {
     forwards
         .iter()
         .enumerate()
@@ -12,7 +12,7 @@ fn single_rows(layer: usize, forwards: &[&[usize]]) -> Vec<TraceRecord> {
         .collect()
 }
 
-fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
+pub(super) fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
     ReplayConfig { slots_per_layer, working, pinned }
 }
 

@@ -155,19 +155,12 @@ impl std::fmt::Display for TiersReport {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{cfg, single_rows};
     use super::*;
     use crate::TestRng;
 
     fn rows(layer: usize, forwards: &[Vec<usize>]) -> Vec<TraceRecord> {
-        forwards
-            .iter()
-            .enumerate()
-            .map(|(f, experts)| TraceRecord { segment: 0, forward: f as u64, row: 0, layer, experts: experts.clone() })
-            .collect()
-    }
-
-    fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
-        ReplayConfig { slots_per_layer, working, pinned }
+        single_rows(layer, &forwards.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
     #[test]
