@@ -3,19 +3,10 @@
 //! the grouped expert kernels read. The ids never visit the host, so a MoE layer costs
 //! no device-to-host sync and no task upload.
 
+use super::ops::{check_expert, row_blocks};
 use super::{args, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 use std::ffi::c_void;
-
-/// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
-/// kernels/products.cu); block counts follow from them.
-pub(super) const UP_OUTS: usize = 2;
-pub(super) const DOWN_OUTS: usize = 4;
-
-/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
-pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
-    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
-}
 
 /// A layer's resident experts as [`crate::Backend::experts_by_id`] indexes them:
 /// (gate, up, down) descriptors per expert in device memory. The matrices themselves stay
@@ -66,16 +57,7 @@ pub(super) fn experts_by_id(
     let hstride = inter.next_multiple_of(4);
     let routed_h = top_k * hstride;
     let shared_task = shared.map(|s| {
-        let si = s.gate.rows;
-        assert!(
-            s.gate.cols == hidden
-                && s.up.rows == si
-                && s.up.cols == hidden
-                && s.down.rows == hidden
-                && s.down.cols == si,
-            "experts_by_id: the shared expert's shapes do not fit hidden {hidden}"
-        );
-        assert_eq!(s.gate.kind, s.up.kind, "experts_by_id: shared gate and up must share an encoding");
+        check_expert(&s, hidden);
         TaskDesc {
             g: s.gate.desc,
             u: s.up.desc,
@@ -92,7 +74,7 @@ pub(super) fn experts_by_id(
     let ntasks = top_k + usize::from(shared_task.is_some());
     assert!(ntasks * hidden <= y.len(), "experts_by_id: y holds {} values, need {ntasks} rows", y.len());
     let shared_inter = shared.map_or(0, |s| s.gate.rows);
-    let blk1 = top_k * up_b + shared_inter.div_ceil(8 * UP_OUTS);
+    let blk1 = top_k * up_b + row_blocks(shared_inter, hidden).0;
     let blk2 = ntasks * down_b;
     let mut st = b.lock();
     let st = &mut *st;

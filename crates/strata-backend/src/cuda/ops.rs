@@ -2,8 +2,9 @@
 //! rows: a warp per output; many rows: cuBLAS for f32/bf16, else a tiled kernel) and the
 //! expert task lists.
 
-use super::dispatch::row_blocks;
-use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS};
+use super::{
+    args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS,
+};
 use crate::{Backend, GateAct, GqaQuery, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
@@ -399,6 +400,34 @@ pub(crate) fn route_softmax(
     b.launch(&b.f.route_softmax, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, sp, ki, ip, wp]);
 }
 
+/// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
+/// kernels/products.cu); block counts follow from them.
+const UP_OUTS: usize = 2;
+const DOWN_OUTS: usize = 4;
+
+/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
+pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
+    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
+}
+
+/// Panics unless `e` is a gated expert over `hidden`: gate = up = [inter, hidden], down =
+/// [hidden, inter], gate and up in one encoding (the grouped kernels read them together).
+pub(super) fn check_expert(e: &CudaExpert<'_>, hidden: usize) {
+    let (g, u, d) = (e.gate, e.up, e.down);
+    let inter = g.rows;
+    assert!(
+        g.cols == hidden && u.rows == inter && u.cols == hidden && d.rows == hidden && d.cols == inter,
+        "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter] with hidden {hidden}",
+        g.rows,
+        g.cols,
+        u.rows,
+        u.cols,
+        d.rows,
+        d.cols
+    );
+    assert_eq!(g.kind, u.kind, "swiglu_expert: gate and up must share an encoding");
+}
+
 /// Gated experts (`down(act(gate x) * up x)`): experts with few rows in two grouped
 /// launches (gate/up, down) over a task table built here; an expert with many rows (a
 /// dense MLP or the shared expert in a prefill) through the many-rows products.
@@ -425,19 +454,9 @@ pub(crate) fn experts<'a>(
     let mut max_rows = 0;
     for i in 0..n {
         let t = task(i);
+        check_expert(&t.weights, hidden);
         let (g, u, d) = (t.weights.gate, t.weights.up, t.weights.down);
         let inter = g.rows;
-        assert!(
-            g.cols == hidden && u.rows == inter && u.cols == hidden && d.rows == hidden && d.cols == inter,
-            "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter] with hidden {hidden}",
-            g.rows,
-            g.cols,
-            u.rows,
-            u.cols,
-            d.rows,
-            d.cols
-        );
-        assert_eq!(g.kind, u.kind, "swiglu_expert: gate and up must share an encoding");
         let nrows = match t.rows {
             Some(r) => {
                 assert!(r.iter().all(|&i| (i as usize) < rows), "experts: a job row is beyond x's {rows} rows");

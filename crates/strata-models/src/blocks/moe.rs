@@ -93,17 +93,24 @@ impl<B: Backend> MoeScratch<B> {
 }
 
 impl<B: Backend> MoeWeights<B> {
-    /// Routes `xn` and returns the ids to the host (`rows x top_k` in the scratch).
-    fn route(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>) {
+    /// Routes `xn` on the backend; with `to_host`, reads the ids back (`rows x top_k` in
+    /// the scratch's `host_ids`).
+    fn route(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>, to_host: bool) {
         b.route_noaux(xn, rows, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
-        let n = rows * self.params.top_k;
-        b.read_idx(&s.ids, 0, &mut s.host_ids[..n]);
+        if to_host {
+            let n = rows * self.params.top_k;
+            b.read_idx(&s.ids, 0, &mut s.host_ids[..n]);
+        }
+    }
+
+    fn shared_ref<'a>(&'a self, b: &B) -> B::ExpertRef<'a> {
+        b.expert_ref(&self.shared.gate, &self.shared.up, &self.shared.down)
     }
 
     /// Predicts this layer's routing from `xn` (the previous layer's residual, normed with
     /// this layer's norm) and tells the provider (PILOT).
     pub fn predict(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>, provider: &dyn ExpertProvider<B>) {
-        self.route(b, xn, rows, s);
+        self.route(b, xn, rows, s, true);
         provider.predicted(self.layer, &s.host_ids[..rows * self.params.top_k], self.params.top_k);
     }
 
@@ -120,13 +127,13 @@ impl<B: Backend> MoeWeights<B> {
         routes: &mut Routes,
         x: &mut B::Buf,
     ) -> Result<()> {
-        let k = self.params.top_k;
         if let (1, ExpertSource::Resident(r)) = (rows, experts) {
             if let Some(table) = r.table(self.layer) {
                 return self.forward_by_id(b, table, xn, hidden, s, routes, x);
             }
         }
-        self.route(b, xn, rows, s);
+        let k = self.params.top_k;
+        self.route(b, xn, rows, s, true);
         let n = rows * k;
         routes.push(self.layer, &s.host_ids[..n]);
         if let Some(p) = experts.provider() {
@@ -135,7 +142,6 @@ impl<B: Backend> MoeWeights<B> {
         s.union.build(&s.host_ids[..n], rows, k, self.experts);
         b.write_idx(&mut s.src, 0, &s.union.src);
         let shared_row = s.union.total();
-        let sh = &self.shared;
         let union = &s.union;
         let y = &mut s.y;
         let mut first = true;
@@ -144,8 +150,7 @@ impl<B: Backend> MoeWeights<B> {
             let with_shared = std::mem::take(&mut first);
             let task = |i: usize| {
                 if i == count {
-                    let weights = b.expert_ref(&sh.gate, &sh.up, &sh.down);
-                    return ExpertTask { weights, rows: None, out_row: shared_row };
+                    return ExpertTask { weights: self.shared_ref(b), rows: None, out_row: shared_row };
                 }
                 let (e, weights) = ready.get(i);
                 let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
@@ -156,7 +161,7 @@ impl<B: Backend> MoeWeights<B> {
         })?;
         if first {
             // (No routed expert was handed over: the shared expert still runs.)
-            let weights = b.expert_ref(&sh.gate, &sh.up, &sh.down);
+            let weights = self.shared_ref(b);
             b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
         }
         b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
@@ -177,13 +182,11 @@ impl<B: Backend> MoeWeights<B> {
         x: &mut B::Buf,
     ) -> Result<()> {
         let k = self.params.top_k;
-        b.route_noaux(xn, 1, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
+        self.route(b, xn, 1, s, routes.recording());
         if routes.recording() {
-            b.read_idx(&s.ids, 0, &mut s.host_ids[..k]);
             routes.push(self.layer, &s.host_ids[..k]);
         }
-        let sh = &self.shared;
-        b.experts_by_id(xn, k, &s.ids, table, Some(b.expert_ref(&sh.gate, &sh.up, &sh.down)), &mut s.y);
+        b.experts_by_id(xn, k, &s.ids, table, Some(self.shared_ref(b)), &mut s.y);
         b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, Some(k), x);
         Ok(())
     }
