@@ -48,6 +48,15 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
     }
 }
 
+// The scale of the 16-byte vector at column c of a row (1 for f32 and bf16): a vector
+// never straddles a scale group (Mat::vec).
+template <int KIND> __device__ __forceinline__ float vec_scale(const Mat& m, int row, int c) {
+    if (KIND == 2) return m.s[row];
+    if (KIND == 3) return m.s[(size_t)row * m.spr + c / m.group];
+    if (KIND == 4) return m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
+    return 1.f;
+}
+
 template <int KIND, int R>
 __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
                                         int sub, int nsub) {
@@ -58,10 +67,7 @@ __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* cons
     for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
         uint4 q = __ldg(wv + v);
         int c = v * V;
-        float sc = 1.f;
-        if (KIND == 2) sc = m.s[row];
-        if (KIND == 3) sc = m.s[(size_t)row * m.spr + c / m.group];
-        if (KIND == 4) sc = m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
+        float sc = vec_scale<KIND>(m, row, c);
         float w[V];
         unpack<KIND>(q, w);
 #pragma unroll
@@ -141,10 +147,7 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             float p = 0.f;
 #pragma unroll
             for (int i = 0; i < V; i++) p = fmaf(w[i], xv[i], p);
-            float sc = 1.f;
-            if (KIND == 2) sc = mn.s[row[n]];
-            if (KIND == 3) sc = mn.s[(size_t)row[n] * mn.spr + c / mn.group];
-            if (KIND == 4) sc = mn.s[(size_t)(row[n] / mn.brow) * mn.spr + c / mn.bcol];
+            float sc = vec_scale<KIND>(mn, row[n], c);
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
     }
