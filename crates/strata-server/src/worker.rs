@@ -202,6 +202,10 @@ fn run(
                 }
             }
         }
+        // The running count before any client hears of this step: a client that has seen
+        // its first token and then reads the gauges must see itself running, not queued.
+        let c = engine.counters();
+        metrics.active.store(c.running, Ordering::SeqCst);
         for (id, u) in updates.drain(..) {
             let Event::Done(r) = &u else {
                 if let Some(l) = live.get(&id) {
@@ -220,8 +224,6 @@ fn run(
             }
             let _ = l.events.send(u);
         }
-        let c = engine.counters();
-        metrics.active.store(c.running, Ordering::SeqCst);
         metrics.queue_depth.store(metrics.inflight.load(Ordering::SeqCst).saturating_sub(c.running), Ordering::SeqCst);
         *metrics.engine.lock().unwrap() = c;
         // The expert runtime's turn boundary (repins, ledger flush, pressure correction):
