@@ -9,6 +9,7 @@
 # Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh) and
 # llama-src.tar.xz (`../shared/tools/llamacpp-peer.sh source .devcarry`) with a copy of
 # that script, llamacpp-peer.sh.
+# Each strata figure is taken with CUDA graphs (the default) and with `--cuda-graphs off`.
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); EXPERTS (default 48) the slice's routed experts.
 # Writes under $OUT: machine.txt, tests.log, bandwidth.log, peer.jsonl (one JSON object
@@ -56,14 +57,19 @@ for _ in $(seq 1 300); do [ -f /tmp/cpu-work.done ] && break; sleep 1; done
 since "cpu work $( [ -f /tmp/cpu-work.done ] && echo done || echo 'NOT done')"; ls "$L/bin" 2>&1 | tr '\n' ' '; echo
 tail -3 /tmp/llama-build.log | tee -a "$OUT/side.log"
 
-strata_bench() {  # dir label
+strata_bench() {  # dir label [flags...]
+  local dir=$1 label=$2
+  shift 2
   for rep in 1 2; do
-    timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off \
-      --mtp off --json 2>>"$OUT/side.log" | python3 -c "
+    timeout 120 $S bench decode --model "$dir" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off \
+      --mtp off --json "$@" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
-print(json.dumps({'engine':'strata','weights':'$2','rep':$rep,'decode_tps':r['decode_tokens_per_s'],
-  'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token']}))" >>"$res" ||
-      echo "strata $2 failed" | tee -a "$OUT/side.log"
+print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'decode_tps':r['decode_tokens_per_s'],
+  'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token'],
+  'graph_launches_per_token':r.get('cuda_graph_launches_per_decode_token'),
+  'kernels_in_graphs_per_token':r.get('cuda_kernels_in_graphs_per_decode_token'),
+  'kernels_alone_per_token':r.get('cuda_kernels_alone_per_decode_token')}))" >>"$res" ||
+      echo "strata $label failed" | tee -a "$OUT/side.log"
   done
 }
 llama_bench() {  # gguf label
@@ -78,6 +84,9 @@ for r in json.load(sys.stdin):
 
 since "strata bf16"; strata_bench "$slice" bf16
 since "strata int4"; strata_bench "$slice-int4" int4-g64
+since "strata, CUDA graphs off"
+strata_bench "$slice" bf16 --cuda-graphs off
+strata_bench "$slice-int4" int4-g64 --cuda-graphs off
 for d in "$slice" "$slice-int4"; do
   echo "== $d" >>"$OUT/profile.txt"
   timeout 60 $S bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \

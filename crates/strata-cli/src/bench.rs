@@ -237,6 +237,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut mtp = None;
     strata_backend::profile::enable(a.profile);
     let (allocs0, bytes0) = crate::alloc_count::snapshot();
+    #[cfg(feature = "cuda")]
+    let launches0 = strata_backend::cuda::launch_totals();
     let t1 = Instant::now();
     if a.draft_tokens > 0 {
         // Speculative: the generation loop itself (prefix already cached).
@@ -257,6 +259,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let (allocs1, bytes1) = crate::alloc_count::snapshot();
+    #[cfg(feature = "cuda")]
+    let launches1 = strata_backend::cuda::launch_totals();
     let profile = strata_backend::profile::report();
     strata_backend::profile::enable(false);
     let steps = (a.decode_tokens - 1) as f64;
@@ -312,6 +316,16 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "expert_bytes_used_per_token": expert_bytes_per_token,
         "decode_bytes_read_per_token": token_bytes,
     });
+    #[cfg(feature = "cuda")]
+    if matches!(opts.device, strata_engine::Device::Cuda(_)) {
+        // How the decode's kernels reached the GPU: graph replays, or one by one.
+        let (a0, a1) = (launches0, launches1);
+        let per = |v: u64| v as f64 / steps;
+        report["cuda_graph_launches_per_decode_token"] = per(a1.graphs - a0.graphs).into();
+        report["cuda_kernels_in_graphs_per_decode_token"] = per(a1.graph_kernels - a0.graph_kernels).into();
+        report["cuda_kernels_alone_per_decode_token"] = per(a1.kernels - a0.kernels).into();
+        report["cuda_graphs_built_in_decode"] = (a1.built - a0.built).into();
+    }
     if let (Some(r), Some(p)) = (&experts, &prefill_experts) {
         let d = &r.turn.demand;
         let all_bytes = d.read_bytes + p.turn.demand.read_bytes;

@@ -87,6 +87,10 @@ pub struct DeviceArgs {
     /// `taskset`; or STRATA_THREADS).
     #[arg(long)]
     threads: Option<usize>,
+    /// CUDA: replay each decode step's kernels as one CUDA graph (on, the default) or
+    /// launch every kernel on its own (off: the same results, more time per token).
+    #[arg(long)]
+    cuda_graphs: Option<String>,
 }
 
 impl DeviceArgs {
@@ -101,7 +105,20 @@ impl DeviceArgs {
             strata_kernels::pool::set_global_threads(n).map_err(|e| anyhow!("--threads: {e}"))?;
         }
         let d = strata_engine::Device::parse(&self.device)?;
+        let graphs = match self.cuda_graphs.as_deref() {
+            None => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(other) => return Err(anyhow!("--cuda-graphs `{other}`: expected on or off")),
+        };
+        if graphs.is_some() && d == strata_engine::Device::Cpu {
+            return Err(anyhow!("--cuda-graphs applies to --device cuda, not the CPU"));
+        }
         d.check()?;
+        #[cfg(feature = "cuda")]
+        if let Some(on) = graphs {
+            strata_backend::cuda::set_graphs_default(on);
+        }
         Ok(d)
     }
 }

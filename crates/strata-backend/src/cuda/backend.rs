@@ -5,8 +5,6 @@ use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
-use cudarc::driver::result;
-use std::ffi::c_void;
 use strata_kernels::QMatrix;
 
 impl Backend for CudaBackend {
@@ -403,12 +401,13 @@ impl Backend for CudaBackend {
         let _t = Timer::start(Op::Other);
         assert!(dst.len >= rows.len() * width, "gather_rows: destination too small");
         let _g = self.lock();
+        // A copy kernel per row, not a memcpy: it stays in a decode step's graph.
+        let (n, blocks) = (width as i64, width.div_ceil(256).clamp(1, self.sms) as u32);
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
             assert!((r + 1) * width <= src.len, "gather_rows: row {r} beyond the source");
-            // SAFETY: both ranges are inside their buffers (checked).
-            unsafe { result::memcpy_dtod_async(dst.at(i * width), src.at(r * width), width * 4, self.cu_stream()) }
-                .unwrap_or_else(|e| panic!("CUDA: device copy: {e}"));
+            let (s, d) = (src.at(r * width), dst.at(i * width));
+            self.launch(&self.f.copy, (blocks, 1, 1), 256, 0, &mut args![n, s, d]);
         }
         self.profiled();
     }

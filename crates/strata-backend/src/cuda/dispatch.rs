@@ -6,7 +6,6 @@
 use super::ops::{check_expert, row_blocks};
 use super::{args, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
-use std::ffi::c_void;
 
 /// A layer's resident experts as [`crate::Backend::experts_by_id`] indexes them:
 /// (gate, up, down) descriptors per expert in device memory. The matrices themselves stay

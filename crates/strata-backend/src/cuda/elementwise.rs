@@ -4,7 +4,6 @@
 
 use super::{args, CudaBackend, DevBuf};
 use cudarc::driver::CudaFunction;
-use std::ffi::c_void;
 
 impl CudaBackend {
     /// `f(n, value, x)` over `x[..len]`, grid-strided.

@@ -19,9 +19,11 @@ mod dispatch;
 mod elementwise;
 mod module;
 mod ops;
+mod queue;
 mod transfer;
 
 pub use dispatch::CudaExpertTable;
+pub use queue::{launch_totals, set_graphs_default, LaunchStats};
 pub use transfer::{CopyFence, HostRegistration};
 
 use crate::Step;
@@ -121,7 +123,20 @@ struct TaskDesc {
 pub struct DevBuf<T> {
     ptr: u64,
     len: usize,
-    _mem: Option<CudaSlice<T>>,
+    _mem: Option<Owned<T>>,
+}
+
+/// Device memory a buffer owns. Freeing is queued on the stream, so the launches held
+/// for a graph (which may use it) are sent first.
+struct Owned<T> {
+    _mem: CudaSlice<T>,
+    queue: Arc<queue::LaunchQueue>,
+}
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        self.queue.flush();
+    }
 }
 
 impl<T> DevBuf<T> {
@@ -254,6 +269,7 @@ struct Funcs {
     embed: CudaFunction,
     rms_norm: CudaFunction,
     add: CudaFunction,
+    copy: CudaFunction,
     mla_prepare: CudaFunction,
     mla_absorb: CudaFunction,
     mla_attend: Vec<(usize, CudaFunction)>,
@@ -293,6 +309,7 @@ impl Funcs {
             embed: f("k_embed")?,
             rms_norm: f("k_rms_norm")?,
             add: f("k_add")?,
+            copy: f("k_copy")?,
             mla_prepare: f("k_mla_prepare")?,
             mla_absorb: f("k_mla_absorb")?,
             mla_attend: js("k_mla_attend_", &[1, 2, 4, 8, 12, 18, 24, 32])?,
@@ -330,12 +347,13 @@ pub struct CudaBackend {
     name: String,
     sms: usize,
     state: Mutex<State>,
+    queue: Arc<queue::LaunchQueue>,
 }
 
-/// The kernel arguments: pointers to the values, in order.
+/// The kernel arguments: each value's address and size, in order.
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        [$(&$a as *const _ as *mut c_void),*]
+        [$($crate::cuda::queue::Arg::of(&$a)),*]
     };
 }
 pub(crate) use args;
@@ -414,6 +432,8 @@ impl CudaBackend {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow!("{e}"))?;
         let ring = Ring { base, chunk: RING_CHUNK, events, next: 0 };
+        // The watchdog waits for each kernel as it is launched: no holding.
+        let queue = Arc::new(queue::LaunchQueue::new(stream.clone(), queue::graphs_default() && watchdog().is_none()));
         Ok(Self {
             ctx,
             stream,
@@ -423,7 +443,20 @@ impl CudaBackend {
             name,
             sms,
             state: Mutex::new(State { ring, step: StepCache::default(), work: Work::default() }),
+            queue,
         })
+    }
+
+    /// How this backend's kernels went to the device so far.
+    pub fn launch_stats(&self) -> LaunchStats {
+        self.queue.stats()
+    }
+
+    /// Replays repeated runs of launches as CUDA graphs (`on`, the default unless
+    /// `--cuda-graphs off`) or launches every kernel at once (`off`). Results are the same.
+    pub fn set_graphs(&self, on: bool) {
+        let _g = self.lock();
+        self.queue.set_on(on && watchdog().is_none());
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -431,19 +464,25 @@ impl CudaBackend {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn cu_stream(&self) -> sys::CUstream {
-        self.stream.cu_stream()
+    /// The stream, for anything other than a kernel launch: the launches held so far are
+    /// sent first, so whatever comes next is ordered after them.
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.queue.flush();
+        &self.stream
     }
 
-    /// Launches `f` on the stream; panics on an error.
-    fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [*mut c_void]) {
+    fn cu_stream(&self) -> sys::CUstream {
+        self.stream().cu_stream()
+    }
+
+    /// Launches `f` on the stream (held for a graph, see `queue.rs`); panics on an error.
+    /// The arguments must match the kernel's parameters in type (each call site passes
+    /// the types the kernel declares).
+    fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [queue::Arg]) {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return;
         }
-        // SAFETY: the arguments match the kernel's parameters (each call site passes the
-        // types the kernel declares) and point at live values.
-        unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.cu_stream(), args) }
-            .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e}"));
+        self.queue.launch(f.cu_function(), grid, block, smem, args);
         if let Some(limit) = watchdog() {
             self.watch(f, grid, block, limit);
         }
@@ -465,7 +504,7 @@ impl CudaBackend {
         let t0 = std::time::Instant::now();
         loop {
             // SAFETY: a live stream.
-            match unsafe { sys::cuStreamQuery(self.cu_stream()) } {
+            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
                 sys::CUresult::CUDA_SUCCESS => return,
                 sys::CUresult::CUDA_ERROR_NOT_READY if t0.elapsed() < limit => {
                     std::thread::sleep(std::time::Duration::from_micros(50))
@@ -480,7 +519,7 @@ impl CudaBackend {
 
     /// Waits for the stream (and surfaces an asynchronous error).
     pub fn synchronize(&self) {
-        self.stream.synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
+        self.stream().synchronize().unwrap_or_else(|e| panic!("CUDA: {e}"));
     }
 
     fn alloc_t<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -491,14 +530,14 @@ impl CudaBackend {
             return Ok(DevBuf { ptr: 0, len: 0, _mem: None });
         }
         let mem = self
-            .stream
+            .stream()
             .alloc_zeros::<T>(len)
             .map_err(|e| anyhow!("cannot allocate {} bytes of device memory: {e}", len * std::mem::size_of::<T>()))?;
         let ptr = {
             let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&mem, &self.stream);
             ptr
         };
-        Ok(DevBuf { ptr, len, _mem: Some(mem) })
+        Ok(DevBuf { ptr, len, _mem: Some(Owned { _mem: mem, queue: self.queue.clone() }) })
     }
 
     /// `buf` with room for at least `len` values (reallocated, contents lost, if smaller).
@@ -530,7 +569,7 @@ impl CudaBackend {
             // SAFETY: `dst` is device memory of at least `bytes.len()` bytes (callers check).
             unsafe { result::memcpy_htod_async(dst + (i * ring.chunk) as u64, staged, self.cu_stream()) }
                 .unwrap_or_else(|e| panic!("CUDA: host to device copy: {e}"));
-            ring.events[c].record(&self.stream).unwrap_or_else(|e| panic!("CUDA: {e}"));
+            ring.events[c].record(self.stream()).unwrap_or_else(|e| panic!("CUDA: {e}"));
         }
     }
 

@@ -80,6 +80,8 @@ impl CudaBackend {
         let (t, nn) = (blas::cublasOperation_t::CUBLAS_OP_T, blas::cublasOperation_t::CUBLAS_OP_N);
         let status = match l.kind {
             QuantKind::F32 => unsafe {
+                // cuBLAS launches on the stream itself: what is held goes first.
+                self.queue.flush();
                 // SAFETY: the pointers address device memory of the stated shapes.
                 blas::cublasSgemm_v2(
                     h,
@@ -110,6 +112,8 @@ impl CudaBackend {
                 let f32t = blas::cudaDataType::CUDA_R_32F;
                 let ct = blas::cublasComputeType_t::CUBLAS_COMPUTE_32F;
                 let algo = blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+                // cuBLAS launches on the stream itself: the split goes first.
+                self.queue.flush();
                 let run = |xb: u64, beta: &f32| unsafe {
                     // SAFETY: as above; `xb` holds rows x xld bf16 values.
                     blas::cublasGemmEx(
@@ -212,8 +216,12 @@ pub(crate) fn dsa_select(b: &CudaBackend, step: &Step, a: DsaSelect<'_, CudaBack
     if !a.select {
         return;
     }
-    let positions = step.max_visible();
-    assert!(a.work.len() >= rows * positions, "dsa_select: scores scratch too small");
+    let visible = step.max_visible();
+    assert!(a.work.len() >= rows * visible, "dsa_select: scores scratch too small");
+    // The scores' row stride and grid, rounded up to a power of two (the kernels stop at
+    // each row's own length, read on the device): a decode step's launches stay the same
+    // for many tokens, so they replay as one graph.
+    let positions = visible.next_power_of_two().max(256).min(a.work.len() / rows).max(visible);
     assert!(d.topk >= 1, "dsa_select: index_topk must be at least 1");
     assert!(a.selected.len() >= rows * d.topk && a.counts.len() >= rows, "dsa_select: selection buffers too small");
     let smem = (d.heads * (d.dim + 1) + d.heads) * 4;

@@ -79,7 +79,7 @@ impl CudaBackend {
         let _g = self.lock();
         let e =
             self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| anyhow!("CUDA: {e}"))?;
-        e.record(&self.stream).map_err(|e| anyhow!("CUDA: {e}"))?;
+        e.record(self.stream()).map_err(|e| anyhow!("CUDA: {e}"))?;
         Ok(CopyFence(e))
     }
 

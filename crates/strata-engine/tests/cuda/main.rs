@@ -14,6 +14,8 @@
 //!
 //! Without a GPU (or driver, or NVRTC) every test prints why and passes, unless
 //! `STRATA_REQUIRE_GPU=1`, which makes a missing GPU a failure (scripts/gpu-check.sh).
+//! Graph tests: held launches replayed as CUDA graphs equal kernels launched one by one,
+//! bit for bit, in an op chain and in whole-model decode.
 //! `cuda_kernel_bandwidth` (ignored by default) times the expert products on GLM-5 shapes.
 #![cfg(feature = "cuda")]
 // The op tests run each op through one helper per backend, which takes every input.
@@ -22,6 +24,7 @@
 mod attention;
 mod bench;
 mod elementwise;
+mod graphs;
 mod models;
 mod moe;
 mod products;

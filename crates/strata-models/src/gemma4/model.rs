@@ -227,6 +227,11 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
         self.rows.plan(&mut self.kv, batch, t.vocab_size)?;
         let (rows, h, eps) = (batch.len(), t.hidden_size, t.rms_norm_eps as f32);
         self.ring.refresh(&self.rows.step, t.bidirectional_vision);
+        // The rotary tables (uploads) before the first kernel: a decode step's kernels
+        // then run back to back (one CUDA graph).
+        let [(cs, ss), (cf, sf)] = &mut self.s.rope;
+        b.rope_tables(&self.rows.step, &m.rope_sliding, cs, ss);
+        b.rope_tables(&self.rows.step, &m.rope_full, cf, sf);
         self.embed(batch)?;
         let s = &mut self.s;
         let step = &self.rows.step;
@@ -241,9 +246,6 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
             ps_step.seq.extend_from_slice(&step.seq);
             ple.inputs(b, &s.ple_step, &s.x, eps, ps)?;
         }
-        let [(cs, ss), (cf, sf)] = &mut s.rope;
-        b.rope_tables(step, &m.rope_sliding, cs, ss);
-        b.rope_tables(step, &m.rope_full, cf, sf);
         let moe_rows = t.moe.map_or(1, |m| m.top_k);
         self.routes.clear(rows, moe_rows);
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);

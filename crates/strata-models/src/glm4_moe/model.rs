@@ -137,10 +137,12 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
         let (b, cfg) = (&m.b, &m.cfg);
         self.rows.plan(&mut self.kv, batch, cfg.vocab_size)?;
         let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
+        // The rotary tables (an upload) before the first kernel: a decode step's kernels
+        // then run back to back (one CUDA graph).
+        b.rope_tables(&self.rows.step, &m.rope_inv, &mut self.s.cos, &mut self.s.sin);
         self.rows.embed(b, batch, &m.embed, h, &mut self.s.x)?;
         let step = &self.rows.step;
         let s = &mut self.s;
-        b.rope_tables(step, &m.rope_inv, &mut s.cos, &mut s.sin);
         self.routes.clear(rows, cfg.num_experts_per_tok);
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
         for (i, layer) in m.layers.iter().enumerate() {

@@ -9,6 +9,11 @@ extern "C" __global__ void k_scale(i64 n, float f, float* x) {
     GRID_STRIDE(i, n) x[i] *= f;
 }
 
+// dst[..n] = src[..n] (a row of gather_rows).
+extern "C" __global__ void k_copy(i64 n, const float* src, float* dst) {
+    GRID_STRIDE(i, n) dst[i] = src[i];
+}
+
 extern "C" __global__ void k_fill(i64 n, float v, float* x) {
     GRID_STRIDE(i, n) x[i] = v;
 }

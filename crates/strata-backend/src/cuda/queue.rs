@@ -1,0 +1,362 @@
+//! Kernel launches held on the host until something else touches the stream (a copy, a
+//! read, an event, cuBLAS, a free, a wait), then sent together: as one CUDA graph when
+//! the same run of launches (the same kernels, grids and argument bytes) was sent before,
+//! else one by one.
+//!
+//! Why: a decode step is about a hundred small kernels, and launching each costs host
+//! time and leaves a gap on the device. The kernels read everything that changes from one
+//! token to the next (positions, block tables, routed ids, lengths) from device memory,
+//! so from the second token on, a step's run is the same bytes and replays as one graph.
+//! A graph runs exactly the launches the step asked for, in order: results are the same
+//! bit for bit, whether or not a run became a graph (`--cuda-graphs off` sends every
+//! kernel on its own, at once).
+
+use anyhow::{anyhow, Result};
+use cudarc::driver::{sys, CudaStream};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Graphs kept, most recently used first (a decode step is one or two runs; speculative
+/// decoding and several batch shapes add a few).
+const GRAPHS: usize = 16;
+/// Runs remembered as candidates: a run becomes a graph the second time it is seen.
+const SEEN: usize = 8;
+/// Shorter runs are launched one by one (a graph would save little).
+const MIN_GRAPH_KERNELS: usize = 4;
+/// The most parameters a kernel takes.
+const MAX_PARAMS: usize = 24;
+
+static GRAPHS_DEFAULT: AtomicBool = AtomicBool::new(true);
+
+/// Every backend's counts together (`launch_totals`): the bench's per-token figures.
+static TOTALS: Mutex<LaunchStats> = Mutex::new(LaunchStats { kernels: 0, graphs: 0, graph_kernels: 0, built: 0 });
+
+/// How the kernels of every CUDA backend in this process went to the device so far.
+pub fn launch_totals() -> LaunchStats {
+    *TOTALS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether CUDA backends made from now on replay repeated runs of launches as graphs
+/// (`--cuda-graphs`; on by default).
+pub fn set_graphs_default(on: bool) {
+    GRAPHS_DEFAULT.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn graphs_default() -> bool {
+    GRAPHS_DEFAULT.load(Ordering::Relaxed)
+}
+
+/// One kernel argument: where its value is and its size (see `args!`).
+#[derive(Clone, Copy)]
+pub struct Arg(pub *const u8, pub usize);
+
+impl Arg {
+    pub fn of<T>(v: &T) -> Self {
+        Arg(v as *const T as *const u8, std::mem::size_of::<T>())
+    }
+}
+
+/// How a backend's kernels went to the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchStats {
+    /// Kernels launched one at a time.
+    pub kernels: u64,
+    /// Graph launches and the kernels they ran.
+    pub graphs: u64,
+    pub graph_kernels: u64,
+    /// Graphs built (instantiated).
+    pub built: u64,
+}
+
+struct Node {
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    /// Its parameters' first words in `Run::words`: `Run::params[first..first + count]`.
+    first: usize,
+    count: usize,
+}
+
+/// The launches held since the last flush.
+#[derive(Default)]
+struct Run {
+    /// Every launch's function, grid, block, shared memory, parameter sizes and argument
+    /// bytes as words: two runs with equal words are the same launches.
+    words: Vec<u64>,
+    nodes: Vec<Node>,
+    /// Per parameter, the index of its first word in `words`.
+    params: Vec<usize>,
+}
+
+impl Run {
+    fn clear(&mut self) {
+        self.words.clear();
+        self.nodes.clear();
+        self.params.clear();
+    }
+
+    /// The parameter pointers of node `n` (into `words`, which must not change while
+    /// they are used).
+    fn pointers(&self, n: &Node, out: &mut [*mut c_void; MAX_PARAMS]) {
+        for (j, &w) in self.params[n.first..n.first + n.count].iter().enumerate() {
+            out[j] = self.words[w..].as_ptr() as *mut c_void;
+        }
+    }
+}
+
+struct Graph {
+    words: Vec<u64>,
+    exec: sys::CUgraphExec,
+    kernels: usize,
+}
+
+struct Inner {
+    on: bool,
+    run: Run,
+    graphs: Vec<Graph>,
+    seen: Vec<Vec<u64>>,
+    stats: LaunchStats,
+}
+
+impl Inner {
+    /// Counts `kernels` sent one by one, or one graph launch of `kernels` (`built`: new).
+    fn count(&mut self, kernels: usize, graph: bool, built: bool) {
+        let add = |s: &mut LaunchStats| {
+            match graph {
+                true => {
+                    s.graphs += 1;
+                    s.graph_kernels += kernels as u64;
+                }
+                false => s.kernels += kernels as u64,
+            }
+            s.built += u64::from(built);
+        };
+        add(&mut self.stats);
+        add(&mut TOTALS.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+// SAFETY: the graph handles are only used under the queue's lock, with the context bound.
+unsafe impl Send for Inner {}
+
+/// A stream's held launches and its graphs (shared with the buffers that free memory on
+/// the stream, which must flush first).
+pub(crate) struct LaunchQueue {
+    stream: Arc<CudaStream>,
+    inner: Mutex<Inner>,
+}
+
+impl LaunchQueue {
+    pub fn new(stream: Arc<CudaStream>, on: bool) -> Self {
+        let inner = Inner { on, run: Run::default(), graphs: Vec::new(), seen: Vec::new(), stats: LaunchStats::default() };
+        Self { stream, inner: Mutex::new(inner) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn stats(&self) -> LaunchStats {
+        self.lock().stats
+    }
+
+    /// Turns holding launches (and graphs) on or off; what is held is sent first.
+    pub fn set_on(&self, on: bool) {
+        self.flush();
+        self.lock().on = on;
+    }
+
+    /// Queues a launch (or, when off, launches it now).
+    pub fn launch(&self, func: sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) {
+        assert!(args.len() <= MAX_PARAMS, "a kernel with {} parameters (at most {MAX_PARAMS})", args.len());
+        let mut g = self.lock();
+        if !g.on {
+            let mut ptrs = [std::ptr::null_mut(); MAX_PARAMS];
+            for (p, a) in ptrs.iter_mut().zip(args) {
+                *p = a.0 as *mut c_void;
+            }
+            g.count(1, false, false);
+            drop(g);
+            self.launch_now(func, grid, block, smem, &mut ptrs);
+            return;
+        }
+        let run = &mut g.run;
+        let first = run.params.len();
+        run.words.extend([
+            func as u64,
+            grid.0 as u64 | (grid.1 as u64) << 32,
+            grid.2 as u64 | (block as u64) << 32,
+            smem as u64 | (args.len() as u64) << 32,
+        ]);
+        for a in args {
+            run.words.push(a.1 as u64);
+            run.params.push(run.words.len());
+            // SAFETY: `a.0` points at a live value of `a.1` bytes (the `args!` macro).
+            let bytes = unsafe { std::slice::from_raw_parts(a.0, a.1) };
+            for chunk in bytes.chunks(8) {
+                let mut w = [0u8; 8];
+                w[..chunk.len()].copy_from_slice(chunk);
+                run.words.push(u64::from_le_bytes(w));
+            }
+        }
+        run.nodes.push(Node { func, grid, block, smem, first, count: args.len() });
+    }
+
+    fn launch_now(
+        &self,
+        func: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        ptrs: &mut [*mut c_void; MAX_PARAMS],
+    ) {
+        // SAFETY: the pointers point at the kernel's arguments, in order (the `args!`
+        // macro, or a run's words), alive for the call.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                func,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                smem,
+                self.stream.cu_stream(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            panic!("CUDA: kernel launch failed: {r:?}");
+        }
+    }
+
+    /// Sends what is held: a graph's replay when this run was sent as a graph before, a
+    /// new graph when it was seen once before, else each launch.
+    pub fn flush(&self) {
+        let mut g = self.lock();
+        if g.run.nodes.is_empty() {
+            return;
+        }
+        self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
+        let inner = &mut *g;
+        let n = inner.run.nodes.len();
+        if let Some(i) = inner.graphs.iter().position(|gr| gr.words == inner.run.words) {
+            let graph = inner.graphs.remove(i);
+            self.launch_graph(&graph);
+            inner.count(graph.kernels, true, false);
+            inner.graphs.insert(0, graph);
+        } else if n >= MIN_GRAPH_KERNELS && inner.seen.contains(&inner.run.words) {
+            match self.build(&inner.run) {
+                Ok(exec) => {
+                    inner.seen.retain(|s| *s != inner.run.words);
+                    let graph = Graph { words: std::mem::take(&mut inner.run.words), exec, kernels: n };
+                    self.launch_graph(&graph);
+                    inner.count(n, true, true);
+                    inner.graphs.insert(0, graph);
+                    if inner.graphs.len() > GRAPHS {
+                        let old = inner.graphs.pop().expect("more than GRAPHS graphs");
+                        // SAFETY: launched graphs may be destroyed; the driver finishes them.
+                        unsafe { sys::cuGraphExecDestroy(old.exec) };
+                    }
+                }
+                Err(e) => {
+                    // A driver that cannot build graphs: send this run and every later one
+                    // kernel by kernel.
+                    eprintln!("strata: CUDA graphs off ({e:#}); kernels are launched one by one");
+                    self.launch_each(&inner.run);
+                    inner.count(n, false, false);
+                    inner.on = false;
+                }
+            }
+        } else {
+            self.launch_each(&inner.run);
+            inner.count(n, false, false);
+            if n >= MIN_GRAPH_KERNELS {
+                if inner.seen.len() == SEEN {
+                    inner.seen.remove(0);
+                }
+                inner.seen.push(inner.run.words.clone());
+            }
+        }
+        inner.run.clear();
+    }
+
+    fn launch_each(&self, run: &Run) {
+        let mut ptrs = [std::ptr::null_mut(); MAX_PARAMS];
+        for node in &run.nodes {
+            run.pointers(node, &mut ptrs);
+            self.launch_now(node.func, node.grid, node.block, node.smem, &mut ptrs);
+        }
+    }
+
+    fn launch_graph(&self, graph: &Graph) {
+        // SAFETY: an instantiated graph of this context.
+        let r = unsafe { sys::cuGraphLaunch(graph.exec, self.stream.cu_stream()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            panic!("CUDA: graph launch failed: {r:?}");
+        }
+    }
+
+    /// The run as a graph: its kernels in a chain, in order.
+    fn build(&self, run: &Run) -> Result<sys::CUgraphExec> {
+        let check = |r: sys::CUresult, what: &str| match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(anyhow!("{what}: {e:?}")),
+        };
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: plain driver calls on handles made here; each node's parameters are
+        // copied into the graph when it is added.
+        unsafe {
+            check(sys::cuGraphCreate(&mut graph, 0), "cuGraphCreate")?;
+            let built = (|| {
+                let mut prev: Option<sys::CUgraphNode> = None;
+                let mut ptrs = [std::ptr::null_mut(); MAX_PARAMS];
+                for node in &run.nodes {
+                    run.pointers(node, &mut ptrs);
+                    let p = sys::CUDA_KERNEL_NODE_PARAMS {
+                        func: node.func,
+                        gridDimX: node.grid.0,
+                        gridDimY: node.grid.1,
+                        gridDimZ: node.grid.2,
+                        blockDimX: node.block,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: node.smem,
+                        kernelParams: ptrs.as_mut_ptr(),
+                        extra: std::ptr::null_mut(),
+                        kern: std::ptr::null_mut(),
+                        ctx: std::ptr::null_mut(),
+                    };
+                    let mut added: sys::CUgraphNode = std::ptr::null_mut();
+                    let deps = prev.as_ref().map_or(std::ptr::null(), |p| p as *const _);
+                    check(
+                        sys::cuGraphAddKernelNode_v2(&mut added, graph, deps, usize::from(prev.is_some()), &p),
+                        "cuGraphAddKernelNode",
+                    )?;
+                    prev = Some(added);
+                }
+                let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+                check(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), "cuGraphInstantiate")?;
+                Ok(exec)
+            })();
+            sys::cuGraphDestroy(graph);
+            built
+        }
+    }
+}
+
+impl Drop for LaunchQueue {
+    fn drop(&mut self) {
+        self.flush();
+        let _ = self.stream.context().bind_to_thread();
+        let _ = self.stream.synchronize();
+        for g in self.lock().graphs.drain(..) {
+            // SAFETY: the stream is idle; nothing uses the graph any more.
+            unsafe { sys::cuGraphExecDestroy(g.exec) };
+        }
+    }
+}

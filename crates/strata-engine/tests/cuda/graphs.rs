@@ -1,0 +1,127 @@
+//! CUDA graphs: held launches replayed as graphs give the same bits as kernels launched
+//! one by one, and a decode step does become a graph replay.
+
+use super::models::repo_root;
+use super::*;
+use strata_backend::cuda::{launch_totals, set_graphs_default, LaunchStats};
+
+/// A chain of ops like a decode step's (norms, projections of several encodings, a
+/// residual add, routing, experts by id, the combine), run `steps` times on new inputs,
+/// each step bounded by an upload and a read: its outputs, one vector a step.
+fn run_chain(b: &CudaBackend, steps: usize) -> Vec<Vec<f32>> {
+    let (hidden, inter, experts, top_k) = (256, 128, 8, 2);
+    let mut rng = Rand::seed_from_u64(7);
+    let mat = |rng: &mut Rand, kind: QuantKind, rows: usize, cols: usize| {
+        b.matrix(hostmat(rng, kind, rows, cols, 0.5).0).unwrap()
+    };
+    let wq = mat(&mut rng, QuantKind::Bf16, hidden, hidden);
+    let wk = mat(&mut rng, QuantKind::Int4Group { group: 32 }, hidden, hidden);
+    let gate = mat(&mut rng, QuantKind::F32, experts, hidden);
+    let table: Vec<[_; 3]> = (0..experts)
+        .map(|_| {
+            let kind = QuantKind::Int8Row;
+            [mat(&mut rng, kind, inter, hidden), mat(&mut rng, kind, inter, hidden), mat(&mut rng, kind, hidden, inter)]
+        })
+        .collect();
+    let table_dev = b.expert_table(&table).unwrap().unwrap();
+    let norm = b.upload(&rvec(&mut rng, hidden, 1.0)).unwrap();
+    let bias = b.upload(&rvec(&mut rng, experts, 0.1)).unwrap();
+    let (mut x, mut xn, mut q) = (b.alloc(hidden).unwrap(), b.alloc(hidden).unwrap(), b.alloc(hidden).unwrap());
+    let mut logits = b.alloc(experts).unwrap();
+    let (mut ids, mut weights) = (b.alloc_idx(top_k).unwrap(), b.alloc(top_k).unwrap());
+    let mut order = b.alloc_idx(top_k).unwrap();
+    b.write_idx(&mut order, 0, &[0, 1]);
+    let mut y = b.alloc((top_k + 1) * hidden).unwrap();
+    let p = RouterParams { top_k, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.5 };
+    let mut outs = Vec::new();
+    for _ in 0..steps {
+        b.write(&mut x, 0, &rvec(&mut rng, hidden, 1.0));
+        b.rms_norm(1, hidden, &x, Some(&norm), 1e-6, &mut xn);
+        b.linears(&xn, 1, &mut [LinearOut::new(b, &wq, &mut q)]);
+        b.linears(&q, 1, &mut [LinearOut::add(b, &wk, &mut x)]);
+        b.rms_norm(1, hidden, &x, Some(&norm), 1e-6, &mut xn);
+        b.route_noaux(&xn, 1, &gate, &bias, p, &mut logits, &mut ids, &mut weights);
+        b.experts_by_id(&xn, top_k, &ids, &table_dev, None, &mut y);
+        b.moe_combine(1, hidden, top_k, &ids, &weights, &order, &y, None, &mut x);
+        let mut out = vec![0f32; hidden];
+        b.read(&x, 0, &mut out);
+        outs.push(out);
+    }
+    outs
+}
+
+#[test]
+fn cuda_graph_replay_equals_kernels_one_by_one() {
+    if gpu().is_none() {
+        return;
+    }
+    let (eager, graphs) = (CudaBackend::new(0).unwrap(), CudaBackend::new(0).unwrap());
+    eager.set_graphs(false);
+    graphs.set_graphs(true);
+    let steps = 6;
+    let (a, b) = (run_chain(&eager, steps), run_chain(&graphs, steps));
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "step {i}: the graph's outputs differ from the kernels launched one by one");
+        assert!(a.iter().all(|v| v.is_finite()), "step {i}: non-finite outputs");
+    }
+    assert!(a[0] != a[1], "the steps' inputs differ, so their outputs must");
+    let (se, sg) = (eager.launch_stats(), graphs.launch_stats());
+    assert_eq!((se.graphs, se.built), (0, 0), "graphs off: {se:?}");
+    // Step 1 is seen, step 2 builds the graph, every later step replays it.
+    assert_eq!(sg.built, 1, "one graph for the repeated step: {sg:?}");
+    assert!(sg.graphs >= steps as u64 - 1, "steps 2.. are graph launches: {sg:?}");
+    eprintln!("graph replay equals one by one over {steps} steps: {sg:?}");
+}
+
+/// Decode on CUDA with graphs and without: every step's logits equal bit for bit, and
+/// with graphs the steps are graph launches. DSA selection is engaged (`dsa-sparse`:
+/// top-8 of a longer context), and Gemma's sliding-window and shared-KV layers too.
+#[test]
+fn cuda_decode_with_graphs_equals_without() {
+    if gpu().is_none() {
+        return;
+    }
+    let root = repo_root();
+    for fixture in ["glm5/dsa-sparse", "glm4_moe/gqa-bias", "gemma4/moe"] {
+        let dir = root.join("fixtures").join(fixture);
+        let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+        let prompt: Vec<u32> = {
+            let t = &r.tensors()["prompt_ids"];
+            r.bytes(t).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+        };
+        let decode = |graphs: bool| -> (Vec<Vec<f32>>, LaunchStats) {
+            set_graphs_default(graphs);
+            let m = LoadedModel::open_with(&dir, &LoadOptions { device: Device::Cuda(0), ..Default::default() });
+            set_graphs_default(true);
+            let m = m.unwrap_or_else(|e| panic!("{fixture}: {e:#}"));
+            let mut gen = m.generator().unwrap();
+            gen.prefill(&prompt).unwrap();
+            let before = launch_totals();
+            let mut steps = Vec::new();
+            for _ in 0..24 {
+                let l = gen.last_logits().to_vec();
+                let next = (0..l.len()).max_by(|&i, &j| l[i].total_cmp(&l[j]).then(j.cmp(&i))).unwrap() as u32;
+                steps.push(l);
+                gen.step(next).unwrap();
+            }
+            let after = launch_totals();
+            let delta = LaunchStats {
+                kernels: after.kernels - before.kernels,
+                graphs: after.graphs - before.graphs,
+                graph_kernels: after.graph_kernels - before.graph_kernels,
+                built: after.built - before.built,
+            };
+            (steps, delta)
+        };
+        let (off, _) = decode(false);
+        let (on, stats) = decode(true);
+        for (i, (a, b)) in off.iter().zip(&on).enumerate() {
+            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{fixture}: decode step {i}'s logits differ with CUDA graphs");
+        }
+        // (Totals are process-wide: other tests' kernels may add to them, never take away.)
+        assert!(stats.graphs >= 20, "{fixture}: 24 decode steps made {} graph launches", stats.graphs);
+        eprintln!("{fixture}: 24 decode steps equal with and without graphs; with graphs: {stats:?}");
+    }
+}
