@@ -347,6 +347,22 @@ fn serve_refuses_bad_batching_options_before_loading() {
 }
 
 #[test]
+fn cuda_graphs_flag_is_refused_off_cuda_and_checked() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--cuda-graphs", "off"], "--cuda-graphs applies to --device cuda"),
+        (vec!["--device", "cuda", "--cuda-graphs", "sometimes"], "--cuda-graphs `sometimes`: expected on or off"),
+    ] {
+        let mut all = vec!["generate", "--model", m, "--prompt", "hi", "--max-tokens", "1"];
+        all.extend(args);
+        let out = strata(&all);
+        assert!(!out.status.success(), "{all:?}");
+        assert_one_line_error(&out, &[want]);
+    }
+}
+
+#[test]
 fn replay_two_tiers_from_a_generated_trace() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.trace");
