@@ -13,15 +13,18 @@
 
 use anyhow::{anyhow, Result};
 use cudarc::driver::{sys, CudaStream};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Graphs kept, most recently used first (a decode step is one or two runs; speculative
-/// decoding and several batch shapes add a few).
-const GRAPHS: usize = 16;
-/// Runs remembered as candidates: a run becomes a graph the second time it is seen.
-const SEEN: usize = 8;
+/// Graphs kept. A resident decode step is one run; where routed ids come to the host
+/// (streamed experts, batches) each MoE layer ends a run, so a step of a deep model is a
+/// few hundred runs, and a cache smaller than that would miss every time.
+const GRAPHS: usize = 1024;
+/// Runs remembered as candidates (by hash): a run becomes a graph the second time it is
+/// seen.
+const SEEN: usize = 4096;
 /// Shorter runs are launched one by one (a graph would save little).
 const MIN_GRAPH_KERNELS: usize = 4;
 /// The most parameters a kernel takes.
@@ -110,17 +113,43 @@ struct Graph {
     words: Vec<u64>,
     exec: sys::CUgraphExec,
     kernels: usize,
+    /// When it was last launched (`Inner::clock`): the least recent goes first.
+    used: u64,
 }
 
 struct Inner {
     on: bool,
     run: Run,
-    graphs: Vec<Graph>,
-    seen: Vec<Vec<u64>>,
+    /// Graphs by the hash of their run's words.
+    graphs: HashMap<u64, Vec<Graph>>,
+    kept: usize,
+    /// Hashes of runs sent one by one, with when they were last seen.
+    seen: HashMap<u64, u64>,
+    clock: u64,
     stats: LaunchStats,
 }
 
+/// FNV-1a over the words.
+fn hash(words: &[u64]) -> u64 {
+    words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| (h ^ w).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
 impl Inner {
+    /// Drops the graph launched least recently.
+    fn evict_graph(&mut self) {
+        let oldest = self.graphs.iter().flat_map(|(&h, v)| v.iter().map(move |g| (g.used, h))).min();
+        let Some((used, h)) = oldest else { return };
+        let list = self.graphs.get_mut(&h).expect("the oldest graph's list");
+        let i = list.iter().position(|g| g.used == used).expect("the oldest graph");
+        let old = list.swap_remove(i);
+        if list.is_empty() {
+            self.graphs.remove(&h);
+        }
+        self.kept -= 1;
+        // SAFETY: a launched graph may be destroyed; the driver finishes its launches first.
+        unsafe { sys::cuGraphExecDestroy(old.exec) };
+    }
+
     /// Counts `kernels` sent one by one, or one graph launch of `kernels` (`built`: new).
     fn count(&mut self, kernels: usize, graph: bool, built: bool) {
         let add = |s: &mut LaunchStats| {
@@ -150,7 +179,15 @@ pub(crate) struct LaunchQueue {
 
 impl LaunchQueue {
     pub fn new(stream: Arc<CudaStream>, on: bool) -> Self {
-        let inner = Inner { on, run: Run::default(), graphs: Vec::new(), seen: Vec::new(), stats: LaunchStats::default() };
+        let inner = Inner {
+            on,
+            run: Run::default(),
+            graphs: HashMap::new(),
+            kept: 0,
+            seen: HashMap::new(),
+            clock: 0,
+            stats: LaunchStats::default(),
+        };
         Self { stream, inner: Mutex::new(inner) }
     }
 
@@ -244,23 +281,25 @@ impl LaunchQueue {
         self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
         let inner = &mut *g;
         let n = inner.run.nodes.len();
-        if let Some(i) = inner.graphs.iter().position(|gr| gr.words == inner.run.words) {
-            let graph = inner.graphs.remove(i);
-            self.launch_graph(&graph);
-            inner.count(graph.kernels, true, false);
-            inner.graphs.insert(0, graph);
-        } else if n >= MIN_GRAPH_KERNELS && inner.seen.contains(&inner.run.words) {
+        inner.clock += 1;
+        let (h, now) = (hash(&inner.run.words), inner.clock);
+        let cached = inner.graphs.get_mut(&h).and_then(|v| v.iter_mut().find(|gr| gr.words == inner.run.words));
+        if let Some(graph) = cached {
+            graph.used = now;
+            let (exec, kernels) = (graph.exec, graph.kernels);
+            self.launch_graph(exec);
+            inner.count(kernels, true, false);
+        } else if n >= MIN_GRAPH_KERNELS && inner.seen.contains_key(&h) {
             match self.build(&inner.run) {
                 Ok(exec) => {
-                    inner.seen.retain(|s| *s != inner.run.words);
-                    let graph = Graph { words: std::mem::take(&mut inner.run.words), exec, kernels: n };
-                    self.launch_graph(&graph);
+                    inner.seen.remove(&h);
+                    self.launch_graph(exec);
                     inner.count(n, true, true);
-                    inner.graphs.insert(0, graph);
-                    if inner.graphs.len() > GRAPHS {
-                        let old = inner.graphs.pop().expect("more than GRAPHS graphs");
-                        // SAFETY: launched graphs may be destroyed; the driver finishes them.
-                        unsafe { sys::cuGraphExecDestroy(old.exec) };
+                    let words = std::mem::take(&mut inner.run.words);
+                    inner.graphs.entry(h).or_default().push(Graph { words, exec, kernels: n, used: now });
+                    inner.kept += 1;
+                    if inner.kept > GRAPHS {
+                        inner.evict_graph();
                     }
                 }
                 Err(e) => {
@@ -276,10 +315,14 @@ impl LaunchQueue {
             self.launch_each(&inner.run);
             inner.count(n, false, false);
             if n >= MIN_GRAPH_KERNELS {
-                if inner.seen.len() == SEEN {
-                    inner.seen.remove(0);
+                inner.seen.insert(h, now);
+                if inner.seen.len() > SEEN {
+                    // Forget the older half.
+                    let mut ages: Vec<u64> = inner.seen.values().copied().collect();
+                    ages.sort_unstable();
+                    let cut = ages[ages.len() / 2];
+                    inner.seen.retain(|_, &mut t| t > cut);
                 }
-                inner.seen.push(inner.run.words.clone());
             }
         }
         inner.run.clear();
@@ -293,9 +336,9 @@ impl LaunchQueue {
         }
     }
 
-    fn launch_graph(&self, graph: &Graph) {
+    fn launch_graph(&self, exec: sys::CUgraphExec) {
         // SAFETY: an instantiated graph of this context.
-        let r = unsafe { sys::cuGraphLaunch(graph.exec, self.stream.cu_stream()) };
+        let r = unsafe { sys::cuGraphLaunch(exec, self.stream.cu_stream()) };
         if r != sys::CUresult::CUDA_SUCCESS {
             panic!("CUDA: graph launch failed: {r:?}");
         }
@@ -354,7 +397,7 @@ impl Drop for LaunchQueue {
         self.flush();
         let _ = self.stream.context().bind_to_thread();
         let _ = self.stream.synchronize();
-        for g in self.lock().graphs.drain(..) {
+        for g in self.lock().graphs.drain().flat_map(|(_, v)| v) {
             // SAFETY: the stream is idle; nothing uses the graph any more.
             unsafe { sys::cuGraphExecDestroy(g.exec) };
         }
