@@ -28,7 +28,7 @@ for r in csv.DictReader(rows):
     v = float(r["Metric Value"].replace(",", ""))
     unit = r["Metric Unit"]
     if r["Metric Name"] == "gpu__time_duration.sum":
-        v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+        v *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
     else:
         v *= {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1.0)
     e["m"][r["Metric Name"]] = v

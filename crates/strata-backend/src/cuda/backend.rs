@@ -103,7 +103,7 @@ impl Backend for CudaBackend {
         let mut st = self.lock();
         let sd = self.step_desc(&mut st, step);
         let (t, o) = (table.desc, out.ptr);
-        self.launch(&self.f.embed, (rows as u32, 1, 1), 256, 0, &mut args![t, sd, o]);
+        self.launch(&self.f.embed, (rows as u32, table.cols.div_ceil(256) as u32, 1), 256, 0, &mut args![t, sd, o]);
         self.profiled();
         Ok(())
     }
@@ -121,7 +121,8 @@ impl Backend for CudaBackend {
         assert!(x.len >= rows * width && out.len >= rows * width, "rms_norm: buffers too small");
         let _g = self.lock();
         let (xp, wp, op, wd) = (x.ptr, w.map_or(0, |w| w.ptr), out.ptr, width as i32);
-        let block = (width.div_ceil(32) * 32).clamp(32, 256) as u32;
+        // A thread per float4 of the row, up to 1024 (see `rms_seg`).
+        let block = width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
         self.launch(&self.f.rms_norm, (rows as u32, 1, 1), block, 0, &mut args![xp, wp, eps, op, wd]);
         self.profiled();
     }
@@ -383,7 +384,8 @@ impl Backend for CudaBackend {
         let (h, k) = (hidden as i32, top_k as i32);
         let sh = shared.map_or(-1, |s| s as i32);
         let (ip, wp, sp, yp, op) = (ids.ptr, weights.ptr, src.ptr, y.ptr, out.ptr);
-        self.launch(&self.f.combine, (rows as u32, 1, 1), 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, op]);
+        let grid = (rows as u32, hidden.div_ceil(256) as u32, 1);
+        self.launch(&self.f.combine, grid, 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, op]);
         self.profiled();
     }
 

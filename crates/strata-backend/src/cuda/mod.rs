@@ -33,6 +33,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_kernels::QuantKind;
 
+/// Elements in a 16-byte vector, by encoding code (`Vw` in `kernels/products.cu`).
+const VEC_WIDTH: [usize; 5] = [4, 8, 16, 32, 16];
+
 /// A matrix as the kernels read it (`struct Mat` in `kernels/common.cu`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -57,11 +60,13 @@ impl MatDesc {
     fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
         let ld = kind.payload_bytes(1, cols);
         let (group, brow, bcol, spr, width) = match kind {
-            QuantKind::F32 => (1, 1, 1, 0, 4),
-            QuantKind::Bf16 => (1, 1, 1, 0, 8),
-            QuantKind::Int8Row => (1, 1, 1, 1, 16),
-            QuantKind::Int4Group { group } => (group, 1, 1, cols.div_ceil(group), 32),
-            QuantKind::Fp8 { block_rows, block_cols } => (1, block_rows, block_cols, cols.div_ceil(block_cols), 16),
+            QuantKind::F32 => (1, 1, 1, 0, VEC_WIDTH[0]),
+            QuantKind::Bf16 => (1, 1, 1, 0, VEC_WIDTH[1]),
+            QuantKind::Int8Row => (1, 1, 1, 1, VEC_WIDTH[2]),
+            QuantKind::Int4Group { group } => (group, 1, 1, cols.div_ceil(group), VEC_WIDTH[3]),
+            QuantKind::Fp8 { block_rows, block_cols } => {
+                (1, block_rows, block_cols, cols.div_ceil(block_cols), VEC_WIDTH[4])
+            }
         };
         let one_scale_per_vector = match kind {
             QuantKind::Int4Group { group } => group % 32 == 0,
@@ -254,6 +259,8 @@ pub(crate) struct State {
 
 struct Funcs {
     linear: [CudaFunction; 4],
+    /// One row against a large matrix, several outputs a warp.
+    linear_row: CudaFunction,
     tiled: [CudaFunction; 5],
     /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
     experts_up: CudaFunction,
@@ -272,6 +279,8 @@ struct Funcs {
     copy: CudaFunction,
     mla_prepare: CudaFunction,
     mla_absorb: CudaFunction,
+    /// One row, 16-byte weight loads, by encoding (`k_mla_absorb_row_<kind>`).
+    mla_absorb_row: [CudaFunction; 5],
     mla_attend: Vec<(usize, CudaFunction)>,
     dsa_prepare: CudaFunction,
     dsa_scores: CudaFunction,
@@ -296,6 +305,7 @@ impl Funcs {
         };
         Ok(Self {
             linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
+            linear_row: f("k_linear_row")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             experts_up: f("k_experts_up_8")?,
             experts_down: f("k_experts_down_8")?,
@@ -312,6 +322,13 @@ impl Funcs {
             copy: f("k_copy")?,
             mla_prepare: f("k_mla_prepare")?,
             mla_absorb: f("k_mla_absorb")?,
+            mla_absorb_row: [
+                f("k_mla_absorb_row_0")?,
+                f("k_mla_absorb_row_1")?,
+                f("k_mla_absorb_row_2")?,
+                f("k_mla_absorb_row_3")?,
+                f("k_mla_absorb_row_4")?,
+            ],
             mla_attend: js("k_mla_attend_", &[1, 2, 4, 8, 12, 18, 24, 32])?,
             dsa_prepare: f("k_dsa_prepare")?,
             dsa_scores: f("k_dsa_scores")?,

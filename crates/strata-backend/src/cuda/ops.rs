@@ -31,6 +31,18 @@ impl CudaBackend {
             (l.mrow0 as i32, l.mrow_bs as i32, l.xld as i32, l.rows as i32, l.nout as i32);
         let (ostride, col, col_bs, add) = (l.ostride as i32, l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, xrows, out, bias) = (l.m, l.x, l.x_bs as i64, l.xrows, l.out, l.bias);
+        // One row against a matrix with enough outputs to fill the device at four a warp.
+        if l.rows == 1 && l.xrows == 0 && m.vec != 0 && l.nout.div_ceil(32) * l.batches >= self.sms {
+            let grid = (l.nout.div_ceil(32) as u32, l.batches as u32, 1);
+            self.launch(
+                &self.f.linear_row,
+                grid,
+                256,
+                0,
+                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias],
+            );
+            return;
+        }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
             let (fi, _) = [1usize, 2, 4, 8].iter().enumerate().find(|(_, &r)| r >= l.rows).unwrap();
             // Warps per output: enough blocks to fill the device twice over.
@@ -165,7 +177,7 @@ pub(crate) fn mla_prepare(b: &CudaBackend, step: &Step, a: MlaPrepare<'_, CudaBa
     let (q_lora, kv_lora, rope, eps) = (a.q_lora as i32, d.kv_lora as i32, d.rope as i32, a.eps);
     b.launch(
         &b.f.mla_prepare,
-        (rows as u32, 1, 1),
+        (rows as u32, 2, 1),
         256,
         0,
         &mut args![sd, qa, q_lora, qn, kva, kvn, eps, cs, sn, cache, kv_lora, rope],
@@ -182,6 +194,15 @@ pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBack
     let (q, kvb, cs, sn, qf) = (a.q.ptr(), a.kv_b.desc, a.cos.ptr(), a.sin.ptr(), a.q_full.ptr());
     let (r, h, nope, rope, v, kvl) =
         (rows as i32, d.heads as i32, d.nope as i32, d.rope as i32, d.v as i32, d.kv_lora as i32);
+    if rows == 1 && kvb.vec != 0 {
+        // 16 row groups x (256 columns / the vector width) threads (see `absorb_row`).
+        let width = super::VEC_WIDTH[kind_code(a.kv_b.kind) as usize];
+        let threads = (16 * 256 / width) as u32;
+        let grid = (d.heads as u32, d.kv_lora.div_ceil(256) as u32, 1);
+        let f = &b.f.mla_absorb_row[kind_code(a.kv_b.kind) as usize];
+        b.launch(f, grid, threads, 0, &mut args![q, kvb, h, nope, rope, v, kvl, cs, sn, qf]);
+        return;
+    }
     b.launch(
         &b.f.mla_absorb,
         (d.heads as u32, d.kv_lora.div_ceil(128) as u32, 1),
@@ -208,7 +229,7 @@ pub(crate) fn dsa_select(b: &CudaBackend, step: &Step, a: DsaSelect<'_, CudaBack
     let (heads, dim, rope, eps) = (d.heads as i32, d.dim as i32, d.rope as i32, a.eps);
     b.launch(
         &b.f.dsa_prepare,
-        (rows as u32, 1, 1),
+        (rows as u32, 1 + d.heads as u32, 1),
         256,
         0,
         &mut args![sd, q, heads, dim, rope, k, knw, knb, eps, cs, sn, cache],

@@ -60,10 +60,18 @@ pub(crate) fn cuda_rope_and_mla_prepare_match_cpu_on<G: Backend>(g: &G) {
 pub(crate) fn cuda_mla_absorb_and_attend_match_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(4);
-    let d = MlaDims { heads: 3, nope: 16, rope: 8, v: 12, kv_lora: 40, scale: 0.3 };
-    let kw = d.key_width();
+    let small = MlaDims { heads: 3, nope: 16, rope: 8, v: 12, kv_lora: 40, scale: 0.3 };
+    // Decode-sized: one row takes the vector-load absorb, and the per-head value
+    // projections are enough outputs for the one-row projection kernel.
+    let large = MlaDims { heads: 8, nope: 32, rope: 8, v: 600, kv_lora: 512, scale: 0.05 };
+    let fp8 = |block_cols| QuantKind::Fp8 { block_rows: 4, block_cols };
+    let cases = [
+        (small, vec![QuantKind::F32, QuantKind::Bf16, fp8(8), QuantKind::Int8Row]),
+        (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }]),
+    ];
     let topk = 6;
-    for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Fp8 { block_rows: 4, block_cols: 8 }, QuantKind::Int8Row] {
+    for (d, kind) in cases.iter().flat_map(|(d, kinds)| kinds.iter().map(move |k| (*d, *k))) {
+        let kw = d.key_width();
         for (step, slots) in steps(&mut rng) {
             let rows = step.rows();
             let (kvb, _) = hostmat(&mut rng, kind, d.heads * (d.nope + d.v), d.kv_lora, 0.5);

@@ -87,6 +87,10 @@ pub(crate) fn cuda_linears_match_reference_for_every_encoding_on<G: Backend>(g: 
         }
         // Many outputs (a warp each), and one output (eight warps share it).
         check_linear(&mut rng, g, kind, 2200, 128, 1, 1);
+        // One row against enough outputs for the one-row kernel (four a warp, a ragged end).
+        for mode in 0..3 {
+            check_linear(&mut rng, g, kind, 4501, 256, 1, mode);
+        }
         check_linear(&mut rng, g, kind, 1, 512, 3, 2);
     }
     // Shapes the vector loads cannot take: odd widths, int4 groups and FP8 blocks that are

@@ -3,20 +3,56 @@
 // ---------------------------------------------------------------------------------------
 // Embedding, norms, residual adds.
 
+// Grid (rows, column blocks of 256): a decode row's embedding is spread over the device.
 extern "C" __global__ void k_embed(Mat t, StepDev st, float* out) {
-    int r = blockIdx.x;
+    int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     u32 tok = st.tokens[r];
-    if (tok == 0xffffffffu) return;
-    for (int c = threadIdx.x; c < t.cols; c += blockDim.x) out[(i64)r * t.cols + c] = melem(t, (int)tok, c);
+    if (tok == 0xffffffffu || c >= t.cols) return;
+    out[(i64)r * t.cols + c] = melem(t, (int)tok, c);
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed).
+// Whether n floats at each of the (non-null) pointers can be read as float4s.
+__device__ __forceinline__ bool f4_ok(const void* a, const void* b, const void* c, int n) {
+    return ((((size_t)a | (size_t)b | (size_t)c) & 15) == 0) && (n & 3) == 0;
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed). Rows are read as
+// float4s where aligned: each thread's loads are then few and in flight together (a
+// block walking a 6144-wide row one float a thread is bound by load latency, ~20 us).
 __device__ void rms_seg(const float* x, const float* w, float eps, float* out, int n, float* sh) {
     float ss = 0.f;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) ss = fmaf(x[c], x[c], ss);
+    bool v4 = f4_ok(x, out, w, n);
+    if (v4) {
+        const float4* x4 = (const float4*)x;
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x) {
+            float4 a = x4[c];
+            ss = fmaf(a.x, a.x, ss);
+            ss = fmaf(a.y, a.y, ss);
+            ss = fmaf(a.z, a.z, ss);
+            ss = fmaf(a.w, a.w, ss);
+        }
+    } else {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) ss = fmaf(x[c], x[c], ss);
+    }
     ss = bsum(ss, sh);
     float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = w ? x[c] * inv * w[c] : x[c] * inv;
+    if (v4) {
+        const float4* x4 = (const float4*)x;
+        const float4* w4 = (const float4*)w;
+        float4* o4 = (float4*)out;
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x) {
+            float4 a = x4[c], o;
+            if (w) {
+                float4 b = w4[c];
+                o = make_float4(a.x * inv * b.x, a.y * inv * b.y, a.z * inv * b.z, a.w * inv * b.w);
+            } else {
+                o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+            }
+            o4[c] = o;
+        }
+    } else {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = w ? x[c] * inv * w[c] : x[c] * inv;
+    }
     __syncthreads();
 }
 
@@ -47,15 +83,18 @@ __device__ void rope_il(float* x, const float* cs, const float* sn, int half, fl
 // ---------------------------------------------------------------------------------------
 // MLA.
 
-// Per row: q_a normalised in place; latent normalised into the cache; shared key copied
-// and rotated there.
+// Per row (blockIdx.x), two blocks working at once: y = 0 normalises q_a in place, y = 1
+// normalises the latent into the cache and copies and rotates the shared key there.
 extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, const float* q_norm, const float* kva,
                                          const float* kv_norm, float eps, const float* cs, const float* sn,
                                          float* cache, int kv_lora, int rope) {
     __shared__ float sh[32];
     __shared__ float tmp[512];
     int r = blockIdx.x, kw = kv_lora + rope, half = rope / 2;
-    rms_seg(qa + (i64)r * q_lora, q_norm, eps, qa + (i64)r * q_lora, q_lora, sh);
+    if (blockIdx.y == 0) {
+        rms_seg(qa + (i64)r * q_lora, q_norm, eps, qa + (i64)r * q_lora, q_lora, sh);
+        return;
+    }
     int slot = kv_slot(st, r, (int)st.pos[r]);
     float* dst = cache + (i64)slot * kw;
     const float* src = kva + (i64)r * kw;
@@ -120,6 +159,69 @@ extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb(const float* q, 
         __syncthreads();
     }
 }
+
+// k_mla_absorb for one row (decode) with 16-byte weight loads: block (head h, ABS_KC
+// latent columns); thread (g, v) sums nope rows g, g + ABS_G, .. of the V columns of its
+// vector, so each thread has several loads in flight; the ABS_G groups are then summed in
+// shared memory in a fixed order. (The one-column-a-thread kernel above reads its 2-byte
+// elements at ~0.3 TB/s.)
+#define ABS_KC 256
+#define ABS_G 16
+template <int KIND>
+__device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int heads, int nope, int rope, int vdim,
+                                           int kv_lora, const float* cs, const float* sn, float* qf) {
+    const int V = Vw<KIND>::n, TPR = ABS_KC / V;
+    __shared__ float part[ABS_G][ABS_KC];
+    int h = blockIdx.x, k0 = blockIdx.y * ABS_KC;
+    int qw = nope + rope, kw = kv_lora + rope, half = rope / 2;
+    const float* qh = q + (i64)h * qw;
+    float* out = qf + (i64)h * kw;
+    if (blockIdx.y == 0) {
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            float a = qh[nope + 2 * i], b = qh[nope + 2 * i + 1], c = cs[i], s = sn[i];
+            out[kv_lora + i] = a * c - b * s;
+            out[kv_lora + half + i] = b * c + a * s;
+        }
+    }
+    int v = threadIdx.x % TPR, g = threadIdx.x / TPR, c = k0 + v * V;
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) acc[i] = 0.f;
+    if (c < kv_lora) {
+        int wrow = h * (nope + vdim);
+#pragma unroll 4
+        for (int n = g; n < nope; n += ABS_G) {
+            int row = wrow + n;
+            uint4 raw = __ldg((const uint4*)(kvb.w + (size_t)row * kvb.ld) + c / V);
+            float w[V];
+            unpack<KIND>(raw, w);
+            float sc = vec_scale<KIND>(kvb, row, c), qn = qh[n];
+#pragma unroll
+            for (int i = 0; i < V; i++) acc[i] = fmaf(qn, KIND <= 1 ? w[i] : w[i] * sc, acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; i++) part[g][v * V + i] = acc[i];
+    __syncthreads();
+    for (int t = threadIdx.x; t < ABS_KC && k0 + t < kv_lora; t += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < ABS_G; i++) a += part[i][t];
+        out[k0 + t] = a;
+    }
+}
+
+#define MLA_ABSORB_ROW(K)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb_row_##K(                                  \
+        const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
+        const float* sn, float* qf) {                                                                         \
+        absorb_row<K>(q, kvb, heads, nope, rope, vdim, kv_lora, cs, sn, qf);                                  \
+    }
+MLA_ABSORB_ROW(0)
+MLA_ABSORB_ROW(1)
+MLA_ABSORB_ROW(2)
+MLA_ABSORB_ROW(3)
+MLA_ABSORB_ROW(4)
 
 // Attention of row blockIdx.x, head blockIdx.y over the latent cache at its selected (or
 // all visible) positions; online softmax per warp, then the warps combined. Writes the
@@ -202,14 +304,21 @@ MLA_ATTEND(32)
 // ---------------------------------------------------------------------------------------
 // The lightning indexer.
 
-// Per row: the key LayerNorm'd and rotated (in k and in the cache), each head's query
-// rotated.
+// Per row (blockIdx.x): block y = 0 LayerNorms and rotates the key (in k and in the
+// cache); block y = 1 + h rotates head h's query. (One block rotating every head in turn
+// was bound by latency, ~19 us a layer.)
 extern "C" __global__ void k_dsa_prepare(StepDev st, float* q, int heads, int dim, int rope, float* k,
                                          const float* knw, const float* knb, float eps, const float* cs,
                                          const float* sn, float* cache) {
     __shared__ float sh[32];
     __shared__ float tmp[512];
     int r = blockIdx.x, half = rope / 2;
+    const float* c0 = cs + (i64)r * half;
+    const float* s0 = sn + (i64)r * half;
+    if (blockIdx.y > 0) {
+        rope_il(q + ((i64)r * heads + blockIdx.y - 1) * dim, c0, s0, half, tmp);
+        return;
+    }
     float* kr = k + (i64)r * dim;
     float s = 0.f;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) s += kr[c];
@@ -223,12 +332,9 @@ extern "C" __global__ void k_dsa_prepare(StepDev st, float* q, int heads, int di
     float inv = 1.0f / sqrtf(var + eps);
     for (int c = threadIdx.x; c < dim; c += blockDim.x) kr[c] = (kr[c] - mean) * inv * knw[c] + knb[c];
     __syncthreads();
-    const float* c0 = cs + (i64)r * half;
-    const float* s0 = sn + (i64)r * half;
     rope_il(kr, c0, s0, half, tmp);
     float* dst = cache + (i64)kv_slot(st, r, (int)st.pos[r]) * dim;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = kr[c];
-    for (int hh = 0; hh < heads; hh++) rope_il(q + ((i64)r * heads + hh) * dim, c0, s0, half, tmp);
 }
 
 // score[r, t] = sum_h (w[r, h] * heads^-0.5) * relu(q[r, h] . key[t]) * dim^-0.5 for

@@ -131,6 +131,8 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
 }
 
 // out[r] += sum over r's experts in ascending id of w * y[src[r, rank]] (+ y[shared + r]).
+// Grid (rows, column blocks): each thread one column of a row, its experts summed in
+// ascending id (the order every expert path shares).
 extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const float* w, const u32* src, const float* y,
                                      int shared, float* out) {
     __shared__ int order[64];
@@ -146,16 +148,16 @@ extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const fl
         }
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-        float acc = 0.f;
-        for (int i = 0; i < k; i++) {
-            int rank = order[i];
-            i64 at = src[(i64)r * k + rank];
-            acc = fmaf(w[(i64)r * k + rank], y[at * hidden + c], acc);
-        }
-        if (shared >= 0) acc += y[((i64)shared + r) * hidden + c];
-        out[(i64)r * hidden + c] += acc;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    float acc = 0.f;
+    for (int i = 0; i < k; i++) {
+        int rank = order[i];
+        i64 at = src[(i64)r * k + rank];
+        acc = fmaf(w[(i64)r * k + rank], y[at * hidden + c], acc);
     }
+    if (shared >= 0) acc += y[((i64)shared + r) * hidden + c];
+    out[(i64)r * hidden + c] += acc;
 }
 
 // Softmax routing (Gemma 4), per row (256 threads): p = softmax(logits); the top k of p

@@ -251,6 +251,40 @@ LINEAR_SMALL(2)
 LINEAR_SMALL(4)
 LINEAR_SMALL(8)
 
+// One row (decode) against a large matrix: a warp computes LIN_OUTS consecutive outputs,
+// LIN_OUTS weight rows sharing each x load with their loads in flight together (one row
+// a warp left the big projections at ~2.7 TB/s). Blocks of 8 warps; blockIdx.y is the
+// batch, as in linear_small.
+#define LIN_OUTS 4
+extern "C" __global__ void __launch_bounds__(256) k_linear_row(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs,
+                                                               int nout, float* out, int col, int col_bs, int add,
+                                                               const float* bias) {
+    int b = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = (blockIdx.x * 8 + warp) * LIN_OUTS;
+    if (o0 >= nout) return;
+    const Mat* mp[LIN_OUTS];
+    int row[LIN_OUTS];
+    float acc[LIN_OUTS];
+#pragma unroll
+    for (int k = 0; k < LIN_OUTS; k++) {
+        mp[k] = &m;
+        row[k] = mrow0 + b * mrow_bs + min(o0 + k, nout - 1);
+        acc[k] = 0.f;
+    }
+    dot_rows<LIN_OUTS>(mp, row, x + b * x_bs, acc, lane);
+#pragma unroll
+    for (int k = 0; k < LIN_OUTS; k++) {
+        float v = wsum(acc[k]);
+        int o = o0 + k;
+        if (lane == 0 && o < nout) {
+            float* p = out + col + b * col_bs + o;
+            v += bias ? bias[o] : 0.f;
+            *p = add ? *p + v : v;
+        }
+    }
+}
+
 // Many rows: 64 outputs x 64 rows a block, 32 columns a step, each thread 4 x 4; weights
 // decoded into shared memory as f32. `xrows` (optional) gathers x's rows.
 template <int KIND> __device__ __forceinline__ float melem_k(const Mat& m, int r, int c) {
