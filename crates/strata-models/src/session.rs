@@ -126,7 +126,10 @@ pub(crate) struct Outputs<B: Backend> {
     hidden_cap: usize,
     logits_cap: usize,
     host_logits: Vec<f32>,
-    host_hidden: Vec<f32>,
+    /// Hidden states are copied back when first asked for (only a draft model reads them;
+    /// a copy back costs a sync): this forward's copy, and the previous one's vector.
+    host_hidden: std::cell::OnceCell<Vec<f32>>,
+    spare_hidden: std::cell::Cell<Vec<f32>>,
     last_logits: usize,
     last_hidden: usize,
     /// Final logit soft cap `c * tanh(l / c)` (Gemma), if the family has one.
@@ -146,7 +149,8 @@ impl<B: Backend> Outputs<B> {
             hidden_cap: rows,
             logits_cap: rows,
             host_logits: Vec::new(),
-            host_hidden: Vec::new(),
+            host_hidden: std::cell::OnceCell::new(),
+            spare_hidden: std::cell::Cell::new(Vec::new()),
             last_logits: 0,
             last_hidden: 0,
             softcap: None,
@@ -195,11 +199,12 @@ impl<B: Backend> Outputs<B> {
                 b.soft_cap(nl * self.vocab, cap, &mut self.logits);
             }
         }
+        if let Some(v) = self.host_hidden.take() {
+            self.spare_hidden.set(v);
+        }
         if b.host(&self.logits).is_none() {
             self.host_logits.resize(nl * self.vocab, 0.0);
             b.read(&self.logits, 0, &mut self.host_logits);
-            self.host_hidden.resize(nh * h, 0.0);
-            b.read(&self.hidden, 0, &mut self.host_hidden);
         }
         Ok(())
     }
@@ -216,7 +221,12 @@ impl<B: Backend> Outputs<B> {
         let n = self.last_hidden * self.hidden_size;
         match b.host(&self.hidden) {
             Some(l) => &l[..n],
-            None => &self.host_hidden[..n],
+            None => &self.host_hidden.get_or_init(|| {
+                let mut v = self.spare_hidden.take();
+                v.resize(n, 0.0);
+                b.read(&self.hidden, 0, &mut v);
+                v
+            })[..n],
         }
     }
 }

@@ -133,6 +133,8 @@ impl Backend for CudaBackend {
             return;
         }
         let mut st = self.lock();
+        let mut jobs = std::mem::take(&mut st.work.jobs);
+        jobs.clear();
         for lo in outs.iter_mut() {
             let w = lo.w;
             assert!(x.len >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len, w.cols);
@@ -166,8 +168,13 @@ impl Backend for CudaBackend {
                 bias: lo.bias.map_or(0, |b| b.ptr),
                 batches: 1,
             };
-            self.linear(&mut st, &l);
+            jobs.push(l);
         }
+        match rows {
+            1 => self.linears_one_row(&mut st, &jobs),
+            _ => jobs.iter().for_each(|l| self.linear(&mut st, l)),
+        }
+        st.work.jobs = jobs;
         self.profiled();
     }
 

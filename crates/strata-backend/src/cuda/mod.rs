@@ -107,6 +107,27 @@ struct StepDesc {
     max_blocks: i32,
 }
 
+/// One projection of a `k_linears_1` launch (`struct LinJob` in `kernels/products.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct LinJob {
+    m: MatDesc,
+    out: u64,
+    bias: u64,
+    add: i32,
+    split: i32,
+    blk0: i32,
+    pad: i32,
+}
+
+/// Projections one `k_linears_1` launch computes (`struct LinJobs`).
+const MAX_JOBS: usize = 4;
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct LinJobs {
+    j: [LinJob; MAX_JOBS],
+}
+
 /// One expert's share of a grouped expert launch (`struct Task`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -245,6 +266,9 @@ struct Work {
     xhi: Option<DevBuf<u16>>,
     xmid: Option<DevBuf<u16>>,
     xlo: Option<DevBuf<u16>>,
+    /// One-row projections: the call's jobs, and those that go out together.
+    jobs: Vec<Lin>,
+    small: Vec<(usize, LinJob)>,
     /// Host staging.
     bytes: Vec<u8>,
     cos: Vec<f32>,
@@ -261,6 +285,8 @@ struct Funcs {
     linear: [CudaFunction; 4],
     /// One row against a large matrix, several outputs a warp.
     linear_row: CudaFunction,
+    /// Up to four small projections of one row in one launch.
+    linears_1: CudaFunction,
     tiled: [CudaFunction; 5],
     /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
     experts_up: CudaFunction,
@@ -306,6 +332,7 @@ impl Funcs {
         Ok(Self {
             linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
             linear_row: f("k_linear_row")?,
+            linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             experts_up: f("k_experts_up_8")?,
             experts_down: f("k_experts_down_8")?,
@@ -676,6 +703,7 @@ impl CudaBackend {
 }
 
 /// Argument block of a projection (see `linear_small` / `linear_tiled` in `kernels/products.cu`).
+#[derive(Clone, Copy)]
 pub(crate) struct Lin {
     pub m: MatDesc,
     pub kind: QuantKind,

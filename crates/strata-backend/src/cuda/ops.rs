@@ -3,7 +3,7 @@
 //! expert task lists.
 
 use super::{
-    args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS,
+    args, kind_code, CudaBackend, LinJob, LinJobs, MAX_JOBS, CudaExpert, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS,
 };
 use crate::{Backend, GateAct, GqaQuery, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
@@ -32,7 +32,7 @@ impl CudaBackend {
         let (ostride, col, col_bs, add) = (l.ostride as i32, l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, xrows, out, bias) = (l.m, l.x, l.x_bs as i64, l.xrows, l.out, l.bias);
         // One row against a matrix with enough outputs to fill the device at four a warp.
-        if l.rows == 1 && l.xrows == 0 && m.vec != 0 && l.nout.div_ceil(32) * l.batches >= self.sms {
+        if self.takes_row_kernel(l) {
             let grid = (l.nout.div_ceil(32) as u32, l.batches as u32, 1);
             self.launch(
                 &self.f.linear_row,
@@ -45,10 +45,7 @@ impl CudaBackend {
         }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
             let (fi, _) = [1usize, 2, 4, 8].iter().enumerate().find(|(_, &r)| r >= l.rows).unwrap();
-            // Warps per output: enough blocks to fill the device twice over.
-            let target = 2 * self.sms;
-            let split =
-                [1usize, 2, 4, 8].into_iter().find(|&s| (l.nout * s).div_ceil(8) * l.batches >= target).unwrap_or(8);
+            let split = self.small_split(l.nout, l.batches);
             let split_i = split as i32;
             let grid = ((l.nout * split).div_ceil(8) as u32, l.batches as u32, 1);
             self.launch(
@@ -78,6 +75,49 @@ impl CudaBackend {
             0,
             &mut args![m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add, bias],
         );
+    }
+
+    /// Whether one row against `l` takes the one-row kernel (four outputs a warp).
+    fn takes_row_kernel(&self, l: &Lin) -> bool {
+        l.rows == 1 && l.xrows == 0 && l.m.vec != 0 && l.nout.div_ceil(32) * l.batches >= self.sms
+    }
+
+    /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
+    fn small_split(&self, nout: usize, batches: usize) -> usize {
+        let target = 2 * self.sms;
+        [1usize, 2, 4, 8].into_iter().find(|&s| (nout * s).div_ceil(8) * batches >= target).unwrap_or(8)
+    }
+
+    /// Projections of one row of x: those small enough for `linear_small` go out together,
+    /// up to four a launch (`k_linears_1`, each as `k_linear_1` would compute it); the rest
+    /// one by one. (The outputs are distinct buffers, so the order does not matter.)
+    pub(crate) fn linears_one_row(&self, st: &mut State, jobs: &[Lin]) {
+        let mut small = std::mem::take(&mut st.work.small);
+        small.clear();
+        for (i, l) in jobs.iter().enumerate() {
+            if l.rows != 1 || l.xrows != 0 || l.batches != 1 || l.nout == 0 || self.takes_row_kernel(l) {
+                self.linear(st, l);
+                continue;
+            }
+            let split = self.small_split(l.nout, 1) as i32;
+            let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
+            small.push((i, LinJob { m: l.m, out, bias, add, split, blk0: 0, pad: 0 }));
+        }
+        if let [(i, _)] = small[..] {
+            self.linear(st, &jobs[i]);
+        } else {
+            for chunk in small.chunks(MAX_JOBS) {
+                let mut all = LinJobs::default();
+                let mut blocks = 0usize;
+                for (slot, (_, j)) in all.j.iter_mut().zip(chunk) {
+                    *slot = LinJob { blk0: blocks as i32, ..*j };
+                    blocks += (j.m.rows as usize * j.split as usize).div_ceil(8);
+                }
+                let (x, n) = (jobs[0].x, chunk.len() as i32);
+                self.launch(&self.f.linears_1, (blocks as u32, 1, 1), 256, 0, &mut args![x, n, all]);
+            }
+        }
+        st.work.small = small;
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split

@@ -193,15 +193,15 @@ __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* cons
 // the device. blockIdx.y is the batch b (MLA's per-head value projections).
 
 template <int R>
-__device__ __forceinline__ void linear_small(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
+__device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
                                              int rows, int nout, float* out, int ostride, int col, int col_bs,
-                                             int add, const float* bias, int split) {
+                                             int add, const float* bias, int split, int bx) {
     __shared__ float red[8][R];
     int b = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int per_block = 8 / split;
     int og = warp / split, sub = warp % split;
-    int o = blockIdx.x * per_block + og;
+    int o = bx * per_block + og;
     bool live = o < nout;
     float acc[R];
     const float* xr[R];
@@ -244,12 +244,33 @@ __device__ __forceinline__ void linear_small(Mat m, int mrow0, int mrow_bs, cons
         Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, int rows, int nout, float* out,   \
         int ostride, int col, int col_bs, int add, const float* bias, int split) {                           \
         linear_small<R>(m, mrow0, mrow_bs, x, x_bs, xld, rows, nout, out, ostride, col, col_bs, add, bias,  \
-                        split);                                                                              \
+                        split, blockIdx.x);                                                                  \
     }
 LINEAR_SMALL(1)
 LINEAR_SMALL(2)
 LINEAR_SMALL(4)
 LINEAR_SMALL(8)
+
+// Several projections of the same row in one launch (a layer's small input projections,
+// each latency-bound on its own): job j owns blocks blk0[j] .. blk0[j + 1] and runs as
+// k_linear_1 would, bit for bit.
+#define MAX_JOBS 4
+struct LinJob {
+    Mat m;
+    float* out;
+    const float* bias;
+    int add, split, blk0, pad;
+};
+struct LinJobs {
+    LinJob j[MAX_JOBS];
+};
+extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, int njobs, LinJobs jobs) {
+    int i = 0;
+    while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
+    const LinJob& J = jobs.j[i];
+    linear_small<1>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
+                    blockIdx.x - J.blk0);
+}
 
 // One row (decode) against a large matrix: a warp computes LIN_OUTS consecutive outputs,
 // LIN_OUTS weight rows sharing each x load with their loads in flight together (one row
