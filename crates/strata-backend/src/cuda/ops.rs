@@ -3,7 +3,8 @@
 //! expert task lists.
 
 use super::{
-    args, kind_code, CudaBackend, LinJob, LinJobs, MAX_JOBS, CudaExpert, CudaMat, DevBuf, Lin, State, TaskDesc, EXPERT_BIG_ROWS, SMALL_ROWS,
+    args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, TaskDesc, EXPERT_BIG_ROWS,
+    MAX_JOBS, SMALL_ROWS,
 };
 use crate::{Backend, GateAct, GqaQuery, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};

@@ -65,12 +65,15 @@ pub(crate) fn cuda_mla_absorb_and_attend_match_cpu_on<G: Backend>(g: &G) {
     // projections are enough outputs for the one-row projection kernel.
     let large = MlaDims { heads: 8, nope: 32, rope: 8, v: 600, kv_lora: 512, scale: 0.05 };
     let fp8 = |block_cols| QuantKind::Fp8 { block_rows: 4, block_cols };
+    // (dims, encodings, absolute tolerance: the value projections sum kv_lora terms, and
+    // with many rows cuBLAS's bf16 products accumulate in another order, so a small output
+    // that cancels is off by ~eps times the sum of |terms|)
     let cases = [
-        (small, vec![QuantKind::F32, QuantKind::Bf16, fp8(8), QuantKind::Int8Row]),
-        (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }]),
+        (small, vec![QuantKind::F32, QuantKind::Bf16, fp8(8), QuantKind::Int8Row], 2e-6),
+        (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }], 2e-5),
     ];
     let topk = 6;
-    for (d, kind) in cases.iter().flat_map(|(d, kinds)| kinds.iter().map(move |k| (*d, *k))) {
+    for (d, kind, atol) in cases.iter().flat_map(|(d, kinds, atol)| kinds.iter().map(move |k| (*d, *k, *atol))) {
         let kw = d.key_width();
         for (step, slots) in steps(&mut rng) {
             let rows = step.rows();
@@ -148,7 +151,7 @@ pub(crate) fn cuda_mla_absorb_and_attend_match_cpu_on<G: Backend>(g: &G) {
             let cv = run(c, &step, d, &kvb, &q, &qf, &cache, &sel, &cnt, topk);
             let names = ["absorb q_full", "dense latent", "dense out", "sparse latent", "sparse out"];
             for (i, name) in names.iter().enumerate() {
-                close(&format!("mla {name} ({}, {rows} rows)", kind.name()), &gv[i], &cv[i], 2e-6, 2e-5);
+                close(&format!("mla {name} ({}, {rows} rows)", kind.name()), &gv[i], &cv[i], atol, 2e-5);
             }
         }
     }
