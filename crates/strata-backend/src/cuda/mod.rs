@@ -1,6 +1,7 @@
 //! The CUDA backend: weights in their stored precision in device memory, activations and
 //! KV caches in device memory, every op a kernel (compiled by NVRTC at run time, see
-//! `kernels/`) on one stream; f32 and bf16 products of many rows through cuBLAS.
+//! `kernels/`) on one stream; f32 and bf16 products of many rows through cuBLAS. Launches
+//! are held and sent in runs, a repeated run as one CUDA graph (`queue.rs`).
 //!
 //! Same semantics as the CPU backend (`cpu/`): the same layouts, the same routing and
 //! selection rules and tie breaks, the same accumulation order where the CPU fixes one
