@@ -65,14 +65,14 @@ impl Backend for CudaBackend {
 
     fn read(&self, src: &DevBuf<f32>, offset: usize, dst: &mut [f32]) {
         assert!(offset + dst.len() <= src.len, "read: {}..{} of {}", offset, offset + dst.len(), src.len);
-        let _g = self.lock();
-        self.download(src.at(offset), dst);
+        let mut st = self.lock();
+        self.download(&mut st, src.at(offset), dst);
     }
 
     fn read_idx(&self, src: &DevBuf<u32>, offset: usize, dst: &mut [u32]) {
         assert!(offset + dst.len() <= src.len, "read_idx: {}..{} of {}", offset, offset + dst.len(), src.len);
-        let _g = self.lock();
-        self.download(src.at(offset), dst);
+        let mut st = self.lock();
+        self.download(&mut st, src.at(offset), dst);
     }
 
     fn write(&self, dst: &mut DevBuf<f32>, offset: usize, src: &[f32]) {

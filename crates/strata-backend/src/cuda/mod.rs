@@ -276,7 +276,26 @@ struct Work {
     sin: Vec<f32>,
 }
 
+/// Page-locked host memory for reads back (`READBACK` bytes).
+struct Pinned(*mut u8);
+
+// SAFETY: only touched under the backend's state lock.
+unsafe impl Send for Pinned {}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc; reads complete before `download` returns.
+        unsafe {
+            let _ = result::free_host(self.0 as *mut c_void);
+        }
+    }
+}
+
+/// Reads back up to this many bytes go through page-locked memory (a decode step's logits).
+const READBACK: usize = 4 << 20;
+
 pub(crate) struct State {
+    readback: Option<Pinned>,
     ring: Ring,
     step: StepCache,
     work: Work,
@@ -487,7 +506,7 @@ impl CudaBackend {
             blas,
             name,
             sms,
-            state: Mutex::new(State { ring, step: StepCache::default(), work: Work::default() }),
+            state: Mutex::new(State { readback: None, ring, step: StepCache::default(), work: Work::default() }),
             queue,
         })
     }
@@ -624,14 +643,35 @@ impl CudaBackend {
         self.upload_bytes(ring, dst, bytes);
     }
 
-    fn download<T>(&self, src: u64, dst: &mut [T]) {
-        if dst.is_empty() {
+    /// Device values to `dst`: through page-locked memory up to READBACK bytes (a copy
+    /// into pageable memory is staged by the driver and slower), directly above that.
+    fn download<T: Copy>(&self, st: &mut State, src: u64, dst: &mut [T]) {
+        let bytes = std::mem::size_of_val(dst);
+        if bytes == 0 {
             return;
         }
-        // SAFETY: `src` is device memory holding `dst.len()` values (callers check).
-        unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
-            .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
-        self.synchronize();
+        if bytes > READBACK {
+            // SAFETY: `src` is device memory holding `dst.len()` values (callers check).
+            unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
+                .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
+            self.synchronize();
+            return;
+        }
+        let rb = st.readback.get_or_insert_with(|| {
+            // SAFETY: plain allocation; freed by `Pinned`.
+            let p =
+                unsafe { result::malloc_host(READBACK, 0) }.unwrap_or_else(|e| panic!("CUDA: pinned readback: {e}"));
+            Pinned(p as *mut u8)
+        });
+        // SAFETY: the pinned buffer holds READBACK >= bytes bytes; `src` holds them on the
+        // device; the copy has completed (synchronize) before the buffer is read.
+        unsafe {
+            let staged = std::slice::from_raw_parts_mut(rb.0, bytes);
+            result::memcpy_dtoh_async(staged, src, self.cu_stream())
+                .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
+            self.synchronize();
+            std::ptr::copy_nonoverlapping(rb.0, dst.as_mut_ptr() as *mut u8, bytes);
+        }
     }
 
     /// The step's rows on the device (uploaded when they changed).

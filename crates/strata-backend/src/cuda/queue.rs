@@ -27,6 +27,11 @@ const GRAPHS: usize = 1024;
 const SEEN: usize = 4096;
 /// Shorter runs are launched one by one (a graph would save little).
 const MIN_GRAPH_KERNELS: usize = 4;
+/// A run is sent once it holds this many launches, the next at twice as many, and so on
+/// (back to this after anything else touches the stream): the device starts on a step's
+/// first kernels while the host is still preparing the rest, and the cut points are the
+/// same at every step, so each piece replays as its own graph.
+const FIRST_RUN: usize = 4;
 /// The most parameters a kernel takes.
 const MAX_PARAMS: usize = 24;
 
@@ -120,6 +125,8 @@ struct Graph {
 struct Inner {
     on: bool,
     run: Run,
+    /// Launches at which the run is sent (see FIRST_RUN).
+    limit: usize,
     /// Graphs by the hash of their run's words.
     graphs: HashMap<u64, Vec<Graph>>,
     kept: usize,
@@ -182,6 +189,7 @@ impl LaunchQueue {
         let inner = Inner {
             on,
             run: Run::default(),
+            limit: FIRST_RUN,
             graphs: HashMap::new(),
             kept: 0,
             seen: HashMap::new(),
@@ -239,6 +247,10 @@ impl LaunchQueue {
             }
         }
         run.nodes.push(Node { func, grid, block, smem, first, count: args.len() });
+        if run.nodes.len() >= g.limit {
+            self.send(&mut g);
+            g.limit *= 2;
+        }
     }
 
     fn launch_now(
@@ -275,11 +287,16 @@ impl LaunchQueue {
     /// new graph when it was seen once before, else each launch.
     pub fn flush(&self) {
         let mut g = self.lock();
+        g.limit = FIRST_RUN;
+        self.send(&mut g);
+    }
+
+    fn send(&self, g: &mut Inner) {
         if g.run.nodes.is_empty() {
             return;
         }
         self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
-        let inner = &mut *g;
+        let inner = g;
         let n = inner.run.nodes.len();
         inner.clock += 1;
         let (h, now) = (hash(&inner.run.words), inner.clock);
