@@ -45,7 +45,9 @@ impl CudaBackend {
         assert!(w.is_none_or(|w| w.len() >= width), "add_rms_norm: a weight shorter than {width}");
         let _g = self.lock();
         let (ap, wp, xp, wd) = (a.ptr(), w.map_or(0, |w| w.ptr()), x.ptr(), width as i32);
-        self.launch(&self.f.add_rms_norm, (rows as u32, 1, 1), 256, 0, &mut args![ap, wp, eps, xp, wd]);
+        // A thread per float4 of the row, up to 1024 (see `k_add_rms_norm`).
+        let block = width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
+        self.launch(&self.f.add_rms_norm, (rows as u32, 1, 1), block, 0, &mut args![ap, wp, eps, xp, wd]);
     }
 
     /// `a[r, i] = gelu_tanh(a[r, i]) * b[r * b_stride + b_col + i]`.

@@ -25,7 +25,7 @@ pub(crate) fn cuda_elementwise_ops_match_cpu_on<G: Backend>(g: &G) {
         close(&format!("soft_cap over {part} of {len}"), &gv[2], &cv[2], 1e-5, 1e-6);
     }
     // Row-wise: Gemma's hidden width and a small odd one.
-    for (rows, width) in [(3usize, 2816usize), (17, 48), (1, 1)] {
+    for (rows, width) in [(3usize, 2816usize), (1, 5376), (17, 48), (2, 6), (1, 1)] {
         let a = rvec(&mut rng, rows * width, 2.0);
         let w = rvec(&mut rng, width, 1.5);
         let x0 = rvec(&mut rng, rows * width, 1.0);

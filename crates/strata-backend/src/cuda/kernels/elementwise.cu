@@ -23,16 +23,40 @@ extern "C" __global__ void k_soft_cap(i64 n, float cap, float* x) {
     GRID_STRIDE(i, n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
-// x[r] += rms_norm(a[r]) * w (w null: no scale), a block per row.
+// x[r] += rms_norm(a[r]) * w (w null: no scale), a block per row, over float4s where
+// aligned (as rms_seg).
 extern "C" __global__ void k_add_rms_norm(const float* a, const float* w, float eps, float* x, int width) {
     __shared__ float sh[32];
     const float* ar = a + (i64)blockIdx.x * width;
     float* xr = x + (i64)blockIdx.x * width;
+    bool v4 = f4_ok(ar, xr, w, width);
     float ss = 0.f;
-    for (int c = threadIdx.x; c < width; c += blockDim.x) ss = fmaf(ar[c], ar[c], ss);
+    if (v4) {
+        for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
+            float4 v = ((const float4*)ar)[c];
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+        }
+    } else {
+        for (int c = threadIdx.x; c < width; c += blockDim.x) ss = fmaf(ar[c], ar[c], ss);
+    }
     ss = bsum(ss, sh);
     float inv = 1.0f / sqrtf(ss / (float)width + eps);
-    for (int c = threadIdx.x; c < width; c += blockDim.x) xr[c] += w ? ar[c] * inv * w[c] : ar[c] * inv;
+    if (v4) {
+        for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
+            float4 v = ((const float4*)ar)[c], o = ((float4*)xr)[c];
+            float4 s = w ? ((const float4*)w)[c] : make_float4(1.f, 1.f, 1.f, 1.f);
+            o.x += w ? v.x * inv * s.x : v.x * inv;
+            o.y += w ? v.y * inv * s.y : v.y * inv;
+            o.z += w ? v.z * inv * s.z : v.z * inv;
+            o.w += w ? v.w * inv * s.w : v.w * inv;
+            ((float4*)xr)[c] = o;
+        }
+    } else {
+        for (int c = threadIdx.x; c < width; c += blockDim.x) xr[c] += w ? ar[c] * inv * w[c] : ar[c] * inv;
+    }
 }
 
 // a[r, i] = gelu_tanh(a[r, i]) * b[r * stride + col + i], a block per row.
