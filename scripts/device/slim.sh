@@ -8,14 +8,20 @@ cd "$(git rev-parse --show-toplevel)"
 # SLIM_PATHS (space-separated) overrides the default list; give `off` the same list.
 read -r -a SLIM <<<"${SLIM_PATHS:-fixtures/gemma4}"
 ex=.git/info/exclude
+# While slim, a commit would record the fixtures as deleted: a pre-commit hook refuses.
+hook=.git/hooks/pre-commit
 case ${1:?usage: slim.sh on|off} in
 on)
+  [ -e "$hook" ] && ! grep -q "slim.sh is on" "$hook" && { echo "slim.sh: $hook exists; not touching it" >&2; exit 1; }
+  printf '#!/bin/sh\necho "slim.sh is on (fixtures out of the index): run scripts/device/slim.sh off first" >&2\nexit 1\n' >"$hook"
+  chmod +x "$hook"
   git rm -r -q --cached "${SLIM[@]}"
   for p in "${SLIM[@]}"; do grep -qxF "/$p/" "$ex" || echo "/$p/" >>"$ex"; done
   echo "tracked: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes" ;;
 off)
   for p in "${SLIM[@]}"; do sed -i "\#^/$p/\$#d" "$ex"; done
   git reset -q -- "${SLIM[@]}"
+  grep -q "slim.sh is on" "$hook" 2>/dev/null && rm -f "$hook"
   git status --short -- "${SLIM[@]}" ;;
 *) echo "usage: slim.sh on|off" >&2; exit 2 ;;
 esac
