@@ -10,6 +10,7 @@ read -r -a SLIM <<<"${SLIM_PATHS:-fixtures/gemma4}"
 ex=.git/info/exclude
 # While slim, a commit would record the fixtures as deleted: a pre-commit hook refuses.
 hook=.git/hooks/pre-commit
+mkdir -p .git/hooks
 case ${1:?usage: slim.sh on|off} in
 on)
   [ -e "$hook" ] && ! grep -q "slim.sh is on" "$hook" && { echo "slim.sh: $hook exists; not touching it" >&2; exit 1; }
