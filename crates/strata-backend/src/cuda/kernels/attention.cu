@@ -16,16 +16,12 @@ __device__ __forceinline__ bool f4_ok(const void* a, const void* b, const void* 
     return ((((size_t)a | (size_t)b | (size_t)c) & 15) == 0) && (n & 3) == 0;
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed). Rows are read as
-// float4s where aligned: each thread's loads are then few and in flight together (a
-// block walking a 6144-wide row one float a thread is bound by load latency, ~20 us).
-__device__ void rms_seg(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+// This thread's share of sum(x[..n]^2), over float4s when v4.
+__device__ __forceinline__ float part_ss(const float* x, int n, bool v4) {
     float ss = 0.f;
-    bool v4 = f4_ok(x, out, w, n);
     if (v4) {
-        const float4* x4 = (const float4*)x;
         for (int c = threadIdx.x; c < n / 4; c += blockDim.x) {
-            float4 a = x4[c];
+            float4 a = ((const float4*)x)[c];
             ss = fmaf(a.x, a.x, ss);
             ss = fmaf(a.y, a.y, ss);
             ss = fmaf(a.z, a.z, ss);
@@ -34,7 +30,15 @@ __device__ void rms_seg(const float* x, const float* w, float eps, float* out, i
     } else {
         for (int c = threadIdx.x; c < n; c += blockDim.x) ss = fmaf(x[c], x[c], ss);
     }
-    ss = bsum(ss, sh);
+    return ss;
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed). Rows are read as
+// float4s where aligned: each thread's loads are then few and in flight together (a
+// block walking a 6144-wide row one float a thread is bound by load latency, ~20 us).
+__device__ void rms_seg(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+    bool v4 = f4_ok(x, out, w, n);
+    float ss = bsum(part_ss(x, n, v4), sh);
     float inv = 1.0f / sqrtf(ss / (float)n + eps);
     if (v4) {
         const float4* x4 = (const float4*)x;

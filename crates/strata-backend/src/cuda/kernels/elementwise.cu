@@ -30,19 +30,7 @@ extern "C" __global__ void k_add_rms_norm(const float* a, const float* w, float 
     const float* ar = a + (i64)blockIdx.x * width;
     float* xr = x + (i64)blockIdx.x * width;
     bool v4 = f4_ok(ar, xr, w, width);
-    float ss = 0.f;
-    if (v4) {
-        for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
-            float4 v = ((const float4*)ar)[c];
-            ss = fmaf(v.x, v.x, ss);
-            ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss);
-            ss = fmaf(v.w, v.w, ss);
-        }
-    } else {
-        for (int c = threadIdx.x; c < width; c += blockDim.x) ss = fmaf(ar[c], ar[c], ss);
-    }
-    ss = bsum(ss, sh);
+    float ss = bsum(part_ss(ar, width, v4), sh);
     float inv = 1.0f / sqrtf(ss / (float)width + eps);
     if (v4) {
         for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
