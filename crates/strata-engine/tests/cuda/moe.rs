@@ -10,10 +10,21 @@ pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
         (64, 96, 9, RouterParams { top_k: 6, n_group: 8, topk_group: 3, norm_topk_prob: true, scaling: 1.0 }),
         (256, 128, 3, RouterParams { top_k: 8, n_group: 4, topk_group: 2, norm_topk_prob: false, scaling: 1.5 }),
         (16, 64, 40, RouterParams { top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
+        // Exact ties: experts 2i and 2i + 1 have the same row and bias (the lower id first).
+        (32, 64, 4, RouterParams { top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.0 }),
     ] {
-        let (gate, _) = hostmat(&mut rng, QuantKind::F32, experts, hidden, 0.3);
+        let tied = experts == 32;
+        let (mut gate, _) = hostmat(&mut rng, QuantKind::F32, experts, hidden, 0.3);
+        let mut bias = rvec(&mut rng, experts, 0.2);
+        if tied {
+            let row = 4 * hidden;
+            for e in (0..experts).step_by(2) {
+                let (a, b) = gate.payload.split_at_mut((e + 1) * row);
+                b[..row].copy_from_slice(&a[e * row..]);
+                bias[e + 1] = bias[e];
+            }
+        }
         let x = rvec(&mut rng, rows * hidden, 1.0);
-        let bias = rvec(&mut rng, experts, 0.2);
         fn run<B: Backend>(
             b: &B,
             gate: &HostMatrix,
