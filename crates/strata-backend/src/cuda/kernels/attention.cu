@@ -216,7 +216,7 @@ __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int h
 }
 
 #define MLA_ABSORB_ROW(K)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb_row_##K(                                  \
+    extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n) k_mla_absorb_row_##K(            \
         const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
         const float* sn, float* qf) {                                                                         \
         absorb_row<K>(q, kvb, heads, nope, rope, vdim, kv_lora, cs, sn, qf);                                  \

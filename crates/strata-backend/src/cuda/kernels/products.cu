@@ -26,25 +26,46 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
     } else if (KIND == 2) {
         // Integers to floats without the (slow) conversion unit, exactly: 2^23 + n has n in
         // its low mantissa bits. A signed byte b becomes 2^23 + (b + 128) - (2^23 + 128).
+        // One byte permute a weight builds 2^23 + (b + 128).
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             u32 flipped = word[i] ^ 0x80808080u;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                w[4 * i + j] = __uint_as_float(0x4B000000u | ((flipped >> (8 * j)) & 255u)) - 8388736.f;
+            for (int j = 0; j < 4; j++) w[4 * i + j] = __uint_as_float(__byte_perm(flipped, 0x4B000000u, 0x7440u + j)) - 8388736.f;
         }
     } else if (KIND == 3) {
-        // A nibble n stores n - 8: 2^23 + n - (2^23 + 8), exact as above.
+        // A nibble n stores n - 8: 2^23 + n - (2^23 + 8), exact as above. The even and
+        // odd nibbles are first split into bytes, and one byte permute a weight then
+        // builds 2^23 + n (a shift and a mask a weight cost a quarter of the issue slots).
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
+            u32 lo = word[i] & 0x0F0F0F0Fu, hi = (word[i] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                w[8 * i + j] = __uint_as_float(0x4B000000u | ((word[i] >> (4 * j)) & 15u)) - 8388616.f;
+            for (int b = 0; b < 4; b++) {
+                w[8 * i + 2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440u + b)) - 8388616.f;
+                w[8 * i + 2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440u + b)) - 8388616.f;
+            }
+        }
     } else {
+        // e4m3 exactly, with no conversion: its 7 magnitude bits placed at bit 20 read as an
+        // f32 of exponent e - 127 (a denormal when e = 0), which times 2^120 is the value;
+        // magnitude 0x7F is NaN. (e4m3f's branches and int->float conversion cost ~17
+        // instructions a weight.)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
+            u32 mag = word[i] & 0x7F7F7F7Fu, sgn = word[i] & 0x80808080u;
 #pragma unroll
-            for (int j = 0; j < 4; j++) w[4 * i + j] = e4m3f((word[i] >> (8 * j)) & 255u);
+            for (int j = 0; j < 4; j++) {
+                u32 t = __byte_perm(mag, sgn, ((u32)j << 8) | ((4u + j) << 12));
+                w[4 * i + j] = __uint_as_float(((t << 4) & 0x07F00000u) | (t & 0x80000000u)) * 0x1p120f;
+            }
+            u32 nan = __vcmpeq4(mag, 0x7F7F7F7Fu);
+            if (nan) {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if ((nan >> (8 * j)) & 1u) w[4 * i + j] = __int_as_float(0x7fc00000);
+            }
+        }
     }
 }
 
