@@ -11,7 +11,8 @@
 //! Host <-> device traffic of a step: the step's rows (positions, block tables) and rotary
 //! tables, the expert task lists (small, through a ring of pinned staging buffers, so the
 //! copies are asynchronous), the routed expert ids the host needs (read back, by design),
-//! and the logits asked for. Ops that cannot return an error panic on a CUDA error (as the
+//! and the logits asked for (read back through page-locked memory; hidden states only when
+//! a draft model reads them). Ops that cannot return an error panic on a CUDA error (as the
 //! CPU backend panics on a shape mismatch); making the backend fails with a one-line
 //! error when there is no driver, no device or no NVRTC.
 
