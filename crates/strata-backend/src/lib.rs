@@ -17,6 +17,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod graph_cache;
 pub mod profile;
 mod step;
 

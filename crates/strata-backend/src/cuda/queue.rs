@@ -11,9 +11,9 @@
 //! bit for bit, whether or not a run became a graph (`--cuda-graphs off` sends every
 //! kernel on its own, at once).
 
+use crate::graph_cache::{GraphCache, Plan};
 use anyhow::{anyhow, Result};
 use cudarc::driver::{sys, CudaStream};
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -114,49 +114,16 @@ impl Run {
     }
 }
 
-struct Graph {
-    words: Vec<u64>,
-    exec: sys::CUgraphExec,
-    kernels: usize,
-    /// When it was last launched (`Inner::clock`): the least recent goes first.
-    used: u64,
-}
-
 struct Inner {
     on: bool,
     run: Run,
     /// Launches at which the run is sent (see FIRST_RUN).
     limit: usize,
-    /// Graphs by the hash of their run's words.
-    graphs: HashMap<u64, Vec<Graph>>,
-    kept: usize,
-    /// Hashes of runs sent one by one, with when they were last seen.
-    seen: HashMap<u64, u64>,
-    clock: u64,
+    graphs: GraphCache<sys::CUgraphExec>,
     stats: LaunchStats,
 }
 
-/// FNV-1a over the words.
-fn hash(words: &[u64]) -> u64 {
-    words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| (h ^ w).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
 impl Inner {
-    /// Drops the graph launched least recently.
-    fn evict_graph(&mut self) {
-        let oldest = self.graphs.iter().flat_map(|(&h, v)| v.iter().map(move |g| (g.used, h))).min();
-        let Some((used, h)) = oldest else { return };
-        let list = self.graphs.get_mut(&h).expect("the oldest graph's list");
-        let i = list.iter().position(|g| g.used == used).expect("the oldest graph");
-        let old = list.swap_remove(i);
-        if list.is_empty() {
-            self.graphs.remove(&h);
-        }
-        self.kept -= 1;
-        // SAFETY: a launched graph may be destroyed; the driver finishes its launches first.
-        unsafe { sys::cuGraphExecDestroy(old.exec) };
-    }
-
     /// Counts `kernels` sent one by one, or one graph launch of `kernels` (`built`: new).
     fn count(&mut self, kernels: usize, graph: bool, built: bool) {
         let add = |s: &mut LaunchStats| {
@@ -190,10 +157,7 @@ impl LaunchQueue {
             on,
             run: Run::default(),
             limit: FIRST_RUN,
-            graphs: HashMap::new(),
-            kept: 0,
-            seen: HashMap::new(),
-            clock: 0,
+            graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
             stats: LaunchStats::default(),
         };
         Self { stream, inner: Mutex::new(inner) }
@@ -298,25 +262,19 @@ impl LaunchQueue {
         self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
         let inner = g;
         let n = inner.run.nodes.len();
-        inner.clock += 1;
-        let (h, now) = (hash(&inner.run.words), inner.clock);
-        let cached = inner.graphs.get_mut(&h).and_then(|v| v.iter_mut().find(|gr| gr.words == inner.run.words));
-        if let Some(graph) = cached {
-            graph.used = now;
-            let (exec, kernels) = (graph.exec, graph.kernels);
-            self.launch_graph(exec);
-            inner.count(kernels, true, false);
-        } else if n >= MIN_GRAPH_KERNELS && inner.seen.contains_key(&h) {
-            match self.build(&inner.run) {
+        match inner.graphs.plan(&inner.run.words, n) {
+            Plan::Replay(exec, kernels) => {
+                self.launch_graph(exec);
+                inner.count(kernels, true, false);
+            }
+            Plan::Build => match self.build(&inner.run) {
                 Ok(exec) => {
-                    inner.seen.remove(&h);
                     self.launch_graph(exec);
                     inner.count(n, true, true);
-                    let words = std::mem::take(&mut inner.run.words);
-                    inner.graphs.entry(h).or_default().push(Graph { words, exec, kernels: n, used: now });
-                    inner.kept += 1;
-                    if inner.kept > GRAPHS {
-                        inner.evict_graph();
+                    if let Some(old) = inner.graphs.insert(std::mem::take(&mut inner.run.words), exec, n) {
+                        // SAFETY: a launched graph may be destroyed; the driver finishes
+                        // its launches first.
+                        unsafe { sys::cuGraphExecDestroy(old) };
                     }
                 }
                 Err(e) => {
@@ -327,19 +285,10 @@ impl LaunchQueue {
                     inner.count(n, false, false);
                     inner.on = false;
                 }
-            }
-        } else {
-            self.launch_each(&inner.run);
-            inner.count(n, false, false);
-            if n >= MIN_GRAPH_KERNELS {
-                inner.seen.insert(h, now);
-                if inner.seen.len() > SEEN {
-                    // Forget the older half.
-                    let mut ages: Vec<u64> = inner.seen.values().copied().collect();
-                    ages.sort_unstable();
-                    let cut = ages[ages.len() / 2];
-                    inner.seen.retain(|_, &mut t| t > cut);
-                }
+            },
+            Plan::Each => {
+                self.launch_each(&inner.run);
+                inner.count(n, false, false);
             }
         }
         inner.run.clear();
@@ -414,9 +363,9 @@ impl Drop for LaunchQueue {
         self.flush();
         let _ = self.stream.context().bind_to_thread();
         let _ = self.stream.synchronize();
-        for g in self.lock().graphs.drain().flat_map(|(_, v)| v) {
+        for exec in self.lock().graphs.drain() {
             // SAFETY: the stream is idle; nothing uses the graph any more.
-            unsafe { sys::cuGraphExecDestroy(g.exec) };
+            unsafe { sys::cuGraphExecDestroy(exec) };
         }
     }
 }
