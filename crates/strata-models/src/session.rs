@@ -192,8 +192,16 @@ impl<B: Backend> Outputs<B> {
             b.gather_rows(x, h, &want.hidden, &mut self.hidden);
         }
         if nl > 0 {
-            b.gather_rows(x, h, &want.logits, &mut self.gathered);
-            b.rms_norm(nl, h, &self.gathered, Some(norm), eps, &mut self.normed);
+            // Every row that wants logits also wants its hidden state (`Rows::plan`): when
+            // they are the same rows (decode), the rows gathered above feed the head.
+            let rows_in = match want.logits == want.hidden {
+                true => &self.hidden,
+                false => {
+                    b.gather_rows(x, h, &want.logits, &mut self.gathered);
+                    &self.gathered
+                }
+            };
+            b.rms_norm(nl, h, rows_in, Some(norm), eps, &mut self.normed);
             b.linears(&self.normed, nl, &mut [LinearOut::new(b, head, &mut self.logits)]);
             if let Some(cap) = self.softcap {
                 b.soft_cap(nl * self.vocab, cap, &mut self.logits);
