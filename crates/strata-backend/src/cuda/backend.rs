@@ -121,8 +121,7 @@ impl Backend for CudaBackend {
         assert!(x.len >= rows * width && out.len >= rows * width, "rms_norm: buffers too small");
         let _g = self.lock();
         let (xp, wp, op, wd) = (x.ptr, w.map_or(0, |w| w.ptr), out.ptr, width as i32);
-        // A thread per float4 of the row, up to 1024 (see `rms_seg`).
-        let block = width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
+        let block = super::row_threads(width);
         self.launch(&self.f.rms_norm, (rows as u32, 1, 1), block, 0, &mut args![xp, wp, eps, op, wd]);
         self.profiled();
     }
@@ -284,6 +283,7 @@ impl Backend for CudaBackend {
     ) {
         let _t = Timer::start(Op::Experts);
         super::dispatch::experts_by_id(self, x, top_k, ids, table, shared, y);
+        self.profiled();
     }
 
     fn gated_experts<'a>(

@@ -45,8 +45,7 @@ impl CudaBackend {
         assert!(w.is_none_or(|w| w.len() >= width), "add_rms_norm: a weight shorter than {width}");
         let _g = self.lock();
         let (ap, wp, xp, wd) = (a.ptr(), w.map_or(0, |w| w.ptr()), x.ptr(), width as i32);
-        // A thread per float4 of the row, up to 1024 (see `k_add_rms_norm`).
-        let block = width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
+        let block = super::row_threads(width);
         self.launch(&self.f.add_rms_norm, (rows as u32, 1, 1), block, 0, &mut args![ap, wp, eps, xp, wd]);
     }
 

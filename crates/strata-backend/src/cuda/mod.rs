@@ -40,6 +40,12 @@ use strata_kernels::QuantKind;
 /// Elements in a 16-byte vector, by encoding code (`Vw` in `kernels/products.cu`).
 const VEC_WIDTH: [usize; 5] = [4, 8, 16, 32, 16];
 
+/// Threads of a block that normalises a row of `width` (`rms_seg`, `k_add_rms_norm`): one
+/// per float4, up to 1024.
+fn row_threads(width: usize) -> u32 {
+    width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
+}
+
 /// A matrix as the kernels read it (`struct Mat` in `kernels/common.cu`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -623,27 +629,28 @@ impl CudaBackend {
         if bytes == 0 {
             return;
         }
-        if bytes > READBACK {
-            // SAFETY: `src` is device memory holding `dst.len()` values (callers check).
-            unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
-                .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
-            self.synchronize();
-            return;
-        }
-        let rb = st.readback.get_or_insert_with(|| {
-            // SAFETY: plain allocation; freed by `Pinned`.
-            let p =
-                unsafe { result::malloc_host(READBACK, 0) }.unwrap_or_else(|e| panic!("CUDA: pinned readback: {e}"));
-            Pinned(p as *mut u8)
+        let pinned = (bytes <= READBACK).then(|| {
+            st.readback.get_or_insert_with(|| {
+                // SAFETY: plain allocation; freed by `Pinned`.
+                let p = unsafe { result::malloc_host(READBACK, 0) }
+                    .unwrap_or_else(|e| panic!("CUDA: pinned readback: {e}"));
+                Pinned(p as *mut u8)
+            })
         });
-        // SAFETY: the pinned buffer holds READBACK >= bytes bytes; `src` holds them on the
-        // device; the copy has completed (synchronize) before the buffer is read.
+        // SAFETY: the landing bytes are `dst`'s own or the first `bytes` of the pinned
+        // buffer (READBACK >= bytes); `src` holds them on the device; the copy has completed
+        // (synchronize) before they are read.
         unsafe {
-            let staged = std::slice::from_raw_parts_mut(rb.0, bytes);
-            result::memcpy_dtoh_async(staged, src, self.cu_stream())
+            let landing = match &pinned {
+                Some(p) => std::slice::from_raw_parts_mut(p.0, bytes),
+                None => std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, bytes),
+            };
+            result::memcpy_dtoh_async(landing, src, self.cu_stream())
                 .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
             self.synchronize();
-            std::ptr::copy_nonoverlapping(rb.0, dst.as_mut_ptr() as *mut u8, bytes);
+            if let Some(p) = pinned {
+                std::ptr::copy_nonoverlapping(p.0, dst.as_mut_ptr() as *mut u8, bytes);
+            }
         }
     }
 

@@ -225,6 +225,11 @@ pub(crate) fn mla_prepare(b: &CudaBackend, step: &Step, a: MlaPrepare<'_, CudaBa
     );
 }
 
+/// The one-row absorb's row groups and latent columns a block (`ABS_G`, `ABS_KC` in
+/// kernels/attention.cu).
+const ABS_G: usize = 16;
+const ABS_KC: usize = 256;
+
 pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBackend>) {
     let d = a.dims;
     let rows = step.rows();
@@ -236,10 +241,10 @@ pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBack
     let (r, h, nope, rope, v, kvl) =
         (rows as i32, d.heads as i32, d.nope as i32, d.rope as i32, d.v as i32, d.kv_lora as i32);
     if rows == 1 && kvb.vec != 0 {
-        // 16 row groups x (256 columns / the vector width) threads (see `absorb_row`).
+        // ABS_G row groups x (ABS_KC columns / the vector width) threads (`absorb_row`).
         let width = super::VEC_WIDTH[kind_code(a.kv_b.kind) as usize];
-        let threads = (16 * 256 / width) as u32;
-        let grid = (d.heads as u32, d.kv_lora.div_ceil(256) as u32, 1);
+        let threads = (ABS_G * ABS_KC / width) as u32;
+        let grid = (d.heads as u32, d.kv_lora.div_ceil(ABS_KC) as u32, 1);
         let f = &b.f.mla_absorb_row[kind_code(a.kv_b.kind) as usize];
         b.launch(f, grid, threads, 0, &mut args![q, kvb, h, nope, rope, v, kvl, cs, sn, qf]);
         return;

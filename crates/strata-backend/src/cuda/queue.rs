@@ -255,12 +255,11 @@ impl LaunchQueue {
         self.send(&mut g);
     }
 
-    fn send(&self, g: &mut Inner) {
-        if g.run.nodes.is_empty() {
+    fn send(&self, inner: &mut Inner) {
+        if inner.run.nodes.is_empty() {
             return;
         }
         self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
-        let inner = g;
         let n = inner.run.nodes.len();
         match inner.graphs.plan(&inner.run.words, n) {
             Plan::Replay(exec, kernels) => {

@@ -33,6 +33,13 @@ __device__ __forceinline__ float part_ss(const float* x, int n, bool v4) {
     return ss;
 }
 
+// a * inv * w[4c..4c+4] (w null: a * inv): a float4 of a normalised row.
+__device__ __forceinline__ float4 scaled4(float4 a, float inv, const float* w, int c) {
+    if (!w) return make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+    float4 b = ((const float4*)w)[c];
+    return make_float4(a.x * inv * b.x, a.y * inv * b.y, a.z * inv * b.z, a.w * inv * b.w);
+}
+
 // out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed). Rows are read as
 // float4s where aligned: each thread's loads are then few and in flight together (a
 // block walking a 6144-wide row one float a thread is bound by load latency, ~20 us).
@@ -41,19 +48,8 @@ __device__ void rms_seg(const float* x, const float* w, float eps, float* out, i
     float ss = bsum(part_ss(x, n, v4), sh);
     float inv = 1.0f / sqrtf(ss / (float)n + eps);
     if (v4) {
-        const float4* x4 = (const float4*)x;
-        const float4* w4 = (const float4*)w;
-        float4* o4 = (float4*)out;
-        for (int c = threadIdx.x; c < n / 4; c += blockDim.x) {
-            float4 a = x4[c], o;
-            if (w) {
-                float4 b = w4[c];
-                o = make_float4(a.x * inv * b.x, a.y * inv * b.y, a.z * inv * b.z, a.w * inv * b.w);
-            } else {
-                o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
-            }
-            o4[c] = o;
-        }
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x)
+            ((float4*)out)[c] = scaled4(((const float4*)x)[c], inv, w, c);
     } else {
         for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = w ? x[c] * inv * w[c] : x[c] * inv;
     }

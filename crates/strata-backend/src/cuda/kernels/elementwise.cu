@@ -34,13 +34,8 @@ extern "C" __global__ void k_add_rms_norm(const float* a, const float* w, float 
     float inv = 1.0f / sqrtf(ss / (float)width + eps);
     if (v4) {
         for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
-            float4 v = ((const float4*)ar)[c], o = ((float4*)xr)[c];
-            float4 s = w ? ((const float4*)w)[c] : make_float4(1.f, 1.f, 1.f, 1.f);
-            o.x += w ? v.x * inv * s.x : v.x * inv;
-            o.y += w ? v.y * inv * s.y : v.y * inv;
-            o.z += w ? v.z * inv * s.z : v.z * inv;
-            o.w += w ? v.w * inv * s.w : v.w * inv;
-            ((float4*)xr)[c] = o;
+            float4 s = scaled4(((const float4*)ar)[c], inv, w, c), o = ((float4*)xr)[c];
+            ((float4*)xr)[c] = make_float4(o.x + s.x, o.y + s.y, o.z + s.z, o.w + s.w);
         }
     } else {
         for (int c = threadIdx.x; c < width; c += blockDim.x) xr[c] += w ? ar[c] * inv * w[c] : ar[c] * inv;

@@ -293,6 +293,25 @@ extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, in
                     blockIdx.x - J.blk0);
 }
 
+// Outputs o0 .. o0 + N - 1 of one row x against rows row0 + o of m (o < nout; past the
+// end the last row is computed again and not stored): a warp's N dot products, summed
+// over the warp, in v.
+template <int N>
+__device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
+                                             int lane) {
+    const Mat* mp[N];
+    int row[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        mp[k] = &m;
+        row[k] = row0 + min(o0 + k, nout - 1);
+        v[k] = 0.f;
+    }
+    dot_rows<N>(mp, row, x, v, lane);
+#pragma unroll
+    for (int k = 0; k < N; k++) v[k] = wsum(v[k]);
+}
+
 // One row (decode) against a large matrix: a warp computes LIN_OUTS consecutive outputs,
 // LIN_OUTS weight rows sharing each x load with their loads in flight together (one row
 // a warp left the big projections at ~2.7 TB/s). Blocks of 8 warps; blockIdx.y is the
@@ -305,19 +324,11 @@ extern "C" __global__ void __launch_bounds__(256) k_linear_row(Mat m, int mrow0,
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = (blockIdx.x * 8 + warp) * LIN_OUTS;
     if (o0 >= nout) return;
-    const Mat* mp[LIN_OUTS];
-    int row[LIN_OUTS];
     float acc[LIN_OUTS];
+    warp_outputs<LIN_OUTS>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane);
 #pragma unroll
     for (int k = 0; k < LIN_OUTS; k++) {
-        mp[k] = &m;
-        row[k] = mrow0 + b * mrow_bs + min(o0 + k, nout - 1);
-        acc[k] = 0.f;
-    }
-    dot_rows<LIN_OUTS>(mp, row, x + b * x_bs, acc, lane);
-#pragma unroll
-    for (int k = 0; k < LIN_OUTS; k++) {
-        float v = wsum(acc[k]);
+        float v = acc[k];
         int o = o0 + k;
         if (lane == 0 && o < nout) {
             float* p = out + col + b * col_bs + o;
@@ -533,21 +544,11 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task*
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = ((blockIdx.x - T.blk2) * 8 + warp) * DOWN_OUTS;
     if (o0 >= hidden) return;
-    const Mat* m[DOWN_OUTS];
-    int row[DOWN_OUTS];
     float acc[DOWN_OUTS];
+    warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
 #pragma unroll
-    for (int k = 0; k < DOWN_OUTS; k++) {
-        m[k] = &T.d;
-        row[k] = min(o0 + k, hidden - 1);
-        acc[k] = 0.f;
-    }
-    dot_rows<DOWN_OUTS>(m, row, h + T.h_off, acc, lane);
-#pragma unroll
-    for (int k = 0; k < DOWN_OUTS; k++) {
-        float v = wsum(acc[k]);
-        if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = v;
-    }
+    for (int k = 0; k < DOWN_OUTS; k++)
+        if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
 }
 
 #define EXPERTS(R)                                                                                            \
