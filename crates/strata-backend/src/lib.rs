@@ -21,7 +21,7 @@ mod graph_cache;
 pub mod profile;
 mod step;
 
-pub use step::Step;
+pub use step::{is_fed, Step, FED, NON_FINITE};
 
 use anyhow::Result;
 pub use strata_kernels::GateAct;
@@ -359,6 +359,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// ([`Backend::experts_by_id`]); `()` where the backend has no such path (the CPU
     /// reads routed ids at no cost).
     type ExpertTable: Send + Sync;
+    /// A read back in flight ([`Backend::start_read_idx`]).
+    type IdxRead: Send;
 
     /// "cpu (16 threads, avx512f)" and the like.
     fn describe(&self) -> String;
@@ -386,8 +388,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// The buffer's values when they live in host memory (no copy), else None.
     fn host<'a>(&self, b: &'a Self::Buf) -> Option<&'a [f32]>;
 
-    /// `out[r] = table[tokens[r]]` for the step's token rows (`[rows, cols]`).
-    fn embed(&self, step: &Step, table: &Self::Mat, out: &mut Self::Buf) -> Result<()>;
+    /// `out[r] = table[tokens[r]]` for the step's token rows (`[rows, cols]`); a fed row
+    /// (`FED | i`) reads its id from `picks[i]` (the forward before's greedy picks), and
+    /// one whose pick is flagged [`NON_FINITE`] is left as it was.
+    fn embed(&self, step: &Step, picks: Option<&Self::Idx>, table: &Self::Mat, out: &mut Self::Buf) -> Result<()>;
+    /// Each row's greedy pick among `width` values of `x` (`[rows, width]`) into
+    /// `picks[..rows]`: the largest, ties to the lowest id (as the host sampler), or
+    /// `NON_FINITE | j` for the lowest `j` whose value is not finite.
+    fn argmax_rows(&self, rows: usize, width: usize, x: &Self::Buf, picks: &mut Self::Idx);
+    /// Starts copying `src[..len]` back (after everything queued so far) without waiting;
+    /// [`Backend::finish_read_idx`] waits for it. A few may be in flight at once.
+    fn start_read_idx(&self, src: &Self::Idx, len: usize) -> Self::IdxRead;
+    /// The values of a read started by [`Backend::start_read_idx`], into `dst`.
+    fn finish_read_idx(&self, read: Self::IdxRead, dst: &mut Vec<u32>);
     /// Row-wise RMSNorm of `x` (`[rows, width]`) into `out`, with an optional scale.
     fn rms_norm(&self, rows: usize, width: usize, x: &Self::Buf, w: Option<&Self::Buf>, eps: f32, out: &mut Self::Buf);
     /// Several projections of the same input in one parallel region.

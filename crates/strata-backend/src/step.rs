@@ -5,7 +5,8 @@
 /// and refilled each step: no allocation once the vectors have grown).
 #[derive(Clone, Debug, Default)]
 pub struct Step {
-    /// Token id per row (`u32::MAX` for a row fed by an embedding).
+    /// Token id per row (`u32::MAX` for a row fed by an embedding, `FED | i` for a row
+    /// fed the device's greedy pick `i` of the forward before).
     pub tokens: Vec<u32>,
     /// Position of each row in its sequence.
     pub positions: Vec<u32>,
@@ -22,7 +23,38 @@ pub struct Step {
     pub visible_to: Vec<u32>,
 }
 
+/// A token row `FED | i` takes its id on the device: the greedy pick of logits row `i` of
+/// the forward before ([`crate::Backend::argmax_rows`]). A decode step can then be queued
+/// before the host has read the token it embeds.
+pub const FED: u32 = 0x8000_0000;
+/// A greedy pick with this bit set (`NON_FINITE | j`) met a non-finite logit at id `j`.
+pub const NON_FINITE: u32 = 0x8000_0000;
+
+/// Whether `tok` is a fed row (`FED | i`; not an embedding row).
+#[inline]
+pub fn is_fed(tok: u32) -> bool {
+    tok != u32::MAX && tok & FED != 0
+}
+
 impl Step {
+    /// Checks the step's token ids against a table of `vocab` rows and fed rows against
+    /// `picks` greedy picks of the forward before (an embedding row passes).
+    pub fn check_tokens(&self, vocab: usize, picks: usize) -> anyhow::Result<()> {
+        for &tok in &self.tokens {
+            if is_fed(tok) {
+                let i = (tok & !FED) as usize;
+                anyhow::ensure!(
+                    i < picks,
+                    "a row fed greedy pick {i} of the forward before, which picked {picks} token{}",
+                    if picks == 1 { "" } else { "s" }
+                );
+            } else if tok != u32::MAX && tok as usize >= vocab {
+                anyhow::bail!("token id {tok} is outside the vocabulary ({vocab})");
+            }
+        }
+        Ok(())
+    }
+
     pub fn rows(&self) -> usize {
         self.positions.len()
     }

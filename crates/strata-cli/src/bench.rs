@@ -1,7 +1,7 @@
 //! `strata bench`: synthetic GLM-5-shaped checkpoints, decode throughput against the
 //! memory-bandwidth floor, and the memory bandwidth itself.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -107,6 +107,18 @@ pub struct DecodeArgs {
     /// fixed, adaptive or auto (adaptive here: the bench decodes greedily); see generate.
     #[arg(long, default_value = "auto")]
     draft_policy: String,
+    /// Greedy picks made on the device and fed to the next forward there, so the host
+    /// never holds the device up between tokens: auto (where the logits live off the
+    /// host: a GPU), on, off. Tokens are the same.
+    #[arg(long, value_enum, default_value_t = FedDecoding::Auto)]
+    fed_decoding: FedDecoding,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum FedDecoding {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Args)]
@@ -207,14 +219,23 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut rng = Rng(42);
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
+    let fed = match a.fed_decoding {
+        FedDecoding::Auto => None,
+        FedDecoding::On => Some(true),
+        FedDecoding::Off => Some(false),
+    };
     if a.warmup {
+        // The timed loop's path, three tokens long.
         let mut gen = m.generator()?;
-        gen.prefill(&prompt)?;
-        let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
-        for _ in 0..2 {
-            let next = gen.sample(&mut sampler);
-            gen.step(next)?;
+        if a.draft_tokens == 0 {
+            gen.disable_draft();
         }
+        gen.set_fed_decoding(fed);
+        gen.prefill(&prompt)?;
+        gen.decode_prefilled(&strata_engine::GenerateRequest {
+            draft_tokens: a.draft_tokens,
+            ..strata_engine::GenerateRequest::new(prompt.clone(), 3, SamplingParams::default())
+        })?;
     }
     // Prefill, then greedy decode steps (no EOS: the full length), timed separately;
     // allocations counted over the decode steps.
@@ -228,35 +249,35 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if a.draft_tokens == 0 {
         gen.disable_draft();
     }
+    gen.set_fed_decoding(fed);
     let t0 = Instant::now();
     gen.prefill(&prompt)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     // Expert traffic of the prefill, so the decode's can be told apart.
     let prefill_experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
     let prefill_draft = m.draft_experts.as_ref().map(|e| e.end_turn()).transpose()?;
-    let mut mtp = None;
     strata_backend::profile::enable(a.profile);
     let (allocs0, bytes0) = crate::alloc_count::snapshot();
     #[cfg(feature = "cuda")]
     let launches0 = strata_backend::cuda::launch_totals();
     let t1 = Instant::now();
-    if a.draft_tokens > 0 {
-        // Speculative: the generation loop itself (prefix already cached).
-        let req = strata_engine::GenerateRequest {
-            draft_tokens: a.draft_tokens,
-            draft_policy,
-            ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
-        };
-        let out = gen.generate(None, &req, &mut |_| true)?;
-        mtp = out.stats.mtp;
-    } else {
-        let mut sampler = strata_engine::Sampler::new(SamplingParams::default())?;
-        let mut next = gen.sample(&mut sampler);
-        for _ in 1..a.decode_tokens {
-            gen.step(next)?;
-            next = gen.sample(&mut sampler);
-        }
-    }
+    // The generation loop itself (prefix cached): speculative with a draft, greedy picks
+    // fed on the device where the session keeps them there.
+    let req = strata_engine::GenerateRequest {
+        draft_tokens: a.draft_tokens,
+        draft_policy,
+        ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
+    };
+    let out = gen.decode_prefilled(&req)?;
+    let mtp = out.stats.mtp;
+    let decode_fed = out.stats.decode_fed;
+    ensure!(
+        out.tokens.len() == a.decode_tokens,
+        "the decode stopped after {} of {} tokens ({})",
+        out.tokens.len(),
+        a.decode_tokens,
+        out.finish_reason.as_str()
+    );
     let decode_s = t1.elapsed().as_secs_f64();
     let (allocs1, bytes1) = crate::alloc_count::snapshot();
     #[cfg(feature = "cuda")]
@@ -311,6 +332,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "device": m.model.device(),
         "allocations_per_decode_token": (allocs1 - allocs0) as f64 / steps,
         "mtp": mtp,
+        "decode_fed": decode_fed,
         "allocated_bytes_per_decode_token": (bytes1 - bytes0) as f64 / steps,
         "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,

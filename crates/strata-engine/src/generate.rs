@@ -8,7 +8,7 @@ use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 use anyhow::{bail, Result};
 use std::time::Instant;
-use strata_models::{Batch, Logits, Model, Routes, SeqId, Session, SessionOptions};
+use strata_models::{fed, Batch, Logits, Model, Routes, SeqId, Session, SessionOptions};
 
 #[derive(Clone, Debug)]
 pub struct GenerateRequest {
@@ -98,6 +98,11 @@ pub struct Generator<'m> {
     pub(crate) h_last: Vec<f32>,
     /// Scratch: hidden rows copied out of the session.
     pub(crate) hbuf: Vec<f32>,
+    /// Greedy decoding picks on the device and feeds each pick to the next forward there
+    /// (`None`: where the session says it pays, see [`Generator::set_fed_decoding`]).
+    fed_decoding: Option<bool>,
+    /// Scratch: picks read back.
+    picks: Vec<u32>,
 }
 
 /// Writes every routing decision in strata-residency's trace format (`segment forward
@@ -261,12 +266,19 @@ impl<'m> Generator<'m> {
             trace: None,
             h_last: vec![0.0; h],
             hbuf: Vec::with_capacity(PREFILL_CHUNK.min(context) * h),
+            fed_decoding: None,
+            picks: Vec::with_capacity(1),
         })
     }
 
     /// Positions the cache can hold.
     pub fn context(&self) -> usize {
         self.session.max_len()
+    }
+
+    /// Positions the cache holds for this generator's sequence.
+    pub fn cache_len(&self) -> usize {
+        self.session.len(self.seq)
     }
 
     /// Whether a draft (MTP) layer is fed and used for speculative decoding.
@@ -291,10 +303,28 @@ impl<'m> Generator<'m> {
         self.session.record_routes(on);
     }
 
+    /// Whether plain greedy decoding picks each token on the device and feeds it to the
+    /// next forward there, queueing that forward before the host has read the token (the
+    /// device then never waits for the host between tokens; one forward past an EOS or a
+    /// stop string is computed and dropped). `None` (the default) does so where the
+    /// session's logits live off the host (a GPU); `Some(on)` forces it either way.
+    /// Output is the same.
+    pub fn set_fed_decoding(&mut self, on: Option<bool>) {
+        self.fed_decoding = on;
+    }
+
     /// One forward over `ids` appended to the sequence.
     pub(crate) fn forward(&mut self, ids: &[u32], want: Logits) -> Result<()> {
+        self.forward_with(ids, want, false)
+    }
+
+    /// [`Generator::forward`], the logits rows picked greedily on the device when `pick`.
+    fn forward_with(&mut self, ids: &[u32], want: Logits, pick: bool) -> Result<()> {
         self.batch.clear();
         self.batch.push(self.seq, ids, want);
+        if pick {
+            self.batch.pick_greedy();
+        }
         self.session.forward(&self.batch)?;
         self.tokens.extend_from_slice(ids);
         if let Some(trace) = self.trace.as_mut() {
@@ -427,7 +457,7 @@ impl<'m> Generator<'m> {
         let fresh = self.prefill(prompt)?;
         let prefill_s = t0.elapsed().as_secs_f64();
 
-        let mut stats = GenerationStats {
+        let stats = GenerationStats {
             prompt_tokens: prompt.len(),
             prefill_tokens: fresh,
             prefill_seconds: prefill_s,
@@ -436,16 +466,36 @@ impl<'m> Generator<'m> {
             truncated_prompt_tokens: req.prompt_ids.len() - prompt.len(),
             ..Default::default()
         };
-        let mut em = Emitter::new(tok, req, on_text, context);
+        self.decode_after(tok, req, &mut sampler, on_text, stats)
+    }
+
+    /// The decoding half of [`Generator::generate`] for a prompt already in the cache
+    /// ([`Generator::prefill`]): `req`'s prompt is not read; its limits, stops, sampling
+    /// and draft settings are. `stats` says only how the decoding went.
+    pub fn decode_prefilled(&mut self, req: &GenerateRequest) -> Result<GenerationOutput> {
+        let mut sampler = Sampler::new(req.sampling.clone())?;
+        self.decode_after(None, req, &mut sampler, &mut |_| true, GenerationStats::default())
+    }
+
+    fn decode_after(
+        &mut self,
+        tok: Option<&TextTokenizer>,
+        req: &GenerateRequest,
+        sampler: &mut Sampler,
+        on_text: &mut dyn FnMut(&str) -> bool,
+        mut stats: GenerationStats,
+    ) -> Result<GenerationOutput> {
+        let mut em = Emitter::new(tok, req, on_text, self.context());
         let t_decode = Instant::now();
         let gamma = if self.draft { req.draft_tokens } else { 0 };
         let finish = if gamma > 0 && req.max_tokens > 0 {
             let adaptive = req.draft_policy.adapts(req.sampling.temperature == 0.0);
-            let (finish, mtp) = self.decode_speculative(&mut sampler, &mut em, gamma, adaptive)?;
+            let (finish, mtp) = self.decode_speculative(sampler, &mut em, gamma, adaptive)?;
             stats.mtp = Some(mtp);
             finish
         } else {
-            self.decode_plain(&mut sampler, &mut em)?
+            stats.decode_fed = self.feeds_picks(sampler);
+            self.decode_plain(sampler, &mut em)?
         };
         em.finish(finish);
         let out = em.out;
@@ -465,6 +515,7 @@ impl<'m> Generator<'m> {
 
     /// One token a forward until the emitter says stop (or the context is full).
     fn decode_plain(&mut self, sampler: &mut Sampler, em: &mut Emitter) -> Result<FinishReason> {
+        let fed = self.feeds_picks(sampler);
         // `self.tokens` is what the cache holds: the prompt and every generated token but
         // the last (which needs no forward).
         loop {
@@ -474,6 +525,9 @@ impl<'m> Generator<'m> {
             }
             if self.tokens.len() >= em.context {
                 return Ok(FinishReason::Length);
+            }
+            if fed {
+                return self.decode_fed(next, em);
             }
             self.step(next)?;
             if self.draft {
@@ -487,6 +541,72 @@ impl<'m> Generator<'m> {
                 std::mem::swap(&mut self.h_last, &mut self.hbuf);
                 self.session.draft_forward(&self.batch, &self.hbuf)?;
             }
+        }
+    }
+
+    /// Whether plain decoding with `sampler` feeds device picks (see
+    /// [`Generator::set_fed_decoding`]): plain greedy (no penalty), no draft layer fed, no
+    /// routing trace (a forward past the end would be traced).
+    fn feeds_picks(&self, sampler: &Sampler) -> bool {
+        let p = sampler.params();
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && !self.draft
+            && self.trace.is_none()
+            && self.fed_decoding.unwrap_or_else(|| self.session.picks_on_device())
+    }
+
+    /// Greedy decoding from `first` (emitted, not yet in the cache) with each pick made on
+    /// the device: the forward fed pick t is queued before pick t is read. Stops as the
+    /// plain loop does, with the cache holding the same tokens (a forward queued past the
+    /// end is dropped).
+    fn decode_fed(&mut self, first: u32, em: &mut Emitter) -> Result<FinishReason> {
+        self.forward_with(&[first], Logits::Last, true)?;
+        loop {
+            // The pick in flight is followed by a forward unless it is the last token
+            // the request may emit or the cache is full (the plain loop's tests).
+            let ahead = em.remaining() > 1 && self.tokens.len() < em.context;
+            if ahead {
+                if let Err(e) = self.forward_with(&[fed(0)], Logits::Last, true) {
+                    // Leave no pick unread behind (a later take would get it).
+                    let _ = self.session.take_picks(&mut self.picks);
+                    return Err(e);
+                }
+            }
+            let r = self.take_pick(ahead).and_then(|pick| {
+                if ahead {
+                    // The queued forward's row: what the cache now holds.
+                    *self.tokens.last_mut().expect("a queued row") = pick;
+                }
+                em.push(pick)
+            });
+            match r {
+                Ok(None) if ahead => continue,
+                Ok(None) => return Ok(FinishReason::Length),
+                _ if ahead => {
+                    // Drop the forward queued past the end, and its pick.
+                    let _ = self.session.take_picks(&mut self.picks);
+                    let keep = self.tokens.len() - 1;
+                    self.session.truncate(self.seq, keep);
+                    self.tokens.truncate(keep);
+                }
+                _ => {}
+            }
+            return r.map(|f| f.expect("a finish"));
+        }
+    }
+
+    /// The oldest pick not yet read (the token at the cache's end, less the queued row).
+    fn take_pick(&mut self, queued: bool) -> Result<u32> {
+        self.session.take_picks(&mut self.picks)?;
+        match self.picks.first() {
+            Some(&p) if p & strata_backend::NON_FINITE == 0 => Ok(p),
+            Some(&p) => bail!(
+                "the model produced a non-finite logit for token {} at position {}: the weights or expert bytes are damaged",
+                p & !strata_backend::NON_FINITE,
+                self.tokens.len() - queued as usize
+            ),
+            None => bail!("the session returned no greedy pick"),
         }
     }
 

@@ -18,6 +18,10 @@ pub struct GenerationStats {
     pub finish_reason: String,
     /// Oldest prompt tokens dropped to fit the context (`--truncate left`).
     pub truncated_prompt_tokens: usize,
+    /// Greedy decoding picked each token on the device and fed it to the next forward
+    /// there (see `Generator::set_fed_decoding`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub decode_fed: bool,
     /// Speculative decoding with the draft (MTP) layer, when it ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtp: Option<crate::speculative::MtpStats>,

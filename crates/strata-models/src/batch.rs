@@ -4,6 +4,13 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u32);
 
+/// The token of a row fed the `i`-th greedy pick (in logits-row order) of the session's
+/// latest forward that picked ([`Batch::pick_greedy`]): read on the device, so the forward
+/// can be queued before the host knows the token.
+pub fn fed(i: u32) -> u32 {
+    strata_backend::FED | i
+}
+
 /// Which rows of a push want logits and hidden states out of the forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -48,6 +55,8 @@ pub struct Batch {
     pub(crate) rows: Vec<Row>,
     pub(crate) embeddings: Vec<f32>,
     pub(crate) embedding_width: usize,
+    /// The logits rows are picked greedily on the device ([`Batch::pick_greedy`]).
+    pub(crate) pick: bool,
 }
 
 impl Batch {
@@ -58,6 +67,14 @@ impl Batch {
     pub fn clear(&mut self) {
         self.rows.clear();
         self.embeddings.clear();
+        self.pick = false;
+    }
+
+    /// The rows that want logits get their greedy pick made on the device instead
+    /// ([`crate::Session::take_picks`]); their logits are not read back. A later forward
+    /// feeds a pick with the token [`fed`]`(i)`.
+    pub fn pick_greedy(&mut self) {
+        self.pick = true;
     }
 
     /// Appends `tokens` of `seq`.

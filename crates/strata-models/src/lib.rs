@@ -23,7 +23,7 @@ mod session;
 pub mod weights;
 
 use anyhow::Result;
-pub use batch::{Batch, Logits, SeqId};
+pub use batch::{fed, Batch, Logits, SeqId};
 pub use experts::{ExpertProvider, ReadyExperts, Routes, Union};
 pub use registry::{
     families, family_of, parse_config, read_arch, supported_model_types, Arch, ChatFormat, Device, ExpertsChoice,
@@ -96,8 +96,20 @@ pub trait Session: Send {
     /// caches. On error, no sequence's length changes.
     fn forward(&mut self, batch: &Batch) -> Result<()>;
     /// Logits of the last forward's rows that asked for them, in batch order, `vocab`
-    /// values each.
+    /// values each (none after a forward whose batch picked greedily on the device).
     fn logits(&self) -> &[f32];
+    /// Waits for the greedy picks of the oldest forward whose batch asked for them
+    /// ([`Batch::pick_greedy`]) and that were not yet taken: one a logits row, in batch
+    /// order; `strata_backend::NON_FINITE | j` where logit `j` was not finite. Forwards
+    /// may be queued ahead of the take (a decode step fed the pick it has not read yet).
+    fn take_picks(&mut self, _dst: &mut Vec<u32>) -> Result<()> {
+        anyhow::bail!("this session does not pick tokens on its device")
+    }
+    /// Whether greedy picks on the device save a read back (the logits live off the host):
+    /// the generation loop then feeds each pick to the next forward on the device.
+    fn picks_on_device(&self) -> bool {
+        false
+    }
     /// Final hidden states (before the last norm) of the rows that asked for them
     /// (every logits row, and every row of a [`Logits::HiddenAll`] or [`Logits::Hidden`] push), in batch
     /// order, `hidden` each.

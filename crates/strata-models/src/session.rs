@@ -13,6 +13,8 @@ use strata_backend::{Backend, LinearOut, Step};
 pub(crate) struct Wants {
     pub hidden: Vec<u32>,
     pub logits: Vec<u32>,
+    /// The logits rows are picked greedily on the device, not read back.
+    pub pick: bool,
 }
 
 /// A forward's rows: the step every op reads, rows per sequence, rows wanted out.
@@ -34,14 +36,15 @@ impl Rows {
         Self {
             step,
             pending: Vec::with_capacity(opts.max_seqs),
-            want: Wants { hidden: Vec::with_capacity(rows), logits: Vec::with_capacity(rows) },
+            want: Wants { hidden: Vec::with_capacity(rows), logits: Vec::with_capacity(rows), pick: false },
             max_rows: rows,
         }
     }
 
     /// Fills the step from `batch` against `kv` (each sequence's rows at its next
-    /// positions) and reserves their blocks. Nothing about a sequence changes on error.
-    pub fn plan(&mut self, kv: &mut KvBlocks, batch: &Batch, vocab: usize) -> Result<()> {
+    /// positions) and reserves their blocks; fed rows may read `picks` greedy picks.
+    /// Nothing about a sequence changes on error.
+    pub fn plan(&mut self, kv: &mut KvBlocks, batch: &Batch, vocab: usize, picks: usize) -> Result<()> {
         let rows = batch.len();
         ensure!(rows > 0, "forward needs at least one row");
         ensure!(rows <= self.max_rows, "a forward of {rows} rows exceeds the session's {} rows", self.max_rows);
@@ -50,9 +53,16 @@ impl Rows {
         pending.clear();
         want.hidden.clear();
         want.logits.clear();
+        want.pick = batch.pick;
         for (r, row) in batch.rows.iter().enumerate() {
             ensure!(kv.contains(row.seq), "sequence {} is not in this session", row.seq.0);
-            if row.token != u32::MAX && row.token as usize >= vocab {
+            if strata_backend::is_fed(row.token) {
+                let i = row.token & !strata_backend::FED;
+                ensure!(
+                    (i as usize) < picks,
+                    "a row is fed greedy pick {i}, but the session's latest picking forward picked {picks}"
+                );
+            } else if row.token != u32::MAX && row.token as usize >= vocab {
                 bail!("token id {} is outside the vocabulary ({vocab})", row.token);
             }
             let i = match pending.iter().position(|(s, _)| *s == row.seq) {
@@ -91,9 +101,18 @@ impl Rows {
         }
     }
 
-    /// Embeds the step's rows into `x`: token rows from `table`, embedding rows as given.
-    pub fn embed<B: Backend>(&self, b: &B, batch: &Batch, table: &B::Mat, hidden: usize, x: &mut B::Buf) -> Result<()> {
-        b.embed(&self.step, table, x)?;
+    /// Embeds the step's rows into `x`: token rows from `table` (fed rows: the greedy
+    /// picks in `out`), embedding rows as given.
+    pub fn embed<B: Backend>(
+        &self,
+        b: &B,
+        batch: &Batch,
+        out: &Outputs<B>,
+        table: &B::Mat,
+        hidden: usize,
+        x: &mut B::Buf,
+    ) -> Result<()> {
+        b.embed(&self.step, Some(out.picks()), table, x)?;
         self.embed_rows(b, batch, hidden, x)
     }
 
@@ -123,6 +142,11 @@ pub(crate) struct Outputs<B: Backend> {
     normed: B::Buf,
     gathered: B::Buf,
     logits: B::Buf,
+    /// Greedy picks of the latest forward that asked ([`Batch::pick_greedy`]): how many,
+    /// on the device (fed rows read them), and reads back not yet taken, oldest first.
+    picks: B::Idx,
+    picked: usize,
+    reads: std::collections::VecDeque<B::IdxRead>,
     hidden_cap: usize,
     logits_cap: usize,
     host_logits: Vec<f32>,
@@ -146,6 +170,9 @@ impl<B: Backend> Outputs<B> {
             normed: b.alloc(rows * hidden_size)?,
             gathered: b.alloc(rows * hidden_size)?,
             logits: b.alloc(rows * vocab)?,
+            picks: b.alloc_idx(rows)?,
+            picked: 0,
+            reads: std::collections::VecDeque::with_capacity(4),
             hidden_cap: rows,
             logits_cap: rows,
             host_logits: Vec::new(),
@@ -174,6 +201,8 @@ impl<B: Backend> Outputs<B> {
             self.normed = b.alloc(logits * h)?;
             self.gathered = b.alloc(logits * h)?;
             self.logits = b.alloc(logits * self.vocab)?;
+            self.picks = b.alloc_idx(logits)?;
+            self.picked = 0;
             self.logits_cap = logits;
         }
         Ok(())
@@ -206,15 +235,48 @@ impl<B: Backend> Outputs<B> {
             if let Some(cap) = self.softcap {
                 b.soft_cap(nl * self.vocab, cap, &mut self.logits);
             }
+            if want.pick {
+                b.argmax_rows(nl, self.vocab, &self.logits, &mut self.picks);
+                self.reads.push_back(b.start_read_idx(&self.picks, nl));
+                self.picked = nl;
+                // Nothing else comes back: the picks are the output.
+                self.last_logits = 0;
+            }
         }
         if let Some(v) = self.host_hidden.take() {
             self.spare_hidden.set(v);
         }
-        if b.host(&self.logits).is_none() {
+        if b.host(&self.logits).is_none() && !want.pick {
             self.host_logits.resize(nl * self.vocab, 0.0);
             b.read(&self.logits, 0, &mut self.host_logits);
         }
         Ok(())
+    }
+
+    /// The greedy picks on the device (fed rows read them).
+    pub fn picks(&self) -> &B::Idx {
+        &self.picks
+    }
+
+    /// How many greedy picks the latest picking forward made.
+    pub fn picked(&self) -> usize {
+        self.picked
+    }
+
+    /// Whether picks stay on the device (the logits live off the host).
+    pub fn picks_on_device(&self, b: &B) -> bool {
+        b.host(&self.logits).is_none()
+    }
+
+    /// Waits for the oldest picking forward's picks not yet taken, into `dst`.
+    pub fn take_picks(&mut self, b: &B, dst: &mut Vec<u32>) -> Result<()> {
+        match self.reads.pop_front() {
+            Some(r) => {
+                b.finish_read_idx(r, dst);
+                Ok(())
+            }
+            None => bail!("no greedy picks to take: no forward since the last take asked for them"),
+        }
     }
 
     pub fn logits<'a>(&'a self, b: &B) -> &'a [f32] {

@@ -89,6 +89,25 @@ pub(crate) fn gelu_tanh_mul(
     });
 }
 
+/// Each row's greedy pick: the largest value, ties to the lowest id (as the host
+/// sampler), or `NON_FINITE | j` for the lowest non-finite `j`.
+pub(crate) fn argmax_rows(rows: usize, width: usize, x: &[f32], picks: &mut [u32]) {
+    for (r, row) in x[..rows * width].chunks_exact(width).enumerate() {
+        picks[r] = match row.iter().position(|v| !v.is_finite()) {
+            Some(j) => crate::NON_FINITE | j as u32,
+            None => {
+                let mut best = 0;
+                for (i, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            }
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests_support::rand_vec;
@@ -152,5 +171,20 @@ mod tests {
                 assert!((g[r * width + i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()));
             }
         }
+    }
+
+    #[test]
+    fn argmax_rows_ties_to_the_lowest_and_flags_non_finite() {
+        let width = 37;
+        let mut x = rand_vec(4 * width, 9);
+        x[3] = 5.0;
+        x[30] = 5.0; // row 0: a tie, the lower id
+        x[width + 20] = f32::INFINITY;
+        x[width + 7] = f32::NAN; // row 1: the lowest non-finite
+        x[2 * width + 11] = 2.0; // row 2: a plain maximum
+        x[3 * width..].fill(-1.5); // row 3: all equal
+        let mut picks = vec![0u32; 4];
+        argmax_rows(4, width, &x, &mut picks);
+        assert_eq!(picks, [3, crate::NON_FINITE | 7, 11, 0]);
     }
 }

@@ -188,6 +188,7 @@ impl Backend for CpuBackend {
     type Mat = CpuMat;
     type ExpertRef<'a> = CpuExpert<'a>;
     type ExpertTable = ();
+    type IdxRead = Vec<u32>;
 
     fn describe(&self) -> String {
         format!("cpu ({} threads, {})", self.pool.threads(), self.path.name())
@@ -259,20 +260,20 @@ impl Backend for CpuBackend {
         Some(b)
     }
 
-    fn embed(&self, step: &Step, table: &CpuMat, out: &mut Vec<f32>) -> Result<()> {
+    fn embed(&self, step: &Step, picks: Option<&Vec<u32>>, table: &CpuMat, out: &mut Vec<f32>) -> Result<()> {
         let _t = Timer::start(Op::Embed);
         let t = table.q();
         let (rows, cols) = (step.rows(), t.cols);
-        for &tok in &step.tokens {
-            if tok != u32::MAX && tok as usize >= t.rows {
-                bail!("token id {tok} is outside the vocabulary ({})", t.rows);
-            }
-        }
+        step.check_tokens(t.rows, picks.map_or(0, |p| p.len()))?;
         let o = Shared::new(out.as_mut_ptr());
         let body = |c: &Ctx| {
             for r in c.split(rows) {
-                let tok = step.tokens[r];
-                if tok != u32::MAX {
+                let mut tok = step.tokens[r];
+                if crate::is_fed(tok) {
+                    // (Checked above: a fed row has its pick.)
+                    tok = picks.map_or(u32::MAX, |p| p[(tok & !crate::FED) as usize]);
+                }
+                if (tok as usize) < t.rows {
                     // SAFETY: row r is this thread's.
                     dequant_row(&t, tok as usize, unsafe { o.slice_mut(r * cols, cols) });
                 }
@@ -280,6 +281,18 @@ impl Backend for CpuBackend {
         };
         self.run(rows * cols * 4, &body);
         Ok(())
+    }
+
+    fn argmax_rows(&self, rows: usize, width: usize, x: &Vec<f32>, picks: &mut Vec<u32>) {
+        elementwise::argmax_rows(rows, width, x, picks)
+    }
+
+    fn start_read_idx(&self, src: &Vec<u32>, len: usize) -> Vec<u32> {
+        src[..len].to_vec()
+    }
+
+    fn finish_read_idx(&self, read: Vec<u32>, dst: &mut Vec<u32>) {
+        *dst = read;
     }
 
     fn rms_norm(&self, rows: usize, width: usize, x: &Vec<f32>, w: Option<&Vec<f32>>, eps: f32, out: &mut Vec<f32>) {

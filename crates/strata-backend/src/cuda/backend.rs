@@ -4,7 +4,7 @@
 use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use strata_kernels::QMatrix;
 
 impl Backend for CudaBackend {
@@ -13,6 +13,7 @@ impl Backend for CudaBackend {
     type Mat = CudaMat;
     type ExpertRef<'a> = CudaExpert<'a>;
     type ExpertTable = super::CudaExpertTable;
+    type IdxRead = super::IdxRead;
 
     fn describe(&self) -> String {
         self.name.clone()
@@ -91,21 +92,35 @@ impl Backend for CudaBackend {
         None
     }
 
-    fn embed(&self, step: &Step, table: &CudaMat, out: &mut DevBuf<f32>) -> Result<()> {
+    fn embed(&self, step: &Step, picks: Option<&DevBuf<u32>>, table: &CudaMat, out: &mut DevBuf<f32>) -> Result<()> {
         let _t = Timer::start(Op::Embed);
-        for &tok in &step.tokens {
-            if tok != u32::MAX && tok as usize >= table.rows {
-                bail!("token id {tok} is outside the vocabulary ({})", table.rows);
-            }
-        }
+        step.check_tokens(table.rows, picks.map_or(0, |p| p.len))?;
         let rows = step.rows();
         assert!(out.len >= rows * table.cols, "embed: output too small");
         let mut st = self.lock();
         let sd = self.step_desc(&mut st, step);
-        let (t, o) = (table.desc, out.ptr);
-        self.launch(&self.f.embed, (rows as u32, table.cols.div_ceil(256) as u32, 1), 256, 0, &mut args![t, sd, o]);
+        let (t, p, o) = (table.desc, picks.map_or(0, |p| p.ptr), out.ptr);
+        self.launch(&self.f.embed, (rows as u32, table.cols.div_ceil(256) as u32, 1), 256, 0, &mut args![t, sd, p, o]);
         self.profiled();
         Ok(())
+    }
+
+    fn argmax_rows(&self, rows: usize, width: usize, x: &DevBuf<f32>, picks: &mut DevBuf<u32>) {
+        assert!(x.len >= rows * width && picks.len >= rows, "argmax_rows: {rows} rows of {width}");
+        let _g = self.lock();
+        let (xp, w, pp) = (x.ptr, width as i32, picks.ptr);
+        self.launch(&self.f.argmax_rows, (rows as u32, 1, 1), super::row_threads(width), 0, &mut args![xp, w, pp]);
+        self.profiled();
+    }
+
+    fn start_read_idx(&self, src: &DevBuf<u32>, len: usize) -> super::IdxRead {
+        assert!(len <= src.len, "start_read_idx: {len} of {}", src.len);
+        let mut st = self.lock();
+        self.start_download(&mut st, src.ptr, len)
+    }
+
+    fn finish_read_idx(&self, read: super::IdxRead, dst: &mut Vec<u32>) {
+        self.finish_download(read, dst)
     }
 
     fn rms_norm(

@@ -29,7 +29,7 @@ use step::StepCache;
 
 pub use dispatch::CudaExpertTable;
 pub use queue::{launch_totals, set_graphs_default, LaunchStats};
-pub use transfer::{CopyFence, HostRegistration};
+pub use transfer::{CopyFence, HostRegistration, IdxRead};
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream};
@@ -275,6 +275,8 @@ const READBACK: usize = 4 << 20;
 
 pub(crate) struct State {
     readback: Option<Pinned>,
+    /// Reads back in flight (`start_read_idx`).
+    reads: transfer::Reads,
     ring: Ring,
     step: StepCache,
     work: Work,
@@ -299,6 +301,7 @@ struct Funcs {
     add_bias: CudaFunction,
     split_bf16: CudaFunction,
     embed: CudaFunction,
+    argmax_rows: CudaFunction,
     rms_norm: CudaFunction,
     add: CudaFunction,
     copy: CudaFunction,
@@ -343,6 +346,7 @@ impl Funcs {
             add_bias: f("k_add_bias")?,
             split_bf16: f("k_split_bf16")?,
             embed: f("k_embed")?,
+            argmax_rows: f("k_argmax_rows")?,
             rms_norm: f("k_rms_norm")?,
             add: f("k_add")?,
             copy: f("k_copy")?,
@@ -485,7 +489,13 @@ impl CudaBackend {
             blas,
             name,
             sms,
-            state: Mutex::new(State { readback: None, ring, step: StepCache::default(), work: Work::default() }),
+            state: Mutex::new(State {
+                readback: None,
+                reads: Default::default(),
+                ring,
+                step: StepCache::default(),
+                work: Work::default(),
+            }),
             queue,
         })
     }

@@ -3,13 +3,41 @@
 //! copy sees its bytes, and a copy queued after a kernel waits for it: a slot can be
 //! refilled as soon as its last use is queued), a fence that says when the copies queued
 //! so far have read their host bytes, page-locked host memory, and the device's memory
-//! in use.
+//! in use. Also reads back that do not wait (a decode step's greedy picks).
 
-use super::{CudaBackend, CudaMat, DevBuf, MatDesc};
+use super::{CudaBackend, CudaMat, DevBuf, MatDesc, Pinned, State};
 use anyhow::{anyhow, Result};
 use cudarc::driver::{result, sys, CudaEvent};
 use std::ffi::c_void;
 use strata_kernels::QuantKind;
+
+/// Reads back in flight: page-locked slots taken in turn, each with the event that says
+/// its copy is done and the ticket of the read it holds.
+#[derive(Default)]
+pub(super) struct Reads {
+    slots: Vec<ReadSlot>,
+    next: u64,
+}
+
+struct ReadSlot {
+    host: Pinned,
+    event: CudaEvent,
+    ticket: u64,
+}
+
+/// Reads in flight at once; a read finished after READ_SLOTS later ones started has lost
+/// its slot (and panics rather than return another read's values).
+const READ_SLOTS: usize = 4;
+/// Bytes a slot holds; a longer read is done at once.
+const READ_SLOT_BYTES: usize = 16 << 10;
+
+/// A read back started by `start_read_idx`.
+pub struct IdxRead(ReadState);
+
+enum ReadState {
+    Done(Vec<u32>),
+    InFlight { slot: usize, ticket: u64, len: usize },
+}
 
 /// Completion of the work queued on the stream before it (see [`CudaBackend::fence`]).
 pub struct CopyFence(CudaEvent);
@@ -102,5 +130,72 @@ impl CudaBackend {
         let _g = self.lock();
         let (free, total) = result::mem_get_info().map_err(|e| anyhow!("CUDA: {e}"))?;
         Ok((free as u64, total as u64))
+    }
+}
+
+impl CudaBackend {
+    /// Queues a copy of `len` u32s at device address `src` into the next read slot.
+    pub(super) fn start_download(&self, st: &mut State, src: u64, len: usize) -> IdxRead {
+        if len * 4 > READ_SLOT_BYTES {
+            let mut v = vec![0u32; len];
+            self.download(st, src, &mut v);
+            return IdxRead(ReadState::Done(v));
+        }
+        let reads = &mut st.reads;
+        if reads.slots.is_empty() {
+            for _ in 0..READ_SLOTS {
+                // SAFETY: plain allocation; freed by `Pinned`.
+                let p = unsafe { result::malloc_host(READ_SLOT_BYTES, 0) }
+                    .unwrap_or_else(|e| panic!("CUDA: pinned read slot: {e}"));
+                let event = self
+                    .ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .unwrap_or_else(|e| panic!("CUDA: {e}"));
+                reads.slots.push(ReadSlot { host: Pinned(p as *mut u8), event, ticket: u64::MAX });
+            }
+        }
+        let ticket = reads.next;
+        reads.next += 1;
+        let slot = (ticket % READ_SLOTS as u64) as usize;
+        let s = &mut reads.slots[slot];
+        s.ticket = ticket;
+        // SAFETY: the slot holds READ_SLOT_BYTES >= len * 4 bytes and is read only after
+        // its event has passed; `src` holds `len` values on the device.
+        unsafe {
+            let landing = std::slice::from_raw_parts_mut(s.host.0, len * 4);
+            result::memcpy_dtoh_async(landing, src, self.cu_stream())
+                .unwrap_or_else(|e| panic!("CUDA: device to host copy: {e}"));
+        }
+        s.event.record(self.stream()).unwrap_or_else(|e| panic!("CUDA: {e}"));
+        IdxRead(ReadState::InFlight { slot, ticket, len })
+    }
+
+    /// Waits for a read (without holding the backend's lock) and copies its values out.
+    pub(super) fn finish_download(&self, read: IdxRead, dst: &mut Vec<u32>) {
+        let (slot, ticket, len) = match read.0 {
+            ReadState::Done(v) => {
+                *dst = v;
+                return;
+            }
+            ReadState::InFlight { slot, ticket, len } => (slot, ticket, len),
+        };
+        let owned = |st: &State| {
+            let s = &st.reads.slots[slot];
+            assert_eq!(
+                s.ticket, ticket,
+                "a read back finished after {READ_SLOTS} later ones started (its slot was reused)"
+            );
+            s.event.cu_event()
+        };
+        let event = owned(&self.lock());
+        // SAFETY: a live event (slots are never freed while the backend lives).
+        let r = unsafe { sys::cuEventSynchronize(event) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA: waiting for a read back: {r:?}");
+        let st = self.lock();
+        owned(&st);
+        dst.clear();
+        // SAFETY: the copy into the slot has completed (its event passed) and the slot
+        // is still this read's (ticket checked under the lock).
+        dst.extend_from_slice(unsafe { std::slice::from_raw_parts(st.reads.slots[slot].host.0 as *const u32, len) });
     }
 }

@@ -439,6 +439,7 @@ impl Active {
             peak_rss_bytes: peak_rss_bytes(),
             finish_reason: finish.as_str().to_string(),
             truncated_prompt_tokens: self.truncated,
+            decode_fed: false,
             mtp: self.spec.as_ref().map(Spec::finished_stats).or_else(|| self.dropped_spec.clone()),
         };
         let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };

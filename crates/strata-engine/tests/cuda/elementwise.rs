@@ -56,3 +56,103 @@ fn cuda_elementwise_ops_match_cpu() {
         cuda_elementwise_ops_match_cpu_on(g)
     }
 }
+
+/// Greedy picks (`argmax_rows`): the largest value, ties to the lowest id, the lowest
+/// non-finite id flagged; two reads back in flight at once; and rows fed a pick embed it.
+pub(crate) fn cuda_greedy_picks_and_fed_rows_match_cpu_on<G: Backend>(g: &G) {
+    use strata_backend::{FED, NON_FINITE};
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(23);
+    // Vocabularies of strata-tiny, the slice and GLM-5, and widths the float4 loads skip.
+    for (rows, width) in [(1usize, 16384usize), (3, 154_880), (4, 1001), (2, 7), (1, 1)] {
+        let mut x = rvec(&mut rng, rows * width, 8.0);
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let row = &mut x[r * width..(r + 1) * width];
+            let top = row.iter().cloned().fold(f32::MIN, f32::max);
+            let (a, b) = (rng.random_range(0..width), rng.random_range(0..width));
+            let p = match r % 4 {
+                // An exact tie of the largest value: the lower id.
+                0 => {
+                    row[a] = top + 1.0;
+                    row[b] = top + 1.0;
+                    a.min(b) as u32
+                }
+                // A NaN and an infinity: the lower id, flagged.
+                1 => {
+                    row[a] = f32::NAN;
+                    row[b] = f32::INFINITY;
+                    NON_FINITE | a.min(b) as u32
+                }
+                2 => {
+                    row[a] = f32::NEG_INFINITY;
+                    NON_FINITE | a as u32
+                }
+                _ => {
+                    // Every value equal: id 0.
+                    row.fill(-3.25);
+                    0
+                }
+            };
+            want.push(p);
+        }
+        let picks = |b: &G| {
+            let xb = up(b, &x);
+            let mut p = b.alloc_idx(rows).unwrap();
+            b.argmax_rows(rows, width, &xb, &mut p);
+            let first = b.start_read_idx(&p, rows);
+            // A second read in flight before the first is taken, of another buffer.
+            let mut q = b.alloc_idx(rows).unwrap();
+            b.write_idx(&mut q, 0, &vec![9u32; rows]);
+            let second = b.start_read_idx(&q, rows);
+            let (mut v1, mut v2) = (Vec::new(), Vec::new());
+            b.finish_read_idx(first, &mut v1);
+            b.finish_read_idx(second, &mut v2);
+            assert_eq!(v2, vec![9u32; rows], "the second read back");
+            v1
+        };
+        assert_eq!(picks(g), want, "argmax_rows {rows} x {width}");
+        let cx = up(c, &x);
+        let mut cp = c.alloc_idx(rows).unwrap();
+        c.argmax_rows(rows, width, &cx, &mut cp);
+        assert_eq!(cp, want, "the CPU backend's argmax_rows {rows} x {width}");
+    }
+    // Fed rows: FED | i embeds picks[i]; a flagged pick and an embedding row stay as they were.
+    for kind in super::products::kinds() {
+        let (m, _) = hostmat(&mut rng, kind, 64, 256, 1.0);
+        let (mut step, _) = make_step(&mut rng, &[(0, 3), (1, 9), (0, 4), (1, 10), (0, 5)], 64);
+        let picks = [5u32, 63, NON_FINITE | 3];
+        step.tokens = vec![FED | 1, 7, FED, u32::MAX, FED | 2];
+        let mut literal = step.clone();
+        literal.tokens = vec![63, 7, 5, u32::MAX, u32::MAX];
+        fn run<B: Backend>(b: &B, m: &HostMatrix, step: &Step, picks: Option<&[u32]>) -> Vec<f32> {
+            let t = b.matrix(m.clone()).unwrap();
+            let p = picks.map(|v| {
+                let mut p = b.alloc_idx(v.len()).unwrap();
+                b.write_idx(&mut p, 0, v);
+                p
+            });
+            let mut o = up(b, &vec![7.0; 5 * 256]);
+            b.embed(step, p.as_ref(), &t, &mut o).unwrap();
+            down(b, &o, 5 * 256)
+        }
+        let want = run(c, &m, &literal, None);
+        assert_eq!(run(g, &m, &step, Some(&picks)), want, "fed embed {}", kind.name());
+        assert_eq!(run(c, &m, &step, Some(&picks)), want, "the CPU backend's fed embed {}", kind.name());
+        // A fed row past the picks there are fails.
+        step.tokens[0] = FED | 3;
+        let t = g.matrix(m).unwrap();
+        let mut p = g.alloc_idx(3).unwrap();
+        g.write_idx(&mut p, 0, &picks);
+        let mut o = g.alloc(5 * 256).unwrap();
+        assert!(g.embed(&step, Some(&p), &t, &mut o).is_err(), "a fed row past the picks must fail");
+        assert!(g.embed(&step, None, &t, &mut o).is_err(), "a fed row without picks must fail");
+    }
+}
+
+#[test]
+fn cuda_greedy_picks_and_fed_rows_match_cpu() {
+    if let Some(g) = gpu() {
+        cuda_greedy_picks_and_fed_rows_match_cpu_on(g)
+    }
+}

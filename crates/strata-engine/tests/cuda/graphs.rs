@@ -137,3 +137,38 @@ fn cuda_decode_with_graphs_equals_without() {
         eprintln!("{fixture}: 24 decode steps equal with and without graphs; with graphs: {stats:?}");
     }
 }
+
+/// Greedy decoding fed on the device (the default on CUDA: each pick feeds the next
+/// forward before the host reads it) gives the plain loop's tokens and cache, on its
+/// token limit and on an EOS id met mid-way (a forward queued past it is dropped).
+#[test]
+fn cuda_fed_decoding_equals_plain() {
+    if gpu().is_none() {
+        return;
+    }
+    let root = repo_root();
+    for fixture in ["glm5/dsa-sparse", "glm5/fp8", "glm4_moe/gqa-bias", "gemma4/moe", "gemma4/dense-ple"] {
+        let dir = root.join("fixtures").join(fixture);
+        let m = LoadedModel::open_with(&dir, &LoadOptions { device: Device::Cuda(0), ..Default::default() })
+            .unwrap_or_else(|e| panic!("{fixture}: {e:#}"));
+        let vocab = m.model.info().vocab_size as u32;
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();
+        let run = |req: &GenerateRequest, fed: Option<bool>| {
+            let mut gen = m.generator().unwrap();
+            gen.set_fed_decoding(fed);
+            let out = gen.generate(None, req, &mut |_| true).unwrap();
+            assert_eq!(out.stats.decode_fed, fed != Some(false), "{fixture}: decode_fed with {fed:?}");
+            let cached = gen.cache_len();
+            (out.tokens, out.finish_reason, cached)
+        };
+        let req = GenerateRequest::new(prompt, 20, SamplingParams::default());
+        let plain = run(&req, Some(false));
+        assert_eq!(run(&req, None), plain, "{fixture}: fed (the CUDA default) against plain");
+        let k = (4..plain.0.len()).find(|&k| !plain.0[..k].contains(&plain.0[k])).expect("a fresh token");
+        let eos = GenerateRequest { eos_token_ids: vec![plain.0[k]], ..req };
+        let stopped = run(&eos, Some(false));
+        assert_eq!(stopped.0, plain.0[..k], "{fixture}: the EOS ends it");
+        assert_eq!(run(&eos, None), stopped, "{fixture}: fed against plain, stopped by an EOS id");
+        eprintln!("{fixture}: fed decoding equals plain (20 tokens; EOS after {k})");
+    }
+}

@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn kinds() -> Vec<QuantKind> {
+pub(crate) fn kinds() -> Vec<QuantKind> {
     vec![
         QuantKind::F32,
         QuantKind::Bf16,
@@ -119,20 +119,20 @@ pub(crate) fn cuda_embed_norm_add_gather_match_cpu_on<G: Backend>(g: &G) {
         let e_g = {
             let t = g.matrix(m.clone()).unwrap();
             let mut o = up(g, &vec![7.0; 3 * 256]);
-            g.embed(&step, &t, &mut o).unwrap();
+            g.embed(&step, None, &t, &mut o).unwrap();
             down(g, &o, 3 * 256)
         };
         let e_c = {
             let t = c.matrix(m.clone()).unwrap();
             let mut o = up(c, &vec![7.0; 3 * 256]);
-            c.embed(&step, &t, &mut o).unwrap();
+            c.embed(&step, None, &t, &mut o).unwrap();
             down(c, &o, 3 * 256)
         };
         assert_eq!(e_g, e_c, "embed {}: decoded rows differ", kind.name());
         step.tokens[0] = 64;
         let t = g.matrix(m).unwrap();
         let mut o = g.alloc(3 * 256).unwrap();
-        assert!(g.embed(&step, &t, &mut o).is_err(), "embed: a token beyond the vocabulary must fail");
+        assert!(g.embed(&step, None, &t, &mut o).is_err(), "embed: a token beyond the vocabulary must fail");
     }
     for (rows, width) in [(1, 256), (5, 64), (3, 1000), (2, 7)] {
         let x = rvec(&mut rng, rows * width, 3.0);

@@ -181,7 +181,7 @@ impl<'m, B: Backend> Gemma4Session<'m, B> {
         let (b, h) = (&m.b, m.cfg.text.hidden_size);
         let step = &self.rows.step;
         let rows = step.rows();
-        b.embed(step, &m.embed, &mut s.x)?;
+        b.embed(step, Some(self.out.picks()), &m.embed, &mut s.x)?;
         b.scale(rows * h, (h as f32).sqrt(), &mut s.x);
         self.rows.embed_rows(b, batch, h, &mut s.x)?;
         Ok(())
@@ -224,7 +224,7 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
     fn forward(&mut self, batch: &Batch) -> Result<()> {
         let m = self.m;
         let (b, t) = (&m.b, &m.cfg.text);
-        self.rows.plan(&mut self.kv, batch, t.vocab_size)?;
+        self.rows.plan(&mut self.kv, batch, t.vocab_size, self.out.picked())?;
         let (rows, h, eps) = (batch.len(), t.hidden_size, t.rms_norm_eps as f32);
         self.ring.refresh(&self.rows.step, t.bidirectional_vision);
         // The rotary tables (uploads) before the first kernel: a decode step's kernels
@@ -244,7 +244,7 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
             // (Backends may check a step whole, not just the ids the table is read with.)
             ps_step.seq.clear();
             ps_step.seq.extend_from_slice(&step.seq);
-            ple.inputs(b, &s.ple_step, &s.x, eps, ps)?;
+            ple.inputs(b, &s.ple_step, self.out.picks(), &s.x, eps, ps)?;
         }
         let moe_rows = t.moe.map_or(1, |m| m.top_k);
         self.routes.clear(rows, moe_rows);
@@ -280,6 +280,14 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
 
     fn logits(&self) -> &[f32] {
         self.out.logits(&self.m.b)
+    }
+
+    fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
+        self.out.take_picks(&self.m.b, dst)
+    }
+
+    fn picks_on_device(&self) -> bool {
+        self.out.picks_on_device(&self.m.b)
     }
 
     fn hidden(&self) -> &[f32] {

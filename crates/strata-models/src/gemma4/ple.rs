@@ -53,11 +53,20 @@ impl<B: Backend> PleScratch<B> {
 
 impl<B: Backend> Ple<B> {
     /// The per-layer inputs of the step's rows: `step` carries the ids the table is read
-    /// with (media rows already replaced by the pad id), `x` the scaled input embeddings.
-    pub fn inputs(&self, b: &B, step: &Step, x: &B::Buf, eps: f32, s: &mut PleScratch<B>) -> Result<()> {
+    /// with (media rows already replaced by the pad id; fed rows read `picks`), `x` the
+    /// scaled input embeddings.
+    pub fn inputs(
+        &self,
+        b: &B,
+        step: &Step,
+        picks: &B::Idx,
+        x: &B::Buf,
+        eps: f32,
+        s: &mut PleScratch<B>,
+    ) -> Result<()> {
         let rows = step.rows();
         let width = self.layers * self.dim;
-        b.embed(step, &self.table, &mut s.inputs)?;
+        b.embed(step, Some(picks), &self.table, &mut s.inputs)?;
         b.scale(rows * width, (self.dim as f32).sqrt(), &mut s.inputs);
         let hidden = b.mat_shape(&self.proj).1;
         b.linears(x, rows, &mut [LinearOut::new(b, &self.proj, &mut s.tmp)]);

@@ -135,12 +135,12 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
     fn forward(&mut self, batch: &Batch) -> Result<()> {
         let m = self.m;
         let (b, cfg) = (&m.b, &m.cfg);
-        self.rows.plan(&mut self.kv, batch, cfg.vocab_size)?;
+        self.rows.plan(&mut self.kv, batch, cfg.vocab_size, self.out.picked())?;
         let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
         // The rotary tables (an upload) before the first kernel: a decode step's kernels
         // then run back to back (one CUDA graph).
         b.rope_tables(&self.rows.step, &m.rope_inv, &mut self.s.cos, &mut self.s.sin);
-        self.rows.embed(b, batch, &m.embed, h, &mut self.s.x)?;
+        self.rows.embed(b, batch, &self.out, &m.embed, h, &mut self.s.x)?;
         let step = &self.rows.step;
         let s = &mut self.s;
         self.routes.clear(rows, cfg.num_experts_per_tok);
@@ -164,6 +164,14 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
 
     fn logits(&self) -> &[f32] {
         self.out.logits(&self.m.b)
+    }
+
+    fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
+        self.out.take_picks(&self.m.b, dst)
+    }
+
+    fn picks_on_device(&self) -> bool {
+        self.out.picks_on_device(&self.m.b)
     }
 
     fn hidden(&self) -> &[f32] {

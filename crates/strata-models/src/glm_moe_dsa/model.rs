@@ -191,12 +191,12 @@ impl<B: Backend> Session for GlmSession<'_, B> {
     fn forward(&mut self, batch: &Batch) -> Result<()> {
         let m = self.m;
         let (b, cfg) = (&m.b, &m.cfg);
-        self.rows.plan(&mut self.kv, batch, cfg.vocab_size)?;
+        self.rows.plan(&mut self.kv, batch, cfg.vocab_size, self.out.picked())?;
         let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
         // The rotary tables (an upload) before the first kernel: a decode step's kernels
         // then run back to back (one CUDA graph).
         b.rope_tables(&self.rows.step, &m.rope_inv, &mut self.s.cos, &mut self.s.sin);
-        self.rows.embed(b, batch, &m.embed, h, &mut self.s.x)?;
+        self.rows.embed(b, batch, &self.out, &m.embed, h, &mut self.s.x)?;
         let step = &self.rows.step;
         self.routes.clear(rows, cfg.num_experts_per_tok);
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
@@ -217,6 +217,14 @@ impl<B: Backend> Session for GlmSession<'_, B> {
 
     fn logits(&self) -> &[f32] {
         self.out.logits(&self.m.b)
+    }
+
+    fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
+        self.out.take_picks(&self.m.b, dst)
+    }
+
+    fn picks_on_device(&self) -> bool {
+        self.out.picks_on_device(&self.m.b)
     }
 
     fn hidden(&self) -> &[f32] {
@@ -251,13 +259,13 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         let (b, cfg) = (&m.b, &m.cfg);
         let (rows, h, eps) = (batch.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
         ensure!(hidden.len() == rows * h, "draft forward: {} hidden values for {rows} rows of {h}", hidden.len());
-        self.rows.plan(&mut draft.kv, batch, cfg.vocab_size)?;
+        self.rows.plan(&mut draft.kv, batch, cfg.vocab_size, 0)?;
         // z = W_e enorm(embed(t)) + W_h hnorm(h).
         let s = &mut self.s;
         let step = &self.rows.step;
         b.write(&mut s.x, 0, hidden);
         b.rms_norm(rows, h, &s.x, Some(&mtp.hnorm), eps, &mut s.xn);
-        b.embed(step, mtp.embed.as_ref().unwrap_or(&m.embed), &mut s.x)?;
+        b.embed(step, None, mtp.embed.as_ref().unwrap_or(&m.embed), &mut s.x)?;
         b.rms_norm(rows, h, &s.x, Some(&mtp.enorm), eps, &mut s.y);
         b.linears(&s.y, rows, &mut [LinearOut::new(b, &mtp.eh_e, &mut s.x)]);
         b.linears(&s.xn, rows, &mut [LinearOut::add(b, &mtp.eh_h, &mut s.x)]);

@@ -4,10 +4,13 @@
 // Embedding, norms, residual adds.
 
 // Grid (rows, column blocks of 256): a decode row's embedding is spread over the device.
-extern "C" __global__ void k_embed(Mat t, StepDev st, float* out) {
+// A fed row (FED | i) embeds picks[i]; an embedding row (u32 max) and a flagged pick
+// (NON_FINITE | j) are out of the table and left alone.
+extern "C" __global__ void k_embed(Mat t, StepDev st, const u32* picks, float* out) {
     int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     u32 tok = st.tokens[r];
-    if (tok == 0xffffffffu || c >= t.cols) return;
+    if (tok != 0xffffffffu && (tok & 0x80000000u)) tok = picks[tok & 0x7fffffffu];
+    if (tok >= (u32)t.rows || c >= t.cols) return;
     out[(i64)r * t.cols + c] = melem(t, (int)tok, c);
 }
 

@@ -1,0 +1,109 @@
+//! Greedy decoding fed on the device (each token picked by the backend and fed to the
+//! next forward there, which is queued before the host reads the pick) gives what the
+//! plain loop gives: the same tokens, text and finish reason when the request ends on its
+//! token limit, on an EOS id met mid-way, on a stop string and on a full context; and the
+//! same cache afterwards (a second turn that reuses it continues identically).
+
+use std::path::{Path, PathBuf};
+use strata_engine::experts::{RuntimeOptions, UsageSetting};
+use strata_engine::{GenerateRequest, GenerationOutput, LoadOptions, LoadedModel, SamplingParams};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn open(dir: &Path, context: usize) -> LoadedModel {
+    let opts = LoadOptions {
+        device: strata_engine::Device::Cpu,
+        mtp: false,
+        require_mtp: false,
+        budget: None,
+        gpu_budget: None,
+        context,
+        runtime: RuntimeOptions { usage: UsageSetting::Off, ..Default::default() },
+    };
+    LoadedModel::open_with(dir, &opts).unwrap()
+}
+
+/// Two turns of `req` (the second extends the first's prompt and output), plain and fed,
+/// each with the positions cached after it.
+fn two_turns(m: &LoadedModel, req: &GenerateRequest, fed: bool) -> [(GenerationOutput, usize); 2] {
+    let mut gen = m.generator().unwrap();
+    gen.set_fed_decoding(Some(fed));
+    let tok = m.tokenizer().ok();
+    let first = gen.generate(tok, req, &mut |_| true).unwrap();
+    assert_eq!(first.stats.decode_fed, fed, "decode_fed");
+    let cached = gen.cache_len();
+    let mut next = req.clone();
+    next.prompt_ids.extend_from_slice(&first.tokens);
+    next.prompt_ids.push(7);
+    next.truncate_left = true;
+    let second = gen.generate(tok, &next, &mut |_| true).unwrap();
+    [(first, cached), (second, gen.cache_len())]
+}
+
+fn same(name: &str, what: &str, m: &LoadedModel, req: &GenerateRequest) -> Vec<u32> {
+    let plain = two_turns(m, req, false);
+    let fed = two_turns(m, req, true);
+    for (turn, ((p, pc), (f, fc))) in plain.iter().zip(&fed).enumerate() {
+        assert_eq!(pc, fc, "{name}, {what}, turn {turn}: positions cached");
+        assert_eq!(p.tokens, f.tokens, "{name}, {what}, turn {turn}: tokens");
+        assert_eq!(p.text, f.text, "{name}, {what}, turn {turn}: text");
+        assert_eq!(p.finish_reason, f.finish_reason, "{name}, {what}, turn {turn}: finish");
+        assert_eq!(p.stats.prefill_tokens, f.stats.prefill_tokens, "{name}, {what}, turn {turn}: cached prefix");
+    }
+    plain[0].0.tokens.clone()
+}
+
+fn cases(name: &str, m: &LoadedModel, prompt: Vec<u32>) {
+    let vocab = m.model.info().vocab_size as u32;
+    let prompt: Vec<u32> = prompt.into_iter().map(|t| t % vocab).collect();
+    let req = GenerateRequest::new(prompt.clone(), 12, SamplingParams::default());
+    let out = same(name, "token limit", m, &req);
+    assert_eq!(out.len(), 12, "{name}: 12 tokens");
+    // An EOS id first met mid-way: the fed loop has queued a forward past it.
+    let k = (4..out.len()).find(|&k| !out[..k].contains(&out[k])).expect("a fresh token mid-way");
+    let eos = GenerateRequest { eos_token_ids: vec![out[k]], ..req.clone() };
+    let stopped = same(name, "eos", m, &eos);
+    assert_eq!(stopped, out[..k], "{name}: the EOS ends the output");
+    // The context fills before the token limit.
+    let full = GenerateRequest { max_tokens: 100, ..req.clone() };
+    let filled = same(name, "full context", m, &full);
+    assert!(filled.len() < 100, "{name}: the context ends it");
+    // Sampled decoding is not fed (the flag is only honoured for plain greedy).
+    let mut gen = m.generator().unwrap();
+    gen.set_fed_decoding(Some(true));
+    let sampled =
+        GenerateRequest { sampling: SamplingParams { temperature: 0.7, seed: 1, ..Default::default() }, ..req };
+    assert!(!gen.generate(None, &sampled, &mut |_| true).unwrap().stats.decode_fed, "{name}: sampled");
+}
+
+#[test]
+fn fed_equals_plain_on_every_family() {
+    for name in ["glm5/dsa-sparse", "glm5/fp8", "glm4_moe/gqa-bias", "gemma4/moe", "gemma4/dense-ple"] {
+        let m = open(&root().join("fixtures").join(name), 40);
+        cases(name, &m, (0..20).map(|i| i * 37 + 5).collect());
+    }
+}
+
+#[test]
+fn fed_equals_plain_on_strata_tiny_with_stop_strings() {
+    let m = open(&root().join("models/strata-tiny"), 64);
+    let tok = m.tokenizer().expect("strata-tiny has a tokenizer");
+    let prompt = tok.encode("The history of the river town begins with", true).unwrap();
+    cases("strata-tiny", &m, prompt.clone());
+    // A stop string cut from the middle of the plain output.
+    let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
+    let mut gen = m.generator().unwrap();
+    gen.set_fed_decoding(Some(false));
+    let text = gen.generate(Some(tok), &req, &mut |_| true).unwrap().text;
+    let stop: String = text.chars().skip(text.chars().count() / 2).take(3).collect();
+    assert!(!stop.trim().is_empty(), "a stop string from {text:?}");
+    let req = GenerateRequest { stop_strings: vec![stop.clone()], ..req };
+    let plain = two_turns(&m, &req, false);
+    let fed = two_turns(&m, &req, true);
+    assert_eq!(plain[0].0.finish_reason, strata_engine::FinishReason::Stop, "stop string {stop:?}");
+    for ((p, pc), (f, fc)) in plain.iter().zip(&fed) {
+        assert_eq!((&p.tokens, &p.text, p.finish_reason, pc), (&f.tokens, &f.text, f.finish_reason, fc));
+    }
+}
