@@ -28,7 +28,7 @@ mod transfer;
 use step::StepCache;
 
 pub use dispatch::CudaExpertTable;
-pub use queue::{launch_totals, set_graphs_default, LaunchStats};
+pub use queue::{launch_totals, set_dependent_launch_default, set_graphs_default, LaunchStats};
 pub use transfer::{CopyFence, HostRegistration, IdxRead};
 
 use anyhow::{anyhow, bail, Result};
@@ -480,7 +480,9 @@ impl CudaBackend {
             .map_err(|e| anyhow!("{e}"))?;
         let ring = Ring { base, chunk: RING_CHUNK, events, next: 0 };
         // The watchdog waits for each kernel as it is launched: no holding.
-        let queue = Arc::new(queue::LaunchQueue::new(stream.clone(), queue::graphs_default() && watchdog().is_none()));
+        let pdl = queue::dependent_launch_default() && cc.0 >= 9;
+        let queue =
+            Arc::new(queue::LaunchQueue::new(stream.clone(), queue::graphs_default() && watchdog().is_none(), pdl));
         Ok(Self {
             ctx,
             stream,

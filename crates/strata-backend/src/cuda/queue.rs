@@ -10,6 +10,12 @@
 //! A graph runs exactly the launches the step asked for, in order: results are the same
 //! bit for bit, whether or not a run became a graph (`--cuda-graphs off` sends every
 //! kernel on its own, at once).
+//!
+//! On sm_90 and later each kernel may also start launching before the one before it has
+//! finished (programmatic dependent launch: a programmatic edge in a graph, the stream
+//! attribute otherwise). Every kernel first waits for its predecessors to finish and
+//! their writes to show (`pdl_enter` in `kernels/common.cu`), so only the launch overlaps:
+//! the gap between two dependent kernels shrinks, and results stay the same bit for bit.
 
 use crate::graph_cache::{GraphCache, Plan};
 use anyhow::{anyhow, Result};
@@ -36,6 +42,23 @@ const FIRST_RUN: usize = 4;
 const MAX_PARAMS: usize = 24;
 
 static GRAPHS_DEFAULT: AtomicBool = AtomicBool::new(true);
+/// Programmatic dependent launch for backends made from now on (where the device has it):
+/// on unless `STRATA_CUDA_PDL=0` (a switch for comparisons) or a test turns it off.
+static PDL_DEFAULT: std::sync::OnceLock<AtomicBool> = std::sync::OnceLock::new();
+
+fn pdl_flag() -> &'static AtomicBool {
+    PDL_DEFAULT.get_or_init(|| AtomicBool::new(std::env::var("STRATA_CUDA_PDL").as_deref() != Ok("0")))
+}
+
+/// Whether CUDA backends made from now on let each kernel start launching before the one
+/// before it has finished (on sm_90 and later; on by default). Results are the same.
+pub fn set_dependent_launch_default(on: bool) {
+    pdl_flag().store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn dependent_launch_default() -> bool {
+    pdl_flag().load(Ordering::Relaxed)
+}
 
 /// Every backend's counts together (`launch_totals`): the bench's per-token figures.
 static TOTALS: Mutex<LaunchStats> = Mutex::new(LaunchStats { kernels: 0, graphs: 0, graph_kernels: 0, built: 0 });
@@ -116,6 +139,8 @@ impl Run {
 
 struct Inner {
     on: bool,
+    /// Programmatic dependent launch (see the module's comment).
+    pdl: bool,
     run: Run,
     /// Launches at which the run is sent (see FIRST_RUN).
     limit: usize,
@@ -152,9 +177,10 @@ pub(crate) struct LaunchQueue {
 }
 
 impl LaunchQueue {
-    pub fn new(stream: Arc<CudaStream>, on: bool) -> Self {
+    pub fn new(stream: Arc<CudaStream>, on: bool, pdl: bool) -> Self {
         let inner = Inner {
             on,
+            pdl,
             run: Run::default(),
             limit: FIRST_RUN,
             graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
@@ -187,8 +213,9 @@ impl LaunchQueue {
                 *p = a.0 as *mut c_void;
             }
             g.count(1, false, false);
+            let pdl = g.pdl;
             drop(g);
-            self.launch_now(func, grid, block, smem, &mut ptrs);
+            self.launch_now(func, grid, block, smem, &mut ptrs, pdl);
             return;
         }
         let run = &mut g.run;
@@ -224,24 +251,31 @@ impl LaunchQueue {
         block: u32,
         smem: u32,
         ptrs: &mut [*mut c_void; MAX_PARAMS],
+        pdl: bool,
     ) {
-        // SAFETY: the pointers point at the kernel's arguments, in order (the `args!`
-        // macro, or a run's words), alive for the call.
-        let r = unsafe {
-            sys::cuLaunchKernel(
-                func,
-                grid.0,
-                grid.1,
-                grid.2,
-                block,
-                1,
-                1,
-                smem,
-                self.stream.cu_stream(),
-                ptrs.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: a plain C union of integers; zero is a valid value of each member.
+            value: unsafe { std::mem::zeroed() },
         };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl),
+        };
+        // SAFETY: the pointers point at the kernel's arguments, in order (the `args!`
+        // macro, or a run's words), alive for the call; the config and its attribute
+        // outlive it.
+        let r = unsafe { sys::cuLaunchKernelEx(&config, func, ptrs.as_mut_ptr(), std::ptr::null_mut()) };
         if r != sys::CUresult::CUDA_SUCCESS {
             panic!("CUDA: kernel launch failed: {r:?}");
         }
@@ -266,7 +300,7 @@ impl LaunchQueue {
                 self.launch_graph(exec);
                 inner.count(kernels, true, false);
             }
-            Plan::Build => match self.build(&inner.run) {
+            Plan::Build => match self.build(&inner.run, inner.pdl) {
                 Ok(exec) => {
                     self.launch_graph(exec);
                     inner.count(n, true, true);
@@ -280,24 +314,24 @@ impl LaunchQueue {
                     // A driver that cannot build graphs: send this run and every later one
                     // kernel by kernel.
                     eprintln!("strata: CUDA graphs off ({e:#}); kernels are launched one by one");
-                    self.launch_each(&inner.run);
+                    self.launch_each(&inner.run, inner.pdl);
                     inner.count(n, false, false);
                     inner.on = false;
                 }
             },
             Plan::Each => {
-                self.launch_each(&inner.run);
+                self.launch_each(&inner.run, inner.pdl);
                 inner.count(n, false, false);
             }
         }
         inner.run.clear();
     }
 
-    fn launch_each(&self, run: &Run) {
+    fn launch_each(&self, run: &Run, pdl: bool) {
         let mut ptrs = [std::ptr::null_mut(); MAX_PARAMS];
         for node in &run.nodes {
             run.pointers(node, &mut ptrs);
-            self.launch_now(node.func, node.grid, node.block, node.smem, &mut ptrs);
+            self.launch_now(node.func, node.grid, node.block, node.smem, &mut ptrs, pdl);
         }
     }
 
@@ -309,8 +343,9 @@ impl LaunchQueue {
         }
     }
 
-    /// The run as a graph: its kernels in a chain, in order.
-    fn build(&self, run: &Run) -> Result<sys::CUgraphExec> {
+    /// The run as a graph: its kernels in a chain, in order (programmatic edges when
+    /// `pdl`).
+    fn build(&self, run: &Run, pdl: bool) -> Result<sys::CUgraphExec> {
         let check = |r: sys::CUresult, what: &str| match r {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
             e => Err(anyhow!("{what}: {e:?}")),
@@ -340,11 +375,30 @@ impl LaunchQueue {
                         ctx: std::ptr::null_mut(),
                     };
                     let mut added: sys::CUgraphNode = std::ptr::null_mut();
-                    let deps = prev.as_ref().map_or(std::ptr::null(), |p| p as *const _);
                     check(
-                        sys::cuGraphAddKernelNode_v2(&mut added, graph, deps, usize::from(prev.is_some()), &p),
+                        sys::cuGraphAddKernelNode_v2(&mut added, graph, std::ptr::null(), 0, &p),
                         "cuGraphAddKernelNode",
                     )?;
+                    if let Some(prev) = prev {
+                        // A programmatic edge lets this kernel launch while the one before
+                        // runs (it waits in `pdl_enter`); a plain edge waits for the end.
+                        let edge = sys::CUgraphEdgeData {
+                            from_port: match pdl {
+                                true => sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+                                false => 0,
+                            },
+                            to_port: 0,
+                            type_: match pdl {
+                                true => sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+                                false => 0,
+                            },
+                            reserved: [0; 5],
+                        };
+                        check(
+                            sys::cuGraphAddDependencies_v2(graph, &prev, &added, &edge, 1),
+                            "cuGraphAddDependencies",
+                        )?;
+                    }
                     prev = Some(added);
                 }
                 let mut exec: sys::CUgraphExec = std::ptr::null_mut();

@@ -3,7 +3,7 @@
 
 use super::models::repo_root;
 use super::*;
-use strata_backend::cuda::{launch_totals, set_graphs_default, LaunchStats};
+use strata_backend::cuda::{launch_totals, set_dependent_launch_default, set_graphs_default, LaunchStats};
 
 /// A chain of ops like a decode step's (norms, projections of several encodings, a
 /// residual add, routing, experts by id, the combine), run `steps` times on new inputs,
@@ -86,9 +86,11 @@ fn cuda_graph_replay_equals_kernels_one_by_one() {
     eprintln!("graph replay equals one by one over {steps} steps: {sg:?}");
 }
 
-/// Decode on CUDA with graphs and without: every step's logits equal bit for bit, and
-/// with graphs the steps are graph launches. DSA selection is engaged (`dsa-sparse`:
-/// top-8 of a longer context), and Gemma's sliding-window and shared-KV layers too.
+/// Decode on CUDA with graphs and without, and with kernels launched before the one before
+/// them has finished (programmatic dependent launch) and without: every step's logits
+/// equal bit for bit, and with graphs the steps are graph launches. DSA selection is
+/// engaged (`dsa-sparse`: top-8 of a longer context), and Gemma's sliding-window and
+/// shared-KV layers too.
 #[test]
 fn cuda_decode_with_graphs_equals_without() {
     if gpu().is_none() {
@@ -102,10 +104,12 @@ fn cuda_decode_with_graphs_equals_without() {
             let t = &r.tensors()["prompt_ids"];
             r.bytes(t).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
         };
-        let decode = |graphs: bool| -> (Vec<Vec<f32>>, LaunchStats) {
+        let decode = |graphs: bool, pdl: bool| -> (Vec<Vec<f32>>, LaunchStats) {
             set_graphs_default(graphs);
+            set_dependent_launch_default(pdl);
             let m = LoadedModel::open_with(&dir, &LoadOptions { device: Device::Cuda(0), ..Default::default() });
             set_graphs_default(true);
+            set_dependent_launch_default(true);
             let m = m.unwrap_or_else(|e| panic!("{fixture}: {e:#}"));
             let mut gen = m.generator().unwrap();
             gen.prefill(&prompt).unwrap();
@@ -126,11 +130,17 @@ fn cuda_decode_with_graphs_equals_without() {
             };
             (steps, delta)
         };
-        let (off, _) = decode(false);
-        let (on, stats) = decode(true);
-        for (i, (a, b)) in off.iter().zip(&on).enumerate() {
-            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{fixture}: decode step {i}'s logits differ with CUDA graphs");
+        let (off, _) = decode(false, false);
+        let (on, stats) = decode(true, true);
+        let (pdl_alone, _) = decode(false, true);
+        let (graphs_alone, _) = decode(true, false);
+        for (what, other) in
+            [("graphs and dependent launch", &on), ("dependent launch", &pdl_alone), ("graphs", &graphs_alone)]
+        {
+            for (i, (a, b)) in off.iter().zip(other).enumerate() {
+                let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{fixture}: decode step {i}'s logits differ with {what}");
+            }
         }
         // (Totals are process-wide: other tests' kernels may add to them, never take away.)
         assert!(stats.graphs >= 20, "{fixture}: 24 decode steps made {} graph launches", stats.graphs);

@@ -7,6 +7,7 @@
 // A fed row (FED | i) embeds picks[i]; an embedding row (u32 max) and a flagged pick
 // (NON_FINITE | j) are out of the table and left alone.
 extern "C" __global__ void k_embed(Mat t, StepDev st, const u32* picks, float* out) {
+    pdl_enter();
     int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     u32 tok = st.tokens[r];
     if (tok != 0xffffffffu && (tok & 0x80000000u)) tok = picks[tok & 0x7fffffffu];
@@ -60,12 +61,14 @@ __device__ void rms_seg(const float* x, const float* w, float eps, float* out, i
 }
 
 extern "C" __global__ void k_rms_norm(const float* x, const float* w, float eps, float* out, int width) {
+    pdl_enter();
     __shared__ float sh[32];
     int r = blockIdx.x;
     rms_seg(x + (i64)r * width, w, eps, out + (i64)r * width, width, sh);
 }
 
 extern "C" __global__ void k_add(i64 n, const float* src, float* dst) {
+    pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         dst[i] += src[i];
 }
@@ -91,6 +94,7 @@ __device__ void rope_il(float* x, const float* cs, const float* sn, int half, fl
 extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, const float* q_norm, const float* kva,
                                          const float* kv_norm, float eps, const float* cs, const float* sn,
                                          float* cache, int kv_lora, int rope) {
+    pdl_enter();
     __shared__ float sh[32];
     __shared__ float tmp[512];
     int r = blockIdx.x, kw = kv_lora + rope, half = rope / 2;
@@ -116,6 +120,7 @@ extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, cons
 extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
                                                                 int rope, int vdim, int kv_lora, const float* cs,
                                                                 const float* sn, float* qf) {
+    pdl_enter();
     __shared__ float part[ABSORB_GROUPS][8][128];
     int h = blockIdx.x, t = threadIdx.x & 127, g = threadIdx.x >> 7, k = blockIdx.y * 128 + t;
     int qw = nope + rope, kw = kv_lora + rope, half = rope / 2;
@@ -218,6 +223,7 @@ __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int h
     extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n) k_mla_absorb_row_##K(            \
         const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
         const float* sn, float* qf) {                                                                         \
+        pdl_enter();                                                                                          \
         absorb_row<K>(q, kvb, heads, nope, rope, vdim, kv_lora, cs, sn, qf);                                  \
     }
 MLA_ABSORB_ROW(0)
@@ -293,6 +299,7 @@ __device__ __forceinline__ void mla_attend(StepDev st, const float* qf, const fl
     extern "C" __global__ void __launch_bounds__(128) k_mla_attend_##J(                                       \
         StepDev st, const float* qf, const float* cache, int sparse, const u32* sel, const u32* cnt, int topk,\
         int heads, int kv_lora, int kw, float scale, float* lat, int rows) {                                  \
+        pdl_enter();                                                                                          \
         mla_attend<J>(st, qf, cache, sparse, sel, cnt, topk, heads, kv_lora, kw, scale, lat, rows);           \
     }
 MLA_ATTEND(1)
@@ -313,6 +320,7 @@ MLA_ATTEND(32)
 extern "C" __global__ void k_dsa_prepare(StepDev st, float* q, int heads, int dim, int rope, float* k,
                                          const float* knw, const float* knb, float eps, const float* cs,
                                          const float* sn, float* cache) {
+    pdl_enter();
     __shared__ float sh[32];
     __shared__ float tmp[512];
     int r = blockIdx.x, half = rope / 2;
@@ -346,6 +354,7 @@ extern "C" __global__ void k_dsa_prepare(StepDev st, float* q, int heads, int di
 extern "C" __global__ void __launch_bounds__(256) k_dsa_scores(StepDev st, const float* q, const float* w, int heads,
                                                                int dim, float wscale, float dscale,
                                                                const float* cache, float* work, int positions) {
+    pdl_enter();
     extern __shared__ float smem[];
     float* qs = smem;
     float* ws = smem + heads * (dim + 1);
@@ -404,6 +413,7 @@ __device__ __forceinline__ u32 bscan(bool f, u32* wt, u32* total) {
 // the k-th key (4 passes of 8 bits), then an ordered compaction. 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) k_dsa_topk(StepDev st, const float* work, int positions, int topk,
                                                               u32* sel, u32* cnt) {
+    pdl_enter();
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_remaining;
     __shared__ u32 wt[32];
@@ -468,6 +478,7 @@ extern "C" __global__ void __launch_bounds__(1024) k_dsa_topk(StepDev st, const 
 extern "C" __global__ void k_gqa_prepare(StepDev st, float* q, const float* k, const float* v, const float* qn,
                                          const float* kn, float eps, int heads, int kv_heads, int hd, int rotary,
                                          const float* cs, const float* sn, float* cache) {
+    pdl_enter();
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int kvw = kv_heads * hd, width = 2 * kvw, half = rotary / 2;
     float* dst = cache ? cache + (i64)kv_slot(st, r, (int)st.pos[r]) * width : nullptr;
@@ -574,6 +585,7 @@ __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const flo
                                                                        const float* cache, int heads,          \
                                                                        int kv_heads, int hd, float scale,      \
                                                                        int window, float* out) {               \
+        pdl_enter();                                                                                           \
         gqa_attend<J>(st, q, cache, heads, kv_heads, hd, scale, window, out);                                 \
     }
 GQA_ATTEND(1)

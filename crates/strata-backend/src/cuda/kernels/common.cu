@@ -36,6 +36,18 @@ struct StepDev {
     int bs, max_blocks;
 };
 
+// First in every kernel. Kernels may be launched before the one before them has finished
+// (programmatic dependent launch, sm_90 on; see cuda/queue.rs): wait until the grids this
+// one depends on have finished and their writes show, then let the next grid start
+// launching, so its launch overlaps this grid's run. Without that launch mode both are
+// no-ops.
+__device__ __forceinline__ void pdl_enter() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
     int t = (int)s.seq[r] * s.max_blocks;
     return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;

@@ -6,26 +6,31 @@
 #define GRID_STRIDE(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 extern "C" __global__ void k_scale(i64 n, float f, float* x) {
+    pdl_enter();
     GRID_STRIDE(i, n) x[i] *= f;
 }
 
 // dst[..n] = src[..n] (a row of gather_rows).
 extern "C" __global__ void k_copy(i64 n, const float* src, float* dst) {
+    pdl_enter();
     GRID_STRIDE(i, n) dst[i] = src[i];
 }
 
 extern "C" __global__ void k_fill(i64 n, float v, float* x) {
+    pdl_enter();
     GRID_STRIDE(i, n) x[i] = v;
 }
 
 // x = cap * tanh(x / cap): the final logit soft cap.
 extern "C" __global__ void k_soft_cap(i64 n, float cap, float* x) {
+    pdl_enter();
     GRID_STRIDE(i, n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
 // x[r] += rms_norm(a[r]) * w (w null: no scale), a block per row, over float4s where
 // aligned (as rms_seg).
 extern "C" __global__ void k_add_rms_norm(const float* a, const float* w, float eps, float* x, int width) {
+    pdl_enter();
     __shared__ float sh[32];
     const float* ar = a + (i64)blockIdx.x * width;
     float* xr = x + (i64)blockIdx.x * width;
@@ -44,6 +49,7 @@ extern "C" __global__ void k_add_rms_norm(const float* a, const float* w, float 
 
 // a[r, i] = gelu_tanh(a[r, i]) * b[r * stride + col + i], a block per row.
 extern "C" __global__ void k_gelu_mul(int width, float* a, const float* b, int stride, int col) {
+    pdl_enter();
     float* ar = a + (i64)blockIdx.x * width;
     const float* br = b + (i64)blockIdx.x * stride + col;
     for (int c = threadIdx.x; c < width; c += blockDim.x) ar[c] = gelu_tanh(ar[c]) * br[c];
@@ -60,6 +66,7 @@ __device__ __forceinline__ void pick_max(float& v, int& i, float ov, int oi) {
 // Each row's greedy pick (Backend::argmax_rows): a block per row; a thread's columns
 // rise, so its first maximum is its lowest. NON_FINITE | j for the lowest non-finite j.
 extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x, int width, u32* picks) {
+    pdl_enter();
     __shared__ float sv[32];
     __shared__ int si[32], sb[32];
     const float* xr = x + (i64)blockIdx.x * width;

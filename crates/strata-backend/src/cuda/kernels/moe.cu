@@ -31,6 +31,7 @@ __device__ void block_topk(const float* vals, int n, int k, int* chosen) {
 extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, int n, const float* bias, int k,
                                                           int n_group, int topk_group, int norm, float scaling,
                                                           u32* ids, float* wts) {
+    pdl_enter();
     extern __shared__ float smem[];
     float* s = smem;
     float* ch = smem + n;
@@ -104,6 +105,7 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
 // ascending id (the order every expert path shares).
 extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const float* w, const u32* src, const float* y,
                                      int shared, float* out) {
+    pdl_enter();
     __shared__ int order[64];
     int r = blockIdx.x;
     if (threadIdx.x == 0) {
@@ -134,6 +136,7 @@ extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const fl
 // scale[id]. Dynamic shared memory: n floats.
 extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* logits, int n, const float* scale,
                                                                   int k, u32* ids, float* wts) {
+    pdl_enter();
     extern __shared__ float p[];
     __shared__ float sh[32];
     __shared__ int chosen[64];
@@ -170,6 +173,7 @@ extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* l
 // reads row 0.
 extern "C" __global__ void k_tasks_from_ids(const Mat* descs, int n, const u32* ids, int k, int hstride, int up_b,
                                             int down_b, Task shared, int has_shared, Task* tasks, u32* rowidx) {
+    pdl_enter();
     if (threadIdx.x == 0) {
         rowidx[0] = 0;
         if (has_shared) tasks[k] = shared;

@@ -264,6 +264,7 @@ __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_b
     extern "C" __global__ void __launch_bounds__(256) k_linear_##R(                                          \
         Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, int rows, int nout, float* out,   \
         int ostride, int col, int col_bs, int add, const float* bias, int split) {                           \
+        pdl_enter();                                                                                         \
         linear_small<R>(m, mrow0, mrow_bs, x, x_bs, xld, rows, nout, out, ostride, col, col_bs, add, bias,  \
                         split, blockIdx.x);                                                                  \
     }
@@ -286,6 +287,7 @@ struct LinJobs {
     LinJob j[MAX_JOBS];
 };
 extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, int njobs, LinJobs jobs) {
+    pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
@@ -320,6 +322,7 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
 extern "C" __global__ void __launch_bounds__(256) k_linear_row(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs,
                                                                int nout, float* out, int col, int col_bs, int add,
                                                                const float* bias) {
+    pdl_enter();
     int b = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = (blockIdx.x * 8 + warp) * LIN_OUTS;
@@ -419,6 +422,7 @@ __device__ __forceinline__ void linear_tiled(Mat m, int mrow0, int mrow_bs, cons
     extern "C" __global__ void __launch_bounds__(256) k_tiled_##K(                                            \
         Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows, int rows, int nout,\
         float* out, int ostride, int col, int col_bs, int add, const float* bias) {                           \
+        pdl_enter();                                                                                          \
         linear_tiled<K>(m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add,   \
                         bias);                                                                                \
     }
@@ -512,6 +516,7 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 
 extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h) {
+    pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, false);
     const Task& T = tasks[ti];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -539,6 +544,7 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* t
 
 extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
                                                                      int hidden, float* y) {
+    pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, true);
     const Task& T = tasks[ti];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -555,29 +561,34 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task*
     extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
                                                                        const u32* rowidx, const float* x,     \
                                                                        int hidden, float* h) {                \
+        pdl_enter();                                                                                          \
         experts_up<R>(tasks, ntasks, rowidx, x, hidden, h);                                                   \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(256) k_experts_down_##R(const Task* tasks, int ntasks,       \
                                                                          const float* h, int hidden,          \
                                                                          float* y) {                          \
+        pdl_enter();                                                                                          \
         experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
     }
 EXPERTS(8)
 
 // h = act(g) * u over n values (the many-rows expert path).
 extern "C" __global__ void k_act_mul(i64 n, const float* g, const float* u, int act, float* h) {
+    pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         h[i] = gate_act(g[i], act) * u[i];
 }
 
 // dst[i] = x[rows[i]] (rows of `width`).
 extern "C" __global__ void k_gather(const float* x, const u32* rows, int width, float* dst) {
+    pdl_enter();
     int i = blockIdx.x;
     const float* src = x + (i64)rows[i] * width;
     for (int c = threadIdx.x; c < width; c += blockDim.x) dst[(i64)i * width + c] = src[c];
 }
 
 extern "C" __global__ void k_add_bias(int rows, int nout, float* out, int ostride, int col, const float* bias) {
+    pdl_enter();
     int r = blockIdx.y;
     for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < nout; o += gridDim.x * blockDim.x)
         out[(i64)r * ostride + col + o] += bias[o];
@@ -594,6 +605,7 @@ __device__ __forceinline__ u32 to_bf16(float f) {
 // x = hi + mid + lo in bf16 (8 + 8 + 8 significant bits: f32's 24, so the three bf16
 // GEMMs see x exactly but for denormal-range residues).
 extern "C" __global__ void k_split_bf16(i64 n, const float* x, u16* hi, u16* mid, u16* lo) {
+    pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         float v = x[i];
         u32 h = to_bf16(v);
