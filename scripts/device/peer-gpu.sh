@@ -11,7 +11,8 @@
 # that script, llamacpp-peer.sh.
 # Each strata figure is taken with CUDA graphs (the default) and with `--cuda-graphs off`.
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
-# fixtures behind); EXPERTS (default 48) the slice's routed experts.
+# fixtures behind); EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
+# times strata on the slice with GLM-5's vocabulary (154880; no peer runs there).
 # Writes under $OUT: machine.txt, tests.log, bandwidth.log, peer.jsonl (one JSON object
 # per measurement), llama.log (llama-bench's own output), profile.txt (strata's per-stage
 # decode profile of both slices), side.log.
@@ -40,6 +41,11 @@ L=/tmp/llama-cuda
     echo "convert to GGUF failed" >>"$OUT/side.log"
   timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1 ||
     echo "strata convert int4 failed" >>"$OUT/side.log"
+  if [ "${FULL_VOCAB:-0}" = 1 ]; then
+    timeout 200 $S bench synth --out "$slice-v154k" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+      --vocab 154880 >>"$OUT/side.log" 2>&1
+    timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 >>"$OUT/side.log" 2>&1
+  fi
   wait
   touch /tmp/cpu-work.done
 ) &
@@ -65,6 +71,7 @@ strata_bench() {  # dir label [flags...]
       --mtp off --json "$@" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'decode_tps':r['decode_tokens_per_s'],
+  'decode_fed':r.get('decode_fed',False),'of_floor':r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],
   'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token'],
   'graph_launches_per_token':r.get('cuda_graph_launches_per_decode_token'),
   'kernels_in_graphs_per_token':r.get('cuda_kernels_in_graphs_per_decode_token'),
@@ -100,5 +107,10 @@ fi
 since "transformers bf16"
 timeout 150 python3 scripts/bench_transformers_gpu.py "$slice" --dtype bfloat16 --prompt-tokens 64 --decode-tokens 64 \
   --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/side.log" || echo "transformers failed" | tee -a "$OUT/side.log"
+if [ "${FULL_VOCAB:-0}" = 1 ]; then
+  since "strata, GLM-5's vocabulary"
+  strata_bench "$slice-v154k" bf16-vocab154880
+  strata_bench "$slice-v154k-int4" int4-g64-vocab154880
+fi
 since "done"
 cat "$res"
