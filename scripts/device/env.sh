@@ -12,3 +12,6 @@ export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-${STALL_S:-90}} PYTHONUNBUFFER
 for f in strata cuda-tests; do
   [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
 done
+# Progress lines: seconds since the script started.
+t_start=$(date +%s)
+since() { echo "[$(($(date +%s) - t_start)) s] $*"; }

@@ -22,8 +22,6 @@ res="$OUT/families.jsonl"
 : >"$res"
 { nvidia-smi; date -u; nproc; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'; } >"$OUT/machine.txt" 2>&1
 head -12 "$OUT/machine.txt"
-t_start=$(date +%s)
-since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   since "tests"

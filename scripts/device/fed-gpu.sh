@@ -13,8 +13,6 @@ STALL_S=60
 S=$C/strata
 res="$OUT/fed.jsonl"
 : >"$res"
-t00=$(date +%s)
-since() { echo "[$(($(date +%s) - t00)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 
 skip=()

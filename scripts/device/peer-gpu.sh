@@ -23,8 +23,6 @@ S=$PWD/$C/strata
 res="$OUT/peer.jsonl"
 : >"$res"
 { nvidia-smi; date -u; nproc; free -g; } >"$OUT/machine.txt" 2>&1
-t_start=$(date +%s)
-since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 slice=/tmp/slice-peer
 L=/tmp/llama-cuda
 

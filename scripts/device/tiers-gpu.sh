@@ -17,8 +17,6 @@ S=$C/strata
 res="$OUT/tiers.jsonl"
 : >"$res"
 { nvidia-smi; date -u; nproc; free -g; df -h /tmp; } >"$OUT/machine.txt" 2>&1
-t_start=$(date +%s)
-since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 
 if [ "${TESTS:-1}" = 1 ]; then
   since "tests"

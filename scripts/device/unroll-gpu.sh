@@ -10,8 +10,6 @@ STALL_S=60
 S=$C/strata
 res="$OUT/unroll.jsonl"
 : >"$res"
-t00=$(date +%s)
-since() { echo "[$(($(date +%s) - t00)) s] $*"; }
 skip=()
 [ "${TINY:-1}" = 1 ] || skip+=(--skip strata_tiny)
 if [ "${TESTS:-1}" = 1 ]; then
