@@ -466,12 +466,15 @@ impl<'m> Generator<'m> {
             truncated_prompt_tokens: req.prompt_ids.len() - prompt.len(),
             ..Default::default()
         };
-        self.decode_after(tok, req, &mut sampler, on_text, stats)
+        let mut out = self.decode_after(tok, req, &mut sampler, on_text, stats)?;
+        out.stats.peak_rss_bytes = peak_rss_bytes();
+        Ok(out)
     }
 
     /// The decoding half of [`Generator::generate`] for a prompt already in the cache
     /// ([`Generator::prefill`]): `req`'s prompt is not read; its limits, stops, sampling
-    /// and draft settings are. `stats` says only how the decoding went.
+    /// and draft settings are. `stats` says only how the decoding went (no peak RSS: reading
+    /// it allocates, and the bench counts the decode's allocations).
     pub fn decode_prefilled(&mut self, req: &GenerateRequest) -> Result<GenerationOutput> {
         let mut sampler = Sampler::new(req.sampling.clone())?;
         self.decode_after(None, req, &mut sampler, &mut |_| true, GenerationStats::default())
@@ -504,7 +507,6 @@ impl<'m> Generator<'m> {
         stats.generated_tokens = out.len();
         stats.decode_seconds = decode_s;
         stats.decode_tokens_per_s = if out.len() > 1 { (out.len() - 1) as f64 / decode_s.max(1e-9) } else { 0.0 };
-        stats.peak_rss_bytes = peak_rss_bytes();
         stats.finish_reason = finish.as_str().to_string();
         if let Some(trace) = self.trace.as_mut() {
             trace.flush()?;
