@@ -203,3 +203,49 @@ fn serving_options_shape_the_output() {
     let c = engine.counters();
     assert_eq!(c.kv_free_blocks + c.cache_blocks, c.kv_total_blocks);
 }
+
+/// Greedy samples picked on the device (forced here, on the CPU) answer exactly as
+/// samples from logits read back: a batch of greedy requests with chunked prompts; then
+/// with a sampled request beside them, and with a `min_tokens` ban in force for a while
+/// (the steps those sample in read the logits back).
+#[test]
+fn device_picks_answer_as_the_logits_do() {
+    let m = model();
+    let ps = prompts(&m);
+    let greedy = |ids: Vec<u32>| GenerateRequest {
+        eos_token_ids: m.eos_token_ids.clone(),
+        stop_strings: vec!["zz".into()],
+        ..GenerateRequest::new(ids, 20, SamplingParams::default())
+    };
+    // The batch of a variant: 0 all greedy, 1 one sampled, 2 one with a `min_tokens` ban.
+    let batch = |variant: usize| -> Vec<ServeRequest> {
+        let mut reqs: Vec<ServeRequest> = ps.iter().map(|p| ServeRequest::new(greedy(p.clone()))).collect();
+        match variant {
+            1 => reqs[1] = ServeRequest::new(request(&m, ps[1].clone(), 3, 20)),
+            2 => reqs[0].min_tokens = 6,
+            _ => {}
+        }
+        reqs
+    };
+    let run = |variant: usize, picks: bool| {
+        let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 256, 16)).unwrap();
+        engine.set_device_picks(Some(picks));
+        let out = run_all(&mut engine, batch(variant));
+        let c = engine.counters();
+        (out, c.picked_steps, c.steps)
+    };
+    for (variant, what) in ["all greedy", "one sampled", "one banned"].into_iter().enumerate() {
+        let (plain, none, _) = run(variant, false);
+        let (picked, n, steps) = run(variant, true);
+        assert_eq!(none, 0, "{what}: picks off");
+        assert!(n > 0, "{what}: no step picked on the device");
+        if variant > 0 {
+            assert!(n < steps, "{what}: every step picked ({n} of {steps})");
+        }
+        for (i, ((p, pt), (q, qt))) in plain.iter().zip(&picked).enumerate() {
+            assert_eq!(p.output.tokens, q.output.tokens, "{what}, request {i}: tokens");
+            assert_eq!((&p.output.text, pt), (&q.output.text, qt), "{what}, request {i}: text");
+            assert_eq!(p.output.finish_reason, q.output.finish_reason, "{what}, request {i}: finish");
+        }
+    }
+}

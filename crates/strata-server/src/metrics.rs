@@ -290,8 +290,14 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let e = *self.engine.lock().unwrap();
-        let engine: [(&str, &str, &str, f64); 8] = [
+        let engine: [(&str, &str, &str, f64); 9] = [
             ("strata_batch_steps_total", "counter", "Forwards run by the serving engine.", e.steps as f64),
+            (
+                "strata_batch_picked_steps_total",
+                "counter",
+                "Forwards whose samples were all greedy and picked on the device (no logits read back).",
+                e.picked_steps as f64,
+            ),
             (
                 "strata_batch_decode_rows_total",
                 "counter",

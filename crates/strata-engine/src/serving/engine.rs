@@ -60,6 +60,9 @@ pub struct EngineCounters {
     pub mtp_accepted: u64,
     pub mtp_tokens: u64,
     pub draft: DraftCounters,
+    /// Steps whose samples were all greedy and picked on the device (only the picks came
+    /// back, not the logits; see [`BatchEngine::set_device_picks`]).
+    pub picked_steps: u64,
 }
 
 pub struct BatchEngine<'m> {
@@ -75,6 +78,10 @@ pub struct BatchEngine<'m> {
     /// Rows of each running request in the step being run.
     rows: Vec<usize>,
     logits: Vec<f32>,
+    /// Greedy picks made on the device: when (`None`: where the logits live off the host)
+    /// and the last step's.
+    device_picks: Option<bool>,
+    picks: Vec<u32>,
     next_id: u64,
     counters: EngineCounters,
     /// Drafts a round may verify (0: no speculation).
@@ -145,6 +152,8 @@ impl<'m> BatchEngine<'m> {
             batch: Batch::new(),
             rows: Vec::new(),
             logits: Vec::new(),
+            device_picks: None,
+            picks: Vec::new(),
             next_id: 0,
             counters: EngineCounters::default(),
             gamma,
@@ -385,6 +394,14 @@ impl<'m> BatchEngine<'m> {
         }
     }
 
+    /// Whether a step whose samples are all plain greedy ([`Active::picks_greedy`]) has
+    /// them picked on the device, reading back one id a request instead of its logits:
+    /// `None` (the default) where the logits live off the host (a GPU), `Some(on)` either
+    /// way. Outputs are the same.
+    pub fn set_device_picks(&mut self, on: Option<bool>) {
+        self.device_picks = on;
+    }
+
     /// Runs one step: admits what fits, drafts for the decoding requests that
     /// speculate, one forward over the planned rows, a sample (or a verification of
     /// drafts) for every request whose pending tokens are all in. Updates go to `out`. An
@@ -438,6 +455,17 @@ impl<'m> BatchEngine<'m> {
                 None => self.batch.push(seq, ids, want),
             }
         }
+        // Every sample of this step plain greedy: the device picks them.
+        let pick = self.device_picks.unwrap_or_else(|| self.session.picks_on_device())
+            && kinds.iter().all(|k| *k != Logits::All)
+            && self
+                .running
+                .iter()
+                .zip(&self.rows)
+                .all(|(a, &n)| n == 0 || a.computed + n < a.tokens.len() || a.picks_greedy());
+        if pick {
+            self.batch.pick_greedy();
+        }
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;
         let (session, running, rows, batch) = (&mut self.session, &mut self.running, &self.rows, &self.batch);
@@ -464,6 +492,11 @@ impl<'m> BatchEngine<'m> {
             self.rows.iter().zip(&self.running).filter(|(_, a)| a.pending() == 1).map(|(&n, _)| n).sum();
         self.counters.decode_rows += decode as u64;
         self.counters.prefill_rows += (self.batch.len() - decode) as u64;
+        let forward = match pick {
+            true => forward.and_then(|()| self.session.take_picks(&mut self.picks)),
+            false => forward,
+        };
+        self.counters.picked_steps += u64::from(pick);
         if let Err(e) = forward {
             let planned = self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
             self.fail(planned, &format!("generation failed: {e:#}"), out);
@@ -484,7 +517,10 @@ impl<'m> BatchEngine<'m> {
                 continue;
             }
             let (lrows, hrows) = outputs(kinds[i], n);
-            let (logits, hidden) = (&logits_all[k * vocab..(k + lrows) * vocab], &hidden_all[hr * h..(hr + hrows) * h]);
+            // (A picking step has no logits on the host: row k's pick stands in.)
+            let logits = if pick { &[][..] } else { &logits_all[k * vocab..(k + lrows) * vocab] };
+            let hidden = &hidden_all[hr * h..(hr + hrows) * h];
+            let picked = self.picks.get(k).copied();
             (k, hr) = (k + lrows, hr + hrows);
             if kinds[i] == Logits::All {
                 // A speculative round: keep the agreed drafts, roll back the rest.
@@ -531,7 +567,6 @@ impl<'m> BatchEngine<'m> {
             if a.computed < a.tokens.len() {
                 continue;
             }
-            let row = &logits[..vocab];
             if let Some((_, e)) = failed_masks.iter().find(|(id, _)| *id == a.id) {
                 done.push((i, Err(e.clone())));
                 continue;
@@ -539,9 +574,16 @@ impl<'m> BatchEngine<'m> {
             if a.out.is_empty() && a.computed == a.prompt_len {
                 publish_at.push(i);
             }
-            self.logits.clear();
-            self.logits.extend_from_slice(row);
-            match a.sample(&mut self.logits, self.tok, context) {
+            let sampled = match (pick, picked) {
+                (true, Some(p)) => a.take_pick(p, self.tok, context),
+                (true, None) => Err(anyhow::anyhow!("the device returned no pick for this request")),
+                (false, _) => {
+                    self.logits.clear();
+                    self.logits.extend_from_slice(&logits[..vocab]);
+                    a.sample(&mut self.logits, self.tok, context)
+                }
+            };
+            match sampled {
                 Ok((update, finish)) => {
                     if let Some(s) = a.spec.as_mut() {
                         s.settle(&a.tokens, a.computed);

@@ -208,14 +208,61 @@ impl Active {
         context: usize,
     ) -> Result<(Option<Update>, Option<FinishReason>)> {
         Self::check_finite(logits, self.tokens.len())?;
+        let raw = self.req.logprobs.map(|_| logits.to_vec());
+        self.adjust(logits, &[])?;
+        let next = self.sampler.sample(logits, &self.tokens);
+        self.take(next, raw.as_deref(), tok, context)
+    }
+
+    /// Whether this request's next sample is the plain argmax of the raw logits, which
+    /// the device can pick ([`Active::take_pick`]): greedy, no repetition penalty, no
+    /// grammar, bias, presence or frequency penalty, no `min_tokens` ban in force, no
+    /// log-probabilities, no draft layer.
+    pub fn picks_greedy(&self) -> bool {
+        let (r, p) = (&self.req, self.sampler.params());
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && r.constraint.is_none()
+            && r.logit_bias.is_empty()
+            && r.presence_penalty == 0.0
+            && r.frequency_penalty == 0.0
+            && self.out.len() >= r.min_tokens
+            && r.logprobs.is_none()
+            && self.spec.is_none()
+    }
+
+    /// Follows the token the device picked for this request ([`Active::picks_greedy`]);
+    /// a pick that met a non-finite logit fails the request, as [`Active::sample`] does.
+    pub fn take_pick(
+        &mut self,
+        pick: u32,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(Option<Update>, Option<FinishReason>)> {
+        if pick & strata_backend::NON_FINITE != 0 {
+            bail!(
+                "the model produced a non-finite logit for token {} at position {}: the weights or expert bytes are damaged",
+                pick & !strata_backend::NON_FINITE,
+                self.tokens.len()
+            );
+        }
+        self.take(pick, None, tok, context)
+    }
+
+    /// Follows the sampled `next` (`raw`: the unnarrowed logits, when log-probabilities
+    /// are wanted) and the tokens the grammar forces after it.
+    fn take(
+        &mut self,
+        next: u32,
+        raw: Option<&[f32]>,
+        tok: Option<&TextTokenizer>,
+        context: usize,
+    ) -> Result<(Option<Update>, Option<FinishReason>)> {
         if self.first.is_none() {
             self.first = Some(Instant::now());
         }
         let want_logprobs = self.req.logprobs;
-        let raw = want_logprobs.map(|_| logits.to_vec());
-        self.adjust(logits, &[])?;
-        let next = self.sampler.sample(logits, &self.tokens);
-        let (mut delta, mut finish) = self.follow(next, raw.as_deref(), tok, context)?;
+        let (mut delta, mut finish) = self.follow(next, raw, tok, context)?;
         // Tokens the grammar forces next join without a sample each: they are fed
         // together in the next forward (not when log-probabilities are wanted, which
         // forced tokens have none of).
