@@ -346,13 +346,7 @@ impl<'m> Generator<'m> {
         let l = self.session.logits();
         let vocab = self.model.info().vocab_size;
         let last = &l[row * vocab..(row + 1) * vocab];
-        if let Some(i) = last.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model produced a non-finite logit ({}) for token {i} at position {}: the weights or expert bytes are damaged",
-                last[i],
-                self.tokens.len()
-            );
-        }
+        crate::sampling::check_finite(last, self.tokens.len())?;
         self.logits.clear();
         self.logits.extend_from_slice(last);
         Ok(())
@@ -550,9 +544,7 @@ impl<'m> Generator<'m> {
     /// [`Generator::set_fed_decoding`]): plain greedy (no penalty), no draft layer fed, no
     /// routing trace (a forward past the end would be traced).
     fn feeds_picks(&self, sampler: &Sampler) -> bool {
-        let p = sampler.params();
-        p.temperature == 0.0
-            && p.repetition_penalty == 1.0
+        sampler.params().plain_greedy()
             && !self.draft
             && self.trace.is_none()
             && self.fed_decoding.unwrap_or_else(|| self.session.picks_on_device())
@@ -602,12 +594,7 @@ impl<'m> Generator<'m> {
     fn take_pick(&mut self, queued: bool) -> Result<u32> {
         self.session.take_picks(&mut self.picks)?;
         match self.picks.first() {
-            Some(&p) if p & strata_backend::NON_FINITE == 0 => Ok(p),
-            Some(&p) => bail!(
-                "the model produced a non-finite logit for token {} at position {}: the weights or expert bytes are damaged",
-                p & !strata_backend::NON_FINITE,
-                self.tokens.len() - queued as usize
-            ),
+            Some(&p) => crate::sampling::device_pick(p, self.tokens.len() - queued as usize),
             None => bail!("the session returned no greedy pick"),
         }
     }

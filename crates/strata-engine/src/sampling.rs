@@ -33,6 +33,12 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// The plain argmax of the logits: greedy with no repetition penalty (what a device
+    /// can pick without the logits coming back).
+    pub fn plain_greedy(&self) -> bool {
+        self.temperature == 0.0 && self.repetition_penalty == 1.0
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             bail!("temperature must be a finite number >= 0, got {}", self.temperature);
@@ -294,6 +300,30 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprobs {
         logprob: logits.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| lp(l)),
         top: best.into_iter().map(|(i, l)| (i, lp(l))).collect(),
     }
+}
+
+/// Refuses logits with a non-finite value (damaged weights or expert bytes), naming the
+/// first one and the position being sampled.
+pub(crate) fn check_finite(logits: &[f32], position: usize) -> Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(non_finite(&format!(" ({})", logits[i]), i, position)),
+        None => Ok(()),
+    }
+}
+
+/// The token of a greedy pick made on the device (`Backend::argmax_rows`), refusing one
+/// flagged `NON_FINITE | j` as [`check_finite`] refuses the logits.
+pub(crate) fn device_pick(pick: u32, position: usize) -> Result<u32> {
+    match pick & strata_backend::NON_FINITE {
+        0 => Ok(pick),
+        _ => Err(non_finite("", (pick & !strata_backend::NON_FINITE) as usize, position)),
+    }
+}
+
+fn non_finite(value: &str, token: usize, position: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the model produced a non-finite logit{value} for token {token} at position {position}: the weights or expert bytes are damaged"
+    )
 }
 
 /// Index of the largest logit; ties go to the lowest id.

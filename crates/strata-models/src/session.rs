@@ -56,15 +56,6 @@ impl Rows {
         want.pick = batch.pick;
         for (r, row) in batch.rows.iter().enumerate() {
             ensure!(kv.contains(row.seq), "sequence {} is not in this session", row.seq.0);
-            if strata_backend::is_fed(row.token) {
-                let i = row.token & !strata_backend::FED;
-                ensure!(
-                    (i as usize) < picks,
-                    "a row is fed greedy pick {i}, but the session's latest picking forward picked {picks}"
-                );
-            } else if row.token != u32::MAX && row.token as usize >= vocab {
-                bail!("token id {} is outside the vocabulary ({vocab})", row.token);
-            }
             let i = match pending.iter().position(|(s, _)| *s == row.seq) {
                 Some(i) => i,
                 None => {
@@ -84,6 +75,7 @@ impl Rows {
                 want.logits.push(r as u32);
             }
         }
+        step.check_tokens(vocab, picks)?;
         for &(s, n) in pending.iter() {
             kv.reserve(s, n)?;
         }

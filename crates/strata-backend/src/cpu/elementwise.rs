@@ -95,15 +95,7 @@ pub(crate) fn argmax_rows(rows: usize, width: usize, x: &[f32], picks: &mut [u32
     for (r, row) in x[..rows * width].chunks_exact(width).enumerate() {
         picks[r] = match row.iter().position(|v| !v.is_finite()) {
             Some(j) => crate::NON_FINITE | j as u32,
-            None => {
-                let mut best = 0;
-                for (i, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            }
+            None => strata_kernels::ops::argmax(row) as u32,
         };
     }
 }

@@ -7,7 +7,9 @@
 use super::speculate::{Spec, VerifyScratch};
 use super::{ServeRequest, Update};
 use crate::generate::{held_back, FinishReason, GenerationOutput};
-use crate::sampling::{apply_logit_bias, apply_mask, ban, logprobs, Sampler, TokenLogprobs, TokenMask};
+use crate::sampling::{
+    apply_logit_bias, apply_mask, ban, check_finite, device_pick, logprobs, Sampler, TokenLogprobs, TokenMask,
+};
 use crate::speculative::{accept_draft, MtpStats};
 use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
@@ -160,17 +162,6 @@ impl Active {
         Ok(())
     }
 
-    /// Bails on a non-finite logit (damaged weights or expert bytes) at position `at`.
-    fn check_finite(logits: &[f32], at: usize) -> Result<()> {
-        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model produced a non-finite logit ({}) for token {i} at position {at}: the weights or expert bytes are damaged",
-                logits[i]
-            );
-        }
-        Ok(())
-    }
-
     /// Narrows `logits` as this request asks before a sample: the grammar mask, the
     /// bias, the penalties and the `min_tokens` bans, as if `ahead` (drafts under
     /// verification) had already been generated.
@@ -207,7 +198,7 @@ impl Active {
         tok: Option<&TextTokenizer>,
         context: usize,
     ) -> Result<(Option<Update>, Option<FinishReason>)> {
-        Self::check_finite(logits, self.tokens.len())?;
+        check_finite(logits, self.tokens.len())?;
         let raw = self.req.logprobs.map(|_| logits.to_vec());
         self.adjust(logits, &[])?;
         let next = self.sampler.sample(logits, &self.tokens);
@@ -219,9 +210,8 @@ impl Active {
     /// grammar, bias, presence or frequency penalty, no `min_tokens` ban in force, no
     /// log-probabilities, no draft layer.
     pub fn picks_greedy(&self) -> bool {
-        let (r, p) = (&self.req, self.sampler.params());
-        p.temperature == 0.0
-            && p.repetition_penalty == 1.0
+        let r = &self.req;
+        self.sampler.params().plain_greedy()
             && r.constraint.is_none()
             && r.logit_bias.is_empty()
             && r.presence_penalty == 0.0
@@ -239,14 +229,8 @@ impl Active {
         tok: Option<&TextTokenizer>,
         context: usize,
     ) -> Result<(Option<Update>, Option<FinishReason>)> {
-        if pick & strata_backend::NON_FINITE != 0 {
-            bail!(
-                "the model produced a non-finite logit for token {} at position {}: the weights or expert bytes are damaged",
-                pick & !strata_backend::NON_FINITE,
-                self.tokens.len()
-            );
-        }
-        self.take(pick, None, tok, context)
+        let next = device_pick(pick, self.tokens.len())?;
+        self.take(next, None, tok, context)
     }
 
     /// Follows the sampled `next` (`raw`: the unnarrowed logits, when log-probabilities
@@ -311,7 +295,7 @@ impl Active {
         let g = drafts.len();
         let row = |k: usize| &rows[k * vocab..(k + 1) * vocab];
         for k in 0..=g {
-            Self::check_finite(row(k), self.tokens.len() + k)?;
+            check_finite(row(k), self.tokens.len() + k)?;
         }
         let s = scratch;
         s.context.clear();
