@@ -439,3 +439,25 @@ fn fit_on_cuda_counts_the_host_runtime_in_the_budget() {
     assert_eq!(small.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&small.stderr).contains("host tier"), "{}", String::from_utf8_lossy(&small.stderr));
 }
+
+#[test]
+fn bench_decode_fed_decoding_is_honoured_and_checked() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let base = ["bench", "decode", "--model", m, "--prompt-tokens", "4", "--decode-tokens", "4", "--json"];
+    for (value, fed) in [("on", true), ("off", false), ("auto", false)] {
+        let mut args = base.to_vec();
+        args.extend(["--fed-decoding", value]);
+        let out = strata(&args);
+        assert!(out.status.success(), "{value}: {}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // (auto: the CPU's logits live on the host, so the picks are read from them.)
+        assert_eq!(r["decode_fed"], fed, "--fed-decoding {value}");
+    }
+    let mut args = base.to_vec();
+    args.extend(["--fed-decoding", "sometimes"]);
+    let out = strata(&args);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--fed-decoding") && err.contains("sometimes"), "{err}");
+}

@@ -107,3 +107,36 @@ fn fed_equals_plain_on_strata_tiny_with_stop_strings() {
         assert_eq!((&p.tokens, &p.text, p.finish_reason, pc), (&f.tokens, &f.text, f.finish_reason, fc));
     }
 }
+
+/// A row fed a pick the session never made is refused, naming it, and the sequence is
+/// left as it was.
+#[test]
+fn a_row_fed_a_missing_pick_is_refused() {
+    use strata_models::{fed, Batch, Logits, SessionOptions};
+    let m = open(&root().join("fixtures/glm5/dsa-sparse"), 40);
+    let mut s = m.model.new_session(SessionOptions::single(40, 8)).unwrap();
+    let seq = s.add_sequence().unwrap();
+    let mut b = Batch::new();
+    b.push(seq, &[fed(0)], Logits::Last);
+    let e = s.forward(&b).unwrap_err().to_string();
+    assert!(e.contains("greedy pick 0") && e.contains("picked 0 tokens"), "{e}");
+    assert_eq!(s.len(seq), 0);
+    // After a forward that picked one token, pick 0 feeds and pick 1 is refused.
+    b.clear();
+    b.push(seq, &[5, 6], Logits::Last);
+    b.pick_greedy();
+    s.forward(&b).unwrap();
+    let mut picks = Vec::new();
+    s.take_picks(&mut picks).unwrap();
+    assert_eq!(picks.len(), 1);
+    b.clear();
+    b.push(seq, &[fed(1)], Logits::Last);
+    let e = s.forward(&b).unwrap_err().to_string();
+    assert!(e.contains("greedy pick 1") && e.contains("picked 1 token"), "{e}");
+    assert_eq!(s.len(seq), 2);
+    b.clear();
+    b.push(seq, &[fed(0)], Logits::Last);
+    s.forward(&b).unwrap();
+    assert_eq!(s.len(seq), 3);
+    assert!(s.take_picks(&mut picks).is_err(), "no picks were asked for");
+}
