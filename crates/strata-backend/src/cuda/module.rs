@@ -11,6 +11,7 @@ use std::sync::Arc;
 /// The kernels' source: the parts of `kernels/` in order (one translation unit).
 pub(crate) const SOURCE: &str = concat!(
     include_str!("kernels/common.cu"),
+    include_str!("kernels/tiles.cu"),
     include_str!("kernels/products.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/moe.cu"),

@@ -241,6 +241,11 @@ fn cuda_experts_by_id_equal_the_host_path() {
     for (hidden, inter, kinds, top_k) in [
         (128, 64, vec![QuantKind::Bf16, int4, QuantKind::Int8Row, fp8, QuantKind::F32, QuantKind::Bf16], 4),
         (96, 42, vec![QuantKind::Bf16, QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::F32], 3),
+        // int4 through the tensor-core tiles: whole 128-column chunks (5 and 3 of them, so
+        // some warps of a block have none), rows not a multiple of 16 and groups of 32,
+        // 64, 128 and 96 (not a power of two).
+        (640, 376, vec![QuantKind::Int4Group { group: 64 }, int4, QuantKind::Int4Group { group: 128 }], 3),
+        (384, 384, vec![QuantKind::Int4Group { group: 96 }, int4, QuantKind::Bf16], 2),
     ] {
         let n = kinds.len() * 2;
         let mats: Vec<[HostMatrix; 3]> = (0..n)
@@ -260,7 +265,10 @@ fn cuda_experts_by_id_equal_the_host_path() {
             hostmat(&mut rng, QuantKind::Bf16, shared_inter, hidden, 0.2).0,
             hostmat(&mut rng, QuantKind::Bf16, hidden, shared_inter, 0.2).0,
         ];
-        let x = rvec(&mut rng, hidden, 1.0);
+        let mut x = rvec(&mut rng, hidden, 1.0);
+        // A wide range within a chunk: the tiles scale x into f16's range per chunk.
+        x[3] *= 3e4;
+        x[hidden - 2] *= 1e-6;
         let mut pick: Vec<u32> = (0..n as u32).collect();
         for i in (1..pick.len()).rev() {
             pick.swap(i, rng.random_range(0..=i));

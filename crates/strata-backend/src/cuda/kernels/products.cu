@@ -519,7 +519,9 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 }
 
 // One row per task (decode): a warp computes UP_OUTS outputs of gate and up (2 x UP_OUTS
-// matrix rows sharing x), or DOWN_OUTS outputs of down; blocks of 8 warps.
+// matrix rows sharing x), or DOWN_OUTS outputs of down; blocks of 8 warps. int4 matrices
+// of whole 128-column chunks go through tensor-core tiles instead (tiles.cu), the block's
+// outputs the same.
 #define UP_OUTS 2
 #define DOWN_OUTS 4
 
@@ -528,6 +530,13 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* t
     pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, false);
     const Task& T = tasks[ti];
+#if TILE_MMA
+    if (i4_tiles(T.g) && i4_tiles(T.u)) {
+        i4_up_block(T.g, T.u, (blockIdx.x - T.blk1) * 8 * UP_OUTS, x + (i64)rowidx[T.rows_off] * hidden, T.act,
+                    h + T.h_off);
+        return;
+    }
+#endif
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = ((blockIdx.x - T.blk1) * 8 + warp) * UP_OUTS;
     int inter = T.g.rows;
@@ -556,6 +565,12 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task*
     pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, true);
     const Task& T = tasks[ti];
+#if TILE_MMA
+    if (i4_tiles(T.d)) {
+        i4_down_block(T.d, (blockIdx.x - T.blk2) * 8 * DOWN_OUTS, h + T.h_off, y + (i64)T.out_row * hidden);
+        return;
+    }
+#endif
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = ((blockIdx.x - T.blk2) * 8 + warp) * DOWN_OUTS;
     if (o0 >= hidden) return;

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# On the GPU machine: the one-row products' loop unrolled 1, 2 or 4 steps
-# (STRATA_CUDA_DEFINES="ROW_UNROLL=n"), timed on the expert-bandwidth test and on decode of
-# the GLM-5-shaped slices (bf16, int4 experts, full vocabulary), after the CUDA tests at
-# the default. Binaries in .devcarry/ (see env.sh). Writes $OUT/tests.log, $OUT/unroll.jsonl,
-# $OUT/bandwidth-*.log, $OUT/side.log.
+# On the GPU machine: kernel variants chosen by definitions passed to NVRTC
+# (STRATA_CUDA_DEFINES), e.g. VARIANTS="ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4" or
+# VARIANTS="I4_TILES=0 I4_TILES=1" (one definition a variant; results stay the same or
+# within the stated tolerance, speed may not), timed on the expert-bandwidth test and on
+# decode of the GLM-5-shaped slices (bf16, int4 experts, full vocabulary), after the CUDA
+# tests at the defaults. Binaries in .devcarry/ (see env.sh). Writes $OUT/tests.log,
+# $OUT/defines.jsonl, $OUT/bandwidth-*.log, $OUT/side.log.
 set -uo pipefail
 STALL_S=60
 . "$(dirname "$0")/env.sh"
 S=$C/strata
-res="$OUT/unroll.jsonl"
+res="$OUT/defines.jsonl"
 : >"$res"
 skip=()
 [ "${TINY:-1}" = 1 ] || skip+=(--skip strata_tiny)
+for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
 if [ "${TESTS:-1}" = 1 ]; then
   since "tests"
   timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
@@ -23,29 +26,29 @@ timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 
 timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
 timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
   >>"$OUT/side.log" 2>&1
-for u in ${UNROLLS:-1 2 4}; do
-  export STRATA_CUDA_DEFINES="ROW_UNROLL=$u"
-  since "unroll $u"
-  timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" >"$OUT/bandwidth-$u.log"
+VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
+for u in $VARIANTS; do
+  export STRATA_CUDA_DEFINES="$u"
+  since "$u"
+  timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" >"$OUT/bandwidth-${u//=/-}.log"
   for rep in 1 2; do
     for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880"; do
       set -- $d
       timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 --warmup --usage off \
         --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
-print(json.dumps({'weights':'$2','unroll':$u,'rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
+print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
   'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
     done
   done
 done
 unset STRATA_CUDA_DEFINES
 since "done"
-grep -h "GB/s" "$OUT"/bandwidth-*.log | head -0
-for u in ${UNROLLS:-1 2 4}; do echo "unroll $u:"; cat "$OUT/bandwidth-$u.log"; done
+for u in $VARIANTS; do echo "$u:"; cat "$OUT/bandwidth-${u//=/-}.log"; done
 python3 - "$res" <<'PY'
 import json, sys, collections
 g = collections.defaultdict(list)
 for l in open(sys.argv[1]):
-    r = json.loads(l); g[(r['weights'], r['unroll'])].append((r['decode_tps'], r['of_floor']))
+    r = json.loads(l); g[(r['weights'], r['defines'])].append((r['decode_tps'], r['of_floor']))
 for k, v in sorted(g.items()): print(k, v)
 PY

@@ -1,0 +1,237 @@
+// Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
+
+// ---------------------------------------------------------------------------------------
+// int4 experts in decode on the tensor cores. Decoded one weight at a time into f32
+// (products.cu) a 16-byte load of int4 is 32 weights and ~100 instructions, and the expert
+// kernels are bound by issue at ~1.2 TB/s. Here a warp computes a tile of 16 matrix rows
+// with mma.m16n8k16 (f16 in, f32 accumulate):
+// - a nibble n becomes the exact f16 value n - 8 with a mask-or and an f16x2 fma for two
+//   weights;
+// - x enters as two f16 parts (hi + lo, ~22 significant bits of it), scaled by a power of
+//   two per 128 columns so that it stays in f16's range; the sums keep f32-like accuracy;
+// - the order of k in a dot product is free: lane t takes its own 32 columns of each
+//   128, and B's column 2t (hi) / 2t + 1 (lo) carries lane t's x alone, so C[row][2t] +
+//   C[row][2t + 1] is lane t's partial sum, which its group's scale then multiplies.
+// Used where every chunk of 128 columns is whole and a group holds whole 32-column runs.
+
+// I4_TILES=0 (through STRATA_CUDA_DEFINES) keeps int4 on the f32 path, for comparison.
+#ifndef I4_TILES
+#define I4_TILES 1
+#endif
+#if __CUDA_ARCH__ >= 800 && I4_TILES
+#define TILE_MMA 1
+#else
+#define TILE_MMA 0
+#endif
+
+// Whether the one-row expert kernels take m through tiles.
+__device__ __forceinline__ bool i4_tiles(const Mat& m) {
+    return TILE_MMA && m.kind == 3 && m.vec && (m.cols & 127) == 0 && m.group >= 32 && (m.group & 31) == 0;
+}
+
+#if TILE_MMA
+// u32s of one warp's staged chunk of x: hi then lo, each 4 lanes x 20 (16 used: a pad of 4
+// keeps the four lanes' 16-byte reads on distinct banks).
+#define XS_WORDS 160
+
+__device__ __forceinline__ void mma_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) rounded to f16x2, lo in the low half.
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float2 unpack_f16(u32 v) {
+    unsigned short l, h;
+    float a, b;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(l), "=h"(h) : "r"(v));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(l));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(h));
+    return make_float2(a, b);
+}
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// (a & b) | c in one instruction (with two constants, the compiler splits it in two).
+__device__ __forceinline__ u32 and_or(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// A word of 8 nibbles (column 2i in byte i's low nibble) as four f16x2 of n - 8, exactly:
+// columns (0, 4), (1, 5), (2, 6), (3, 7). Or-ing 0x6400 (1024) makes 1024 + n of a low
+// nibble and 1024 + 16 n of a high one; x 1 - 1032 and x 1/16 - 72 leave n - 8.
+__device__ __forceinline__ void i4_f16(u32 w, u32* h) {
+    const u32 magic = 0x64006400u, one = 0x3C003C00u, m1032 = 0xE408E408u, sixteenth = 0x2C002C00u,
+              m72 = 0xD480D480u;
+    u32 w8 = w >> 8;
+    h[0] = hfma2(and_or(w, 0x000F000Fu, magic), one, m1032);
+    h[1] = hfma2(and_or(w, 0x00F000F0u, magic), sixteenth, m72);
+    h[2] = hfma2(and_or(w8, 0x000F000Fu, magic), one, m1032);
+    h[3] = hfma2(and_or(w8, 0x00F000F0u, magic), sixteenth, m72);
+}
+
+// Stages 128 columns of x (16-byte aligned) for the warp's B fragments: x * 2^k as f16
+// hi + lo pairs in i4_f16's column order, k chosen from the chunk's largest magnitude.
+// Returns 2^-k.
+__device__ __forceinline__ float stage_x(const float* xc, u32* xs, int lane) {
+    float4 v = *(const float4*)(xc + 4 * lane);
+    float m = wmax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    // m * 2^k in [2^14, 2^15): f16's largest is ~2^16. Zero, inf and NaN keep their way.
+    int e = (int)((__float_as_uint(m) >> 23) & 0xffu);
+    int se = m > 0.f && e < 255 ? min(max(268 - e, 1), 253) : 127;
+    float sx = __uint_as_float((u32)se << 23), isx = __uint_as_float((u32)(254 - se) << 23);
+    // Lane pairs share a word: the even lane builds pairs (0, 4), (1, 5), the odd (2, 6), (3, 7).
+    bool odd = lane & 1;
+    float r0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
+    float r1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
+    float a0 = (odd ? r0 : v.x) * sx, b0 = (odd ? v.z : r0) * sx;
+    float a1 = (odd ? r1 : v.y) * sx, b1 = (odd ? v.w : r1) * sx;
+    u32 h0 = pack_f16(a0, b0), h1 = pack_f16(a1, b1);
+    float2 f0 = unpack_f16(h0), f1 = unpack_f16(h1);
+    u32 l0 = pack_f16(a0 - f0.x, b0 - f0.y), l1 = pack_f16(a1 - f1.x, b1 - f1.y);
+    int w = lane >> 1;
+    int at = (w >> 2) * 20 + (w & 3) * 4 + (odd ? 2 : 0);
+    *(uint2*)(xs + at) = make_uint2(h0, h1);
+    *(uint2*)(xs + 80 + at) = make_uint2(l0, l1);
+    return isx;
+}
+
+// Rows o0 + g and o0 + g + 8 (g = lane / 4; past nout the last row again) of NM int4
+// matrices of one shape, over the 128-column chunks cb .. ce of x: on return lane 4g holds
+// their dot products, acc[n][0] (row o0 + g) and acc[n][1] (row o0 + g + 8), in f32.
+template <int NM>
+__device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, const float* x, int cb, int ce, u32* xs,
+                                        int lane, float (*acc)[2]) {
+    int g = lane >> 2, t = lane & 3;
+    int ra = min(o0 + g, nout - 1), rb = min(o0 + g + 8, nout - 1);
+    const uint4* wa[NM];
+    const uint4* wb[NM];
+    const float* sa_row[NM];
+    const float* sb_row[NM];
+    int gshift[NM];
+#pragma unroll
+    for (int n = 0; n < NM; n++) {
+        wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
+        wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
+        sa_row[n] = m[n]->s + (size_t)ra * m[n]->spr;
+        sb_row[n] = m[n]->s + (size_t)rb * m[n]->spr;
+        // A group of a power-of-two runs of 32 columns: its index is a shift of the run's.
+        int runs = m[n]->group >> 5;
+        gshift[n] = (runs & (runs - 1)) == 0 ? __ffs(runs) - 1 : -1;
+        acc[n][0] = acc[n][1] = 0.f;
+    }
+    // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
+    bool hi = g == 2 * t, lo = g == 2 * t + 1;
+    const u32* xb = xs + (lo ? 80 : 0) + t * 20;
+    for (int c = cb; c < ce; c++) {
+        uint4 qa[NM], qb[NM];
+        float sa[NM], sb[NM];
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            qa[n] = __ldg(wa[n] + 4 * c);
+            qb[n] = __ldg(wb[n] + 4 * c);
+            int run = 4 * c + t;
+            int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
+            sa[n] = __ldg(sa_row[n] + grp);
+            sb[n] = __ldg(sb_row[n] + grp);
+        }
+        __syncwarp();
+        float isx = stage_x(x + 128 * c, xs, lane);
+        __syncwarp();
+        uint4 bw[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) bw[i] = hi || lo ? *(const uint4*)(xb + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+            u32 ua[4] = {qa[n].x, qa[n].y, qa[n].z, qa[n].w}, ub[4] = {qb[n].x, qb[n].y, qb[n].z, qb[n].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 ha[4], hb[4];
+                i4_f16(ua[i], ha);
+                i4_f16(ub[i], hb);
+                mma_16816(cc, ha[0], hb[0], ha[1], hb[1], bw[i].x, bw[i].y);
+                mma_16816(cc, ha[2], hb[2], ha[3], hb[3], bw[i].z, bw[i].w);
+            }
+            acc[n][0] = fmaf(cc[0] + cc[1], sa[n] * isx, acc[n][0]);
+            acc[n][1] = fmaf(cc[2] + cc[3], sb[n] * isx, acc[n][1]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            acc[n][j] += __shfl_xor_sync(0xffffffffu, acc[n][j], 1);
+            acc[n][j] += __shfl_xor_sync(0xffffffffu, acc[n][j], 2);
+        }
+}
+
+// The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
+// and up, each warp an eighth of the columns, summed over the warps in order.
+__device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h) {
+    __shared__ u32 xs[8][XS_WORDS];
+    __shared__ float red[8][2][16];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int nout = gm.rows, nch = gm.cols / 128;
+    const Mat* m[2] = {&gm, &um};
+    float acc[2][2];
+    i4_tile<2>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], lane, acc);
+    if ((lane & 3) == 0) {
+        int g = lane >> 2;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            red[warp][n][g] = acc[n][0];
+            red[warp][n][g + 8] = acc[n][1];
+        }
+    }
+    __syncthreads();
+    int r = threadIdx.x;
+    if (r < 16 && o0 + r < nout) {
+        float gs = 0.f, us = 0.f;
+        for (int w = 0; w < 8; w++) {
+            gs += red[w][0][r];
+            us += red[w][1][r];
+        }
+        h[o0 + r] = gate_act(gs, act) * us;
+    }
+}
+
+// The block's 8 warps on one task of k_experts_down_row: 32 outputs (DOWN_OUTS x 8) as two
+// tiles of 16, four warps a tile, each a quarter of the columns.
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y) {
+    __shared__ u32 xs[8][XS_WORDS];
+    __shared__ float red[8][16];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int tile = warp >> 2, kw = warp & 3;
+    int nout = dm.rows, nch = dm.cols / 128;
+    const Mat* m[1] = {&dm};
+    float acc[1][2];
+    i4_tile<1>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], lane, acc);
+    if ((lane & 3) == 0) {
+        red[warp][lane >> 2] = acc[0][0];
+        red[warp][(lane >> 2) + 8] = acc[0][1];
+    }
+    __syncthreads();
+    int r = threadIdx.x & 15, tl = threadIdx.x >> 4;
+    int o = o0 + 16 * tl + r;
+    if (threadIdx.x < 32 && o < nout) {
+        float s = 0.f;
+        for (int w = 0; w < 4; w++) s += red[4 * tl + w][r];
+        y[o] = s;
+    }
+}
+#endif
