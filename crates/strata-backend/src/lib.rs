@@ -405,6 +405,24 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn rms_norm(&self, rows: usize, width: usize, x: &Self::Buf, w: Option<&Self::Buf>, eps: f32, out: &mut Self::Buf);
     /// Several projections of the same input in one parallel region.
     fn linears(&self, x: &Self::Buf, rows: usize, outs: &mut [LinearOut<'_, Self>]);
+    /// [`Backend::linears`] of `rms_norm(x) * w` (`[rows, width]`): the norm fused into the
+    /// projections where the backend can (CUDA, one row: each product runs on `x * w` and
+    /// is scaled by the row's 1 / rms at the end, the same up to rounding). `scratch`
+    /// (`[rows, width]`) may be overwritten; callers must not read it afterwards.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_linears(
+        &self,
+        rows: usize,
+        width: usize,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        scratch: &mut Self::Buf,
+        outs: &mut [LinearOut<'_, Self>],
+    ) {
+        self.rms_norm(rows, width, x, Some(w), eps, scratch);
+        self.linears(scratch, rows, outs);
+    }
     /// The step's rotary tables for `inv_freq` (`[half]`): `[rows, half]` each.
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut Self::Buf, sin: &mut Self::Buf);
     /// Normalises the query state and the latent, rotates the shared key, and writes the

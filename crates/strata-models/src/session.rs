@@ -222,8 +222,8 @@ impl<B: Backend> Outputs<B> {
                     &self.gathered
                 }
             };
-            b.rms_norm(nl, h, rows_in, Some(norm), eps, &mut self.normed);
-            b.linears(&self.normed, nl, &mut [LinearOut::new(b, head, &mut self.logits)]);
+            let head_out = &mut [LinearOut::new(b, head, &mut self.logits)];
+            b.norm_linears(nl, h, rows_in, norm, eps, &mut self.normed, head_out);
             if let Some(cap) = self.softcap {
                 b.soft_cap(nl * self.vocab, cap, &mut self.logits);
             }

@@ -1,7 +1,8 @@
 //! The `Backend` trait on the CUDA backend: buffers, matrices, and each op's launch (the
 //! larger ops' launch code is in `ops.rs`).
 
-use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, MatDesc};
+use super::ops::NO_NORM;
+use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc};
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::Result;
@@ -147,49 +148,43 @@ impl Backend for CudaBackend {
             return;
         }
         let mut st = self.lock();
-        let mut jobs = std::mem::take(&mut st.work.jobs);
-        jobs.clear();
-        for lo in outs.iter_mut() {
-            let w = lo.w;
-            assert!(x.len >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len, w.cols);
-            assert!(
-                lo.out.len >= (rows - 1) * lo.stride + lo.col + w.rows,
-                "linears: output of {} values too small for {rows} rows (stride {}, col {}, {} outputs)",
-                lo.out.len,
-                lo.stride,
-                lo.col,
-                w.rows
-            );
-            if let Some(b) = lo.bias {
-                assert_eq!(b.len, w.rows, "linears: bias of {} values for {} outputs", b.len, w.rows);
-            }
-            let l = Lin {
-                m: w.desc,
-                kind: w.kind,
-                mrow0: 0,
-                mrow_bs: 0,
-                x: x.ptr,
-                x_bs: 0,
-                xld: w.cols,
-                xrows: 0,
-                rows,
-                nout: w.rows,
-                out: lo.out.ptr,
-                ostride: lo.stride,
-                col: lo.col,
-                col_bs: 0,
-                add: lo.add,
-                bias: lo.bias.map_or(0, |b| b.ptr),
-                batches: 1,
-            };
-            jobs.push(l);
-        }
+        let jobs = self.lin_jobs(&mut st, x, rows, outs);
         match rows {
-            1 => self.linears_one_row(&mut st, &jobs),
+            1 => self.linears_one_row(&mut st, &jobs, NO_NORM),
             _ => jobs.iter().for_each(|l| self.linear(&mut st, l)),
         }
         st.work.jobs = jobs;
         self.profiled();
+    }
+
+    fn norm_linears(
+        &self,
+        rows: usize,
+        width: usize,
+        x: &DevBuf<f32>,
+        w: &DevBuf<f32>,
+        eps: f32,
+        scratch: &mut DevBuf<f32>,
+        outs: &mut [LinearOut<'_, Self>],
+    ) {
+        if rows == 1 && !outs.is_empty() {
+            let _t = Timer::start(Op::Projections);
+            assert!(w.len >= width && x.len >= width, "norm_linears: x or the norm scale shorter than {width}");
+            let mut st = self.lock();
+            let jobs = self.lin_jobs(&mut st, x, rows, outs);
+            let fused = self.fuses_norm(&jobs, width);
+            if fused {
+                self.linears_one_row(&mut st, &jobs, (w.ptr, eps));
+            }
+            st.work.jobs = jobs;
+            drop(st);
+            self.profiled();
+            if fused {
+                return;
+            }
+        }
+        self.rms_norm(rows, width, x, Some(w), eps, scratch);
+        self.linears(scratch, rows, outs);
     }
 
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut DevBuf<f32>, sin: &mut DevBuf<f32>) {

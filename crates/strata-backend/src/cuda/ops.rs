@@ -6,11 +6,15 @@ use super::{
     args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, TaskDesc, EXPERT_BIG_ROWS,
     MAX_JOBS, SMALL_ROWS,
 };
-use crate::{Backend, GateAct, GqaQuery, Step};
+use crate::{Backend, GateAct, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;
 use strata_kernels::QuantKind;
+
+/// An RMSNorm fused into one-row products: (scale pointer, eps); a null pointer for none.
+pub(crate) type RowNorm = (u64, f32);
+pub(crate) const NO_NORM: RowNorm = (0, 0.0);
 
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
@@ -32,16 +36,10 @@ impl CudaBackend {
             (l.mrow0 as i32, l.mrow_bs as i32, l.xld as i32, l.rows as i32, l.nout as i32);
         let (ostride, col, col_bs, add) = (l.ostride as i32, l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, xrows, out, bias) = (l.m, l.x, l.x_bs as i64, l.xrows, l.out, l.bias);
-        // One row against a matrix with enough outputs to fill the device at four a warp.
-        if self.takes_row_kernel(l) {
-            let grid = (l.nout.div_ceil(32) as u32, l.batches as u32, 1);
-            self.launch(
-                &self.f.linear_row,
-                grid,
-                256,
-                0,
-                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias],
-            );
+        // One row against a matrix with enough outputs to fill the device at four (or two)
+        // a warp.
+        if let Some(per_warp) = self.row_kernel_outputs(l) {
+            self.linear_row(l, per_warp, NO_NORM);
             return;
         }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
@@ -78,9 +76,30 @@ impl CudaBackend {
         );
     }
 
-    /// Whether one row against `l` takes the one-row kernel (four outputs a warp).
-    fn takes_row_kernel(&self, l: &Lin) -> bool {
-        l.rows == 1 && l.xrows == 0 && l.m.vec != 0 && l.nout.div_ceil(32) * l.batches >= self.sms
+    /// `l` (one row) through `k_linear_row` (`per_warp` 4) or `k_linear_row2` (2), x
+    /// RMS-normalised on the way in when `norm` has a scale.
+    fn linear_row(&self, l: &Lin, per_warp: usize, norm: RowNorm) {
+        let (mrow0, mrow_bs, nout) = (l.mrow0 as i32, l.mrow_bs as i32, l.nout as i32);
+        let (col, col_bs, add) = (l.col as i32, l.col_bs as i32, l.add as i32);
+        let (m, x, x_bs, out, bias, (nw, eps)) = (l.m, l.x, l.x_bs as i64, l.out, l.bias, norm);
+        let grid = (l.nout.div_ceil(8 * per_warp) as u32, l.batches as u32, 1);
+        let f = if per_warp == 4 { &self.f.linear_row } else { &self.f.linear_row2 };
+        self.launch(
+            f,
+            grid,
+            256,
+            0,
+            &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps],
+        );
+    }
+
+    /// The outputs a warp of the one-row kernel computes for `l` (4, else 2, as long as
+    /// its blocks of 8 warps still cover the SMs), or None for `linear_small`.
+    fn row_kernel_outputs(&self, l: &Lin) -> Option<usize> {
+        if l.rows != 1 || l.xrows != 0 || l.m.vec == 0 {
+            return None;
+        }
+        [4, 2].into_iter().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
@@ -91,12 +110,22 @@ impl CudaBackend {
 
     /// Projections of one row of x: those small enough for `linear_small` go out together,
     /// up to four a launch (`k_linears_1`, each as `k_linear_1` would compute it); the rest
-    /// one by one. (The outputs are distinct buffers, so the order does not matter.)
-    pub(crate) fn linears_one_row(&self, st: &mut State, jobs: &[Lin]) {
+    /// one by one. (The outputs are distinct buffers, so the order does not matter.) With a
+    /// `norm` scale, x is RMS-normalised on the way into every product: the caller checks
+    /// [`CudaBackend::fuses_norm`].
+    pub(crate) fn linears_one_row(&self, st: &mut State, jobs: &[Lin], norm: RowNorm) {
         let mut small = std::mem::take(&mut st.work.small);
         small.clear();
         for (i, l) in jobs.iter().enumerate() {
-            if l.rows != 1 || l.xrows != 0 || l.batches != 1 || l.nout == 0 || self.takes_row_kernel(l) {
+            if let (Some(per_warp), true) = (self.row_kernel_outputs(l), l.batches == 1) {
+                self.linear_row(l, per_warp, norm);
+                continue;
+            }
+            if l.nout == 0 {
+                continue;
+            }
+            if l.rows != 1 || l.xrows != 0 || l.batches != 1 {
+                assert!(norm.0 == 0, "linears_one_row: a norm fused into an ineligible projection");
                 self.linear(st, l);
                 continue;
             }
@@ -104,8 +133,8 @@ impl CudaBackend {
             let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
             small.push((i, LinJob { m: l.m, out, bias, add, split, blk0: 0, pad: 0 }));
         }
-        if let [(i, _)] = small[..] {
-            self.linear(st, &jobs[i]);
+        if let ([(i, _)], 0) = (&small[..], norm.0) {
+            self.linear(st, &jobs[*i]);
         } else {
             for chunk in small.chunks(MAX_JOBS) {
                 let mut all = LinJobs::default();
@@ -114,11 +143,65 @@ impl CudaBackend {
                     *slot = LinJob { blk0: blocks as i32, ..*j };
                     blocks += (j.m.rows as usize * j.split as usize).div_ceil(8);
                 }
-                let (x, n) = (jobs[0].x, chunk.len() as i32);
-                self.launch(&self.f.linears_1, (blocks as u32, 1, 1), 256, 0, &mut args![x, n, all]);
+                let (x, n, (nw, eps)) = (jobs[0].x, chunk.len() as i32, norm);
+                self.launch(&self.f.linears_1, (blocks as u32, 1, 1), 256, 0, &mut args![x, n, all, nw, eps]);
             }
         }
         st.work.small = small;
+    }
+
+    /// The jobs of [`crate::Backend::linears`] (shapes checked), in the state's reused list:
+    /// hand it back through `st.work.jobs`.
+    pub(crate) fn lin_jobs(
+        &self,
+        st: &mut State,
+        x: &DevBuf<f32>,
+        rows: usize,
+        outs: &[LinearOut<'_, Self>],
+    ) -> Vec<Lin> {
+        let mut jobs = std::mem::take(&mut st.work.jobs);
+        jobs.clear();
+        for lo in outs {
+            let w = lo.w;
+            assert!(x.len >= rows * w.cols, "linears: x has {} values, needs {rows} x {}", x.len, w.cols);
+            assert!(
+                lo.out.len >= (rows - 1) * lo.stride + lo.col + w.rows,
+                "linears: output of {} values too small for {rows} rows (stride {}, col {}, {} outputs)",
+                lo.out.len,
+                lo.stride,
+                lo.col,
+                w.rows
+            );
+            if let Some(b) = lo.bias {
+                assert_eq!(b.len, w.rows, "linears: bias of {} values for {} outputs", b.len, w.rows);
+            }
+            jobs.push(Lin {
+                m: w.desc,
+                kind: w.kind,
+                mrow0: 0,
+                mrow_bs: 0,
+                x: x.ptr,
+                x_bs: 0,
+                xld: w.cols,
+                xrows: 0,
+                rows,
+                nout: w.rows,
+                out: lo.out.ptr,
+                ostride: lo.stride,
+                col: lo.col,
+                col_bs: 0,
+                add: lo.add,
+                bias: lo.bias.map_or(0, |b| b.ptr),
+                batches: 1,
+            });
+        }
+        jobs
+    }
+
+    /// Whether [`CudaBackend::linears_one_row`] can fuse an RMSNorm of width `width` into
+    /// the projections `jobs`: one unbatched row, every matrix read in vectors over that width.
+    pub(crate) fn fuses_norm(&self, jobs: &[Lin], width: usize) -> bool {
+        jobs.iter().all(|l| l.rows == 1 && l.batches == 1 && l.xrows == 0 && l.m.vec != 0 && l.m.cols as usize == width)
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split

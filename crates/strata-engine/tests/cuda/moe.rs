@@ -238,14 +238,18 @@ fn cuda_experts_by_id_equal_the_host_path() {
     let mut rng = Rand::seed_from_u64(21);
     let fp8 = QuantKind::Fp8 { block_rows: 16, block_cols: 32 };
     let int4 = QuantKind::Int4Group { group: 32 };
-    for (hidden, inter, kinds, top_k) in [
-        (128, 64, vec![QuantKind::Bf16, int4, QuantKind::Int8Row, fp8, QuantKind::F32, QuantKind::Bf16], 4),
-        (96, 42, vec![QuantKind::Bf16, QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::F32], 3),
+    let tiled = vec![QuantKind::Int4Group { group: 64 }, int4, QuantKind::Int4Group { group: 128 }];
+    // x scale: the tiles carry x in f16 scaled per 128 columns, so x far beyond f16's range
+    // (1e5: the down input reaches ~1e11) or below it must come out as on the CPU.
+    for (hidden, inter, kinds, top_k, x_scale) in [
+        (128, 64, vec![QuantKind::Bf16, int4, QuantKind::Int8Row, fp8, QuantKind::F32, QuantKind::Bf16], 4, 1.0),
+        (96, 42, vec![QuantKind::Bf16, QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::F32], 3, 1.0),
         // int4 through the tensor-core tiles: whole 128-column chunks (5 and 3 of them, so
         // some warps of a block have none), rows not a multiple of 16 and groups of 32,
         // 64, 128 and 96 (not a power of two).
-        (640, 376, vec![QuantKind::Int4Group { group: 64 }, int4, QuantKind::Int4Group { group: 128 }], 3),
-        (384, 384, vec![QuantKind::Int4Group { group: 96 }, int4, QuantKind::Bf16], 2),
+        (640, 376, tiled.clone(), 3, 1.0),
+        (384, 384, vec![QuantKind::Int4Group { group: 96 }, int4, QuantKind::Bf16], 2, 1e5),
+        (640, 384, tiled, 3, 1e-4),
     ] {
         let n = kinds.len() * 2;
         let mats: Vec<[HostMatrix; 3]> = (0..n)
@@ -265,10 +269,7 @@ fn cuda_experts_by_id_equal_the_host_path() {
             hostmat(&mut rng, QuantKind::Bf16, shared_inter, hidden, 0.2).0,
             hostmat(&mut rng, QuantKind::Bf16, hidden, shared_inter, 0.2).0,
         ];
-        let mut x = rvec(&mut rng, hidden, 1.0);
-        // A wide range within a chunk: the tiles scale x into f16's range per chunk.
-        x[3] *= 3e4;
-        x[hidden - 2] *= 1e-6;
+        let x = rvec(&mut rng, hidden, x_scale);
         let mut pick: Vec<u32> = (0..n as u32).collect();
         for i in (1..pick.len()).rev() {
             pick.swap(i, rng.random_range(0..=i));
@@ -360,8 +361,12 @@ fn cuda_experts_by_id_equal_the_host_path() {
             c.matrix(shared[1].clone()).unwrap(),
             c.matrix(shared[2].clone()).unwrap(),
         ];
-        let (_, oc, _) = host_path(c, &cm, &cs, &ids, &w, &x, &out0, hidden);
+        let (yc, oc, _) = host_path(c, &cm, &cs, &ids, &w, &x, &out0, hidden);
         close("experts by id vs CPU", &ob, &oc, 1e-5, 1e-4);
+        // The experts' outputs themselves, relative to their largest (at x scale 1e-4 the
+        // combined output is mostly out0).
+        let big = yc.iter().fold(f32::MIN_POSITIVE, |a, v| a.max(v.abs()));
+        close("expert outputs vs CPU", &ya, &yc, 1e-5 * big, 1e-4);
     }
     // A table needs one shape for every expert.
     let mut rng = Rand::seed_from_u64(22);

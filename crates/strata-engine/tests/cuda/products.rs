@@ -195,3 +195,106 @@ fn cuda_embed_norm_add_gather_match_cpu() {
         cuda_embed_norm_add_gather_match_cpu_on(g)
     }
 }
+
+/// `norm_linears` (RMSNorm fused into the projections of one row on CUDA: four and two
+/// outputs a warp, several small ones in one launch, with bias and add) against an f64
+/// reference of the norm then the products, in every encoding; several rows (not fused)
+/// and a width the vector loads cannot take go through the plain norm and products.
+pub(crate) fn cuda_norm_linears_match_reference_on<G: Backend>(g: &G) {
+    let mut rng = Rand::seed_from_u64(31);
+    let eps = 1e-5f32;
+    for kind in kinds().into_iter().chain([QuantKind::Int4Group { group: 6 }]) {
+        let cols = if matches!(kind, QuantKind::Int4Group { group: 6 }) { 96 } else { 256 };
+        for rows in [1, 3] {
+            // (outputs, add, bias)
+            let shapes = [(4300, false, true), (2200, true, false), (70, false, false), (3, true, true)];
+            let mats: Vec<(HostMatrix, Vec<f32>)> =
+                shapes.iter().map(|&(n, _, _)| hostmat(&mut rng, kind, n, cols, 1.0)).collect();
+            // A residual far from unit scale: the norm, not x, sets the products' size.
+            let x = rvec(&mut rng, rows * cols, 40.0);
+            let nw = rvec(&mut rng, cols, 1.5);
+            let biases: Vec<Option<Vec<f32>>> =
+                shapes.iter().map(|&(n, _, b)| b.then(|| rvec(&mut rng, n, 1.0))).collect();
+            let inits: Vec<Vec<f32>> = shapes
+                .iter()
+                .map(|&(n, add, _)| if add { rvec(&mut rng, rows * n, 1.0) } else { vec![f32::NAN; rows * n] })
+                .collect();
+            #[allow(clippy::too_many_arguments)]
+            fn go<B: Backend>(
+                b: &B,
+                mats: &[(HostMatrix, Vec<f32>)],
+                shapes: &[(usize, bool, bool)],
+                biases: &[Option<Vec<f32>>],
+                inits: &[Vec<f32>],
+                x: &[f32],
+                nw: &[f32],
+                rows: usize,
+                cols: usize,
+                eps: f32,
+            ) -> Vec<Vec<f32>> {
+                let ws: Vec<B::Mat> = mats.iter().map(|(m, _)| b.matrix(m.clone()).unwrap()).collect();
+                let mut outs: Vec<B::Buf> = inits.iter().map(|v| up(b, v)).collect();
+                let bs: Vec<Option<B::Buf>> = biases.iter().map(|v| v.as_ref().map(|v| up(b, v))).collect();
+                let (xb, wb) = (up(b, x), up(b, nw));
+                let mut scratch = up(b, &vec![0.0; rows * cols]);
+                let mut los: Vec<LinearOut<'_, B>> = ws
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .zip(shapes.iter().zip(&bs))
+                    .map(|((w, out), (&(n, add, _), bias))| LinearOut {
+                        w,
+                        out,
+                        stride: n,
+                        col: 0,
+                        add,
+                        bias: bias.as_ref(),
+                    })
+                    .collect();
+                b.norm_linears(rows, cols, &xb, &wb, eps, &mut scratch, &mut los);
+                drop(los);
+                outs.iter().zip(inits).map(|(o, i)| down(b, o, i.len())).collect()
+            }
+            let got = go(g, &mats, &shapes, &biases, &inits, &x, &nw, rows, cols, eps);
+            let on_cpu = go(cpu(), &mats, &shapes, &biases, &inits, &x, &nw, rows, cols, eps);
+            for (j, (&(n, add, _), (_, deq))) in shapes.iter().zip(&mats).enumerate() {
+                for r in 0..rows {
+                    let xr = &x[r * cols..][..cols];
+                    let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + eps as f64).sqrt();
+                    for o in 0..n {
+                        let (mut acc, mut mag) = (0f64, 0f64);
+                        for c in 0..cols {
+                            let t = deq[o * cols + c] as f64 * (xr[c] as f64 * inv * nw[c] as f64);
+                            acc += t;
+                            mag += t.abs();
+                        }
+                        if let Some(bv) = &biases[j] {
+                            acc += bv[o] as f64;
+                            mag += (bv[o] as f64).abs();
+                        }
+                        let i = r * n + o;
+                        if add {
+                            acc += inits[j][i] as f64;
+                            mag += (inits[j][i] as f64).abs();
+                        }
+                        let tol = (3e-5 * mag + 1e-6) as f32;
+                        let what = format!("norm_linears {} {n}x{cols} rows {rows} [{i}]", kind.name());
+                        assert!((got[j][i] - acc as f32).abs() <= tol, "{what}: cuda {} reference {acc}", got[j][i]);
+                        assert!(
+                            (on_cpu[j][i] - acc as f32).abs() <= tol,
+                            "{what}: cpu {} reference {acc}",
+                            on_cpu[j][i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_norm_linears_match_reference() {
+    if let Some(g) = gpu() {
+        cuda_norm_linears_match_reference_on(g)
+    }
+}

@@ -125,14 +125,16 @@ impl<B: Backend> MlaScratch<B> {
 }
 
 impl<B: Backend> MlaWeights<B> {
-    /// `x += attention(xn)` for the step's rows; `cos`/`sin` are the step's rotary tables.
+    /// `x += attention(rms_norm(x) * norm.0)` for the step's rows (`norm.1`: eps; `xn`:
+    /// scratch for the normed rows); `cos`/`sin` are the step's rotary tables.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_add(
         &self,
         b: &B,
         step: &Step,
         cfg: &MlaConfig,
-        xn: &B::Buf,
+        norm: (&B::Buf, f32),
+        xn: &mut B::Buf,
         cos: &B::Buf,
         sin: &B::Buf,
         cache: &mut MlaCache<B>,
@@ -141,11 +143,17 @@ impl<B: Backend> MlaWeights<B> {
     ) {
         let rows = step.rows();
         let d = cfg.dims;
-        // Every projection of the normed input in one region.
+        let hidden = b.mat_shape(&self.q_a).1;
+        // Every projection of the normed input in one region, the norm fused into them.
+        let (nw, eps) = norm;
         match &self.indexer {
-            Some(ix) => b.linears(
-                xn,
+            Some(ix) => b.norm_linears(
                 rows,
+                hidden,
+                x,
+                nw,
+                eps,
+                xn,
                 &mut [
                     LinearOut::new(b, &self.q_a, &mut s.qa),
                     LinearOut::new(b, &self.kv_a, &mut s.kva),
@@ -153,9 +161,13 @@ impl<B: Backend> MlaWeights<B> {
                     LinearOut::new(b, &ix.weights_proj, &mut s.iw),
                 ],
             ),
-            None => b.linears(
-                xn,
+            None => b.norm_linears(
                 rows,
+                hidden,
+                x,
+                nw,
+                eps,
+                xn,
                 &mut [LinearOut::new(b, &self.q_a, &mut s.qa), LinearOut::new(b, &self.kv_a, &mut s.kva)],
             ),
         }

@@ -202,8 +202,9 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
         let s = &mut self.s;
         for (i, layer) in m.layers.iter().enumerate() {
-            b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
-            layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut self.caches[i], &mut s.mla, &mut s.x);
+            let norm = (&layer.input_norm, eps);
+            let cache = &mut self.caches[i];
+            layer.attn.forward_add(b, step, &m.mla, norm, &mut s.xn, &s.cos, &s.sin, cache, &mut s.mla, &mut s.x);
             if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
                 let cur = FfnLayer { ffn: &layer.mlp, norm: &layer.post_norm };
                 let next = FfnLayer { ffn: &next.mlp, norm: &next.post_norm };
@@ -275,8 +276,19 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         if layer.attn.indexer.is_none() {
             s.mla.reset_selection();
         }
-        b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
-        layer.attn.forward_add(b, step, &m.mla, &s.xn, &s.cos, &s.sin, &mut draft.cache, &mut s.mla, &mut s.x);
+        let norm = (&layer.input_norm, eps);
+        layer.attn.forward_add(
+            b,
+            step,
+            &m.mla,
+            norm,
+            &mut s.xn,
+            &s.cos,
+            &s.sin,
+            &mut draft.cache,
+            &mut s.mla,
+            &mut s.x,
+        );
         ffn_forward(m, layer, &mtp.experts, rows, s, &mut self.routes)?;
         self.rows.commit(&mut draft.kv);
         let head = mtp.head.as_ref().or(m.lm_head.as_ref()).unwrap_or(&m.embed);

@@ -78,13 +78,49 @@ template <int KIND> __device__ __forceinline__ float vec_scale(const Mat& m, int
     return 1.f;
 }
 
-template <int KIND, int R>
+// Steps of the vector loops unrolled, so more weight loads are in flight a lane (a block
+// alone on its SM must keep ~4.3 TB/s / SMs in flight; the order of the sums is the same):
+// ROW_UNROLL in the one-row loops, VEC_UNROLL in the general one.
+#ifndef ROW_UNROLL
+#define ROW_UNROLL 2
+#endif
+#ifndef VEC_UNROLL
+#define VEC_UNROLL 2
+#endif
+#define PRAGMA(x) _Pragma(#x)
+#define UNROLL(n) PRAGMA(unroll n)
+
+// RMSNorm fused into a product of one row (decode): the product runs on x * w and each lane
+// also sums x^2 over the columns it reads; the result is scaled by 1 / sqrt(mean + eps) at
+// the end (the same value up to rounding as normalising x first, without a launch of its
+// own between the residual and the projection). `w` null: no norm.
+struct RowNorm {
+    const float* w;
+    float eps;
+};
+
+// x4 (columns 4 c4 .. 4 c4 + 3) times the norm's scale, its squares added to ss.
+template <bool NORM>
+__device__ __forceinline__ float4 norm4(float4 x4, const RowNorm& nm, int c4, float& ss) {
+    if (!NORM) return x4;
+    ss = fmaf(x4.x, x4.x, ss);
+    ss = fmaf(x4.y, x4.y, ss);
+    ss = fmaf(x4.z, x4.z, ss);
+    ss = fmaf(x4.w, x4.w, ss);
+    float4 w = ((const float4*)nm.w)[c4];
+    return make_float4(x4.x * w.x, x4.y * w.y, x4.z * w.z, x4.w * w.w);
+}
+
+__device__ __forceinline__ float norm_inv(float ss, int width, float eps) { return 1.0f / sqrtf(ss / (float)width + eps); }
+
+template <int KIND, int R, bool NORM = false>
 __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
-                                        int sub, int nsub) {
+                                        int sub, int nsub, const RowNorm& nm = RowNorm{nullptr, 0.f},
+                                        float* ss = nullptr) {
     const int V = Vw<KIND>::n;
     const uint4* wv = (const uint4*)(m.w + (size_t)row * m.ld);
     int nvec = m.cols / V;
-#pragma unroll 2
+    UNROLL(VEC_UNROLL)
     for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
         uint4 q = __ldg(wv + v);
         int c = v * V;
@@ -99,7 +135,7 @@ __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* cons
                     float a = acc[j];
 #pragma unroll
                     for (int t = 0; t < V / 4; t++) {
-                        float4 x4 = xp[t];
+                        float4 x4 = norm4<NORM>(xp[t], nm, c / 4 + t, *ss);
                         a = fmaf(w[4 * t], x4.x, a);
                         a = fmaf(w[4 * t + 1], x4.y, a);
                         a = fmaf(w[4 * t + 2], x4.z, a);
@@ -110,7 +146,7 @@ __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* cons
                     float p = 0.f;
 #pragma unroll
                     for (int t = 0; t < V / 4; t++) {
-                        float4 x4 = xp[t];
+                        float4 x4 = norm4<NORM>(xp[t], nm, c / 4 + t, *ss);
                         p = fmaf(w[4 * t], x4.x, p);
                         p = fmaf(w[4 * t + 1], x4.y, p);
                         p = fmaf(w[4 * t + 2], x4.z, p);
@@ -137,17 +173,10 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // One x row against NM matrix rows of one encoding and width: each step loads x once and
 // uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
-// Steps of the one-row loop unrolled, so more weight loads are in flight a lane (a block
-// alone on its SM must keep ~4.3 TB/s / SMs in flight; the order of the sums is the same).
-#ifndef ROW_UNROLL
-#define ROW_UNROLL 2
-#endif
-#define PRAGMA(x) _Pragma(#x)
-#define UNROLL(n) PRAGMA(unroll n)
 
-template <int KIND, int NM>
+template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
-                                             int lane) {
+                                             int lane, const RowNorm& nm, float& ss) {
     const int V = Vw<KIND>::n;
     const uint4* wv[NM];
 #pragma unroll
@@ -163,7 +192,7 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
         const float4* xp = (const float4*)(x + c);
 #pragma unroll
         for (int t = 0; t < V / 4; t++) {
-            float4 x4 = xp[t];
+            float4 x4 = norm4<NORM>(xp[t], nm, c / 4 + t, ss);
             xv[4 * t] = x4.x;
             xv[4 * t + 1] = x4.y;
             xv[4 * t + 2] = x4.z;
@@ -183,36 +212,41 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
     }
 }
 
-template <int NM>
-__device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane) {
-    if (!m[0]->vec) {
+template <int NM, bool NORM = false>
+__device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
+                                         const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr) {
+    float unused = 0.f;
+    float& sq = ss ? *ss : unused;
+    // NORM runs on vector rows only (the host checks).
+    if (!NORM && !m[0]->vec) {
         const float* xr[1] = {x};
 #pragma unroll
         for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, 0, 1);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM>(m, row, x, acc, lane); break;
-    case 1: dot_rows_vec<1, NM>(m, row, x, acc, lane); break;
-    case 2: dot_rows_vec<2, NM>(m, row, x, acc, lane); break;
-    case 3: dot_rows_vec<3, NM>(m, row, x, acc, lane); break;
-    default: dot_rows_vec<4, NM>(m, row, x, acc, lane); break;
+    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
+    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
+    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
+    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
+    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
     }
 }
 
-template <int R>
+template <int R, bool NORM = false>
 __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
-                                        int sub, int nsub) {
-    if (!m.vec) {
+                                        int sub, int nsub, const RowNorm& nm = RowNorm{nullptr, 0.f},
+                                        float* ss = nullptr) {
+    if (!NORM && !m.vec) {
         dot_gen<R>(m, row, xr, nr, acc, lane, sub, nsub);
         return;
     }
     switch (m.kind) {
-    case 0: dot_vec<0, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
-    case 1: dot_vec<1, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
-    case 2: dot_vec<2, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
-    case 3: dot_vec<3, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
-    default: dot_vec<4, R>(m, row, xr, nr, acc, lane, sub, nsub); break;
+    case 0: dot_vec<0, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 1: dot_vec<1, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 2: dot_vec<2, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 3: dot_vec<3, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    default: dot_vec<4, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
     }
 }
 
@@ -222,11 +256,14 @@ __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* cons
 // 256 threads; `split` warps (1, 2, 4 or 8) share an output, so few outputs still fill
 // the device. blockIdx.y is the batch b (MLA's per-head value projections).
 
-template <int R>
+// With NORM (one row): x is normalised on the way in (RowNorm), its squares summed over the
+// output's warps as the products are.
+template <int R, bool NORM = false>
 __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
                                              int rows, int nout, float* out, int ostride, int col, int col_bs,
-                                             int add, const float* bias, int split, int bx) {
-    __shared__ float red[8][R];
+                                             int add, const float* bias, int split, int bx,
+                                             const RowNorm& nm = RowNorm{nullptr, 0.f}) {
+    __shared__ float red[8][R + 1];
     int b = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int per_block = 8 / split;
@@ -240,22 +277,33 @@ __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_b
         acc[j] = 0.f;
         xr[j] = x + b * x_bs + (i64)j * xld;
     }
-    if (live) dot_any<R>(m, mrow0 + b * mrow_bs + o, xr, rows, acc, lane, sub, split);
+    float ss = 0.f;
+    if (live) dot_any<R, NORM>(m, mrow0 + b * mrow_bs + o, xr, rows, acc, lane, sub, split, nm, &ss);
 #pragma unroll
     for (int j = 0; j < R; j++) acc[j] = wsum(acc[j]);
+    if (NORM) ss = wsum(ss);
     if (split > 1) {
-        if (lane == 0)
+        if (lane == 0) {
 #pragma unroll
             for (int j = 0; j < R; j++) red[warp][j] = acc[j];
+            red[warp][R] = ss;
+        }
         __syncthreads();
-        if (sub == 0 && lane == 0)
+        if (sub == 0 && lane == 0) {
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 float a = red[warp][j];
                 for (int s = 1; s < split; s++) a += red[warp + s][j];
                 acc[j] = a;
             }
+            if (NORM) {
+                float a = red[warp][R];
+                for (int s = 1; s < split; s++) a += red[warp + s][R];
+                ss = a;
+            }
+        }
     }
+    if (NORM) acc[0] *= norm_inv(ss, m.cols, nm.eps);
     if (live && sub == 0 && lane == 0) {
         float bv = bias ? bias[o] : 0.f;
 #pragma unroll
@@ -295,21 +343,27 @@ struct LinJob {
 struct LinJobs {
     LinJob j[MAX_JOBS];
 };
-extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, int njobs, LinJobs jobs) {
+// With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
+extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw,
+                                                              float eps) {
     pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
-    linear_small<1>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
-                    blockIdx.x - J.blk0);
+    int bx = blockIdx.x - J.blk0;
+    if (nw)
+        linear_small<1, true>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
+                              bx, RowNorm{nw, eps});
+    else
+        linear_small<1>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split, bx);
 }
 
 // Outputs o0 .. o0 + N - 1 of one row x against rows row0 + o of m (o < nout; past the
 // end the last row is computed again and not stored): a warp's N dot products, summed
 // over the warp, in v.
-template <int N>
+template <int N, bool NORM = false>
 __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
-                                             int lane) {
+                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}) {
     const Mat* mp[N];
     int row[N];
 #pragma unroll
@@ -318,28 +372,29 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
         row[k] = row0 + min(o0 + k, nout - 1);
         v[k] = 0.f;
     }
-    dot_rows<N>(mp, row, x, v, lane);
+    float ss = 0.f;
+    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss);
+    float inv = NORM ? norm_inv(wsum(ss), m.cols, nm.eps) : 1.f;
 #pragma unroll
-    for (int k = 0; k < N; k++) v[k] = wsum(v[k]);
+    for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);
 }
 
-// One row (decode) against a large matrix: a warp computes LIN_OUTS consecutive outputs,
-// LIN_OUTS weight rows sharing each x load with their loads in flight together (one row
-// a warp left the big projections at ~2.7 TB/s). Blocks of 8 warps; blockIdx.y is the
-// batch, as in linear_small.
-#define LIN_OUTS 4
-extern "C" __global__ void __launch_bounds__(256) k_linear_row(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs,
-                                                               int nout, float* out, int col, int col_bs, int add,
-                                                               const float* bias) {
-    pdl_enter();
+// One row (decode) against a large matrix: a warp computes N consecutive outputs, N weight
+// rows sharing each x load with their loads in flight together (one row a warp left the
+// big projections at ~2.7 TB/s): N = 4 (k_linear_row), or 2 (k_linear_row2) where four
+// would leave SMs idle. Blocks of 8 warps; blockIdx.y is the batch, as in linear_small.
+template <int N, bool NORM>
+__device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout,
+                                           float* out, int col, int col_bs, int add, const float* bias,
+                                           const RowNorm& nm) {
     int b = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = (blockIdx.x * 8 + warp) * LIN_OUTS;
+    int o0 = (blockIdx.x * 8 + warp) * N;
     if (o0 >= nout) return;
-    float acc[LIN_OUTS];
-    warp_outputs<LIN_OUTS>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane);
+    float acc[N];
+    warp_outputs<N, NORM>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane, nm);
 #pragma unroll
-    for (int k = 0; k < LIN_OUTS; k++) {
+    for (int k = 0; k < N; k++) {
         float v = acc[k];
         int o = o0 + k;
         if (lane == 0 && o < nout) {
@@ -349,6 +404,23 @@ extern "C" __global__ void __launch_bounds__(256) k_linear_row(Mat m, int mrow0,
         }
     }
 }
+
+// nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
+#define LINEAR_ROW(NAME, N)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
+                                                           i64 x_bs, int nout, float* out, int col,          \
+                                                           int col_bs, int add, const float* bias,           \
+                                                           const float* nw, float eps) {                     \
+        pdl_enter();                                                                                         \
+        if (nw)                                                                                              \
+            linear_row<N, true>(m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias,               \
+                                RowNorm{nw, eps});                                                           \
+        else                                                                                                 \
+            linear_row<N, false>(m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias,              \
+                                 RowNorm{nullptr, 0.f});                                                     \
+    }
+LINEAR_ROW(k_linear_row, 4)
+LINEAR_ROW(k_linear_row2, 2)
 
 // Many rows: 64 outputs x 64 rows a block, 32 columns a step, each thread 4 x 4; weights
 // decoded into shared memory as f32. `xrows` (optional) gathers x's rows.

@@ -137,18 +137,26 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    for (int c = cb; c < ce; c++) {
-        uint4 qa[NM], qb[NM];
-        float sa[NM], sb[NM];
+    // The next chunk's weights and scales are loaded before this chunk's x is staged and
+    // multiplied, so two chunks of loads are in flight a lane.
+    uint4 qa[NM], qb[NM];
+    float sa[NM], sb[NM];
+    auto load = [&](int c, uint4* pa, uint4* pb, float* fa, float* fb) {
 #pragma unroll
         for (int n = 0; n < NM; n++) {
-            qa[n] = __ldg(wa[n] + 4 * c);
-            qb[n] = __ldg(wb[n] + 4 * c);
+            pa[n] = __ldg(wa[n] + 4 * c);
+            pb[n] = __ldg(wb[n] + 4 * c);
             int run = 4 * c + t;
             int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
-            sa[n] = __ldg(sa_row[n] + grp);
-            sb[n] = __ldg(sb_row[n] + grp);
+            fa[n] = __ldg(sa_row[n] + grp);
+            fb[n] = __ldg(sb_row[n] + grp);
         }
+    };
+    if (cb < ce) load(cb, qa, qb, sa, sb);
+    for (int c = cb; c < ce; c++) {
+        uint4 na[NM], nb[NM];
+        float ta[NM], tb[NM];
+        if (c + 1 < ce) load(c + 1, na, nb, ta, tb);
         __syncwarp();
         float isx = stage_x(x + 128 * c, xs, lane);
         __syncwarp();
@@ -169,6 +177,13 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
             }
             acc[n][0] = fmaf(cc[0] + cc[1], sa[n] * isx, acc[n][0]);
             acc[n][1] = fmaf(cc[2] + cc[3], sb[n] * isx, acc[n][1]);
+        }
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            qa[n] = na[n];
+            qb[n] = nb[n];
+            sa[n] = ta[n];
+            sb[n] = tb[n];
         }
     }
 #pragma unroll
