@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: kernel variants chosen by definitions passed to NVRTC
 # (STRATA_CUDA_DEFINES), e.g. VARIANTS="ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4" or
-# VARIANTS="I4_TILES=0 I4_TILES=1" (one definition a variant; results stay the same or
-# within the stated tolerance, speed may not), timed on the expert-bandwidth test and on
-# decode of the GLM-5-shaped slices (bf16, int4 experts, full vocabulary), after the CUDA
-# tests at the defaults. Binaries in .devcarry/ (see env.sh). Writes $OUT/tests.log,
+# VARIANTS="I4_TILES=0 I4_TILES=1", or by the backend's comparison switches (a variant
+# STRATA_...=VALUE is set in the environment instead; `_` is the defaults): one a variant;
+# results stay the same or within the stated tolerance, speed may not. Timed on the
+# expert-bandwidth test (BANDWIDTH=0 skips it) and on decode of the GLM-5-shaped slices
+# (bf16, int4 experts, full vocabulary), after the CUDA tests at the defaults (TESTS=0
+# skips them). Binaries in .devcarry/ (see env.sh). Writes $OUT/tests.log,
 # $OUT/defines.jsonl, $OUT/bandwidth-*.log, $OUT/side.log.
 set -uo pipefail
 STALL_S=60
@@ -27,15 +29,33 @@ timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/s
 timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
   >>"$OUT/side.log" 2>&1
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
-for u in $VARIANTS; do
-  export STRATA_CUDA_DEFINES="$u"
-  since "$u"
-  timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" >"$OUT/bandwidth-${u//=/-}.log"
-  for rep in 1 2; do
+setenv=()
+variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
+  unset STRATA_CUDA_DEFINES
+  setenv=()
+  case $1 in
+    _) ;;
+    STRATA_*) setenv=("$1") ;;
+    *) export STRATA_CUDA_DEFINES="$1" ;;
+  esac
+}
+if [ "${BANDWIDTH:-1}" = 1 ]; then
+  for u in $VARIANTS; do
+    since "bandwidth $u"
+    variant "$u"
+    env "${setenv[@]}" timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" \
+      >"$OUT/bandwidth-${u//=/-}.log"
+  done
+fi
+# Variants alternate within a repetition, so drift hits each alike.
+for rep in $(seq 1 ${REPS:-2}); do
+  for u in $VARIANTS; do
+    since "decode $u ($rep)"
+    variant "$u"
     for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880"; do
       set -- $d
-      timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 --warmup --usage off \
-        --mtp off --json 2>>"$OUT/side.log" | python3 -c "
+      env "${setenv[@]}" timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \
+        --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
   'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
@@ -44,7 +64,7 @@ print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r[
 done
 unset STRATA_CUDA_DEFINES
 since "done"
-for u in $VARIANTS; do echo "$u:"; cat "$OUT/bandwidth-${u//=/-}.log"; done
+[ "${BANDWIDTH:-1}" = 1 ] && for u in $VARIANTS; do echo "$u:"; cat "$OUT/bandwidth-${u//=/-}.log"; done
 python3 - "$res" <<'PY'
 import json, sys, collections
 g = collections.defaultdict(list)

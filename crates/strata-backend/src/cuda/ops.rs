@@ -16,6 +16,22 @@ use strata_kernels::QuantKind;
 pub(crate) type RowNorm = (u64, f32);
 pub(crate) const NO_NORM: RowNorm = (0, 0.0);
 
+/// A switch for comparisons, read once: on unless the variable is `0`.
+fn switch(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool {
+    *cell.get_or_init(|| std::env::var(name).as_deref() != Ok("0"))
+}
+/// `STRATA_CUDA_FUSE_NORM=0`: RMSNorm stays a kernel of its own before the projections.
+fn fuse_norm_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_FUSE_NORM", &CELL)
+}
+/// `STRATA_CUDA_ROW2=0`: one-row projections too small for four outputs a warp go to
+/// `linear_small`, not two a warp.
+fn row2_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_ROW2", &CELL)
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -99,7 +115,8 @@ impl CudaBackend {
         if l.rows != 1 || l.xrows != 0 || l.m.vec == 0 {
             return None;
         }
-        [4, 2].into_iter().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
+        let widths: &[usize] = if row2_on() { &[4, 2] } else { &[4] };
+        widths.iter().copied().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
@@ -201,7 +218,10 @@ impl CudaBackend {
     /// Whether [`CudaBackend::linears_one_row`] can fuse an RMSNorm of width `width` into
     /// the projections `jobs`: one unbatched row, every matrix read in vectors over that width.
     pub(crate) fn fuses_norm(&self, jobs: &[Lin], width: usize) -> bool {
-        jobs.iter().all(|l| l.rows == 1 && l.batches == 1 && l.xrows == 0 && l.m.vec != 0 && l.m.cols as usize == width)
+        fuse_norm_on()
+            && jobs
+                .iter()
+                .all(|l| l.rows == 1 && l.batches == 1 && l.xrows == 0 && l.m.vec != 0 && l.m.cols as usize == width)
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split
