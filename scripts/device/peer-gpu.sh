@@ -12,7 +12,8 @@
 # Each strata figure is taken with CUDA graphs (the default) and with `--cuda-graphs off`.
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
-# times strata on the slice with GLM-5's vocabulary (154880; no peer runs there).
+# times strata on the slice with GLM-5's vocabulary (154880; no peer runs there); SERVE=1
+# times the serving engine on the bf16 slice with device picks on and off.
 # Writes under $OUT: machine.txt, tests.log, bandwidth.log, peer.jsonl (one JSON object
 # per measurement), llama.log (llama-bench's own output), profile.txt (strata's per-stage
 # decode profile of both slices), side.log.
@@ -109,6 +110,21 @@ if [ "${FULL_VOCAB:-0}" = 1 ]; then
   since "strata, GLM-5's vocabulary"
   strata_bench "$slice-v154k" bf16-vocab154880
   strata_bench "$slice-v154k-int4" int4-g64-vocab154880
+fi
+if [ "${SERVE:-0}" = 1 ]; then
+  # The serving engine (continuous batching, in process): 8 greedy requests, their steps
+  # picked on the device (one id a request read back) or their logits read.
+  for rep in 1 2; do
+    for picks in on off; do
+      since "strata bench serve, device picks $picks ($rep)"
+      timeout 120 $S bench serve --model "$slice" --device cuda --requests 8 --prompt-tokens 64 --decode-tokens 64 \
+        --warmup --usage off --mtp off --json --device-picks $picks 2>>"$OUT/side.log" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print(json.dumps({'engine':'strata serve','weights':'bf16','device_picks':'$picks','rep':$rep,'tokens_per_s':round(r['tokens_per_s'],1),
+  'steps':r['steps'],'picked_steps':r['picked_steps'],'rows_per_step':r['rows_per_step']}))" >>"$res" ||
+        echo "bench serve (picks $picks) failed" | tee -a "$OUT/side.log"
+    done
+  done
 fi
 since "done"
 cat "$res"

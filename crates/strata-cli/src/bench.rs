@@ -110,15 +110,26 @@ pub struct DecodeArgs {
     /// Greedy picks made on the device and fed to the next forward there, so the host
     /// never holds the device up between tokens: auto (where the logits live off the
     /// host: a GPU), on, off. Tokens are the same.
-    #[arg(long, value_enum, default_value_t = FedDecoding::Auto)]
-    fed_decoding: FedDecoding,
+    #[arg(long, value_enum, default_value_t = AutoOnOff::Auto)]
+    fed_decoding: AutoOnOff,
 }
 
+/// A flag's auto / on / off: `None` leaves the choice to the engine.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum FedDecoding {
+pub(crate) enum AutoOnOff {
     Auto,
     On,
     Off,
+}
+
+impl AutoOnOff {
+    pub(crate) fn forced(self) -> Option<bool> {
+        match self {
+            Self::Auto => None,
+            Self::On => Some(true),
+            Self::Off => Some(false),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -219,11 +230,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let mut rng = Rng(42);
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
-    let fed = match a.fed_decoding {
-        FedDecoding::Auto => None,
-        FedDecoding::On => Some(true),
-        FedDecoding::Off => Some(false),
-    };
+    let fed = a.fed_decoding.forced();
     if a.warmup {
         // The timed loop's path, three tokens long.
         let mut gen = m.generator()?;

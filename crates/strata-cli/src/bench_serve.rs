@@ -41,6 +41,10 @@ pub struct ServeBenchArgs {
     /// 0 is greedy; otherwise requests sample with seeds 1..=N.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Greedy steps picked on the device (one id a request read back instead of its
+    /// logits): auto (where the logits live off the host, as `strata serve`), on or off.
+    #[arg(long, value_enum, default_value_t = crate::bench::AutoOnOff::Auto)]
+    device_picks: crate::bench::AutoOnOff,
     /// Run the batch once, untimed, first.
     #[arg(long)]
     warmup: bool,
@@ -86,6 +90,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         draft_tokens: a.draft_tokens,
     };
     let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts)?;
+    engine.set_device_picks(a.device_picks.forced());
     let requests = || -> Vec<ServeRequest> {
         prompts
             .iter()
@@ -131,6 +136,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         "mean_request_decode_tokens_per_s": decode_rate,
         "mean_time_to_first_token_s": ttft,
         "steps": steps,
+        "picked_steps": c.picked_steps - before.picked_steps,
         "rows_per_step": rows as f64 / steps.max(1) as f64,
         "mtp": (a.draft_tokens > 0).then(|| serde_json::json!({
             "drafted": drafted,
@@ -146,11 +152,12 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         println!("{report}");
     } else {
         println!(
-            "{} requests x {} tokens (batch {max_batch}, {} drafts): {generated} tokens in {wall_s:.3} s = {:.1} tok/s; {steps} steps, {:.1} rows a step; per request {decode_rate:.1} tok/s decode, {:.3} s to the first token",
+            "{} requests x {} tokens (batch {max_batch}, {} drafts): {generated} tokens in {wall_s:.3} s = {:.1} tok/s; {steps} steps ({} picked on the device), {:.1} rows a step; per request {decode_rate:.1} tok/s decode, {:.3} s to the first token",
             a.requests,
             a.decode_tokens,
             a.draft_tokens,
             generated as f64 / wall_s,
+            c.picked_steps - before.picked_steps,
             rows as f64 / steps.max(1) as f64,
             ttft
         );

@@ -461,3 +461,29 @@ fn bench_decode_fed_decoding_is_honoured_and_checked() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--fed-decoding") && err.contains("sometimes"), "{err}");
 }
+
+#[test]
+fn bench_serve_device_picks_is_honoured_and_checked() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let base =
+        ["bench", "serve", "--model", m, "--requests", "2", "--prompt-tokens", "4", "--decode-tokens", "3", "--json"];
+    let mut tokens = Vec::new();
+    for (value, picked) in [("on", true), ("off", false), ("auto", false)] {
+        let mut args = base.to_vec();
+        args.extend(["--device-picks", value]);
+        let out = strata(&args);
+        assert!(out.status.success(), "{value}: {}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // (auto: the CPU's logits live on the host, so no step is picked apart from them.)
+        assert_eq!(r["picked_steps"].as_u64().unwrap() > 0, picked, "--device-picks {value}: {r}");
+        tokens.push(r["generated_tokens"].clone());
+    }
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+    let mut args = base.to_vec();
+    args.extend(["--device-picks", "sometimes"]);
+    let out = strata(&args);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--device-picks") && err.contains("sometimes"), "{err}");
+}

@@ -182,3 +182,79 @@ fn cuda_fed_decoding_equals_plain() {
         eprintln!("{fixture}: fed decoding equals plain (20 tokens; EOS after {k})");
     }
 }
+
+/// The serving engine on CUDA: steps whose samples are all plain greedy are picked on the
+/// device (one id a request read back, not its logits), and every request answers as with
+/// the logits read: all greedy (prompts of different lengths, chunked prefill), and with a
+/// sampled request beside them (whose steps read logits).
+#[test]
+fn cuda_serving_device_picks_answer_as_the_logits_do() {
+    use std::collections::HashMap;
+    use strata_engine::serving::{BatchEngine, EngineOptions, Finished, ServeRequest, Update};
+    if gpu().is_none() {
+        return;
+    }
+    let root = repo_root();
+    for fixture in ["glm5/dsa-sparse", "gemma4/moe"] {
+        let dir = root.join("fixtures").join(fixture);
+        let m = LoadedModel::open_with(&dir, &LoadOptions { device: Device::Cuda(0), ..Default::default() })
+            .unwrap_or_else(|e| panic!("{fixture}: {e:#}"));
+        let vocab = m.model.info().vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = [5usize, 23, 40]
+            .iter()
+            .map(|&n| (0..n as u32).map(|i| (i * 37 + 5 + n as u32) % vocab).collect())
+            .collect();
+        let batch = |sampled: bool| -> Vec<ServeRequest> {
+            prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let sampling = match (sampled, i) {
+                        (true, 1) => SamplingParams { temperature: 1.0, top_p: 0.9, seed: 7, ..Default::default() },
+                        _ => SamplingParams::default(),
+                    };
+                    let mut r = ServeRequest::new(GenerateRequest::new(p.clone(), 16, sampling));
+                    r.ignore_eos = true;
+                    r
+                })
+                .collect()
+        };
+        let run = |sampled: bool, picks: bool| -> (Vec<Vec<u32>>, u64, u64) {
+            let opts = EngineOptions {
+                max_batch: 4,
+                kv_tokens: 512,
+                context: 128,
+                step_tokens: 16,
+                prompt_cache_bytes: 0,
+                kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+                draft_tokens: 0,
+            };
+            let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts).unwrap();
+            engine.set_device_picks(Some(picks));
+            let ids: Vec<u64> = batch(sampled).into_iter().map(|r| engine.submit(r).unwrap()).collect();
+            let mut done: HashMap<u64, Finished> = HashMap::new();
+            let mut out = Vec::new();
+            while !engine.is_idle() {
+                engine.step(&mut out).unwrap();
+                for (id, u) in out.drain(..) {
+                    if let Update::Done(r) = u {
+                        done.insert(id, *r.unwrap_or_else(|e| panic!("{fixture}: request {id}: {e}")));
+                    }
+                }
+            }
+            let c = engine.counters();
+            (ids.iter().map(|id| done.remove(id).unwrap().output.tokens).collect(), c.picked_steps, c.steps)
+        };
+        for sampled in [false, true] {
+            let (plain, none, _) = run(sampled, false);
+            let (picked, n, steps) = run(sampled, true);
+            assert_eq!(none, 0, "{fixture}: picks off");
+            assert!(sampled || n > 0, "{fixture}: no step picked on the device");
+            assert!(!sampled || n < steps, "{fixture}: every step picked beside a sampled request");
+            assert_eq!(picked, plain, "{fixture} (sampled beside: {sampled}): device picks against logits");
+            eprintln!(
+                "{fixture}: device picks in {n} of {steps} steps answer as the logits do (sampled beside: {sampled})"
+            );
+        }
+    }
+}
