@@ -90,6 +90,21 @@ for r in json.load(sys.stdin):
 
 since "strata bf16"; strata_bench "$slice" bf16
 since "strata int4"; strata_bench "$slice-int4" int4-g64
+if [ "${SERVE:-0}" = 1 ]; then
+  # The serving engine (continuous batching, in process): 8 greedy requests, their steps
+  # picked on the device (one id a request read back) or their logits read.
+  for rep in 1 2; do
+    for picks in on off; do
+      since "strata bench serve, device picks $picks ($rep)"
+      timeout 120 $S bench serve --model "$slice" --device cuda --requests 8 --prompt-tokens 64 --decode-tokens 64 \
+        --warmup --usage off --mtp off --json --device-picks $picks 2>>"$OUT/side.log" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print(json.dumps({'engine':'strata serve','weights':'bf16','device_picks':'$picks','rep':$rep,'tokens_per_s':round(r['tokens_per_s'],1),
+  'steps':r['steps'],'picked_steps':r['picked_steps'],'rows_per_step':r['rows_per_step']}))" >>"$res" ||
+        echo "bench serve (picks $picks) failed" | tee -a "$OUT/side.log"
+    done
+  done
+fi
 since "strata, CUDA graphs off"
 strata_bench "$slice" bf16 --cuda-graphs off
 strata_bench "$slice-int4" int4-g64 --cuda-graphs off
@@ -110,21 +125,6 @@ if [ "${FULL_VOCAB:-0}" = 1 ]; then
   since "strata, GLM-5's vocabulary"
   strata_bench "$slice-v154k" bf16-vocab154880
   strata_bench "$slice-v154k-int4" int4-g64-vocab154880
-fi
-if [ "${SERVE:-0}" = 1 ]; then
-  # The serving engine (continuous batching, in process): 8 greedy requests, their steps
-  # picked on the device (one id a request read back) or their logits read.
-  for rep in 1 2; do
-    for picks in on off; do
-      since "strata bench serve, device picks $picks ($rep)"
-      timeout 120 $S bench serve --model "$slice" --device cuda --requests 8 --prompt-tokens 64 --decode-tokens 64 \
-        --warmup --usage off --mtp off --json --device-picks $picks 2>>"$OUT/side.log" | python3 -c "
-import json,sys; r=json.load(sys.stdin)
-print(json.dumps({'engine':'strata serve','weights':'bf16','device_picks':'$picks','rep':$rep,'tokens_per_s':round(r['tokens_per_s'],1),
-  'steps':r['steps'],'picked_steps':r['picked_steps'],'rows_per_step':r['rows_per_step']}))" >>"$res" ||
-        echo "bench serve (picks $picks) failed" | tee -a "$OUT/side.log"
-    done
-  done
 fi
 since "done"
 cat "$res"

@@ -84,11 +84,10 @@ __device__ __forceinline__ void i4_f16(u32 w, u32* h) {
     h[3] = hfma2(and_or(w8, 0x00F000F0u, magic), sixteenth, m72);
 }
 
-// Stages 128 columns of x (16-byte aligned) for the warp's B fragments: x * 2^k as f16
-// hi + lo pairs in i4_f16's column order, k chosen from the chunk's largest magnitude.
-// Returns 2^-k.
-__device__ __forceinline__ float stage_x(const float* xc, u32* xs, int lane) {
-    float4 v = *(const float4*)(xc + 4 * lane);
+// Stages 128 columns of x for the warp's B fragments (v: this lane's 4 of them, columns
+// 4 lane .. 4 lane + 3): x * 2^k as f16 hi + lo pairs in i4_f16's column order, k chosen
+// from the chunk's largest magnitude. Returns 2^-k.
+__device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
     float m = wmax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     // m * 2^k in [2^14, 2^15): f16's largest is ~2^16. Zero, inf and NaN keep their way.
     int e = (int)((__float_as_uint(m) >> 23) & 0xffu);
@@ -137,11 +136,14 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    // The next chunk's weights and scales are loaded before this chunk's x is staged and
-    // multiplied, so two chunks of loads are in flight a lane.
+    // The next chunk's weights, scales and x are loaded before this chunk's x is staged and
+    // multiplied, so two chunks of loads are in flight a lane and the staging never waits
+    // for memory (ncu: with x loaded in the chunk's own step, the warps stalled on it).
     uint4 qa[NM], qb[NM];
     float sa[NM], sb[NM];
-    auto load = [&](int c, uint4* pa, uint4* pb, float* fa, float* fb) {
+    float4 xv;
+    auto load = [&](int c, uint4* pa, uint4* pb, float* fa, float* fb, float4& xl) {
+        xl = __ldg((const float4*)(x + 128 * c) + lane);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
             pa[n] = __ldg(wa[n] + 4 * c);
@@ -152,13 +154,14 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
             fb[n] = __ldg(sb_row[n] + grp);
         }
     };
-    if (cb < ce) load(cb, qa, qb, sa, sb);
+    if (cb < ce) load(cb, qa, qb, sa, sb, xv);
     for (int c = cb; c < ce; c++) {
         uint4 na[NM], nb[NM];
         float ta[NM], tb[NM];
-        if (c + 1 < ce) load(c + 1, na, nb, ta, tb);
+        float4 xn;
+        if (c + 1 < ce) load(c + 1, na, nb, ta, tb, xn);
         __syncwarp();
-        float isx = stage_x(x + 128 * c, xs, lane);
+        float isx = stage_x(xv, xs, lane);
         __syncwarp();
         uint4 bw[4];
 #pragma unroll
@@ -185,6 +188,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
             sa[n] = ta[n];
             sb[n] = tb[n];
         }
+        xv = xn;
     }
 #pragma unroll
     for (int n = 0; n < NM; n++)
