@@ -14,14 +14,7 @@ STALL_S=60
 S=$C/strata
 res="$OUT/defines.jsonl"
 : >"$res"
-skip=()
-[ "${TINY:-1}" = 1 ] || skip+=(--skip strata_tiny)
-for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
-if [ "${TESTS:-1}" = 1 ]; then
-  since "tests"
-  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-    grep -E "^test .*FAILED|test result|panicked" | head -20
-fi
+[ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
 slice=/tmp/slice48
 since "slices"
 timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1

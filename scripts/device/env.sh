@@ -15,3 +15,13 @@ done
 # Progress lines: seconds since the script started.
 t_start=$(date +%s)
 since() { echo "[$(($(date +%s) - t_start)) s] $*"; }
+# The CUDA test suite into $OUT/tests.log (strata-tiny skipped with TINY=0, and each name
+# in SKIP_TESTS_MATCHING); prints the lines matching $1 (default: failures and results).
+cuda_tests() {
+  local skip=() s
+  [ "${TINY:-1}" = 1 ] || skip+=(--skip strata_tiny)
+  for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
+  since "tests"
+  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
+    grep -E "${1:-^test .*FAILED|test result|panicked|STALL}"
+}

@@ -23,13 +23,7 @@ res="$OUT/families.jsonl"
 { nvidia-smi; date -u; nproc; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'; } >"$OUT/machine.txt" 2>&1
 head -12 "$OUT/machine.txt"
 
-if [ -z "${SKIP_TESTS:-}" ]; then
-  since "tests"
-  skip=()
-  for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
-  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-    grep -E "^test |parity ok|test result|panicked|FAILED|STALL"
-fi
+[ -z "${SKIP_TESTS:-}" ] && cuda_tests "^test |parity ok|test result|panicked|FAILED|STALL"
 
 # bench decode -> one JSON line: engine, model, device, P, D, rep, decode/prefill tok/s, bytes.
 bench() {  # model-dir label device prompt decode reps [extra args]

@@ -15,13 +15,8 @@ res="$OUT/fed.jsonl"
 : >"$res"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 
-skip=()
-[ "${TINY:-1}" = 1 ] || skip+=(--skip strata_tiny)
-for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
 if [ "${TESTS:-1}" = 1 ]; then
-  since "tests"
-  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-    grep -E "^test .*(FAILED|ok)$|test result|panicked|fed decoding|argmax" | grep -v " ok$" | head -40
+  cuda_tests "^test .*(FAILED|ok)$|test result|panicked|fed decoding|argmax" | grep -v " ok$" | head -40
   grep -c " ok$" "$OUT/tests.log" | sed 's/^/tests ok: /'
 fi
 

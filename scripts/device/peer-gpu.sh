@@ -49,11 +49,7 @@ L=/tmp/llama-cuda
   touch /tmp/cpu-work.done
 ) &
 
-since "tests"
-skip=()
-for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
-timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-  grep -E "^test |test result|panicked|FAILED|STALL"
+cuda_tests "^test |test result|panicked|FAILED|STALL"
 timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | tee "$OUT/bandwidth.log" |
   grep -E "GB/s|test result|panicked"
 

@@ -18,13 +18,7 @@ res="$OUT/tiers.jsonl"
 : >"$res"
 { nvidia-smi; date -u; nproc; free -g; df -h /tmp; } >"$OUT/machine.txt" 2>&1
 
-if [ "${TESTS:-1}" = 1 ]; then
-  since "tests"
-  skip=()
-  for s in ${SKIP_TESTS_MATCHING:-}; do skip+=(--skip "$s"); done
-  timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
-    grep -E "^test |parity ok|equal;|in use by the model|test result|panicked|FAILED|STALL"
-fi
+[ "${TESTS:-1}" = 1 ] && cuda_tests "^test |parity ok|equal;|in use by the model|test result|panicked|FAILED|STALL"
 
 since "pinned host -> GPU copy rate"
 python3 - >>"$res" 2>>"$OUT/side.log" <<'EOF'
