@@ -137,6 +137,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         "mean_time_to_first_token_s": ttft,
         "steps": steps,
         "picked_steps": c.picked_steps - before.picked_steps,
+        "picked_samples": c.picked_samples - before.picked_samples,
         "rows_per_step": rows as f64 / steps.max(1) as f64,
         "mtp": (a.draft_tokens > 0).then(|| serde_json::json!({
             "drafted": drafted,

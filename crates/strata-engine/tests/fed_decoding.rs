@@ -140,3 +140,43 @@ fn a_row_fed_a_missing_pick_is_refused() {
     assert_eq!(s.len(seq), 3);
     assert!(s.take_picks(&mut picks).is_err(), "no picks were asked for");
 }
+
+/// Logits rows read beside the picks: the rows asked for come back (equal to the logits of
+/// the same forward without picks), and rows out of range or out of order are refused by
+/// name with the sequences left as they were.
+#[test]
+fn logits_rows_read_beside_the_picks() {
+    use strata_models::{Batch, Logits, SessionOptions};
+    let m = open(&root().join("fixtures/glm5/dsa-sparse"), 40);
+    let vocab = m.model.info().vocab_size;
+    let run = |pick: Option<&[u32]>| {
+        let opts = SessionOptions { max_seqs: 3, kv_tokens: 120, max_len: 40, max_rows: 16 };
+        let mut s = m.model.new_session(opts).unwrap();
+        let seqs: Vec<_> = (0..3).map(|_| s.add_sequence().unwrap()).collect();
+        let mut b = Batch::new();
+        for (i, &q) in seqs.iter().enumerate() {
+            b.push(q, &[5 + i as u32, 9, 11], Logits::Last);
+        }
+        if let Some(read) = pick {
+            b.pick_greedy();
+            b.read_logits_rows(read.iter().copied());
+        }
+        let r = s.forward(&b).map(|()| s.logits().to_vec());
+        let lens: Vec<usize> = seqs.iter().map(|&q| s.len(q)).collect();
+        (r, lens)
+    };
+    let (all, _) = run(None);
+    let all = all.unwrap();
+    let (got, _) = run(Some(&[0, 2]));
+    let got = got.unwrap();
+    assert_eq!(got.len(), 3 * vocab, "every logits row keeps its place");
+    for r in [0, 2] {
+        assert_eq!(got[r * vocab..(r + 1) * vocab], all[r * vocab..(r + 1) * vocab], "row {r}");
+    }
+    for bad in [&[3u32][..], &[1, 1], &[2, 0]] {
+        let (r, lens) = run(Some(bad));
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("read beside the picks"), "{bad:?}: {e}");
+        assert_eq!(lens, vec![0, 0, 0], "{bad:?}: the sequences are as they were");
+    }
+}

@@ -57,6 +57,9 @@ pub struct Batch {
     pub(crate) embedding_width: usize,
     /// The logits rows are picked greedily on the device ([`Batch::pick_greedy`]).
     pub(crate) pick: bool,
+    /// Logits rows (in logits-row order) read back beside the picks
+    /// ([`Batch::read_logits_rows`]).
+    pub(crate) read: Vec<u32>,
 }
 
 impl Batch {
@@ -68,6 +71,7 @@ impl Batch {
         self.rows.clear();
         self.embeddings.clear();
         self.pick = false;
+        self.read.clear();
     }
 
     /// The rows that want logits get their greedy pick made on the device instead
@@ -75,6 +79,14 @@ impl Batch {
     /// feeds a pick with the token [`fed`]`(i)`.
     pub fn pick_greedy(&mut self) {
         self.pick = true;
+    }
+
+    /// With [`Batch::pick_greedy`]: these logits rows (indices in logits-row order, each
+    /// once, ascending) also come back, for the samples the device cannot pick; the
+    /// session's logits then hold every logits row's place, and only these rows are
+    /// valid in it.
+    pub fn read_logits_rows(&mut self, rows: impl IntoIterator<Item = u32>) {
+        self.read.extend(rows);
     }
 
     /// Appends `tokens` of `seq`.

@@ -13,8 +13,10 @@ use strata_backend::{Backend, LinearOut, Step};
 pub(crate) struct Wants {
     pub hidden: Vec<u32>,
     pub logits: Vec<u32>,
-    /// The logits rows are picked greedily on the device, not read back.
+    /// The logits rows are picked greedily on the device, not read back...
     pub pick: bool,
+    /// ...but for these (logits-row indices, ascending).
+    pub read: Vec<u32>,
 }
 
 /// A forward's rows: the step every op reads, rows per sequence, rows wanted out.
@@ -36,7 +38,12 @@ impl Rows {
         Self {
             step,
             pending: Vec::with_capacity(opts.max_seqs),
-            want: Wants { hidden: Vec::with_capacity(rows), logits: Vec::with_capacity(rows), pick: false },
+            want: Wants {
+                hidden: Vec::with_capacity(rows),
+                logits: Vec::with_capacity(rows),
+                pick: false,
+                read: Vec::with_capacity(rows),
+            },
             max_rows: rows,
         }
     }
@@ -54,6 +61,10 @@ impl Rows {
         want.hidden.clear();
         want.logits.clear();
         want.pick = batch.pick;
+        want.read.clear();
+        if batch.pick {
+            want.read.extend_from_slice(&batch.read);
+        }
         for (r, row) in batch.rows.iter().enumerate() {
             ensure!(kv.contains(row.seq), "sequence {} is not in this session", row.seq.0);
             let i = match pending.iter().position(|(s, _)| *s == row.seq) {
@@ -76,6 +87,12 @@ impl Rows {
             }
         }
         step.check_tokens(vocab, picks)?;
+        let nl = want.logits.len() as u32;
+        if let Some(bad) =
+            want.read.windows(2).find(|w| w[0] >= w[1]).map(|w| w[1]).or(want.read.last().copied().filter(|&r| r >= nl))
+        {
+            bail!("logits row {bad} read beside the picks: rows must be ascending, each once, below the {nl} rows with logits");
+        }
         for &(s, n) in pending.iter() {
             kv.reserve(s, n)?;
         }
@@ -231,8 +248,9 @@ impl<B: Backend> Outputs<B> {
                 b.argmax_rows(nl, self.vocab, &self.logits, &mut self.picks);
                 self.reads.push_back(b.start_read_idx(&self.picks, nl));
                 self.picked = nl;
-                // Nothing else comes back: the picks are the output.
-                self.last_logits = 0;
+                // The picks are the output, and the logits rows asked for beside them
+                // (their places kept: row i at i * vocab).
+                self.last_logits = if want.read.is_empty() { 0 } else { nl };
             }
         }
         if let Some(v) = self.host_hidden.take() {
@@ -241,6 +259,20 @@ impl<B: Backend> Outputs<B> {
         if b.host(&self.logits).is_none() && !want.pick {
             self.host_logits.resize(nl * self.vocab, 0.0);
             b.read(&self.logits, 0, &mut self.host_logits);
+        } else if b.host(&self.logits).is_none() && !want.read.is_empty() {
+            // Runs of consecutive rows, one copy each.
+            let v = self.vocab;
+            self.host_logits.resize(nl * v, 0.0);
+            let mut i = 0;
+            while i < want.read.len() {
+                let r0 = want.read[i] as usize;
+                let mut r1 = r0 + 1;
+                while i + 1 < want.read.len() && want.read[i + 1] as usize == r1 {
+                    (i, r1) = (i + 1, r1 + 1);
+                }
+                b.read(&self.logits, r0 * v, &mut self.host_logits[r0 * v..r1 * v]);
+                i += 1;
+            }
         }
         Ok(())
     }

@@ -290,13 +290,19 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let e = *self.engine.lock().unwrap();
-        let engine: [(&str, &str, &str, f64); 9] = [
+        let engine: [(&str, &str, &str, f64); 10] = [
             ("strata_batch_steps_total", "counter", "Forwards run by the serving engine.", e.steps as f64),
             (
                 "strata_batch_picked_steps_total",
                 "counter",
-                "Forwards whose samples were all greedy and picked on the device (no logits read back).",
+                "Forwards with greedy samples picked on the device.",
                 e.picked_steps as f64,
+            ),
+            (
+                "strata_batch_picked_samples_total",
+                "counter",
+                "Samples picked on the device (one id read back, not the logits).",
+                e.picked_samples as f64,
             ),
             (
                 "strata_batch_decode_rows_total",

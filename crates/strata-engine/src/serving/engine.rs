@@ -60,9 +60,11 @@ pub struct EngineCounters {
     pub mtp_accepted: u64,
     pub mtp_tokens: u64,
     pub draft: DraftCounters,
-    /// Steps whose samples were all greedy and picked on the device (only the picks came
-    /// back, not the logits; see [`BatchEngine::set_device_picks`]).
+    /// Steps with samples picked on the device, and those samples (one id came back for
+    /// each, not its logits; the step's other samples read their logits; see
+    /// [`BatchEngine::set_device_picks`]).
     pub picked_steps: u64,
+    pub picked_samples: u64,
 }
 
 pub struct BatchEngine<'m> {
@@ -455,16 +457,23 @@ impl<'m> BatchEngine<'m> {
                 None => self.batch.push(seq, ids, want),
             }
         }
-        // Every sample of this step plain greedy: the device picks them.
-        let pick = self.device_picks.unwrap_or_else(|| self.session.picks_on_device())
-            && kinds.iter().all(|k| *k != Logits::All)
-            && self
-                .running
-                .iter()
-                .zip(&self.rows)
-                .all(|(a, &n)| n == 0 || a.computed + n < a.tokens.len() || a.picks_greedy());
+        // The device picks this step's plain greedy samples; the other samples' (and
+        // verifications') logits rows come back beside the picks.
+        let on = self.device_picks.unwrap_or_else(|| self.session.picks_on_device());
+        let (mut takes, mut read, mut k) = (Vec::with_capacity(kinds.len()), Vec::new(), 0u32);
+        for ((a, &n), &kind) in self.running.iter().zip(&self.rows).zip(&kinds) {
+            let lrows = if n == 0 { 0 } else { outputs(kind, n).0 as u32 };
+            let take = on && lrows > 0 && kind != Logits::All && a.picks_greedy();
+            if !take {
+                read.extend(k..k + lrows);
+            }
+            takes.push(take);
+            k += lrows;
+        }
+        let pick = takes.iter().any(|&t| t);
         if pick {
             self.batch.pick_greedy();
+            self.batch.read_logits_rows(read);
         }
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;
@@ -497,6 +506,7 @@ impl<'m> BatchEngine<'m> {
             false => forward,
         };
         self.counters.picked_steps += u64::from(pick);
+        self.counters.picked_samples += takes.iter().filter(|&&t| t).count() as u64;
         if let Err(e) = forward {
             let planned = self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
             self.fail(planned, &format!("generation failed: {e:#}"), out);
@@ -517,8 +527,10 @@ impl<'m> BatchEngine<'m> {
                 continue;
             }
             let (lrows, hrows) = outputs(kinds[i], n);
-            // (A picking step has no logits on the host: row k's pick stands in.)
-            let logits = if pick { &[][..] } else { &logits_all[k * vocab..(k + lrows) * vocab] };
+            // (A sample the device picked has no logits on the host: row k's pick stands in.
+            // In a picking step only the rows read beside the picks are on the host.)
+            let take = takes[i];
+            let logits = if take || lrows == 0 { &[][..] } else { &logits_all[k * vocab..(k + lrows) * vocab] };
             let hidden = &hidden_all[hr * h..(hr + hrows) * h];
             let picked = self.picks.get(k).copied();
             (k, hr) = (k + lrows, hr + hrows);
@@ -574,7 +586,7 @@ impl<'m> BatchEngine<'m> {
             if a.out.is_empty() && a.computed == a.prompt_len {
                 publish_at.push(i);
             }
-            let sampled = match (pick, picked) {
+            let sampled = match (take, picked) {
                 (true, Some(p)) => a.take_pick(p, self.tok, context),
                 (true, None) => Err(anyhow::anyhow!("the device returned no pick for this request")),
                 (false, _) => {
