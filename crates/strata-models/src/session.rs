@@ -263,15 +263,8 @@ impl<B: Backend> Outputs<B> {
             // Runs of consecutive rows, one copy each.
             let v = self.vocab;
             self.host_logits.resize(nl * v, 0.0);
-            let mut i = 0;
-            while i < want.read.len() {
-                let r0 = want.read[i] as usize;
-                let mut r1 = r0 + 1;
-                while i + 1 < want.read.len() && want.read[i + 1] as usize == r1 {
-                    (i, r1) = (i + 1, r1 + 1);
-                }
+            for (r0, r1) in row_runs(&want.read) {
                 b.read(&self.logits, r0 * v, &mut self.host_logits[r0 * v..r1 * v]);
-                i += 1;
             }
         }
         Ok(())
@@ -322,5 +315,31 @@ impl<B: Backend> Outputs<B> {
                 v
             })[..n],
         }
+    }
+}
+
+/// Ascending rows as runs of consecutive ones, `[start, end)` each.
+fn row_runs(rows: &[u32]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let r0 = *rows.get(i)? as usize;
+        let mut r1 = r0 + 1;
+        i += 1;
+        while rows.get(i).is_some_and(|&r| r as usize == r1) {
+            (i, r1) = (i + 1, r1 + 1);
+        }
+        Some((r0, r1))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn row_runs_group_consecutive_rows() {
+        let runs = |r: &[u32]| super::row_runs(r).collect::<Vec<_>>();
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[4]), vec![(4, 5)]);
+        assert_eq!(runs(&[0, 1, 2]), vec![(0, 3)]);
+        assert_eq!(runs(&[0, 2, 3, 7, 8, 9, 11]), vec![(0, 1), (2, 4), (7, 10), (11, 12)]);
     }
 }
