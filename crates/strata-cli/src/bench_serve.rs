@@ -41,8 +41,8 @@ pub struct ServeBenchArgs {
     /// 0 is greedy; otherwise requests sample with seeds 1..=N.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    /// Greedy steps picked on the device (one id a request read back instead of its
-    /// logits): auto (where the logits live off the host, as `strata serve`), on or off.
+    /// Greedy samples picked on the device (one id read back instead of the logits):
+    /// auto (where the logits live off the host, as `strata serve`), on or off.
     #[arg(long, value_enum, default_value_t = crate::bench::AutoOnOff::Auto)]
     device_picks: crate::bench::AutoOnOff,
     /// Run the batch once, untimed, first.

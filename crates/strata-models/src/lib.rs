@@ -96,7 +96,9 @@ pub trait Session: Send {
     /// caches. On error, no sequence's length changes.
     fn forward(&mut self, batch: &Batch) -> Result<()>;
     /// Logits of the last forward's rows that asked for them, in batch order, `vocab`
-    /// values each (none after a forward whose batch picked greedily on the device).
+    /// values each. After a forward whose batch picked greedily on the device: none, or
+    /// with rows read beside the picks ([`Batch::read_logits_rows`]) every logits row's
+    /// place, only those rows valid.
     fn logits(&self) -> &[f32];
     /// Waits for the greedy picks of the oldest forward whose batch asked for them
     /// ([`Batch::pick_greedy`]) and that were not yet taken: one a logits row, in batch

@@ -256,15 +256,18 @@ impl<B: Backend> Outputs<B> {
         if let Some(v) = self.host_hidden.take() {
             self.spare_hidden.set(v);
         }
-        if b.host(&self.logits).is_none() && !want.pick {
-            self.host_logits.resize(nl * self.vocab, 0.0);
-            b.read(&self.logits, 0, &mut self.host_logits);
-        } else if b.host(&self.logits).is_none() && !want.read.is_empty() {
-            // Runs of consecutive rows, one copy each.
+        // Off the host, the logits come back: all of them, or beside picks the rows asked
+        // for (runs of consecutive rows, one copy each).
+        if b.host(&self.logits).is_none() && (!want.pick || !want.read.is_empty()) {
             let v = self.vocab;
             self.host_logits.resize(nl * v, 0.0);
-            for (r0, r1) in row_runs(&want.read) {
-                b.read(&self.logits, r0 * v, &mut self.host_logits[r0 * v..r1 * v]);
+            match want.pick {
+                false => b.read(&self.logits, 0, &mut self.host_logits),
+                true => {
+                    for (r0, r1) in row_runs(&want.read) {
+                        b.read(&self.logits, r0 * v, &mut self.host_logits[r0 * v..r1 * v]);
+                    }
+                }
             }
         }
         Ok(())

@@ -396,10 +396,10 @@ impl<'m> BatchEngine<'m> {
         }
     }
 
-    /// Whether a step whose samples are all plain greedy ([`Active::picks_greedy`]) has
-    /// them picked on the device, reading back one id a request instead of its logits:
-    /// `None` (the default) where the logits live off the host (a GPU), `Some(on)` either
-    /// way. Outputs are the same.
+    /// Whether each plain greedy sample of a step ([`Active::picks_greedy`]) is picked on
+    /// the device, one id read back instead of its logits (the step's other samples read
+    /// their own logits rows): `None` (the default) where the logits live off the host (a
+    /// GPU), `Some(on)` either way. Outputs are the same.
     pub fn set_device_picks(&mut self, on: Option<bool>) {
         self.device_picks = on;
     }
