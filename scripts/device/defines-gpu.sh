@@ -19,8 +19,11 @@ slice=/tmp/slice48
 since "slices"
 timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
 timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
-timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
-  >>"$OUT/side.log" 2>&1
+# SLICES: which of the three slices to time (labels as in defines.jsonl).
+SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
+[[ " $SLICES " == *" bf16-vocab154880 "* ]] &&
+  timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
+    >>"$OUT/side.log" 2>&1
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
 setenv=()
 variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
@@ -47,6 +50,7 @@ for rep in $(seq 1 ${REPS:-2}); do
     variant "$u"
     for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880"; do
       set -- $d
+      [[ " $SLICES " == *" $2 "* ]] || continue
       env "${setenv[@]}" timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \
         --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)

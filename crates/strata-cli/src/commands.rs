@@ -204,9 +204,10 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             if let Some(t) = &r.device_tier {
                 eprintln!(
-                    "gpu tier ({}): {} hits, {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; {} slots ({})",
+                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; {} slots ({})",
                     t.device,
                     t.traffic.hits,
+                    t.traffic.by_id,
                     t.traffic.misses,
                     t.hit_rate.unwrap_or(0.0) * 100.0,
                     t.traffic.copies,

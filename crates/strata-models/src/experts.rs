@@ -47,6 +47,16 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
 
     /// The routing of `layer` predicted one layer ahead. Advisory.
     fn predicted(&self, _layer: usize, _ids: &[u32], _top_k: usize) {}
+
+    /// Where the provider holds every expert of `layer` in place in the backend's memory
+    /// and nothing it does needs the routed ids on the host (no usage ledger, no
+    /// prediction): the backend's table over them, so the model dispatches a row's experts
+    /// by id on the device ([`Backend::experts_by_id`]) with no sync. When it answers, the
+    /// provider counts `selections` lookups as served in place. `b`: the model's backend
+    /// (the provider may set up its device memory on the first call).
+    fn device_table(&self, _b: &B, _layer: usize, _selections: usize) -> Result<Option<&B::ExpertTable>> {
+        Ok(None)
+    }
 }
 
 /// Experts held by the model (an HF checkpoint loaded whole).

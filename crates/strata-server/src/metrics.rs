@@ -84,8 +84,10 @@ pub struct ExpertTotals {
     pub loads: [u64; 2],
     pub read_ops: [u64; 2],
     pub read_bytes: [u64; 2],
-    /// The GPU tier (CUDA): hits, misses, host -> GPU copy bytes, seconds waiting on copies.
+    /// The GPU tier (CUDA): hits (and those dispatched by id), misses, host -> GPU copy
+    /// bytes, seconds waiting on copies.
     pub gpu_hits: u64,
+    pub gpu_by_id: u64,
     pub gpu_misses: u64,
     pub gpu_copy_bytes: u64,
     pub gpu_copy_wait_s: f64,
@@ -194,8 +196,13 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{cause=\"demand\"}} {}\n{name}{{cause=\"policy\"}} {}", v[0], v[1]);
         }
         if self.last_experts.lock().unwrap().as_ref().is_some_and(|r| r.device_tier.is_some()) {
-            let gpu: [(&str, &str, String); 4] = [
+            let gpu: [(&str, &str, String); 5] = [
                 ("strata_gpu_tier_hits_total", "Routed experts found in GPU slots.", t.gpu_hits.to_string()),
+                (
+                    "strata_gpu_tier_by_id_total",
+                    "Of the GPU hits, routed experts dispatched by id on the device (ids never read back).",
+                    t.gpu_by_id.to_string(),
+                ),
                 (
                     "strata_gpu_tier_misses_total",
                     "Routed experts copied to the GPU from the host tier.",
@@ -376,6 +383,7 @@ fn add_turn(totals: &Mutex<Option<ExpertTotals>>, r: &RuntimeReport) {
     }
     if let Some(g) = &r.device_tier {
         t.gpu_hits += g.traffic.hits;
+        t.gpu_by_id += g.traffic.by_id;
         t.gpu_misses += g.traffic.misses;
         t.gpu_copy_bytes += g.traffic.copy_bytes;
         t.gpu_copy_wait_s += g.traffic.copy_wait_seconds;

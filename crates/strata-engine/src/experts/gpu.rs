@@ -11,13 +11,18 @@
 //! wait of its own. The host slot is released only once a fence says its copy has read
 //! it. Outputs are combined in ascending expert id by the model, so the result does not
 //! depend on which tier held an expert: streamed equals resident bit for bit.
+//!
+//! When the tier holds every expert (no `--gpu-budget`) and nothing needs the routed ids
+//! on the host (no usage ledger, no PILOT), slots never change after the preload: the tier
+//! then builds the backend's expert tables over its slots, and a decode row dispatches its
+//! experts by id on the device as resident checkpoints do (no sync, no task upload).
 
 use super::runtime::StreamedExperts;
 use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
 use anyhow::{anyhow, bail, Result};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
-use strata_backend::cuda::{CudaBackend, CudaExpert, CudaMat, DevBuf, HostRegistration};
+use strata_backend::cuda::{CudaBackend, CudaExpert, CudaExpertTable, CudaMat, DevBuf, HostRegistration};
 use strata_backend::Backend;
 use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{ResidencyPlan, SlotRole, SlotTable};
@@ -42,6 +47,9 @@ pub struct GpuExperts {
     slot_bytes: usize,
     resident_all: bool,
     state: Mutex<State>,
+    /// Per model layer: the expert table over the layer's slots (see the module comment);
+    /// built once, after the preload, where the tier may dispatch by id.
+    tables: OnceLock<Vec<Option<CudaExpertTable>>>,
 }
 
 /// Experts ready in GPU slots.
@@ -71,7 +79,7 @@ impl GpuExperts {
         }
         let table = SlotTable::new(&plan, host.layers().0);
         let state = State { table, device: None, name: String::new(), traffic: DeviceTierTraffic::default() };
-        Ok(Self { host, plan, slot_bytes, resident_all, state: Mutex::new(state) })
+        Ok(Self { host, plan, slot_bytes, resident_all, state: Mutex::new(state), tables: OnceLock::new() })
     }
 
     /// The tier, reporting with its host runtime at each turn's end.
@@ -193,6 +201,37 @@ impl GpuExperts {
         })
     }
 
+    /// Whether a row may dispatch by id: every expert in place, and no ids wanted on the
+    /// host (the usage ledger and PILOT read them).
+    fn dispatches_by_id(&self) -> bool {
+        self.resident_all
+            && self.host.ledger().is_none()
+            && !ExpertProvider::<strata_backend::cpu::CpuBackend>::wants_prediction(self.host.as_ref())
+    }
+
+    /// The expert tables over every layer's slots (after the preload). A layer whose
+    /// experts the backend cannot index by id (mixed shapes) gets none and takes the host
+    /// path.
+    fn build_tables(&self, b: &CudaBackend) -> Result<Vec<Option<CudaExpertTable>>> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.ensure_device(b, &mut st)?;
+        let (layers, n) = self.host.layers();
+        let mut tables: Vec<Option<CudaExpertTable>> = Vec::new();
+        for &layer in layers {
+            let mut items = Vec::with_capacity(n);
+            for e in 0..n {
+                let slot = st.table.peek((layer, e)).ok_or_else(|| anyhow!("expert {layer}:{e} has no GPU slot"))?;
+                items.push((e as u32, slot));
+            }
+            let views = self.views(b, &st, layer, &items)?;
+            if tables.len() <= layer {
+                tables.resize_with(layer + 1, || None);
+            }
+            tables[layer] = b.expert_table(&views).ok().flatten();
+        }
+        Ok(tables)
+    }
+
     fn run_layer(
         &self,
         b: &CudaBackend,
@@ -270,6 +309,26 @@ impl ExpertProvider<CudaBackend> for GpuExperts {
 
     fn wants_prediction(&self) -> bool {
         ExpertProvider::<strata_backend::cpu::CpuBackend>::wants_prediction(self.host.as_ref())
+    }
+
+    fn device_table(&self, b: &CudaBackend, layer: usize, selections: usize) -> Result<Option<&CudaExpertTable>> {
+        if !self.dispatches_by_id() {
+            return Ok(None);
+        }
+        let tables = match self.tables.get() {
+            Some(t) => t,
+            None => {
+                let built = self.build_tables(b).map_err(|e| anyhow!("GPU expert tier: {e:#}"))?;
+                self.tables.get_or_init(|| built)
+            }
+        };
+        let table = tables.get(layer).and_then(Option::as_ref);
+        if table.is_some() {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.traffic.hits += selections as u64;
+            st.traffic.by_id += selections as u64;
+        }
+        Ok(table)
     }
 
     fn two_step_prediction(&self) -> bool {

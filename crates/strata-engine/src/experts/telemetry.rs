@@ -228,6 +228,9 @@ mod pilot_tests {
 pub struct DeviceTierTraffic {
     /// Expert lookups found in device slots.
     pub hits: u64,
+    /// Of the hits, selections dispatched on the device by id: the tier holds every
+    /// expert in place and their ids never came to the host.
+    pub by_id: u64,
     /// Lookups that went to the host tier (each copied host -> device).
     pub misses: u64,
     /// Host -> device copies and their bytes (misses and the preload).

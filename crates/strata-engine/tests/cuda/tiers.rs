@@ -78,8 +78,16 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
         ("gemma4/moe", QuantKind::Int4Group { group: 16 }),
     ] {
         let dir = container(name, kind);
-        // Every expert in a GPU slot (no budgets): the reference.
-        let resident = run(&open(dir.path(), &options(None, None, 64)));
+        // Every expert in a GPU slot (no budgets): the reference. With no usage ledger and
+        // no PILOT, its decode rows dispatch their experts by id on the device.
+        let all = open(dir.path(), &options(None, None, 64));
+        let resident = run(&all);
+        let tier = all.experts.as_ref().unwrap().end_turn().unwrap().device_tier.expect("a GPU tier");
+        let by_id_expected = name != "gemma4/moe"; // (Gemma 4's MoE has no by-id path)
+        assert_eq!(tier.traffic.misses, 0, "{name}: every expert on the GPU, yet misses: {tier:?}");
+        assert_eq!(tier.traffic.by_id > 0, by_id_expected, "{name}: dispatch by id: {tier:?}");
+        assert!(tier.traffic.by_id <= tier.traffic.hits, "{tier:?}");
+        drop(all);
         let (gmin, slot) = gpu_min(dir.path(), 2);
         let hmin = host_min(dir.path(), 2, slot);
         let pairs = [

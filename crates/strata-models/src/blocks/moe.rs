@@ -4,8 +4,9 @@
 //! and counts selections), the rows' experts are deduplicated ([`Union`]), and the
 //! provider hands ready experts to one batched expert op (the shared expert rides in the
 //! first batch). The outputs are combined per row in ascending expert id, so the result
-//! does not depend on which experts were resident. One row over resident experts on a
-//! backend with an expert table (CUDA) skips the round trip: the device indexes the
+//! does not depend on which experts were resident. One row over experts held in place (resident,
+//! or a provider whose device tier holds them all) on a backend with an expert table
+//! (CUDA) skips the round trip: the device indexes the
 //! table by the routed ids ([`Backend::experts_by_id`]), with the same products and the
 //! same combine, so the output is the same bit for bit.
 
@@ -127,12 +128,16 @@ impl<B: Backend> MoeWeights<B> {
         routes: &mut Routes,
         x: &mut B::Buf,
     ) -> Result<()> {
-        if let (1, ExpertSource::Resident(r)) = (rows, experts) {
-            if let Some(table) = r.table(self.layer) {
-                return self.forward_by_id(b, table, xn, hidden, s, routes, x);
+        let k = self.params.top_k;
+        if rows == 1 {
+            let table = match experts {
+                ExpertSource::Resident(r) => r.table(self.layer),
+                ExpertSource::Provider(p) => p.device_table(b, self.layer, k)?,
+            };
+            if let Some(table) = table {
+                return self.forward_by_id(b, table, experts.provider(), xn, hidden, s, routes, x);
             }
         }
-        let k = self.params.top_k;
         self.route(b, xn, rows, s, true);
         let n = rows * k;
         routes.push(self.layer, &s.host_ids[..n]);
@@ -168,13 +173,15 @@ impl<B: Backend> MoeWeights<B> {
         Ok(())
     }
 
-    /// One row over resident experts dispatched on the device by id (see the module
-    /// comment); the ids come to the host only while `routes` is recording.
+    /// One row over experts held in place, dispatched on the device by id (see the module
+    /// comment); the ids come to the host only while `routes` is recording (and then go
+    /// to the provider's record too).
     #[allow(clippy::too_many_arguments)]
     fn forward_by_id(
         &self,
         b: &B,
         table: &B::ExpertTable,
+        provider: Option<&Arc<dyn ExpertProvider<B>>>,
         xn: &B::Buf,
         hidden: usize,
         s: &mut MoeScratch<B>,
@@ -185,6 +192,9 @@ impl<B: Backend> MoeWeights<B> {
         self.route(b, xn, 1, s, routes.recording());
         if routes.recording() {
             routes.push(self.layer, &s.host_ids[..k]);
+            if let Some(p) = provider {
+                p.record(self.layer, &s.host_ids[..k], k);
+            }
         }
         b.experts_by_id(xn, k, &s.ids, table, Some(self.shared_ref(b)), &mut s.y);
         b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, Some(k), x);

@@ -596,8 +596,12 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 // outputs the same.
 #define UP_OUTS 2
 #define DOWN_OUTS 4
+// Blocks an SM the one-row expert kernels are compiled for (registers capped to fit).
+#ifndef EXPERT_MINB
+#define EXPERT_MINB 1
+#endif
 
-extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
+extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h) {
     pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, false);
@@ -632,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(256) k_experts_up_row(const Task* t
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
+extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
                                                                      int hidden, float* y) {
     pdl_enter();
     int ti = find_task(tasks, ntasks, blockIdx.x, true);

@@ -18,6 +18,10 @@
 #ifndef I4_TILES
 #define I4_TILES 1
 #endif
+// Chunks of loads in flight a lane (the one being computed and those ahead of it).
+#ifndef I4_DEPTH
+#define I4_DEPTH 2
+#endif
 #if __CUDA_ARCH__ >= 800 && I4_TILES
 #define TILE_MMA 1
 #else
@@ -136,32 +140,32 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    // The next chunk's weights, scales and x are loaded before this chunk's x is staged and
-    // multiplied, so two chunks of loads are in flight a lane and the staging never waits
-    // for memory (ncu: with x loaded in the chunk's own step, the warps stalled on it).
-    uint4 qa[NM], qb[NM];
-    float sa[NM], sb[NM];
-    float4 xv;
-    auto load = [&](int c, uint4* pa, uint4* pb, float* fa, float* fb, float4& xl) {
-        xl = __ldg((const float4*)(x + 128 * c) + lane);
+    // The next I4_DEPTH - 1 chunks' weights, scales and x are loaded before this chunk's x
+    // is staged and multiplied, so that many chunks of loads are in flight a lane and the
+    // staging never waits for memory (ncu: with x loaded in the chunk's own step, the warps
+    // stalled on it). The ring shifts by register moves.
+    uint4 qa[I4_DEPTH][NM], qb[I4_DEPTH][NM];
+    float sa[I4_DEPTH][NM], sb[I4_DEPTH][NM];
+    float4 xv[I4_DEPTH];
+    auto load = [&](int c, int d) {
+        if (c >= ce) return;
+        xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
-            pa[n] = __ldg(wa[n] + 4 * c);
-            pb[n] = __ldg(wb[n] + 4 * c);
+            qa[d][n] = __ldg(wa[n] + 4 * c);
+            qb[d][n] = __ldg(wb[n] + 4 * c);
             int run = 4 * c + t;
             int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
-            fa[n] = __ldg(sa_row[n] + grp);
-            fb[n] = __ldg(sb_row[n] + grp);
+            sa[d][n] = __ldg(sa_row[n] + grp);
+            sb[d][n] = __ldg(sb_row[n] + grp);
         }
     };
-    if (cb < ce) load(cb, qa, qb, sa, sb, xv);
+#pragma unroll
+    for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d);
     for (int c = cb; c < ce; c++) {
-        uint4 na[NM], nb[NM];
-        float ta[NM], tb[NM];
-        float4 xn;
-        if (c + 1 < ce) load(c + 1, na, nb, ta, tb, xn);
+        load(c + I4_DEPTH - 1, I4_DEPTH - 1);
         __syncwarp();
-        float isx = stage_x(xv, xs, lane);
+        float isx = stage_x(xv[0], xs, lane);
         __syncwarp();
         uint4 bw[4];
 #pragma unroll
@@ -169,7 +173,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
 #pragma unroll
         for (int n = 0; n < NM; n++) {
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
-            u32 ua[4] = {qa[n].x, qa[n].y, qa[n].z, qa[n].w}, ub[4] = {qb[n].x, qb[n].y, qb[n].z, qb[n].w};
+            u32 ua[4] = {qa[0][n].x, qa[0][n].y, qa[0][n].z, qa[0][n].w};
+            u32 ub[4] = {qb[0][n].x, qb[0][n].y, qb[0][n].z, qb[0][n].w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 u32 ha[4], hb[4];
@@ -178,17 +183,20 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
                 mma_16816(cc, ha[0], hb[0], ha[1], hb[1], bw[i].x, bw[i].y);
                 mma_16816(cc, ha[2], hb[2], ha[3], hb[3], bw[i].z, bw[i].w);
             }
-            acc[n][0] = fmaf(cc[0] + cc[1], sa[n] * isx, acc[n][0]);
-            acc[n][1] = fmaf(cc[2] + cc[3], sb[n] * isx, acc[n][1]);
+            acc[n][0] = fmaf(cc[0] + cc[1], sa[0][n] * isx, acc[n][0]);
+            acc[n][1] = fmaf(cc[2] + cc[3], sb[0][n] * isx, acc[n][1]);
         }
 #pragma unroll
-        for (int n = 0; n < NM; n++) {
-            qa[n] = na[n];
-            qb[n] = nb[n];
-            sa[n] = ta[n];
-            sb[n] = tb[n];
+        for (int d = 0; d + 1 < I4_DEPTH; d++) {
+            xv[d] = xv[d + 1];
+#pragma unroll
+            for (int n = 0; n < NM; n++) {
+                qa[d][n] = qa[d + 1][n];
+                qb[d][n] = qb[d + 1][n];
+                sa[d][n] = sa[d + 1][n];
+                sb[d][n] = sb[d + 1][n];
+            }
         }
-        xv = xn;
     }
 #pragma unroll
     for (int n = 0; n < NM; n++)
