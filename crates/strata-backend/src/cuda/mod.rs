@@ -113,7 +113,8 @@ struct LinJob {
     add: i32,
     split: i32,
     blk0: i32,
-    pad: i32,
+    /// 1: four outputs a group of `split` warps (`linear_quad`); 0: one (`k_linear_1`).
+    quad: i32,
 }
 
 /// Projections one `k_linears_1` launch computes (`struct LinJobs`).

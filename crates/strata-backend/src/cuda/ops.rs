@@ -32,6 +32,13 @@ fn row2_on() -> bool {
     switch("STRATA_CUDA_ROW2", &CELL)
 }
 
+/// `STRATA_CUDA_QUAD=0`: the grouped small projections compute one output a warp
+/// (`k_linear_1`'s scheme), not four a group of warps (`linear_quad`).
+fn quad_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_QUAD", &CELL)
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -126,7 +133,8 @@ impl CudaBackend {
     }
 
     /// Projections of one row of x: those small enough for `linear_small` go out together,
-    /// up to four a launch (`k_linears_1`, each as `k_linear_1` would compute it); the rest
+    /// up to four a launch (`k_linears_1`: vector rows four outputs a group of warps,
+    /// others each as `k_linear_1` would compute it); the rest
     /// one by one. (The outputs are distinct buffers, so the order does not matter.) With a
     /// `norm` scale, x is RMS-normalised on the way into every product: the caller checks
     /// [`CudaBackend::fuses_norm`].
@@ -146,11 +154,13 @@ impl CudaBackend {
                 self.linear(st, l);
                 continue;
             }
-            let split = self.small_split(l.nout, 1) as i32;
+            // Four outputs a group of warps for vector rows (see `linear_quad`).
+            let quad = quad_on() && l.m.vec != 0;
+            let split = self.small_split(if quad { l.nout.div_ceil(4) } else { l.nout }, 1) as i32;
             let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
-            small.push((i, LinJob { m: l.m, out, bias, add, split, blk0: 0, pad: 0 }));
+            small.push((i, LinJob { m: l.m, out, bias, add, split, blk0: 0, quad: i32::from(quad) }));
         }
-        if let ([(i, _)], 0) = (&small[..], norm.0) {
+        if let ([(i, LinJob { quad: 0, .. })], 0) = (&small[..], norm.0) {
             self.linear(st, &jobs[*i]);
         } else {
             for chunk in small.chunks(MAX_JOBS) {
@@ -158,7 +168,8 @@ impl CudaBackend {
                 let mut blocks = 0usize;
                 for (slot, (_, j)) in all.j.iter_mut().zip(chunk) {
                     *slot = LinJob { blk0: blocks as i32, ..*j };
-                    blocks += (j.m.rows as usize * j.split as usize).div_ceil(8);
+                    let groups = if j.quad != 0 { (j.m.rows as usize).div_ceil(4) } else { j.m.rows as usize };
+                    blocks += (groups * j.split as usize).div_ceil(8);
                 }
                 let (x, n, (nw, eps)) = (jobs[0].x, chunk.len() as i32, norm);
                 self.launch(&self.f.linears_1, (blocks as u32, 1, 1), 256, 0, &mut args![x, n, all, nw, eps]);

@@ -176,14 +176,14 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 
 template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
-                                             int lane, const RowNorm& nm, float& ss) {
+                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub) {
     const int V = Vw<KIND>::n;
     const uint4* wv[NM];
 #pragma unroll
     for (int n = 0; n < NM; n++) wv[n] = (const uint4*)(m[n]->w + (size_t)row[n] * m[n]->ld);
     int nvec = m[0]->cols / V;
     UNROLL(ROW_UNROLL)
-    for (int v = lane; v < nvec; v += 32) {
+    for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
         uint4 q[NM];
 #pragma unroll
         for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
@@ -212,24 +212,27 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
     }
 }
 
+// sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
+// (warps splitting a row's columns; 0 / 1 for all of them).
 template <int NM, bool NORM = false>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
-                                         const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr) {
+                                         const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
+                                         int sub = 0, int nsub = 1) {
     float unused = 0.f;
     float& sq = ss ? *ss : unused;
     // NORM runs on vector rows only (the host checks).
     if (!NORM && !m[0]->vec) {
         const float* xr[1] = {x};
 #pragma unroll
-        for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, 0, 1);
+        for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
-    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
-    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
-    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
-    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq); break;
+    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
     }
 }
 
@@ -330,15 +333,60 @@ LINEAR_SMALL(2)
 LINEAR_SMALL(4)
 LINEAR_SMALL(8)
 
+// One row against a matrix of few outputs, four a group: the `split` warps of a group
+// share its four weight rows' columns (each x load serves four rows, as in k_linear_row;
+// one output a warp loads x twice per 16 bytes of bf16 weights, and the norm's scale as
+// often), summed over the warps in a fixed order. Blocks of 8 warps: 8 / split groups.
+template <bool NORM>
+__device__ __forceinline__ void linear_quad(const Mat& m, const float* x, int nout, float* out, int add,
+                                            const float* bias, int split, int bx, const RowNorm& nm) {
+    __shared__ float red[8][5];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int og = warp / split, sub = warp % split;
+    int o0 = (bx * (8 / split) + og) * 4;
+    bool live = o0 < nout;
+    const Mat* mp[4];
+    int row[4];
+    float acc[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        mp[k] = &m;
+        row[k] = min(o0 + k, nout - 1);
+        acc[k] = 0.f;
+    }
+    float ss = 0.f;
+    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split);
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
+    if (NORM) ss = wsum(ss);
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) red[warp][k] = acc[k];
+        red[warp][4] = ss;
+    }
+    __syncthreads();
+    // Lanes 0..3 of a group's first warp: output o0 + lane.
+    if (!live || sub != 0 || lane >= 4 || o0 + lane >= nout) return;
+    float a = 0.f, q = 0.f;
+    for (int s = 0; s < split; s++) {
+        a += red[warp + s][lane];
+        q += red[warp + s][4];
+    }
+    if (NORM) a *= norm_inv(q, m.cols, nm.eps);
+    float* p = out + o0 + lane;
+    float v = a + (bias ? bias[o0 + lane] : 0.f);
+    *p = add ? *p + v : v;
+}
+
 // Several projections of the same row in one launch (a layer's small input projections,
 // each latency-bound on its own): job j owns blocks blk0[j] .. blk0[j + 1] and runs as
-// k_linear_1 would, bit for bit.
+// k_linear_1 would (quad 0), bit for bit, or as linear_quad (quad 1: vector rows).
 #define MAX_JOBS 4
 struct LinJob {
     Mat m;
     float* out;
     const float* bias;
-    int add, split, blk0, pad;
+    int add, split, blk0, quad;
 };
 struct LinJobs {
     LinJob j[MAX_JOBS];
@@ -351,6 +399,13 @@ extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, in
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
     int bx = blockIdx.x - J.blk0;
+    if (J.quad) {
+        if (nw)
+            linear_quad<true>(J.m, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
+        else
+            linear_quad<false>(J.m, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
+        return;
+    }
     if (nw)
         linear_small<1, true>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
                               bx, RowNorm{nw, eps});
@@ -406,8 +461,12 @@ __device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const 
 }
 
 // nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
+// LINEAR_MINB: blocks an SM these are compiled for (registers capped to fit).
+#ifndef LINEAR_MINB
+#define LINEAR_MINB 1
+#endif
 #define LINEAR_ROW(NAME, N)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
+    extern "C" __global__ void __launch_bounds__(256, LINEAR_MINB) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
                                                            i64 x_bs, int nout, float* out, int col,          \
                                                            int col_bs, int add, const float* bias,           \
                                                            const float* nw, float eps) {                     \
@@ -596,9 +655,11 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 // outputs the same.
 #define UP_OUTS 2
 #define DOWN_OUTS 4
-// Blocks an SM the one-row expert kernels are compiled for (registers capped to fit).
+// Blocks an SM the one-row expert kernels are compiled for (registers capped to fit):
+// left to itself the compiler gives them ~170 registers, one block (8 warps) an SM, too
+// few loads in flight; two blocks read 1.15-1.35x faster (bf16, int8, int4 and FP8).
 #ifndef EXPERT_MINB
-#define EXPERT_MINB 1
+#define EXPERT_MINB 2
 #endif
 
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
