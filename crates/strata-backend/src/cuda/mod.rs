@@ -288,6 +288,7 @@ struct Funcs {
     /// One row against a large matrix, several outputs a warp.
     linear_row: CudaFunction,
     linear_row2: CudaFunction,
+    linear_quad: CudaFunction,
     /// Up to four small projections of one row in one launch.
     linears_1: CudaFunction,
     tiled: [CudaFunction; 5],
@@ -337,6 +338,7 @@ impl Funcs {
             linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
             linear_row: f("k_linear_row")?,
             linear_row2: f("k_linear_row2")?,
+            linear_quad: f("k_linear_quad")?,
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             experts_up: f("k_experts_up_8")?,

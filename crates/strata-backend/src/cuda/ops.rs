@@ -32,8 +32,9 @@ fn row2_on() -> bool {
     switch("STRATA_CUDA_ROW2", &CELL)
 }
 
-/// `STRATA_CUDA_QUAD=0`: the grouped small projections compute one output a warp
-/// (`k_linear_1`'s scheme), not four a group of warps (`linear_quad`).
+/// `STRATA_CUDA_QUAD=0`: one-row projections take the earlier schemes (`k_linear_row`
+/// and `k_linear_row2` for large ones, the grouped small ones one output a warp as
+/// `k_linear_1`), not four outputs a group of warps splitting the columns (`linear_quad`).
 fn quad_on() -> bool {
     static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     switch("STRATA_CUDA_QUAD", &CELL)
@@ -99,12 +100,26 @@ impl CudaBackend {
         );
     }
 
-    /// `l` (one row) through `k_linear_row` (`per_warp` 4) or `k_linear_row2` (2), x
-    /// RMS-normalised on the way in when `norm` has a scale.
+    /// `l` (one row) through `k_linear_quad` (with [`quad_on`]), else `k_linear_row`
+    /// (`per_warp` 4) or `k_linear_row2` (2), x RMS-normalised on the way in when `norm`
+    /// has a scale.
     fn linear_row(&self, l: &Lin, per_warp: usize, norm: RowNorm) {
         let (mrow0, mrow_bs, nout) = (l.mrow0 as i32, l.mrow_bs as i32, l.nout as i32);
         let (col, col_bs, add) = (l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, out, bias, (nw, eps)) = (l.m, l.x, l.x_bs as i64, l.out, l.bias, norm);
+        if quad_on() {
+            let split = self.quad_split(l.nout.div_ceil(4), l.batches);
+            let grid = ((l.nout.div_ceil(4) * split).div_ceil(8) as u32, l.batches as u32, 1);
+            let split = split as i32;
+            self.launch(
+                &self.f.linear_quad,
+                grid,
+                256,
+                0,
+                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps, split],
+            );
+            return;
+        }
         let grid = (l.nout.div_ceil(8 * per_warp) as u32, l.batches as u32, 1);
         let f = if per_warp == 4 { &self.f.linear_row } else { &self.f.linear_row2 };
         self.launch(
@@ -124,6 +139,14 @@ impl CudaBackend {
         }
         let widths: &[usize] = if row2_on() { &[4, 2] } else { &[4] };
         widths.iter().copied().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
+    }
+
+    /// Warps per group of four outputs of `linear_quad` for `groups` groups a batch: the
+    /// fewest that make four blocks an SM (two waves of two), so that no SM is left with
+    /// one block's loads in flight; at most 8.
+    fn quad_split(&self, groups: usize, batches: usize) -> usize {
+        let target = 4 * self.sms;
+        [1usize, 2, 4, 8].into_iter().find(|&s| (groups * s).div_ceil(8) * batches >= target).unwrap_or(8)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
@@ -156,7 +179,10 @@ impl CudaBackend {
             }
             // Four outputs a group of warps for vector rows (see `linear_quad`).
             let quad = quad_on() && l.m.vec != 0;
-            let split = self.small_split(if quad { l.nout.div_ceil(4) } else { l.nout }, 1) as i32;
+            let split = match quad {
+                true => self.quad_split(l.nout.div_ceil(4), 1),
+                false => self.small_split(l.nout, 1),
+            } as i32;
             let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
             small.push((i, LinJob { m: l.m, out, bias, add, split, blk0: 0, quad: i32::from(quad) }));
         }

@@ -333,12 +333,16 @@ LINEAR_SMALL(2)
 LINEAR_SMALL(4)
 LINEAR_SMALL(8)
 
-// One row against a matrix of few outputs, four a group: the `split` warps of a group
-// share its four weight rows' columns (each x load serves four rows, as in k_linear_row;
-// one output a warp loads x twice per 16 bytes of bf16 weights, and the norm's scale as
-// often), summed over the warps in a fixed order. Blocks of 8 warps: 8 / split groups.
+// One row against a matrix, four outputs a group of `split` warps that share the four
+// weight rows' columns (each x load serves four rows; one output a warp loads x twice per
+// 16 bytes of bf16 weights, and the norm's scale as often), summed over the warps in a
+// fixed order. Blocks of 8 warps: 8 / split groups. The split lets the host make enough
+// blocks: a block alone on an SM keeps too few loads in flight (~20 GB/s an SM, where
+// 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
+// outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
+// and bias indexed by o.
 template <bool NORM>
-__device__ __forceinline__ void linear_quad(const Mat& m, const float* x, int nout, float* out, int add,
+__device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
                                             const float* bias, int split, int bx, const RowNorm& nm) {
     __shared__ float red[8][5];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -351,7 +355,7 @@ __device__ __forceinline__ void linear_quad(const Mat& m, const float* x, int no
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         mp[k] = &m;
-        row[k] = min(o0 + k, nout - 1);
+        row[k] = mrow0 + min(o0 + k, nout - 1);
         acc[k] = 0.f;
     }
     float ss = 0.f;
@@ -378,6 +382,32 @@ __device__ __forceinline__ void linear_quad(const Mat& m, const float* x, int no
     *p = add ? *p + v : v;
 }
 
+// Blocks an SM the one-row projection kernels are compiled for (registers capped to fit).
+#ifndef LINEAR_MINB
+#define LINEAR_MINB 1
+#endif
+
+// Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
+// registers, one block an SM.
+#ifndef QUAD_MINB
+#define QUAD_MINB 2
+#endif
+
+// linear_quad as a launch of its own; blockIdx.y is the batch (as in linear_small); nw
+// non-null: x RMS-normalised with scale nw on the way in (one unbatched row).
+extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
+    k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
+                  int add, const float* bias, const float* nw, float eps, int split) {
+    pdl_enter();
+    int b = blockIdx.y;
+    const float* xb = x + b * x_bs;
+    float* ob = out + col + b * col_bs;
+    if (nw)
+        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps});
+    else
+        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f});
+}
+
 // Several projections of the same row in one launch (a layer's small input projections,
 // each latency-bound on its own): job j owns blocks blk0[j] .. blk0[j + 1] and runs as
 // k_linear_1 would (quad 0), bit for bit, or as linear_quad (quad 1: vector rows).
@@ -401,9 +431,9 @@ extern "C" __global__ void __launch_bounds__(256) k_linears_1(const float* x, in
     int bx = blockIdx.x - J.blk0;
     if (J.quad) {
         if (nw)
-            linear_quad<true>(J.m, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
+            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
         else
-            linear_quad<false>(J.m, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
+            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
         return;
     }
     if (nw)
@@ -461,10 +491,6 @@ __device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const 
 }
 
 // nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
-// LINEAR_MINB: blocks an SM these are compiled for (registers capped to fit).
-#ifndef LINEAR_MINB
-#define LINEAR_MINB 1
-#endif
 #define LINEAR_ROW(NAME, N)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, LINEAR_MINB) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
                                                            i64 x_bs, int nout, float* out, int col,          \
