@@ -125,7 +125,7 @@ struct LinJobs {
     j: [LinJob; MAX_JOBS],
 }
 
-/// One expert's share of a grouped expert launch (`struct Task`).
+/// One expert's share of a grouped expert launch (`struct Task` in `kernels/experts.cu`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct TaskDesc {

@@ -616,7 +616,7 @@ pub(crate) fn route_softmax(
 }
 
 /// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
-/// kernels/products.cu); block counts follow from them.
+/// kernels/experts.cu); block counts follow from them.
 const UP_OUTS: usize = 2;
 const DOWN_OUTS: usize = 4;
 

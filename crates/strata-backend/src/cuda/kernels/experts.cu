@@ -1,0 +1,162 @@
+// Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
+
+// ---------------------------------------------------------------------------------------
+// Gated experts, grouped: one launch computes h = act(gate x) * up x for every task's
+// rows, a second y = down h. A task's blocks start at blk1 (pass 1) / blk2 (pass 2); each
+// warp one output, its rows in chunks of R.
+
+struct Task {
+    Mat g, u, d;
+    i64 h_off;  // first f32 of this task's h rows
+    int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
+};
+
+__device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        int start = second ? t[mid].blk2 : t[mid].blk1;
+        if (start <= blk) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int R>
+__device__ __forceinline__ void experts_up(const Task* tasks, int ntasks, const u32* rowidx, const float* x,
+                                           int hidden, float* h) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, false);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk1) * 8 + warp;
+    int inter = T.g.rows;
+    if (o >= inter) return;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float ag[R], au[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            ag[j] = 0.f;
+            au[j] = 0.f;
+            xr[j] = x + (i64)rowidx[T.rows_off + r0 + (j < nr ? j : 0)] * hidden;
+        }
+        dot_any<R>(T.g, o, xr, nr, ag, lane, 0, 1);
+        dot_any<R>(T.u, o, xr, nr, au, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float g = wsum(ag[j]), u = wsum(au[j]);
+            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = gate_act(g, T.act) * u;
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, const float* h, int hidden, float* y) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, true);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk2) * 8 + warp;
+    if (o >= hidden) return;
+    int inter = T.d.cols;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0.f;
+            xr[j] = h + T.h_off + (i64)(r0 + (j < nr ? j : 0)) * inter;
+        }
+        dot_any<R>(T.d, o, xr, nr, acc, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float v = wsum(acc[j]);
+            if (lane == 0 && j < nr) y[(i64)(T.out_row + r0 + j) * hidden + o] = v;
+        }
+    }
+}
+
+// One row per task (decode): a warp computes UP_OUTS outputs of gate and up (2 x UP_OUTS
+// matrix rows sharing x), or DOWN_OUTS outputs of down; blocks of 8 warps. int4 matrices
+// of whole 128-column chunks go through tensor-core tiles instead (tiles.cu), the block's
+// outputs the same.
+#define UP_OUTS 2
+#define DOWN_OUTS 4
+// Blocks an SM the one-row expert kernels are compiled for (registers capped to fit):
+// left to itself the compiler gives them ~170 registers, one block (8 warps) an SM, too
+// few loads in flight; two blocks read 1.15-1.35x faster (bf16, int8, int4 and FP8).
+#ifndef EXPERT_MINB
+#define EXPERT_MINB 2
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
+                                                                   const float* x, int hidden, float* h) {
+    pdl_enter();
+    int ti = find_task(tasks, ntasks, blockIdx.x, false);
+    const Task& T = tasks[ti];
+#if TILE_MMA
+    if (i4_tiles(T.g) && i4_tiles(T.u)) {
+        i4_up_block(T.g, T.u, (blockIdx.x - T.blk1) * 8 * UP_OUTS, x + (i64)rowidx[T.rows_off] * hidden, T.act,
+                    h + T.h_off);
+        return;
+    }
+#endif
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = ((blockIdx.x - T.blk1) * 8 + warp) * UP_OUTS;
+    int inter = T.g.rows;
+    if (o0 >= inter) return;
+    const Mat* m[2 * UP_OUTS];
+    int row[2 * UP_OUTS];
+    float acc[2 * UP_OUTS];
+#pragma unroll
+    for (int k = 0; k < UP_OUTS; k++) {
+        int o = min(o0 + k, inter - 1);
+        m[k] = &T.g;
+        m[UP_OUTS + k] = &T.u;
+        row[k] = row[UP_OUTS + k] = o;
+        acc[k] = acc[UP_OUTS + k] = 0.f;
+    }
+    dot_rows<2 * UP_OUTS>(m, row, x + (i64)rowidx[T.rows_off] * hidden, acc, lane);
+#pragma unroll
+    for (int k = 0; k < UP_OUTS; k++) {
+        float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
+        if (lane == 0 && o0 + k < inter) h[T.h_off + o0 + k] = gate_act(g, T.act) * u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
+                                                                     int hidden, float* y) {
+    pdl_enter();
+    int ti = find_task(tasks, ntasks, blockIdx.x, true);
+    const Task& T = tasks[ti];
+#if TILE_MMA
+    if (i4_tiles(T.d)) {
+        i4_down_block(T.d, (blockIdx.x - T.blk2) * 8 * DOWN_OUTS, h + T.h_off, y + (i64)T.out_row * hidden);
+        return;
+    }
+#endif
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o0 = ((blockIdx.x - T.blk2) * 8 + warp) * DOWN_OUTS;
+    if (o0 >= hidden) return;
+    float acc[DOWN_OUTS];
+    warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
+#pragma unroll
+    for (int k = 0; k < DOWN_OUTS; k++)
+        if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
+}
+
+#define EXPERTS(R)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
+                                                                       const u32* rowidx, const float* x,     \
+                                                                       int hidden, float* h) {                \
+        pdl_enter();                                                                                          \
+        experts_up<R>(tasks, ntasks, rowidx, x, hidden, h);                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_down_##R(const Task* tasks, int ntasks,       \
+                                                                         const float* h, int hidden,          \
+                                                                         float* y) {                          \
+        pdl_enter();                                                                                          \
+        experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
+    }
+EXPERTS(8)
