@@ -440,26 +440,36 @@ fn fit_on_cuda_counts_the_host_runtime_in_the_budget() {
     assert!(String::from_utf8_lossy(&small.stderr).contains("host tier"), "{}", String::from_utf8_lossy(&small.stderr));
 }
 
+/// `strata ARGS FLAG VALUE --json`'s report (the run must succeed).
+fn json_with(base: &[&str], flag: &str, value: &str) -> serde_json::Value {
+    let mut args = base.to_vec();
+    args.extend([flag, value]);
+    let out = strata(&args);
+    assert!(out.status.success(), "{flag} {value}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `strata ARGS FLAG sometimes` fails, naming the flag and the value.
+fn refuses_sometimes(base: &[&str], flag: &str) {
+    let mut args = base.to_vec();
+    args.extend([flag, "sometimes"]);
+    let out = strata(&args);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(flag) && err.contains("sometimes"), "{err}");
+}
+
 #[test]
 fn bench_decode_fed_decoding_is_honoured_and_checked() {
     let model = fixture();
     let m = model.to_str().unwrap();
     let base = ["bench", "decode", "--model", m, "--prompt-tokens", "4", "--decode-tokens", "4", "--json"];
     for (value, fed) in [("on", true), ("off", false), ("auto", false)] {
-        let mut args = base.to_vec();
-        args.extend(["--fed-decoding", value]);
-        let out = strata(&args);
-        assert!(out.status.success(), "{value}: {}", String::from_utf8_lossy(&out.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = json_with(&base, "--fed-decoding", value);
         // (auto: the CPU's logits live on the host, so the picks are read from them.)
         assert_eq!(r["decode_fed"], fed, "--fed-decoding {value}");
     }
-    let mut args = base.to_vec();
-    args.extend(["--fed-decoding", "sometimes"]);
-    let out = strata(&args);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--fed-decoding") && err.contains("sometimes"), "{err}");
+    refuses_sometimes(&base, "--fed-decoding");
 }
 
 #[test]
@@ -470,20 +480,11 @@ fn bench_serve_device_picks_is_honoured_and_checked() {
         ["bench", "serve", "--model", m, "--requests", "2", "--prompt-tokens", "4", "--decode-tokens", "3", "--json"];
     let mut tokens = Vec::new();
     for (value, picked) in [("on", true), ("off", false), ("auto", false)] {
-        let mut args = base.to_vec();
-        args.extend(["--device-picks", value]);
-        let out = strata(&args);
-        assert!(out.status.success(), "{value}: {}", String::from_utf8_lossy(&out.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = json_with(&base, "--device-picks", value);
         // (auto: the CPU's logits live on the host, so no step is picked apart from them.)
         assert_eq!(r["picked_steps"].as_u64().unwrap() > 0, picked, "--device-picks {value}: {r}");
         tokens.push(r["generated_tokens"].clone());
     }
     assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
-    let mut args = base.to_vec();
-    args.extend(["--device-picks", "sometimes"]);
-    let out = strata(&args);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--device-picks") && err.contains("sometimes"), "{err}");
+    refuses_sometimes(&base, "--device-picks");
 }

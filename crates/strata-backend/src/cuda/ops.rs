@@ -141,18 +141,23 @@ impl CudaBackend {
         widths.iter().copied().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
     }
 
-    /// Warps per group of four outputs of `linear_quad` for `groups` groups a batch: the
-    /// fewest that make four blocks an SM (two waves of two), so that no SM is left with
-    /// one block's loads in flight; at most 8.
+    /// Warps of a block's 8 that share one unit of work (1, 2, 4 or 8), for `units` units a
+    /// batch: the fewest that make `per_sm` blocks an SM, at most 8.
+    fn split_for(&self, units: usize, batches: usize, per_sm: usize) -> usize {
+        let target = per_sm * self.sms;
+        [1usize, 2, 4, 8].into_iter().find(|&s| (units * s).div_ceil(8) * batches >= target).unwrap_or(8)
+    }
+
+    /// Warps per group of four outputs of `linear_quad` for `groups` groups a batch: four
+    /// blocks an SM (two waves of two), so that no SM is left with one block's loads in
+    /// flight.
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        let target = 4 * self.sms;
-        [1usize, 2, 4, 8].into_iter().find(|&s| (groups * s).div_ceil(8) * batches >= target).unwrap_or(8)
+        self.split_for(groups, batches, 4)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
     fn small_split(&self, nout: usize, batches: usize) -> usize {
-        let target = 2 * self.sms;
-        [1usize, 2, 4, 8].into_iter().find(|&s| (nout * s).div_ceil(8) * batches >= target).unwrap_or(8)
+        self.split_for(nout, batches, 2)
     }
 
     /// Projections of one row of x: those small enough for `linear_small` go out together,

@@ -4,11 +4,11 @@
 //! and counts selections), the rows' experts are deduplicated ([`Union`]), and the
 //! provider hands ready experts to one batched expert op (the shared expert rides in the
 //! first batch). The outputs are combined per row in ascending expert id, so the result
-//! does not depend on which experts were resident. One row over experts held in place (resident,
-//! or a provider whose device tier holds them all) on a backend with an expert table
-//! (CUDA) skips the round trip: the device indexes the
-//! table by the routed ids ([`Backend::experts_by_id`]), with the same products and the
-//! same combine, so the output is the same bit for bit.
+//! does not depend on which experts were resident. One row over experts held in place
+//! (resident, or a provider whose device tier holds them all) on a backend with an expert
+//! table (CUDA) skips the round trip: the device indexes the table by the routed ids
+//! ([`Backend::experts_by_id`]), with the same products and the same combine, so the
+//! output is the same bit for bit.
 
 use super::mlp::SwiGlu;
 use crate::experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
