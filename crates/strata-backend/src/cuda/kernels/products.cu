@@ -382,11 +382,6 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
     *p = add ? *p + v : v;
 }
 
-// Blocks an SM the one-row projection kernels are compiled for (registers capped to fit).
-#ifndef LINEAR_MINB
-#define LINEAR_MINB 1
-#endif
-
 // Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
 // registers, one block an SM. Three (80 registers, a few spilled) decoded the GLM-5 slice
 // ~1% faster than two (128) on the H200.
@@ -493,7 +488,7 @@ __device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const 
 
 // nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
 #define LINEAR_ROW(NAME, N)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, LINEAR_MINB) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
+    extern "C" __global__ void __launch_bounds__(256) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
                                                            i64 x_bs, int nout, float* out, int col,          \
                                                            int col_bs, int add, const float* bias,           \
                                                            const float* nw, float eps) {                     \
