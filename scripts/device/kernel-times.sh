@@ -5,21 +5,25 @@
 # kernel is its own launch), and reads the bytes each one read from HBM; the last decode
 # token's kernels are listed with their share of the token and their read rate.
 # Run from the repository root, with .devcarry/strata.xz (see gpu-check.sh).
-# Writes under $OUT: kernels-bf16.txt, kernels-int4.txt, side.log.
+# PREFILL=N: list the prompt's forward of N tokens instead (its kernels, from the first
+# embed to the second).
+# Writes under $OUT: kernels-bf16.txt, kernels-int4.txt (kernels-prefill-*.txt), side.log.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 S=$PWD/$C/strata
 slice=/tmp/slice-k
-timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+[ -d "$slice" ] || timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
   --vocab 16384 >>"$OUT/side.log" 2>&1
-timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1
+[ -d "$slice-int4" ] || timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+prompt=${PREFILL:-8}; decode=4; tag=""
+[ -n "${PREFILL:-}" ] && { decode=1; tag=prefill-; }
 for v in bf16 int4; do
   d=$slice; [ $v = int4 ] && d=$slice-int4
   timeout 240 "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-    $S bench decode --model "$d" --device cuda --prompt-tokens 8 --decode-tokens 4 --cuda-graphs off --usage off \
+    $S bench decode --model "$d" --device cuda --prompt-tokens $prompt --decode-tokens $decode --cuda-graphs off --usage off \
     --mtp off >/tmp/ncu-$v.csv 2>>"$OUT/side.log"
-  python3 - /tmp/ncu-$v.csv "${TOKEN_KERNELS:-0}" >"$OUT/kernels-$v.txt" <<'PY'
+  python3 - /tmp/ncu-$v.csv "${PREFILL:-}" >"$OUT/kernels-$tag$v.txt" <<'PY'
 import csv, sys, collections
 rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
 k = collections.OrderedDict()
@@ -33,12 +37,13 @@ for r in csv.DictReader(rows):
         v *= {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1.0)
     e["m"][r["Metric Name"]] = v
 ks = list(k.values())
-# The last token: from the last embed kernel on.
-start = max(i for i, e in enumerate(ks) if e["name"] == "k_embed")
-tok = ks[start:]
+# The last token: from the last embed kernel on; with a prefill length, the first forward.
+embeds = [i for i, e in enumerate(ks) if e["name"] == "k_embed"]
+tok = ks[embeds[0]:embeds[1]] if sys.argv[2] else ks[embeds[-1]:]
 tot_t = sum(e["m"]["gpu__time_duration.sum"] for e in tok)
 tot_b = sum(e["m"]["dram__bytes_read.sum"] for e in tok)
-print(f"{len(ks)} kernels profiled; the last decode token: {len(tok)} kernels, {tot_t:.1f} us, {tot_b/1e6:.1f} MB read, {tot_b/tot_t/1e3:.0f} GB/s")
+what = f"the prompt's forward ({sys.argv[2]} tokens)" if sys.argv[2] else "the last decode token"
+print(f"{len(ks)} kernels profiled; {what}: {len(tok)} kernels, {tot_t:.1f} us, {tot_b/1e6:.1f} MB read, {tot_b/tot_t/1e3:.0f} GB/s")
 print(f"{'kernel':<24} {'grid':<16} {'us':>8} {'share':>6} {'MB':>9} {'GB/s':>7}")
 for e in tok:
     t, b = e["m"]["gpu__time_duration.sum"], e["m"]["dram__bytes_read.sum"]
@@ -50,5 +55,5 @@ print("\nby kernel:")
 for n, (c, t, b) in sorted(agg.items(), key=lambda x: -x[1][1]):
     print(f"{n:<24} x{c:<3} {t:8.1f} us {100*t/tot_t:5.1f}% {b/1e6:9.2f} MB {b/t/1e3:7.0f} GB/s")
 PY
-  cat "$OUT/kernels-$v.txt"
+  cat "$OUT/kernels-$tag$v.txt"
 done
