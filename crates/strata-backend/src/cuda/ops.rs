@@ -40,6 +40,15 @@ fn quad_on() -> bool {
     switch("STRATA_CUDA_QUAD", &CELL)
 }
 
+/// `STRATA_CUDA_GROUP=0`: of several one-row projections of the same x, those large enough
+/// for a launch of their own take one (`linear_quad`), not a share of the group's
+/// `k_linears_1` launch (where a small one's tail hides behind a large one's reads: q_b
+/// with the indexer's wq_b).
+fn group_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_GROUP", &CELL)
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -169,8 +178,13 @@ impl CudaBackend {
     pub(crate) fn linears_one_row(&self, st: &mut State, jobs: &[Lin], norm: RowNorm) {
         let mut small = std::mem::take(&mut st.work.small);
         small.clear();
+        // Vector rows go in one launch when there are several (up to MAX_JOBS), large or not.
+        let together = group_on()
+            && quad_on()
+            && (2..=MAX_JOBS).contains(&jobs.len())
+            && jobs.iter().all(|l| l.rows == 1 && l.xrows == 0 && l.batches == 1 && l.m.vec != 0 && l.nout > 0);
         for (i, l) in jobs.iter().enumerate() {
-            if let (Some(per_warp), true) = (self.row_kernel_outputs(l), l.batches == 1) {
+            if let (Some(per_warp), true, false) = (self.row_kernel_outputs(l), l.batches == 1, together) {
                 self.linear_row(l, per_warp, norm);
                 continue;
             }

@@ -219,10 +219,22 @@ __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int h
     }
 }
 
+// The block's weights of absorb_row (its ABS_KC columns of the head's nope rows of kv_b), a
+// row a thread, prefetched before pdl_enter (l2_prefetch).
+template <int KIND>
+__device__ __forceinline__ void absorb_prefetch(const Mat& kvb, int nope, int vdim) {
+    const int V = Vw<KIND>::n;
+    int off = blockIdx.y * (ABS_KC / V) * 16;
+    if ((int)threadIdx.x >= nope || off >= kvb.ld) return;
+    int row = blockIdx.x * (nope + vdim) + threadIdx.x;
+    l2_prefetch(kvb.w + (size_t)row * kvb.ld + off, min((ABS_KC / V) * 16, kvb.ld - off));
+}
+
 #define MLA_ABSORB_ROW(K)                                                                                     \
     extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n) k_mla_absorb_row_##K(            \
         const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
         const float* sn, float* qf) {                                                                         \
+        absorb_prefetch<K>(kvb, nope, vdim);                                                                  \
         pdl_enter();                                                                                          \
         absorb_row<K>(q, kvb, heads, nope, rope, vdim, kv_lora, cs, sn, qf);                                  \
     }
