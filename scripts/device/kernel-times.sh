@@ -17,7 +17,7 @@ slice=/tmp/slice-k
 [ -d "$slice-int4" ] || timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prompt=${PREFILL:-8}; decode=4; tag=""
-[ -n "${PREFILL:-}" ] && { decode=1; tag=prefill-; }
+[ -n "${PREFILL:-}" ] && { decode=2; tag=prefill-; }
 for v in bf16 int4; do
   d=$slice; [ $v = int4 ] && d=$slice-int4
   timeout 240 "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
