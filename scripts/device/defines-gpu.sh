@@ -55,7 +55,7 @@ for rep in $(seq 1 ${REPS:-2}); do
         --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
-  'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
+  'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'prefill_tps':round(r['prefill_tokens_per_s'],1),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
     done
   done
 done

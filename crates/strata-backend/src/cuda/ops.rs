@@ -408,10 +408,11 @@ pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBack
         b.launch(f, grid, threads, 0, &mut args![q, kvb, h, nope, rope, v, kvl, cs, sn, qf]);
         return;
     }
+    // Tiles of AB_T = 64 columns and rows (see `k_mla_absorb`).
     b.launch(
         &b.f.mla_absorb,
-        (d.heads as u32, d.kv_lora.div_ceil(128) as u32, 1),
-        1024,
+        (d.heads as u32, d.kv_lora.div_ceil(64) as u32, rows.div_ceil(64) as u32),
+        256,
         0,
         &mut args![q, kvb, r, h, nope, rope, v, kvl, cs, sn, qf],
     );
@@ -726,15 +727,15 @@ pub(crate) fn experts<'a>(
         });
         h_off += (nrows * inter).next_multiple_of(4);
     }
-    // Block ranges: 8 warps a block, each one output, or with one row a task (decode) the
-    // row kernels' several.
+    // Block ranges: tiles of 64 outputs (`k_experts_up_tile`), or with one row a task
+    // (decode) the row kernels' 8 warps of several outputs.
     let one_row = max_rows == 1;
     let (mut blk1, mut blk2) = (0usize, 0usize);
     for t in &mut tasks {
         t.blk1 = blk1 as i32;
         t.blk2 = blk2 as i32;
         let inter = t.g.rows as usize;
-        let (up, down) = if one_row { row_blocks(inter, hidden) } else { (inter.div_ceil(8), hidden.div_ceil(8)) };
+        let (up, down) = if one_row { row_blocks(inter, hidden) } else { (inter.div_ceil(64), hidden.div_ceil(64)) };
         blk1 += up;
         blk2 += down;
     }

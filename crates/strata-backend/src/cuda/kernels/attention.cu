@@ -112,21 +112,25 @@ extern "C" __global__ void k_mla_prepare(StepDev st, float* qa, int q_lora, cons
 }
 
 // q_full[r, h, :kv_lora] = q_nope[r, h] . W_uk(h) (rows h*(nope+v) .. +nope of kv_b), and
-// q_full[r, h, kv_lora:] = rope(q_rot[r, h]). Grid (heads, column blocks of 128); 1024
-// threads: 8 groups of 128 columns, group g summing the nope rows n = g mod 8, so a head's
-// small matrix is read with many loads in flight (one group per column left the kernel
-// bound by latency, at a few percent of HBM bandwidth).
-#define ABSORB_GROUPS 8
-extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
-                                                                int rope, int vdim, int kv_lora, const float* cs,
-                                                                const float* sn, float* qf) {
+// q_full[r, h, kv_lora:] = rope(q_rot[r, h]), for many rows (a prefill): per head a small
+// GEMM, [rows x nope] x [nope x kv_lora]. Grid (heads, column tiles of AB_T, row tiles of
+// AB_T); 256 threads, each 4 x 4 outputs (rows ty + 16 i, columns tx + 16 j). The head's
+// weights are decoded once a tile of AB_T x AB_T into shared memory and serve AB_T rows;
+// each output sums n in ascending order. (A column a thread reading its 2-byte elements
+// for 8 rows at a time took ~1 ms a layer for a 64-token prompt of GLM-5's shapes.)
+#define AB_T 64
+extern "C" __global__ void __launch_bounds__(256) k_mla_absorb(const float* q, Mat kvb, int rows, int heads, int nope,
+                                                               int rope, int vdim, int kv_lora, const float* cs,
+                                                               const float* sn, float* qf) {
     pdl_enter();
-    __shared__ float part[ABSORB_GROUPS][8][128];
-    int h = blockIdx.x, t = threadIdx.x & 127, g = threadIdx.x >> 7, k = blockIdx.y * 128 + t;
+    __shared__ float ws[AB_T][AB_T + 1];  // [n][column]
+    __shared__ float qs[AB_T][AB_T + 1];  // [row][n]
+    int h = blockIdx.x, k0 = blockIdx.y * AB_T, r0 = blockIdx.z * AB_T;
     int qw = nope + rope, kw = kv_lora + rope, half = rope / 2;
+    int nr = min(AB_T, rows - r0);
     if (blockIdx.y == 0) {
-        for (int idx = threadIdx.x; idx < rows * half; idx += blockDim.x) {
-            int r = idx / half, i = idx % half;
+        for (int idx = threadIdx.x; idx < nr * half; idx += blockDim.x) {
+            int r = r0 + idx / half, i = idx % half;
             const float* src = q + ((i64)r * heads + h) * qw + nope;
             float* dst = qf + ((i64)r * heads + h) * kw + kv_lora;
             float a = src[2 * i], b = src[2 * i + 1], c = cs[(i64)r * half + i], s = sn[(i64)r * half + i];
@@ -134,37 +138,42 @@ extern "C" __global__ void __launch_bounds__(1024) k_mla_absorb(const float* q, 
             dst[half + i] = b * c + a * s;
         }
     }
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     int wrow = h * (nope + vdim);
-    bool live = k < kv_lora;
-    for (int r0 = 0; r0 < rows; r0 += 8) {
-        float acc[8];
+    float acc[4][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc[j] = 0.f;
-        int nr = min(8, rows - r0);
-        if (live) {
-#pragma unroll 4
-            for (int n = g; n < nope; n += ABSORB_GROUPS) {
-                float w = melem(kvb, wrow + n, k);
+    for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (j < nr) acc[j] = fmaf(q[((i64)(r0 + j) * heads + h) * qw + n], w, acc[j]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) part[g][j][t] = acc[j];
-        __syncthreads();
-        if (g == 0 && live) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (j < nr) {
-                    float a = 0.f;
-#pragma unroll
-                    for (int i = 0; i < ABSORB_GROUPS; i++) a += part[i][j][t];
-                    qf[((i64)(r0 + j) * heads + h) * kw + k] = a;
-                }
-            }
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int n0 = 0; n0 < nope; n0 += AB_T) {
+        int nn = min(AB_T, nope - n0);
+        for (int i = threadIdx.x; i < AB_T * AB_T; i += blockDim.x) {
+            int a = i / AB_T, c = i % AB_T;
+            ws[a][c] = a < nn && k0 + c < kv_lora ? melem(kvb, wrow + n0 + a, k0 + c) : 0.f;
+            qs[a][c] = a < nr && c < nn ? q[((i64)(r0 + a) * heads + h) * qw + n0 + c] : 0.f;
         }
         __syncthreads();
+        for (int n = 0; n < nn; n++) {
+            float wv[4], qv[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) wv[j] = ws[n][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++) qv[i] = qs[ty + 16 * i][n];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(qv[i], wv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int k = k0 + tx + 16 * j;
+            if (r < nr && k < kv_lora) qf[((i64)(r0 + r) * heads + h) * kw + k] = acc[i][j];
+        }
     }
 }
 
@@ -219,22 +228,10 @@ __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int h
     }
 }
 
-// The block's weights of absorb_row (its ABS_KC columns of the head's nope rows of kv_b), a
-// row a thread, prefetched before pdl_enter (l2_prefetch).
-template <int KIND>
-__device__ __forceinline__ void absorb_prefetch(const Mat& kvb, int nope, int vdim) {
-    const int V = Vw<KIND>::n;
-    int off = blockIdx.y * (ABS_KC / V) * 16;
-    if ((int)threadIdx.x >= nope || off >= kvb.ld) return;
-    int row = blockIdx.x * (nope + vdim) + threadIdx.x;
-    l2_prefetch(kvb.w + (size_t)row * kvb.ld + off, min((ABS_KC / V) * 16, kvb.ld - off));
-}
-
 #define MLA_ABSORB_ROW(K)                                                                                     \
     extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n) k_mla_absorb_row_##K(            \
         const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
         const float* sn, float* qf) {                                                                         \
-        absorb_prefetch<K>(kvb, nope, vdim);                                                                  \
         pdl_enter();                                                                                          \
         absorb_row<K>(q, kvb, heads, nope, rope, vdim, kv_lora, cs, sn, qf);                                  \
     }

@@ -48,21 +48,6 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-// Asks L2 for `bytes` (rounded down to 16) at p (16-byte aligned): weights a grid reads and
-// no grid before it writes, asked for before pdl_enter, so that a grid launched early
-// fetches its first weights while the grid before it finishes (a latency-bound kernel, a
-// norm or a route, then hides the start of the next product). A hint: it changes no
-// value. PREFETCH=0 turns it off, for comparison.
-#ifndef PREFETCH
-#define PREFETCH 1
-#endif
-__device__ __forceinline__ void l2_prefetch(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900 && PREFETCH
-    bytes &= ~15u;
-    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
     int t = (int)s.seq[r] * s.max_blocks;
     return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;
