@@ -2,7 +2,8 @@
 
 // ---------------------------------------------------------------------------------------
 // Gated experts, grouped: one launch computes h = act(gate x) * up x for every task's
-// rows, a second y = down h. A task's blocks start at blk1 (pass 1) / blk2 (pass 2).
+// rows, a second y = down h. A task's blocks start at blk1 (pass 1) / blk2 (pass 2); each
+// warp one output, its rows in chunks of R.
 
 struct Task {
     Mat g, u, d;
@@ -21,13 +22,67 @@ __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool sec
     return lo;
 }
 
-// Several rows per task (a prompt's routed experts, fewer than EXPERT_BIG_ROWS rows each):
-// a block computes a tile of XT_O outputs of one task for all its rows (up to XT_R). The
-// weights are decoded a chunk of XT_K columns at a time into shared memory and serve every
-// row there, so a weight is read once a tile (one output a warp read it once per 8 rows
-// and was bound by issue: ~0.5 TB/s, 6.4 of a 64-token prompt's 10.3 ms on the GLM-5
-// slice). Thread (to, tr) sums outputs o0 + to + 16 j (j < 4) of rows tr and tr + 16
-// over the columns in ascending order.
+template <int R>
+__device__ __forceinline__ void experts_up(const Task* tasks, int ntasks, const u32* rowidx, const float* x,
+                                           int hidden, float* h) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, false);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk1) * 8 + warp;
+    int inter = T.g.rows;
+    if (o >= inter) return;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float ag[R], au[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            ag[j] = 0.f;
+            au[j] = 0.f;
+            xr[j] = x + (i64)rowidx[T.rows_off + r0 + (j < nr ? j : 0)] * hidden;
+        }
+        dot_any<R>(T.g, o, xr, nr, ag, lane, 0, 1);
+        dot_any<R>(T.u, o, xr, nr, au, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float g = wsum(ag[j]), u = wsum(au[j]);
+            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = gate_act(g, T.act) * u;
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, const float* h, int hidden, float* y) {
+    int ti = find_task(tasks, ntasks, blockIdx.x, true);
+    const Task& T = tasks[ti];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = (blockIdx.x - T.blk2) * 8 + warp;
+    if (o >= hidden) return;
+    int inter = T.d.cols;
+    for (int r0 = 0; r0 < T.nrows; r0 += R) {
+        int nr = min(R, T.nrows - r0);
+        const float* xr[R];
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0.f;
+            xr[j] = h + T.h_off + (i64)(r0 + (j < nr ? j : 0)) * inter;
+        }
+        dot_any<R>(T.d, o, xr, nr, acc, lane, 0, 1);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float v = wsum(acc[j]);
+            if (lane == 0 && j < nr) y[(i64)(T.out_row + r0 + j) * hidden + o] = v;
+        }
+    }
+}
+
+// The same as tiles (STRATA_CUDA_EXPERT_TILES=1, a comparison): a block computes a tile of
+// XT_O outputs of one task for all its rows (up to XT_R), the weights decoded a chunk of
+// XT_K columns at a time into shared memory and shared by the rows. Thread (to, tr) sums
+// outputs o0 + to + 16 j (j < 4) of rows tr and tr + 16 over the columns in ascending
+// order. Measured on a 64-token prompt of the GLM-5 slice (H200): int4 experts 12.6 ->
+// 7.2 ms, bf16 4.4 -> 6.4 ms (bound by shared-memory loads).
 #define XT_O 64
 #define XT_K 64
 #define XT_R 32
@@ -187,3 +242,18 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     for (int k = 0; k < DOWN_OUTS; k++)
         if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
 }
+
+#define EXPERTS(R)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
+                                                                       const u32* rowidx, const float* x,     \
+                                                                       int hidden, float* h) {                \
+        pdl_enter();                                                                                          \
+        experts_up<R>(tasks, ntasks, rowidx, x, hidden, h);                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) k_experts_down_##R(const Task* tasks, int ntasks,       \
+                                                                         const float* h, int hidden,          \
+                                                                         float* y) {                          \
+        pdl_enter();                                                                                          \
+        experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
+    }
+EXPERTS(8)
