@@ -13,17 +13,18 @@ STALL_S=60
 . "$(dirname "$0")/env.sh"
 S=$C/strata
 res="$OUT/defines.jsonl"
-: >"$res"
+# (Appended to: a second run in the same call adds its variants; the slices are made once.)
+touch "$res"
 [ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
 slice=/tmp/slice48
 since "slices"
-timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
-timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
+[ -d $slice ] || timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
+[ -d $slice-int4 ] || timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
 # SLICES: which of the three slices to time (labels as in defines.jsonl).
 SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
 [[ " $SLICES " == *" bf16-vocab154880 "* ]] &&
-  timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
-    >>"$OUT/side.log" 2>&1
+  { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
+    --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
 setenv=()
 variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
