@@ -295,8 +295,6 @@ struct Funcs {
     /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
     experts_up: CudaFunction,
     experts_down: CudaFunction,
-    experts_up_tile: CudaFunction,
-    experts_down_tile: CudaFunction,
     /// One row a task (decode): several outputs a warp (`k_experts_*_row`).
     experts_up_row: CudaFunction,
     experts_down_row: CudaFunction,
@@ -344,9 +342,7 @@ impl Funcs {
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             experts_up: f("k_experts_up_8")?,
-            experts_up_tile: f("k_experts_up_tile")?,
             experts_down: f("k_experts_down_8")?,
-            experts_down_tile: f("k_experts_down_tile")?,
             experts_up_row: f("k_experts_up_row")?,
             experts_down_row: f("k_experts_down_row")?,
             tasks_from_ids: f("k_tasks_from_ids")?,
@@ -388,10 +384,8 @@ impl Funcs {
 
 /// Products of more rows than this use the tiled kernel or cuBLAS.
 const SMALL_ROWS: usize = 8;
-/// An expert with at least this many rows runs on its own through the many-rows products
-/// (fewer go through `k_experts_up_8`, or `k_experts_up_tile`, which holds up to 32 rows).
+/// An expert with at least this many rows runs on its own through the many-rows products.
 const EXPERT_BIG_ROWS: usize = 32;
-const _: () = assert!(EXPERT_BIG_ROWS <= 33);
 /// Pinned staging: chunks x bytes.
 const RING_CHUNKS: usize = 32;
 const RING_CHUNK: usize = 256 << 10;

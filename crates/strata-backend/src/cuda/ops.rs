@@ -49,14 +49,6 @@ fn group_on() -> bool {
     switch("STRATA_CUDA_GROUP", &CELL)
 }
 
-/// `STRATA_CUDA_EXPERT_TILES=1`: experts with several rows (a prompt's) go through the
-/// shared-memory tiles (`k_experts_up_tile`), not one output a warp (`k_experts_up_8`).
-/// A comparison: the tiles are faster for quantized experts, slower for bf16.
-fn expert_tiles_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_EXPERT_TILES").as_deref() == Ok("1"))
-}
-
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -735,20 +727,15 @@ pub(crate) fn experts<'a>(
         });
         h_off += (nrows * inter).next_multiple_of(4);
     }
-    // Block ranges: 8 warps a block, each one output, or tiles of 64 outputs
-    // ([`expert_tiles_on`]), or with one row a task (decode) the row kernels' several.
+    // Block ranges: 8 warps a block, each one output, or with one row a task (decode) the
+    // row kernels' several.
     let one_row = max_rows == 1;
-    let tiles = expert_tiles_on();
     let (mut blk1, mut blk2) = (0usize, 0usize);
     for t in &mut tasks {
         t.blk1 = blk1 as i32;
         t.blk2 = blk2 as i32;
         let inter = t.g.rows as usize;
-        let (up, down) = match (one_row, tiles) {
-            (true, _) => row_blocks(inter, hidden),
-            (false, true) => (inter.div_ceil(64), hidden.div_ceil(64)),
-            (false, false) => (inter.div_ceil(8), hidden.div_ceil(8)),
-        };
+        let (up, down) = if one_row { row_blocks(inter, hidden) } else { (inter.div_ceil(8), hidden.div_ceil(8)) };
         blk1 += up;
         blk2 += down;
     }
@@ -771,11 +758,8 @@ pub(crate) fn experts<'a>(
     if !tasks.is_empty() {
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
         let nt = tasks.len() as i32;
-        let (up, down) = match (one_row, tiles) {
-            (true, _) => (&b.f.experts_up_row, &b.f.experts_down_row),
-            (false, true) => (&b.f.experts_up_tile, &b.f.experts_down_tile),
-            (false, false) => (&b.f.experts_up, &b.f.experts_down),
-        };
+        let (up, down) =
+            if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (&b.f.experts_up, &b.f.experts_down) };
         b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
         b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
     }
