@@ -171,8 +171,10 @@ impl CudaBackend {
 
     /// Projections of one row of x: those small enough for `linear_small` go out together,
     /// up to four a launch (`k_linears_1`: vector rows four outputs a group of warps,
-    /// others each as `k_linear_1` would compute it); the rest
-    /// one by one. (The outputs are distinct buffers, so the order does not matter.) With a
+    /// others each as `k_linear_1` would compute it); the rest one by one, unless two to
+    /// four vector-row projections share the launch whatever their size ([`group_on`]:
+    /// the same products as `linear_quad`'s, the same splits, so the same bits). (The
+    /// outputs are distinct buffers, so the order does not matter.) With a
     /// `norm` scale, x is RMS-normalised on the way into every product: the caller checks
     /// [`CudaBackend::fuses_norm`].
     pub(crate) fn linears_one_row(&self, st: &mut State, jobs: &[Lin], norm: RowNorm) {

@@ -424,8 +424,8 @@ struct LinJobs {
 #define LINEARS_MINB 3
 #endif
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
-extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB) k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw,
-                                                              float eps) {
+extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
+    k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
     pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
