@@ -688,7 +688,6 @@ pub(crate) fn experts<'a>(
     // (weights, rows offset, rows, out row, x as it is)
     let mut big = Vec::new();
     let mut h_off = 0usize;
-    let mut max_rows = 0;
     for i in 0..n {
         let t = task(i);
         check_expert(&t.weights, hidden);
@@ -714,7 +713,6 @@ pub(crate) fn experts<'a>(
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }
-        max_rows = max_rows.max(nrows);
         tasks.push(TaskDesc {
             g: g.desc,
             u: u.desc,
@@ -729,9 +727,13 @@ pub(crate) fn experts<'a>(
         });
         h_off += (nrows * inter).next_multiple_of(4);
     }
-    // Block ranges: 8 warps a block, each one output, or with one row a task (decode) the
-    // row kernels' several.
-    let one_row = max_rows == 1;
+    // Block ranges: 8 warps a block, each one output, or in a one-row forward (decode)
+    // the row kernels' several. Chosen by the forward's rows, not by the tasks' at hand:
+    // a prompt's experts come in batches that depend on what was resident (all at once,
+    // or hits then misses a few at a time), and a batch of one-row tasks must sum as the
+    // same tasks do beside a many-row one, so that streamed equals resident bit for bit
+    // (the row kernels add in another order for bf16, and int4 there takes the tiles).
+    let one_row = rows == 1;
     let (mut blk1, mut blk2) = (0usize, 0usize);
     for t in &mut tasks {
         t.blk1 = blk1 as i32;
