@@ -725,6 +725,12 @@ impl Lin {
             batches: 1,
         }
     }
+
+    /// One unbatched row of x, whole, against a matrix read in 16-byte vectors: what the
+    /// grouped and norm-fused one-row products take.
+    pub fn one_vector_row(&self) -> bool {
+        self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0
+    }
 }
 
 fn kind_code(k: QuantKind) -> i32 {

@@ -184,7 +184,7 @@ impl CudaBackend {
         let together = group_on()
             && quad_on()
             && (2..=MAX_JOBS).contains(&jobs.len())
-            && jobs.iter().all(|l| l.rows == 1 && l.xrows == 0 && l.batches == 1 && l.m.vec != 0 && l.nout > 0);
+            && jobs.iter().all(|l| l.one_vector_row() && l.nout > 0);
         for (i, l) in jobs.iter().enumerate() {
             if let (Some(per_warp), true, false) = (self.row_kernel_outputs(l), l.batches == 1, together) {
                 self.linear_row(l, per_warp, norm);
@@ -276,10 +276,7 @@ impl CudaBackend {
     /// Whether [`CudaBackend::linears_one_row`] can fuse an RMSNorm of width `width` into
     /// the projections `jobs`: one unbatched row, every matrix read in vectors over that width.
     pub(crate) fn fuses_norm(&self, jobs: &[Lin], width: usize) -> bool {
-        fuse_norm_on()
-            && jobs
-                .iter()
-                .all(|l| l.rows == 1 && l.batches == 1 && l.xrows == 0 && l.m.vec != 0 && l.m.cols as usize == width)
+        fuse_norm_on() && jobs.iter().all(|l| l.one_vector_row() && l.m.cols as usize == width)
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split
