@@ -68,6 +68,8 @@ pub(super) fn experts_by_id(
             blk1: (top_k * up_b) as i32,
             blk2: (top_k * down_b) as i32,
             act: 0,
+            tiles1: 0,
+            tiles2: 0,
         }
     });
     let ntasks = top_k + usize::from(shared_task.is_some());

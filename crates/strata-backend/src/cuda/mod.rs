@@ -140,6 +140,10 @@ struct TaskDesc {
     blk2: i32,
     /// The gate activation (`gate_act` in `kernels/common.cu`).
     act: i32,
+    /// Whether the many-row kernels' pass 1 (gate and up) / pass 2 (down) take the
+    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `ops::expert_tiles`).
+    tiles1: i32,
+    tiles2: i32,
 }
 
 /// Values in device memory.
@@ -341,8 +345,8 @@ impl Funcs {
             linear_quad: f("k_linear_quad")?,
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
-            experts_up: f("k_experts_up_8")?,
-            experts_down: f("k_experts_down_8")?,
+            experts_up: f("k_experts_up")?,
+            experts_down: f("k_experts_down")?,
             experts_up_row: f("k_experts_up_row")?,
             experts_down_row: f("k_experts_down_row")?,
             tasks_from_ids: f("k_tasks_from_ids")?,
@@ -398,6 +402,8 @@ pub struct CudaBackend {
     blas: Option<cudarc::cublas::CudaBlas>,
     name: String,
     sms: usize,
+    /// Tensor-core mma (sm_80 on): the expert tiles.
+    mma: bool,
     state: Mutex<State>,
     queue: Arc<queue::LaunchQueue>,
 }
@@ -496,6 +502,7 @@ impl CudaBackend {
             blas,
             name,
             sms,
+            mma: cc.0 >= 8,
             state: Mutex::new(State {
                 readback: None,
                 reads: Default::default(),

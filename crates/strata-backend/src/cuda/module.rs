@@ -14,6 +14,7 @@ pub(crate) const SOURCE: &str = concat!(
     include_str!("kernels/tiles.cu"),
     include_str!("kernels/products.cu"),
     include_str!("kernels/experts.cu"),
+    include_str!("kernels/expert_tiles.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/elementwise.cu"),

@@ -3,8 +3,8 @@
 //! expert task lists.
 
 use super::{
-    args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, TaskDesc, EXPERT_BIG_ROWS,
-    MAX_JOBS, SMALL_ROWS,
+    args, kind_code, CudaBackend, CudaExpert, CudaMat, DevBuf, Lin, LinJob, LinJobs, MatDesc, State, TaskDesc,
+    EXPERT_BIG_ROWS, MAX_JOBS, SMALL_ROWS,
 };
 use crate::{Backend, GateAct, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, ExpertTask, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
@@ -47,6 +47,14 @@ fn quad_on() -> bool {
 fn group_on() -> bool {
     static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     switch("STRATA_CUDA_GROUP", &CELL)
+}
+
+/// `STRATA_CUDA_EXPERT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
+/// the CUDA cores (`experts_up<8>`: one output a warp, rows 8 at a time), not the
+/// tensor-core tiles.
+fn expert_tiles_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_EXPERT_TILES", &CELL)
 }
 
 /// The smallest instantiated register-array width that covers `n` values per lane.
@@ -644,6 +652,25 @@ pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
     (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
 }
 
+/// Outputs a block of the many-row kernels computes: tiles (`XT_UP_OUTS`, `XT_DOWN_OUTS` in
+/// `kernels/expert_tiles.cu`), else one a warp.
+const TILE_UP_OUTS: usize = 128;
+const TILE_DOWN_OUTS: usize = 256;
+
+/// Whether the tensor-core tiles take matrix `m`: an encoding they turn into bf16 exactly
+/// (not f32, which keeps its exact path), rows of whole 32-column runs in aligned vectors,
+/// one scale a run. It depends on the matrix alone (never on the batch), so a task sums the
+/// same way wherever its weights live.
+fn expert_tiles(b: &CudaBackend, m: &MatDesc) -> bool {
+    let runs = match m.kind {
+        1 | 2 => true,
+        3 => m.group % 32 == 0,
+        4 => m.bcol % 32 == 0,
+        _ => false,
+    };
+    b.mma && expert_tiles_on() && runs && m.vec != 0 && m.cols % 32 == 0
+}
+
 /// Panics unless `e` is a gated expert over `hidden`: gate = up = [inter, hidden], down =
 /// [hidden, inter], gate and up in one encoding (the grouped kernels read them together).
 pub(super) fn check_expert(e: &CudaExpert<'_>, hidden: usize) {
@@ -721,11 +748,14 @@ pub(crate) fn experts<'a>(
             blk1: 0,
             blk2: 0,
             act,
+            tiles1: i32::from(expert_tiles(b, &g.desc) && expert_tiles(b, &u.desc) && g.desc.kind == u.desc.kind),
+            tiles2: i32::from(expert_tiles(b, &d.desc)),
         });
         h_off += (nrows * inter).next_multiple_of(4);
     }
-    // Block ranges: 8 warps a block, each one output, or in a one-row forward (decode)
-    // the row kernels' several. Chosen by the forward's rows, not by the tasks' at hand:
+    // Block ranges: 8 warps a block, each one output or a share of a tile's, or in a
+    // one-row forward (decode) the row kernels' several. Chosen by the forward's rows, not
+    // by the tasks' at hand:
     // a prompt's experts come in batches that depend on what was resident (all at once,
     // or hits then misses a few at a time), and a batch of one-row tasks must sum as the
     // same tasks do beside a many-row one, so that streamed equals resident bit for bit
@@ -736,7 +766,13 @@ pub(crate) fn experts<'a>(
         t.blk1 = blk1 as i32;
         t.blk2 = blk2 as i32;
         let inter = t.g.rows as usize;
-        let (up, down) = if one_row { row_blocks(inter, hidden) } else { (inter.div_ceil(8), hidden.div_ceil(8)) };
+        let (up, down) = if one_row {
+            row_blocks(inter, hidden)
+        } else {
+            let up_outs = if t.tiles1 != 0 { TILE_UP_OUTS } else { 8 };
+            let down_outs = if t.tiles2 != 0 { TILE_DOWN_OUTS } else { 8 };
+            (inter.div_ceil(up_outs), hidden.div_ceil(down_outs))
+        };
         blk1 += up;
         blk2 += down;
     }

@@ -170,6 +170,7 @@ fn op_tests_hold_on_the_cpu_backend() {
     attention::cuda_gqa_matches_cpu_on(c);
     moe::cuda_route_noaux_matches_cpu_on(c);
     moe::cuda_experts_and_combine_match_cpu_on(c);
+    moe::cuda_prompt_experts_match_cpu_on(c);
     moe::cuda_route_softmax_matches_cpu_on(c);
     elementwise::cuda_elementwise_ops_match_cpu_on(c);
     elementwise::cuda_greedy_picks_and_fed_rows_match_cpu_on(c);

@@ -90,21 +90,149 @@ fn cuda_route_softmax_matches_cpu() {
     }
 }
 
+/// An expert's (gate/up, down) encodings and its rows (None: every row).
+type ExpertSpec = (QuantKind, QuantKind, Option<Vec<u32>>);
+
+/// Runs `specs` (matrices `mats`) as one grouped launch over x of `rows` rows; returns y.
+#[allow(clippy::too_many_arguments)]
+fn run_experts<B: Backend>(
+    b: &B,
+    mats: &[[HostMatrix; 3]],
+    specs: &[ExpertSpec],
+    out_rows: &[usize],
+    x: &[f32],
+    rows: usize,
+    total: usize,
+    hidden: usize,
+    act: GateAct,
+) -> Vec<f32> {
+    let dev: Vec<[B::Mat; 3]> = mats
+        .iter()
+        .map(|m| [b.matrix(m[0].clone()).unwrap(), b.matrix(m[1].clone()).unwrap(), b.matrix(m[2].clone()).unwrap()])
+        .collect();
+    let xb = up(b, x);
+    let mut y = up(b, &vec![f32::NAN; total * hidden]);
+    let task = |i: usize| ExpertTask {
+        weights: b.expert_ref(&dev[i][0], &dev[i][1], &dev[i][2]),
+        rows: specs[i].2.as_deref(),
+        out_row: out_rows[i],
+    };
+    b.gated_experts(act, &xb, rows, specs.len(), &task, &mut y);
+    down(b, &y, total * hidden)
+}
+
+/// Each spec's first output row (its rows in order) and the rows in all.
+fn out_rows_of(specs: &[ExpertSpec], rows: usize) -> (Vec<usize>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (_, _, r) in specs {
+        out.push(at);
+        at += r.as_ref().map_or(rows, |r| r.len());
+    }
+    (out, at)
+}
+
+/// `n` distinct rows of `0..rows`, ascending.
+fn some_rows(rng: &mut Rand, rows: usize, n: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..rows as u32).collect();
+    for i in (1..all.len()).rev() {
+        all.swap(i, rng.random_range(0..=i));
+    }
+    let mut s = all[..n].to_vec();
+    s.sort_unstable();
+    s
+}
+
+fn expert_mats(rng: &mut Rand, specs: &[ExpertSpec], hidden: usize, inter: usize) -> Vec<[HostMatrix; 3]> {
+    specs
+        .iter()
+        .map(|(gu, dk, _)| {
+            [
+                hostmat(rng, *gu, inter, hidden, 0.2).0,
+                hostmat(rng, *gu, inter, hidden, 0.2).0,
+                hostmat(rng, *dk, hidden, inter, 0.2).0,
+            ]
+        })
+        .collect()
+}
+
+/// A prompt's experts (2-31 rows a task: the CUDA backend's tensor-core tiles) at widths
+/// that reach the tiles' edges: 416 columns (six 64-column chunks and a half), 224 (three
+/// and a half), outputs past a tile's and a block's end, every count of 8-row n-tiles,
+/// each encoding the tiles take (int4 groups of 32, 64 and 128 with a partial last group,
+/// FP8 blocks of 8 and 16 rows, int8, bf16) and one they leave (f32), against the CPU.
+pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(31);
+    let (hidden, inter, rows) = (416, 224, 48);
+    let int4 = |group| QuantKind::Int4Group { group };
+    let fp8 = |block_rows, block_cols| QuantKind::Fp8 { block_rows, block_cols };
+    let specs: Vec<ExpertSpec> = vec![
+        (QuantKind::Bf16, QuantKind::Bf16, Some(some_rows(&mut rng, rows, 31))),
+        (QuantKind::Int8Row, QuantKind::Int8Row, Some(some_rows(&mut rng, rows, 17))),
+        (int4(32), int4(128), Some(some_rows(&mut rng, rows, 24))),
+        (fp8(8, 64), fp8(16, 32), Some(some_rows(&mut rng, rows, 9))),
+        (QuantKind::Bf16, QuantKind::F32, Some(some_rows(&mut rng, rows, 2))),
+        (int4(64), QuantKind::Bf16, Some(some_rows(&mut rng, rows, 1))),
+        (QuantKind::Int8Row, int4(32), Some(some_rows(&mut rng, rows, 8))),
+    ];
+    let mats = expert_mats(&mut rng, &specs, hidden, inter);
+    let x = rvec(&mut rng, rows * hidden, 1.0);
+    let (out_rows, total) = out_rows_of(&specs, rows);
+    for act in [GateAct::Silu, GateAct::GeluTanh] {
+        let gy = run_experts(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        let cy = run_experts(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        close(&format!("prompt experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn cuda_prompt_experts_match_cpu() {
+    if let Some(g) = gpu() {
+        cuda_prompt_experts_match_cpu_on(g)
+    }
+}
+
+/// A row's expert output does not depend on the other rows of its task: the same expert
+/// over 29 rows at once, and over a few of them split into tasks of 1, 2 and 8 rows (as a
+/// streamed layer's batches may come), gives those rows bit for bit, for each encoding.
+#[test]
+fn cuda_prompt_expert_rows_sum_alone() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rand::seed_from_u64(32);
+    let (hidden, inter, rows) = (256, 192, 40);
+    for kind in [
+        QuantKind::Bf16,
+        QuantKind::Int8Row,
+        QuantKind::Int4Group { group: 64 },
+        QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
+    ] {
+        let all: Vec<u32> = (4..33).collect();
+        let parts = [vec![7u32], vec![12, 30], (20..28).collect::<Vec<u32>>()];
+        let whole: Vec<ExpertSpec> = vec![(kind, kind, Some(all.clone()))];
+        let split: Vec<ExpertSpec> = parts.iter().map(|p| (kind, kind, Some(p.clone()))).collect();
+        let one = expert_mats(&mut rng, &whole, hidden, inter);
+        let mats: Vec<[HostMatrix; 3]> = split.iter().map(|_| one[0].clone()).collect();
+        let x = rvec(&mut rng, rows * hidden, 1.0);
+        let (wo, wt) = out_rows_of(&whole, rows);
+        let (so, st) = out_rows_of(&split, rows);
+        let wy = run_experts(g, &one, &whole, &wo, &x, rows, wt, hidden, GateAct::Silu);
+        let sy = run_experts(g, &mats, &split, &so, &x, rows, st, hidden, GateAct::Silu);
+        for (at, r) in parts.iter().flatten().enumerate() {
+            let i = all.iter().position(|a| a == r).unwrap();
+            let (a, b) = (&wy[i * hidden..(i + 1) * hidden], &sy[at * hidden..(at + 1) * hidden]);
+            assert!(a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()), "{kind:?}: row {r} differs split");
+        }
+    }
+}
+
 pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(8);
     let (hidden, inter, rows) = (128, 64, 40);
     // Per expert: encodings of (gate/up, down), its rows (None: every row).
-    let rows_of = |rng: &mut Rand, n: usize| -> Vec<u32> {
-        let mut all: Vec<u32> = (0..rows as u32).collect();
-        for i in (1..all.len()).rev() {
-            all.swap(i, rng.random_range(0..=i));
-        }
-        let mut s = all[..n].to_vec();
-        s.sort_unstable();
-        s
-    };
-    let specs: Vec<(QuantKind, QuantKind, Option<Vec<u32>>)> = vec![
+    let rows_of = |rng: &mut Rand, n: usize| some_rows(rng, rows, n);
+    let specs: Vec<ExpertSpec> = vec![
         (QuantKind::Bf16, QuantKind::Bf16, Some(rows_of(&mut rng, 1))),
         (QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 64 }, Some(rows_of(&mut rng, 3))),
         (QuantKind::Int8Row, QuantKind::Int8Row, Some(rows_of(&mut rng, 8))),
@@ -117,56 +245,14 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
         ),
         (QuantKind::Bf16, QuantKind::Int4Group { group: 64 }, None),
     ];
-    let mats: Vec<[HostMatrix; 3]> = specs
-        .iter()
-        .map(|(gu, dk, _)| {
-            [
-                hostmat(&mut rng, *gu, inter, hidden, 0.2).0,
-                hostmat(&mut rng, *gu, inter, hidden, 0.2).0,
-                hostmat(&mut rng, *dk, hidden, inter, 0.2).0,
-            ]
-        })
-        .collect();
+    let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    let mut out_rows = Vec::new();
-    let mut at = 0;
-    for (_, _, r) in &specs {
-        out_rows.push(at);
-        at += r.as_ref().map_or(rows, |r| r.len());
-    }
-    let total = at;
-    fn run<B: Backend>(
-        b: &B,
-        mats: &[[HostMatrix; 3]],
-        specs: &[(QuantKind, QuantKind, Option<Vec<u32>>)],
-        out_rows: &[usize],
-        x: &[f32],
-        rows: usize,
-        total: usize,
-        hidden: usize,
-        act: GateAct,
-    ) -> Vec<f32> {
-        let dev: Vec<[B::Mat; 3]> = mats
-            .iter()
-            .map(|m| {
-                [b.matrix(m[0].clone()).unwrap(), b.matrix(m[1].clone()).unwrap(), b.matrix(m[2].clone()).unwrap()]
-            })
-            .collect();
-        let xb = up(b, x);
-        let mut y = up(b, &vec![f32::NAN; total * hidden]);
-        let task = |i: usize| ExpertTask {
-            weights: b.expert_ref(&dev[i][0], &dev[i][1], &dev[i][2]),
-            rows: specs[i].2.as_deref(),
-            out_row: out_rows[i],
-        };
-        b.gated_experts(act, &xb, rows, specs.len(), &task, &mut y);
-        down(b, &y, total * hidden)
-    }
+    let (out_rows, total) = out_rows_of(&specs, rows);
     // SwiGLU (GLM) and GELU-tanh (Gemma 4) gates, on the grouped and the many-rows paths.
     let mut cy = Vec::new();
     for act in [GateAct::GeluTanh, GateAct::Silu] {
-        let gy = run(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
-        cy = run(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        let gy = run_experts(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        cy = run_experts(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
         close(&format!("experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
     }
 

@@ -9,6 +9,7 @@ struct Task {
     Mat g, u, d;
     i64 h_off;  // first f32 of this task's h rows
     int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
+    int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -145,18 +146,3 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     for (int k = 0; k < DOWN_OUTS; k++)
         if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
 }
-
-#define EXPERTS(R)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) k_experts_up_##R(const Task* tasks, int ntasks,         \
-                                                                       const u32* rowidx, const float* x,     \
-                                                                       int hidden, float* h) {                \
-        pdl_enter();                                                                                          \
-        experts_up<R>(tasks, ntasks, rowidx, x, hidden, h);                                                   \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) k_experts_down_##R(const Task* tasks, int ntasks,       \
-                                                                         const float* h, int hidden,          \
-                                                                         float* y) {                          \
-        pdl_enter();                                                                                          \
-        experts_down<R>(tasks, ntasks, h, hidden, y);                                                         \
-    }
-EXPERTS(8)

@@ -192,6 +192,7 @@ extern "C" __global__ void k_tasks_from_ids(const Mat* descs, int n, const u32* 
         T.blk1 = t * up_b;
         T.blk2 = t * down_b;
         T.act = 0;
+        T.tiles1 = T.tiles2 = 0;
         tasks[t] = T;
     }
 }
