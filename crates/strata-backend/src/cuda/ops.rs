@@ -733,25 +733,34 @@ pub(crate) fn experts<'a>(
             Some(r) => rowidx.extend_from_slice(r),
             None => rowidx.extend(0..rows as u32),
         }
-        if nrows >= EXPERT_BIG_ROWS {
+        let tiles1 = expert_tiles(b, &g.desc) && expert_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
+        let tiles2 = expert_tiles(b, &d.desc);
+        // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
+        // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
+        // cuBLAS and the f32 products.
+        let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
+        if nrows >= EXPERT_BIG_ROWS && !(tiles1 && tiles2 && quantized) {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }
-        tasks.push(TaskDesc {
-            g: g.desc,
-            u: u.desc,
-            d: d.desc,
-            h_off: h_off as i64,
-            nrows: nrows as i32,
-            rows_off: rows_off as i32,
-            out_row: t.out_row as i32,
-            blk1: 0,
-            blk2: 0,
-            act,
-            tiles1: i32::from(expert_tiles(b, &g.desc) && expert_tiles(b, &u.desc) && g.desc.kind == u.desc.kind),
-            tiles2: i32::from(expert_tiles(b, &d.desc)),
-        });
-        h_off += (nrows * inter).next_multiple_of(4);
+        for at in (0..nrows).step_by(EXPERT_BIG_ROWS) {
+            let part = (nrows - at).min(EXPERT_BIG_ROWS);
+            tasks.push(TaskDesc {
+                g: g.desc,
+                u: u.desc,
+                d: d.desc,
+                h_off: h_off as i64,
+                nrows: part as i32,
+                rows_off: (rows_off + at) as i32,
+                out_row: (t.out_row + at) as i32,
+                blk1: 0,
+                blk2: 0,
+                act,
+                tiles1: i32::from(tiles1),
+                tiles2: i32::from(tiles2),
+            });
+            h_off += (part * inter).next_multiple_of(4);
+        }
     }
     // Block ranges: 8 warps a block, each one output or a share of a tile's, or in a
     // one-row forward (decode) the row kernels' several. Chosen by the forward's rows, not

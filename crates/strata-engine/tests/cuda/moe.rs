@@ -156,7 +156,8 @@ fn expert_mats(rng: &mut Rand, specs: &[ExpertSpec], hidden: usize, inter: usize
         .collect()
 }
 
-/// A prompt's experts (2-31 rows a task: the CUDA backend's tensor-core tiles) at widths
+/// A prompt's experts (1-31 rows a task, and quantized ones of any rows 32 at a time: the
+/// CUDA backend's tensor-core tiles) at widths
 /// that reach the tiles' edges: 416 columns (six 64-column chunks and a half), 224 (three
 /// and a half), outputs past a tile's and a block's end, every count of 8-row n-tiles,
 /// each encoding the tiles take (int4 groups of 32, 64 and 128 with a partial last group,
@@ -175,6 +176,8 @@ pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
         (QuantKind::Bf16, QuantKind::F32, Some(some_rows(&mut rng, rows, 2))),
         (int4(64), QuantKind::Bf16, Some(some_rows(&mut rng, rows, 1))),
         (QuantKind::Int8Row, int4(32), Some(some_rows(&mut rng, rows, 8))),
+        // Every row (48): quantized, so 32 and 16 rows through the tiles.
+        (int4(32), QuantKind::Int8Row, None),
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);

@@ -1,8 +1,8 @@
 // Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
 
 // ---------------------------------------------------------------------------------------
-// A prompt's routed experts (tasks of fewer than EXPERT_BIG_ROWS rows) on the tensor
-// cores. On the CUDA cores (experts_up<R>) a warp decoded each weight into f32 and spent
+// A prompt's routed experts (tasks of up to EXPERT_BIG_ROWS rows; the host splits a
+// quantized expert's many rows into such tasks) on the tensor cores. On the CUDA cores (experts_up<R>) a warp decoded each weight into f32 and spent
 // R fmas on it: bound by issue at ~0.6 TB/s, 60% of a 64-token prompt of the GLM-5 slice.
 // Here a warp multiplies 16-row tiles of two matrices (gate and up, or two of down's) by
 // all of its task's rows with mma.m16n8k16, bf16 in and f32 accumulate:
