@@ -141,7 +141,7 @@ struct TaskDesc {
     /// The gate activation (`gate_act` in `kernels/common.cu`).
     act: i32,
     /// Whether the many-row kernels' pass 1 (gate and up) / pass 2 (down) take the
-    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `ops::expert_tiles`).
+    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `ops::mma_tiles`).
     tiles1: i32,
     tiles2: i32,
 }
@@ -296,6 +296,7 @@ struct Funcs {
     /// Up to four small projections of one row in one launch.
     linears_1: CudaFunction,
     tiled: [CudaFunction; 5],
+    tiled_mma: CudaFunction,
     /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
     experts_up: CudaFunction,
     experts_down: CudaFunction,
@@ -345,6 +346,7 @@ impl Funcs {
             linear_quad: f("k_linear_quad")?,
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
+            tiled_mma: f("k_tiled_mma")?,
             experts_up: f("k_experts_up")?,
             experts_down: f("k_experts_down")?,
             experts_up_row: f("k_experts_up_row")?,

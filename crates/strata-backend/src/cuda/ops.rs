@@ -49,12 +49,12 @@ fn group_on() -> bool {
     switch("STRATA_CUDA_GROUP", &CELL)
 }
 
-/// `STRATA_CUDA_EXPERT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
-/// the CUDA cores (`experts_up<8>`: one output a warp, rows 8 at a time), not the
-/// tensor-core tiles.
-fn expert_tiles_on() -> bool {
+/// `STRATA_CUDA_PROMPT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
+/// the CUDA cores (`experts_up<8>`: one output a warp, rows 8 at a time), and quantized or
+/// batched products of many rows too (`k_tiled_K`), not the tensor-core tiles.
+fn prompt_tiles_on() -> bool {
     static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_EXPERT_TILES", &CELL)
+    switch("STRATA_CUDA_PROMPT_TILES", &CELL)
 }
 
 /// The smallest instantiated register-array width that covers `n` values per lane.
@@ -106,6 +106,19 @@ impl CudaBackend {
                 }
                 return;
             }
+        }
+        // The tensor-core tiles stage x in float4s: rows 16-byte aligned.
+        if mma_tiles(self, &l.m) && l.xld.is_multiple_of(4) && l.x_bs.is_multiple_of(4) && l.x.is_multiple_of(16) {
+            let grid =
+                (l.nout.div_ceil(TILE_DOWN_OUTS) as u32, l.rows.div_ceil(EXPERT_BIG_ROWS) as u32, l.batches as u32);
+            self.launch(
+                &self.f.tiled_mma,
+                grid,
+                256,
+                0,
+                &mut args![m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add, bias],
+            );
+            return;
         }
         let grid = (l.nout.div_ceil(64) as u32, l.rows.div_ceil(64) as u32, l.batches as u32);
         self.launch(
@@ -657,18 +670,19 @@ pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
 const TILE_UP_OUTS: usize = 128;
 const TILE_DOWN_OUTS: usize = 256;
 
-/// Whether the tensor-core tiles take matrix `m`: an encoding they turn into bf16 exactly
+/// Whether the tensor-core tiles (`kernels/expert_tiles.cu`: a prompt's experts and its
+/// quantized or batched products) take matrix `m`: an encoding they turn into bf16 exactly
 /// (not f32, which keeps its exact path), rows of whole 32-column runs in aligned vectors,
 /// one scale a run. It depends on the matrix alone (never on the batch), so a task sums the
 /// same way wherever its weights live.
-fn expert_tiles(b: &CudaBackend, m: &MatDesc) -> bool {
+fn mma_tiles(b: &CudaBackend, m: &MatDesc) -> bool {
     let runs = match m.kind {
         1 | 2 => true,
         3 => m.group % 32 == 0,
         4 => m.bcol % 32 == 0,
         _ => false,
     };
-    b.mma && expert_tiles_on() && runs && m.vec != 0 && m.cols % 32 == 0
+    b.mma && prompt_tiles_on() && runs && m.vec != 0 && m.cols % 32 == 0
 }
 
 /// Panics unless `e` is a gated expert over `hidden`: gate = up = [inter, hidden], down =
@@ -733,8 +747,8 @@ pub(crate) fn experts<'a>(
             Some(r) => rowidx.extend_from_slice(r),
             None => rowidx.extend(0..rows as u32),
         }
-        let tiles1 = expert_tiles(b, &g.desc) && expert_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
-        let tiles2 = expert_tiles(b, &d.desc);
+        let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
+        let tiles2 = mma_tiles(b, &d.desc);
         // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
         // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
         // cuBLAS and the f32 products.

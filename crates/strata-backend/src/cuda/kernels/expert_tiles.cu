@@ -350,3 +350,36 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_down(const 
 #endif
     experts_down<8>(tasks, ntasks, h, hidden, y);
 }
+
+// A projection of many rows (a prompt's) by a matrix the tiles take, for linear_tiled's
+// arguments: XT_DOWN_OUTS outputs x 32 rows a block, blockIdx.z the batch. Used where
+// cuBLAS is not (quantized weights, batched or gathered bf16 products).
+extern "C" __global__ void __launch_bounds__(256, XT_MINB)
+    k_tiled_mma(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows, int rows,
+                int nout, float* out, int ostride, int col, int col_bs, int add, const float* bias) {
+    pdl_enter();
+#if TILE_MMA
+    __shared__ XtBuf xs;
+    int b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int o0 = blockIdx.x * XT_DOWN_OUTS + 32 * warp, r0 = blockIdx.y * 8 * XT_NT;
+    int nr = min(8 * XT_NT, rows - r0), nt = (nr + 7) >> 3, srow = threadIdx.x >> 3;
+    const float* xrow = nullptr;
+    if (srow < nr) xrow = x + b * x_bs + (i64)(xrows ? (int)xrows[r0 + srow] : r0 + srow) * xld;
+    int mrow = mrow0 + b * mrow_bs;
+    float acc[2][XT_NT][4];
+    xt_any(m, mrow + o0, m, mrow + o0 + 16, o0 < nout, xrow, m.cols, nt, xs, acc);
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int n = 0; n < XT_NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int o = o0 + 16 * s + g + 8 * (i >> 1), r = 8 * n + 2 * t + (i & 1);
+                if (o >= nout || r >= nr) continue;
+                float v = acc[s][n][i] + (bias ? bias[o] : 0.f);
+                float* p = out + (i64)(r0 + r) * ostride + col + b * col_bs + o;
+                *p = add ? *p + v : v;
+            }
+#endif
+}
+
