@@ -105,7 +105,14 @@ template <int KIND> __device__ __forceinline__ void xt_words(uint4 q, u32* w) {
     }
 }
 
-// 8 columns of x (a, b) as XT_PARTS bf16 parts (part p: the bf16 nearest what the parts
+// (lo, hi) rounded to the nearest bf16s, lo in the low half.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 8 columns of x (a, b) as XT_PARTS bf16 parts (part p: the bf16s nearest what the parts
 // before it left), each a uint4 in xt_words' column order.
 template <int KIND> __device__ __forceinline__ void xt_split(float4 a, float4 b, uint4* part) {
     float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -120,20 +127,22 @@ template <int KIND> __device__ __forceinline__ void xt_split(float4 a, float4 b,
         float r0 = v[2 * i], r1 = v[2 * i + 1];
 #pragma unroll
         for (int p = 0; p < XT_PARTS; p++) {
-            u32 h0 = to_bf16(r0), h1 = to_bf16(r1);
-            w[p][i] = h0 | (h1 << 16);
-            r0 = r0 - bf16f(h0);
-            r1 = r1 - bf16f(h1);
+            u32 h = pack_bf16(r0, r1);
+            w[p][i] = h;
+            r0 = r0 - __uint_as_float(h << 16);
+            r1 = r1 - __uint_as_float(h & 0xffff0000u);
         }
     }
 #pragma unroll
     for (int p = 0; p < XT_PARTS; p++) part[p] = make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]);
 }
 
-// The scale of the 32-column run at col of row r (int4 groups and FP8 blocks hold whole runs).
-template <int KIND> __device__ __forceinline__ float xt_scale(const Mat& m, int r, int col) {
-    if (KIND == 3) return __ldg(m.s + (size_t)r * m.spr + col / m.group);
-    return __ldg(m.s + (size_t)(r / m.brow) * m.spr + col / m.bcol);
+// Where the scales of row r's 32-column runs start (int4 groups and FP8 blocks hold whole
+// runs), and the shift from a column to its scale (-1: a division by `div`).
+template <int KIND> __device__ __forceinline__ const float* xt_scales(const Mat& m, int r, int& shift, int& div) {
+    div = KIND == 3 ? m.group : m.bcol;
+    shift = (div & (div - 1)) == 0 ? __ffs(div) - 1 : -1;
+    return KIND == 3 ? m.s + (size_t)r * m.spr : m.s + (size_t)(r / m.brow) * m.spr;
 }
 
 // The block's loop over K: this warp's tiles, rows ra.. of ma and rb.. of mb (16 each; past
@@ -147,14 +156,16 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
                                          int K, int nt, XtBuf& xs, float (*acc)[XT_NT][4]) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat* m[2] = {&ma, &mb};
-    int row[2][2];
+    int row[2][2], shift[2], div[2];
     const u8* wr[2][2];
+    const float* sr[2][2];
 #pragma unroll
     for (int s = 0; s < 2; s++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             row[s][h] = min((s ? rb : ra) + g + 8 * h, m[s]->rows - 1);
             wr[s][h] = m[s]->w + (size_t)row[s][h] * m[s]->ld;
+            if (KIND >= 3) sr[s][h] = xt_scales<KIND>(*m[s], row[s][h], shift[s], div[s]);
         }
 #pragma unroll
     for (int s = 0; s < 2; s++)
@@ -185,7 +196,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     w[d][s][h][r] = xt_load<KIND>(wr[s][h], col);
-                    if (KIND >= 3) sc[d][s][h][r] = xt_scale<KIND>(*m[s], row[s][h], col);
+                    if (KIND >= 3) sc[d][s][h][r] = __ldg(sr[s][h] + (shift[s] >= 0 ? col >> shift[s] : col / div[s]));
                 }
         }
     };
