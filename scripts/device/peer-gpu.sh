@@ -13,7 +13,9 @@
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
 # times strata on the slice with GLM-5's vocabulary (154880; no peer runs there); SERVE=1
-# times the serving engine on the bf16 slice with device picks on and off.
+# times the serving engine on the bf16 slice with device picks on and off; FP8=1 also times
+# strata on the slice with its projections in FP8 (128 x 128 blocks, as GLM-5's FP8
+# checkpoints), bf16 and int4 experts; P512=1 adds 512-token prompts (strata and llama.cpp).
 # Writes under $OUT: machine.txt, tests.log, bandwidth.log, peer.jsonl (one JSON object
 # per measurement), llama.log (llama-bench's own output), profile.txt (strata's per-stage
 # decode profile of both slices), side.log.
@@ -45,6 +47,12 @@ L=/tmp/llama-cuda
       --vocab 154880 >>"$OUT/side.log" 2>&1
     timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 >>"$OUT/side.log" 2>&1
   fi
+  if [ "${FP8:-0}" = 1 ]; then
+    timeout 200 $S bench synth --out "$slice-fp8" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+      --vocab 16384 --fp8 >>"$OUT/side.log" 2>&1
+    timeout 200 $S bench synth --out "$slice-fp8-int4" --preset glm5 --layers 2 --dense-layers 1 \
+      --experts "${EXPERTS:-48}" --vocab 16384 --fp8 --container int4-g64 >>"$OUT/side.log" 2>&1
+  fi
   wait
   touch /tmp/cpu-work.done
 ) &
@@ -62,10 +70,10 @@ strata_bench() {  # dir label [flags...]
   local dir=$1 label=$2
   shift 2
   for rep in 1 2; do
-    timeout 120 $S bench decode --model "$dir" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off \
-      --mtp off --json "$@" 2>>"$OUT/side.log" | python3 -c "
+    timeout 120 $S bench decode --model "$dir" --device cuda --prompt-tokens ${PT:-64} --decode-tokens 64 --warmup \
+      --usage off --mtp off --json "$@" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
-print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'decode_tps':r['decode_tokens_per_s'],
+print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'prompt_tokens':${PT:-64},'decode_tps':r['decode_tokens_per_s'],
   'decode_fed':r.get('decode_fed',False),'of_floor':r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],
   'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token'],
   'graph_launches_per_token':r.get('cuda_graph_launches_per_decode_token'),
@@ -75,17 +83,28 @@ print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'
   done
 }
 llama_bench() {  # gguf label
-  timeout 150 "$L/bin/llama-bench" -m "$1" -ngl 99 -p 64 -n 64 -r 3 -o json 2>>"$OUT/side.log" | tee -a "$OUT/llama.log" |
+  local prompts=64
+  [ "${P512:-0}" = 1 ] && prompts=64,512
+  timeout 150 "$L/bin/llama-bench" -m "$1" -ngl 99 -p $prompts -n 64 -r 3 -o json 2>>"$OUT/side.log" | tee -a "$OUT/llama.log" |
     python3 -c "
 import json,sys
 for r in json.load(sys.stdin):
     kind = 'prefill_tps' if r['n_prompt'] else 'decode_tps'
-    print(json.dumps({'engine':'llama.cpp','weights':'$2',kind:r['avg_ts'],'stddev':r['stddev_ts'],'model_bytes':r['model_size']}))" \
+    print(json.dumps({'engine':'llama.cpp','weights':'$2','prompt_tokens':r['n_prompt'],kind:r['avg_ts'],'stddev':r['stddev_ts'],'model_bytes':r['model_size']}))" \
     >>"$res" || echo "llama-bench $2 failed" | tee -a "$OUT/side.log"
 }
 
 since "strata bf16"; strata_bench "$slice" bf16
 since "strata int4"; strata_bench "$slice-int4" int4-g64
+if [ "${FP8:-0}" = 1 ]; then
+  since "strata fp8"; strata_bench "$slice-fp8" fp8
+  since "strata fp8, int4 experts"; strata_bench "$slice-fp8-int4" fp8-int4-g64
+fi
+if [ "${P512:-0}" = 1 ]; then
+  since "strata, 512-token prompts"
+  PT=512 strata_bench "$slice" bf16
+  PT=512 strata_bench "$slice-int4" int4-g64
+fi
 if [ "${SERVE:-0}" = 1 ]; then
   # The serving engine (continuous batching, in process): 8 greedy requests, their steps
   # picked on the device (one id a request read back) or their logits read.

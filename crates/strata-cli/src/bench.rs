@@ -71,6 +71,11 @@ pub struct SynthArgs {
     /// Add an MTP (draft) layer (`num_nextn_predict_layers` 1), int8 experts in a container.
     #[arg(long)]
     mtp: bool,
+    /// Store the decoder layers' projections (attention, indexer, MLP and experts) in FP8
+    /// e4m3 with 128 x 128 block scales, as GLM-5's FP8 checkpoints do; norms, router,
+    /// embedding and head stay bf16.
+    #[arg(long)]
+    fp8: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -182,6 +187,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         top_k: a.top_k,
         vocab: a.vocab,
         mtp: a.mtp,
+        fp8: a.fp8,
         format,
         seed: a.seed,
     };

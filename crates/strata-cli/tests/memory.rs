@@ -66,3 +66,51 @@ fn peak_rss_stays_within_a_budget_four_times_smaller_than_the_experts() {
         r["expert_hit_rate"]
     );
 }
+
+/// `bench synth --fp8` writes the decoder's projections as FP8 e4m3 with block scales (the
+/// router, norms, embedding and head in bf16), and the model it writes loads and decodes.
+#[test]
+fn synth_fp8_writes_block_scaled_projections_that_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    let m = model.to_str().unwrap();
+    let out = strata(&[
+        "bench",
+        "synth",
+        "--preset",
+        "small",
+        "--layers",
+        "2",
+        "--dense-layers",
+        "1",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--vocab",
+        "512",
+        "--fp8",
+        "--out",
+        m,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let dtype = |name: &str| header[name]["dtype"].as_str().unwrap_or("missing").to_string();
+    for name in [
+        "model.layers.0.self_attn.q_a_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.mlp.experts.3.up_proj.weight",
+        "model.layers.1.mlp.shared_experts.gate_proj.weight",
+    ] {
+        assert_eq!(dtype(name), "F8_E4M3", "{name}");
+        assert_eq!(dtype(&format!("{name}_scale_inv")), "F32", "{name}_scale_inv");
+    }
+    for name in ["model.layers.1.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight"] {
+        assert_eq!(dtype(name), "BF16", "{name}");
+    }
+    let args = ["bench", "decode", "--model", m, "--prompt-tokens", "6", "--decode-tokens", "3", "--usage", "off"];
+    let r = json(&strata(&[&args[..], &["--mtp", "off", "--json"]].concat()));
+    assert!(r["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}

@@ -36,6 +36,9 @@ pub struct SynthSpec {
     pub vocab: usize,
     /// Add GLM-5's MTP (draft) layer; in a container its experts are the int8 "mtp" tier.
     pub mtp: bool,
+    /// The decoder layers' projections in FP8 e4m3 with 128 x 128 block scales
+    /// (`weight_scale_inv`), as GLM-5's FP8 checkpoints hold them ([`FP8_PROJECTIONS`]).
+    pub fp8: bool,
     pub format: SynthFormat,
     pub seed: u64,
 }
@@ -45,7 +48,7 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
         Preset::Glm5 => (6144, 12288, 2048, 64, 2048, 512, 192, 64, 256, 32, 128),
         Preset::Small => (1024, 2048, 1024, 8, 256, 128, 64, 32, 64, 4, 64),
     };
-    serde_json::json!({
+    let mut cfg = serde_json::json!({
         "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
         "vocab_size": s.vocab, "hidden_size": h, "intermediate_size": inter, "moe_intermediate_size": moe,
         "num_hidden_layers": s.layers, "first_k_dense_replace": s.dense_layers,
@@ -58,7 +61,37 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "hidden_act": "silu",
         "tie_word_embeddings": false, "eos_token_id": [0], "torch_dtype": "bfloat16"
-    })
+    });
+    if s.fp8 {
+        cfg["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+        });
+    }
+    cfg
+}
+
+/// The projections an FP8 checkpoint stores in FP8 (the rest, norms, router, embedding and
+/// head, stay bf16), by name suffix within a decoder layer.
+pub const FP8_PROJECTIONS: [&str; 10] = [
+    "self_attn.q_a_proj.weight",
+    "self_attn.q_b_proj.weight",
+    "self_attn.kv_a_proj_with_mqa.weight",
+    "self_attn.kv_b_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.indexer.wq_b.weight",
+    "self_attn.indexer.wk.weight",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "down_proj.weight",
+];
+
+const FP8_BLOCK: QuantKind = QuantKind::Fp8 { block_rows: 128, block_cols: 128 };
+
+fn is_fp8(spec: &SynthSpec, name: &str, shape: &[usize]) -> bool {
+    spec.fp8
+        && shape.len() == 2
+        && name.starts_with("model.layers.")
+        && FP8_PROJECTIONS.iter().any(|p| name.ends_with(p))
 }
 
 /// xorshift64*: fast, seeded; uniform in [-1, 1). For synthetic weights and inputs.
@@ -108,16 +141,29 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
         SynthFormat::HfBf16 => tensors.clone(),
         SynthFormat::Container(_) => tensors.iter().copied().filter(|t| t.expert.is_none()).collect(),
     };
-    let specs = resident
-        .iter()
-        .map(|s| TensorSpec { name: s.name.clone(), dtype: ElementType::BF16, shape: s.shape.clone() })
-        .collect::<Vec<_>>();
+    let mut specs = Vec::new();
+    for s in &resident {
+        if is_fp8(spec, &s.name, &s.shape) {
+            specs.push(TensorSpec { name: s.name.clone(), dtype: ElementType::F8E4M3, shape: s.shape.clone() });
+            let scales = vec![s.shape[0].div_ceil(128), s.shape[1].div_ceil(128)];
+            specs.push(TensorSpec { name: format!("{}_scale_inv", s.name), dtype: ElementType::F32, shape: scales });
+        } else {
+            specs.push(TensorSpec { name: s.name.clone(), dtype: ElementType::BF16, shape: s.shape.clone() });
+        }
+    }
     let mut rng = SynthRng(spec.seed | 1);
     let total = tensors.len();
     let mut done = 0;
     let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
     for s in &resident {
-        w.write_next(&bf16_bytes(&fill(&mut rng, &s.shape, s.role)))?;
+        let v = fill(&mut rng, &s.shape, s.role);
+        if is_fp8(spec, &s.name, &s.shape) {
+            let (q, scales) = quantize(FP8_BLOCK, &v, s.shape[0], s.shape[1]);
+            w.write_next(&q)?;
+            w.write_next(&scales.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+        } else {
+            w.write_next(&bf16_bytes(&v))?;
+        }
         done += 1;
         progress(done, total);
     }
