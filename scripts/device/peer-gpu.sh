@@ -120,14 +120,17 @@ print(json.dumps({'engine':'strata serve','weights':'bf16','device_picks':'$pick
     done
   done
 fi
-since "strata, CUDA graphs off"
-strata_bench "$slice" bf16 --cuda-graphs off
-strata_bench "$slice-int4" int4-g64 --cuda-graphs off
-for d in "$slice" "$slice-int4"; do
-  echo "== $d" >>"$OUT/profile.txt"
-  timeout 60 $S bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \
-    --profile >>"$OUT/profile.txt" 2>&1
-done
+# GRAPHS_OFF=0 skips the runs without CUDA graphs and the per-stage profile.
+if [ "${GRAPHS_OFF:-1}" = 1 ]; then
+  since "strata, CUDA graphs off"
+  strata_bench "$slice" bf16 --cuda-graphs off
+  strata_bench "$slice-int4" int4-g64 --cuda-graphs off
+  for d in "$slice" "$slice-int4"; do
+    echo "== $d" >>"$OUT/profile.txt"
+    timeout 60 $S bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \
+      --profile >>"$OUT/profile.txt" 2>&1
+  done
+fi
 if [ -x "$L/bin/llama-bench" ] && [ -f /tmp/slice.gguf ]; then
   since "llama.cpp bf16"; llama_bench /tmp/slice.gguf bf16
   timeout 120 "$L/bin/llama-quantize" /tmp/slice.gguf /tmp/slice-q4_0.gguf Q4_0 >>"$OUT/side.log" 2>&1 &&
