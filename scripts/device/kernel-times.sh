@@ -11,14 +11,15 @@
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 S=$PWD/$C/strata
-slice=/tmp/slice-k
+# KSLICE: an existing slice (and KSLICE-int4) to reuse; KT: which of bf16 and int4 to list.
+slice=${KSLICE:-/tmp/slice-k}
 [ -d "$slice" ] || timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
   --vocab 16384 >>"$OUT/side.log" 2>&1
 [ -d "$slice-int4" ] || timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prompt=${PREFILL:-8}; decode=4; tag=""
 [ -n "${PREFILL:-}" ] && { decode=2; tag=prefill-; }
-for v in bf16 int4; do
+for v in ${KT:-bf16 int4}; do
   d=$slice; [ $v = int4 ] && d=$slice-int4
   timeout 240 "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     $S bench decode --model "$d" --device cuda --prompt-tokens $prompt --decode-tokens $decode --cuda-graphs off --usage off \
