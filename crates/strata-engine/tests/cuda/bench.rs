@@ -15,8 +15,8 @@ fn cuda_kernel_bandwidth() {
         QuantKind::Int4Group { group: 64 },
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
     ] {
-        // `experts` experts in distinct device memory (bigger than L2 together), one row
-        // each: decode. One random expert, quantized once, uploaded `experts` times.
+        // `experts` experts in distinct device memory (bigger than L2 together). One random
+        // expert, quantized once, uploaded `experts` times.
         let mut w = |rows, cols| {
             let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-0.05f32..0.05)).collect();
             let (payload, scales) = quantize(kind, &v, rows, cols);
@@ -26,30 +26,36 @@ fn cuda_kernel_bandwidth() {
         let mats: Vec<[<CudaBackend as Backend>::Mat; 3]> =
             (0..experts).map(|_| host.clone().map(|m| g.matrix(m).unwrap())).collect();
         let bytes: u64 = mats.iter().map(|m| m.iter().map(|x| x.bytes_held()).sum::<u64>()).sum();
-        for batch in [8usize, 24] {
-            let x = up(g, &rvec(&mut rng, batch * hidden, 1.0));
-            let mut y = g.alloc(batch * hidden).unwrap();
-            let rows: Vec<Vec<u32>> = (0..batch).map(|i| vec![i as u32]).collect();
+        // Decode: one row, `batch` experts on it (top-k); prompts: `batch` experts of `per`
+        // rows each in a forward of `batch * per` rows (the many-row kernels: tiles or not).
+        for (batch, per) in [(8usize, 0usize), (24, 0), (24, 1), (24, 2), (24, 4), (24, 16)] {
+            let xrows = (batch * per).max(1);
+            let x = up(g, &rvec(&mut rng, xrows * hidden, 1.0));
+            let mut y = g.alloc(batch * per.max(1) * hidden).unwrap();
+            let rows: Vec<Vec<u32>> = (0..batch)
+                .map(|i| if per == 0 { vec![0] } else { (i * per..(i + 1) * per).map(|r| r as u32).collect() })
+                .collect();
             let task = |i: usize| ExpertTask {
                 weights: g.expert_ref(&mats[i][0], &mats[i][1], &mats[i][2]),
                 rows: Some(&rows[i][..]),
-                out_row: i,
+                out_row: i * per.max(1),
             };
             for _ in 0..3 {
-                g.experts(&x, batch, batch, &task, &mut y);
+                g.experts(&x, xrows, batch, &task, &mut y);
             }
             g.synchronize();
             let reps = 20;
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                g.experts(&x, batch, batch, &task, &mut y);
+                g.experts(&x, xrows, batch, &task, &mut y);
             }
             g.synchronize();
             let s = t.elapsed().as_secs_f64() / reps as f64;
             let read = bytes as f64 * batch as f64 / experts as f64;
             let gbs = read / s / 1e9;
-            eprintln!("experts {} x{batch} (one row each): {:.1} us, {gbs:.0} GB/s", kind.name(), s * 1e6);
-            report.insert(format!("{}_x{batch}_gb_per_s", kind.name()), gbs.into());
+            let what = if per == 0 { "decode".to_string() } else { format!("prompt, {per} rows each") };
+            eprintln!("experts {} x{batch} ({what}): {:.1} us, {gbs:.0} GB/s", kind.name(), s * 1e6);
+            report.insert(format!("{}_x{batch}_rows{per}_gb_per_s", kind.name()), gbs.into());
         }
     }
     // Device-to-device copy: the HBM ceiling (bytes read + written).
