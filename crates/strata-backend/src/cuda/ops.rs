@@ -57,13 +57,6 @@ fn prompt_tiles_on() -> bool {
     switch("STRATA_CUDA_PROMPT_TILES", &CELL)
 }
 
-/// `STRATA_CUDA_TILE_MIN_ROWS=N`: quantized experts of fewer than N rows in a prompt take
-/// the CUDA-core kernel (`experts_up<8>`), not the tiles (default 1: always the tiles).
-fn tile_min_rows() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_TILE_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1))
-}
-
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -754,10 +747,9 @@ pub(crate) fn experts<'a>(
             Some(r) => rowidx.extend_from_slice(r),
             None => rowidx.extend(0..rows as u32),
         }
-        // (By the task's own rows: the same wherever its weights live.)
-        let few = |m: &CudaMat| nrows < tile_min_rows() && (2..=4).contains(&m.desc.kind);
-        let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind && !few(g);
-        let tiles2 = mma_tiles(b, &d.desc) && !few(d);
+        // Never by the task's rows: a row sums the same whichever task it comes in.
+        let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
+        let tiles2 = mma_tiles(b, &d.desc);
         // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
         // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
         // cuBLAS and the f32 products.
