@@ -747,7 +747,8 @@ pub(crate) fn experts<'a>(
             Some(r) => rowidx.extend_from_slice(r),
             None => rowidx.extend(0..rows as u32),
         }
-        // Never by the task's rows: a row sums the same whichever task it comes in.
+        // By the matrices only (for quantized ones never by the task's rows, so a row sums
+        // the same whatever task it comes in).
         let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
         let tiles2 = mma_tiles(b, &d.desc);
         // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
