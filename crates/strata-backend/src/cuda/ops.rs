@@ -57,6 +57,14 @@ fn prompt_tiles_on() -> bool {
     switch("STRATA_CUDA_PROMPT_TILES", &CELL)
 }
 
+/// `STRATA_CUDA_BF16_CHUNKS=1`: bf16 experts of 32 rows or more go through the tiles 32
+/// rows at a time, as quantized ones do, not cuBLAS one expert at a time (off by default:
+/// to be timed against it on long prompts, where the weights are read once a chunk).
+fn bf16_chunks_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_BF16_CHUNKS").as_deref() == Ok("1"))
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -755,7 +763,7 @@ pub(crate) fn experts<'a>(
         // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
         // cuBLAS and the f32 products.
         let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
-        if nrows >= EXPERT_BIG_ROWS && !(tiles1 && tiles2 && quantized) {
+        if nrows >= EXPERT_BIG_ROWS && !(tiles1 && tiles2 && (quantized || bf16_chunks_on())) {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }
