@@ -1,8 +1,8 @@
 //! The `Backend` trait on the CUDA backend: buffers, matrices, and each op's launch (the
-//! larger ops' launch code is in `ops.rs`).
+//! larger ops' launch code is in `ops.rs`, the experts' in `experts.rs`).
 
 use super::ops::NO_NORM;
-use super::{args, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc};
+use super::{args, experts, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc};
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::Result;
@@ -274,7 +274,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return;
         }
-        ops::experts(self, x, rows, n, task, GateAct::Silu, y);
+        experts::experts(self, x, rows, n, task, GateAct::Silu, y);
         self.profiled();
     }
 
@@ -309,7 +309,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return;
         }
-        ops::experts(self, x, rows, n, task, act, y);
+        experts::experts(self, x, rows, n, task, act, y);
         self.profiled();
     }
 

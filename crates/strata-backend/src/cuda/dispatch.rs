@@ -3,7 +3,7 @@
 //! the grouped expert kernels read. The ids never visit the host, so a MoE layer costs
 //! no device-to-host sync and no task upload.
 
-use super::ops::{check_expert, row_blocks};
+use super::experts::{check_expert, row_blocks};
 use super::{args, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 

@@ -19,6 +19,7 @@
 mod backend;
 mod dispatch;
 mod elementwise;
+mod experts;
 mod module;
 mod ops;
 mod queue;
@@ -141,7 +142,7 @@ struct TaskDesc {
     /// The gate activation (`gate_act` in `kernels/common.cu`).
     act: i32,
     /// Whether the many-row kernels' pass 1 (gate and up) / pass 2 (down) take the
-    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `ops::mma_tiles`).
+    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `experts::mma_tiles`).
     tiles1: i32,
     tiles2: i32,
 }
@@ -417,6 +418,11 @@ macro_rules! args {
     };
 }
 pub(crate) use args;
+
+/// A switch for comparisons, read once: on unless the variable is `0`.
+fn switch(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool {
+    *cell.get_or_init(|| std::env::var(name).as_deref() != Ok("0"))
+}
 
 /// `STRATA_CUDA_WATCHDOG` (seconds): wait for every kernel and panic when one runs longer.
 fn watchdog() -> Option<std::time::Duration> {

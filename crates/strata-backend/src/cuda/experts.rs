@@ -1,0 +1,214 @@
+//! Gated experts (`down(act(gate x) * up x)`) over the host's task table: the grouped
+//! launches of a forward's experts (one-row kernels in decode, the tensor-core tiles or
+//! one output a warp in a prompt) and the many-row products for an expert with many rows.
+
+use super::{args, switch, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
+use crate::{ExpertTask, GateAct};
+
+/// `STRATA_CUDA_PROMPT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
+/// the CUDA cores (`experts_up<8>`: one output a warp, rows 8 at a time), and quantized or
+/// batched products of many rows too (`k_tiled_K`), not the tensor-core tiles.
+fn prompt_tiles_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_PROMPT_TILES", &CELL)
+}
+
+/// `STRATA_CUDA_BF16_CHUNKS=1`: bf16 experts of 32 rows or more go through the tiles 32
+/// rows at a time, as quantized ones do, not cuBLAS one expert at a time (off by default:
+/// to be timed against it on long prompts, where the weights are read once a chunk).
+fn bf16_chunks_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_BF16_CHUNKS").as_deref() == Ok("1"))
+}
+
+/// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
+/// kernels/experts.cu); block counts follow from them.
+const UP_OUTS: usize = 2;
+const DOWN_OUTS: usize = 4;
+
+/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
+pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
+    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
+}
+
+/// Outputs a block of the many-row kernels computes: tiles (`XT_UP_OUTS`, `XT_DOWN_OUTS` in
+/// `kernels/expert_tiles.cu`), else one a warp.
+const TILE_UP_OUTS: usize = 128;
+pub(super) const TILE_DOWN_OUTS: usize = 256;
+
+/// Whether the tensor-core tiles (`kernels/expert_tiles.cu`: a prompt's experts and its
+/// quantized or batched products) take matrix `m`: an encoding they turn into bf16 exactly
+/// (not f32, which keeps its exact path), rows of whole 32-column runs in aligned vectors,
+/// one scale a run. It depends on the matrix alone (never on the batch), so a task sums the
+/// same way wherever its weights live.
+pub(super) fn mma_tiles(b: &CudaBackend, m: &MatDesc) -> bool {
+    let runs = match m.kind {
+        1 | 2 => true,
+        3 => m.group % 32 == 0,
+        4 => m.bcol % 32 == 0,
+        _ => false,
+    };
+    b.mma && prompt_tiles_on() && runs && m.vec != 0 && m.cols % 32 == 0
+}
+
+/// Panics unless `e` is a gated expert over `hidden`: gate = up = [inter, hidden], down =
+/// [hidden, inter], gate and up in one encoding (the grouped kernels read them together).
+pub(super) fn check_expert(e: &CudaExpert<'_>, hidden: usize) {
+    let (g, u, d) = (e.gate, e.up, e.down);
+    let inter = g.rows;
+    assert!(
+        g.cols == hidden && u.rows == inter && u.cols == hidden && d.rows == hidden && d.cols == inter,
+        "swiglu_expert: shapes gate {}x{}, up {}x{}, down {}x{}; expected gate = up = [inter, hidden], down = [hidden, inter] with hidden {hidden}",
+        g.rows,
+        g.cols,
+        u.rows,
+        u.cols,
+        d.rows,
+        d.cols
+    );
+    assert_eq!(g.kind, u.kind, "swiglu_expert: gate and up must share an encoding");
+}
+
+/// Gated experts (`down(act(gate x) * up x)`): experts with few rows in two grouped
+/// launches (gate/up, down) over a task table built here; an expert with many rows (a
+/// dense MLP or the shared expert in a prefill) through the many-rows products.
+pub(crate) fn experts<'a>(
+    b: &CudaBackend,
+    x: &DevBuf<f32>,
+    rows: usize,
+    n: usize,
+    task: &(dyn Fn(usize) -> ExpertTask<'a, CudaBackend> + Sync),
+    act: GateAct,
+    y: &mut DevBuf<f32>,
+) {
+    let act: i32 = match act {
+        GateAct::Silu => 0,
+        GateAct::GeluTanh => 1,
+    };
+    let hidden = task(0).weights.gate.cols;
+    assert!(x.len() >= rows * hidden, "experts: x has {} values, expected {rows} rows x {hidden}", x.len());
+    let mut tasks: Vec<TaskDesc> = Vec::with_capacity(n);
+    let mut rowidx: Vec<u32> = Vec::new();
+    // (weights, rows offset, rows, out row, x as it is)
+    let mut big = Vec::new();
+    let mut h_off = 0usize;
+    for i in 0..n {
+        let t = task(i);
+        check_expert(&t.weights, hidden);
+        let (g, u, d) = (t.weights.gate, t.weights.up, t.weights.down);
+        let inter = g.rows;
+        let nrows = match t.rows {
+            Some(r) => {
+                assert!(r.iter().all(|&i| (i as usize) < rows), "experts: a job row is beyond x's {rows} rows");
+                r.len()
+            }
+            None => rows,
+        };
+        assert!((t.out_row + nrows) * hidden <= y.len(), "experts: output rows beyond y");
+        if nrows == 0 {
+            continue;
+        }
+        let rows_off = rowidx.len();
+        match t.rows {
+            Some(r) => rowidx.extend_from_slice(r),
+            None => rowidx.extend(0..rows as u32),
+        }
+        // By the matrices only (for quantized ones never by the task's rows, so a row sums
+        // the same whatever task it comes in).
+        let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
+        let tiles2 = mma_tiles(b, &d.desc);
+        // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
+        // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
+        // cuBLAS and the f32 products.
+        let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
+        if nrows >= EXPERT_BIG_ROWS && !(tiles1 && tiles2 && (quantized || bf16_chunks_on())) {
+            big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
+            continue;
+        }
+        for at in (0..nrows).step_by(EXPERT_BIG_ROWS) {
+            let part = (nrows - at).min(EXPERT_BIG_ROWS);
+            tasks.push(TaskDesc {
+                g: g.desc,
+                u: u.desc,
+                d: d.desc,
+                h_off: h_off as i64,
+                nrows: part as i32,
+                rows_off: (rows_off + at) as i32,
+                out_row: (t.out_row + at) as i32,
+                blk1: 0,
+                blk2: 0,
+                act,
+                tiles1: i32::from(tiles1),
+                tiles2: i32::from(tiles2),
+            });
+            h_off += (part * inter).next_multiple_of(4);
+        }
+    }
+    // Block ranges: 8 warps a block, each one output or a share of a tile's, or in a
+    // one-row forward (decode) the row kernels' several. Chosen by the forward's rows, not
+    // by the tasks' at hand:
+    // a prompt's experts come in batches that depend on what was resident (all at once,
+    // or hits then misses a few at a time), and a batch of one-row tasks must sum as the
+    // same tasks do beside a many-row one, so that streamed equals resident bit for bit
+    // (the row kernels add in another order for bf16, and int4 there takes the tiles).
+    let one_row = rows == 1;
+    let (mut blk1, mut blk2) = (0usize, 0usize);
+    for t in &mut tasks {
+        t.blk1 = blk1 as i32;
+        t.blk2 = blk2 as i32;
+        let inter = t.g.rows as usize;
+        let (up, down) = if one_row {
+            row_blocks(inter, hidden)
+        } else {
+            let up_outs = if t.tiles1 != 0 { TILE_UP_OUTS } else { 8 };
+            let down_outs = if t.tiles2 != 0 { TILE_DOWN_OUTS } else { 8 };
+            (inter.div_ceil(up_outs), hidden.div_ceil(down_outs))
+        };
+        blk1 += up;
+        blk2 += down;
+    }
+    let mut st = b.lock();
+    let st = &mut *st;
+    // Table: the tasks, then the row lists (16-byte aligned).
+    let tbytes = std::mem::size_of_val(&tasks[..]);
+    let roff = tbytes.next_multiple_of(16);
+    let total = roff + 4 * rowidx.len();
+    let bytes = &mut st.work.bytes;
+    bytes.clear();
+    // SAFETY: plain #[repr(C)] values viewed as bytes.
+    bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(tasks.as_ptr() as *const u8, tbytes) });
+    bytes.resize(roff, 0);
+    bytes.extend(rowidx.iter().flat_map(|r| r.to_le_bytes()));
+    let table = b.ensure(&mut st.work.table, total.max(16)).ptr();
+    b.upload_bytes(&mut st.ring, table, &st.work.bytes);
+    let ridx = table + roff as u64;
+    let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
+    if !tasks.is_empty() {
+        let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
+        let nt = tasks.len() as i32;
+        let (up, down) =
+            if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (&b.f.experts_up, &b.f.experts_down) };
+        b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
+        b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
+    }
+    for (w, rows_off, nrows, out_row, whole) in big {
+        let inter = w.gate.rows;
+        let xin = if whole && nrows == rows {
+            xp
+        } else {
+            let gx = b.ensure(&mut st.work.gx, nrows * hidden).ptr();
+            let rp = ridx + 4 * rows_off as u64;
+            b.launch(&b.f.gather, (nrows as u32, 1, 1), 256, 0, &mut args![xp, rp, hid, gx]);
+            gx
+        };
+        let gp = b.ensure(&mut st.work.g, nrows * inter).ptr();
+        let up = b.ensure(&mut st.work.u, nrows * inter).ptr();
+        let hp = b.ensure(&mut st.work.hb, nrows * inter).ptr();
+        b.linear(st, &Lin::plain(w.gate, xin, hidden, nrows, gp));
+        b.linear(st, &Lin::plain(w.up, xin, hidden, nrows, up));
+        let len = (nrows * inter) as i64;
+        let blocks = (nrows * inter).div_ceil(256).clamp(1, 8 * b.sms) as u32;
+        b.launch(&b.f.act_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, act, hp]);
+        b.linear(st, &Lin::plain(w.down, hp, inter, nrows, yp + (4 * out_row * hidden) as u64));
+    }
+}
