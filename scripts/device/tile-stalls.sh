@@ -10,9 +10,14 @@
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+# Warps stalled per issued instruction, by reason (what WarpStateStats charts).
+stalls=$(for r in barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle lg_throttle wait \
+  not_selected selected dispatch_stall no_instruction imc_miss drain membar branch_resolving tex_throttle; do
+  printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done)
+stalls=${stalls%,}
 timeout 400 "$NCU" --clock-control none --csv --kernel-name "regex:${KERNELS:-k_experts_(up|down)$}" \
   --launch-count "${COUNT:-48}" --section WarpStateStats --section SchedulerStats --section Occupancy \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+  --metrics "gpu__time_duration.sum,dram__bytes_read.sum,$stalls" \
   $C/cuda-tests --ignored --nocapture --test-threads=1 cuda_kernel_bandwidth >"$OUT/tile-stalls.csv" 2>>"$OUT/side.log"
 python3 - "$OUT/tile-stalls.csv" >"$OUT/tile-stalls.txt" <<'PY'
 import csv, sys, collections
@@ -30,8 +35,9 @@ for i, e in k.items():
     b = m.get("dram__bytes_read.sum", (0, ""))
     us = t[0] * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(t[1], 1.0)
     mb = b[0] * {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(b[1], 1.0)
-    stalls = sorted(((v[0], n) for n, v in m.items() if "Stall" in n or "stall" in n), reverse=True)[:5]
+    stalls = sorted(((v[0], n) for n, v in m.items() if "issue_stalled_" in n), reverse=True)[:5]
+    name = lambda n: n.split("issue_stalled_")[1].split("_per_issue")[0]
     print(f"{i:>4} {e['name']:<16} {us:9.1f} us {mb:8.1f} MB {mb / max(us, 1e-9):7.0f} GB/s  "
-          + "; ".join(f"{n.split('.')[-1] if '.' in n else n} {v:.2f}" for v, n in stalls))
+          + "; ".join(f"{name(n)} {v:.2f}" for v, n in stalls))
 PY
 cat "$OUT/tile-stalls.txt"
