@@ -5,7 +5,9 @@
 # 2, 4 and 16 rows an expert; every encoding) with the warp-state, scheduler, occupancy
 # and memory sections, and lists per kernel launch its duration, DRAM read rate and the
 # top warp stall reasons. KERNELS (regex, default "k_experts_(up|down)$") picks kernels;
-# COUNT (default 48) caps the launches profiled.
+# SKIP and COUNT the matching launches profiled: the bench runs bf16, int8, int4, FP8, each
+# with prompts of 1, 2, 4 and 16 rows an expert, 23 launches of both kernels each (46
+# matching), so SKIP=368 COUNT=184 (the defaults) are int4's.
 # Writes $OUT/tile-stalls.csv (raw) and $OUT/tile-stalls.txt.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
@@ -16,7 +18,7 @@ stalls=$(for r in barrier long_scoreboard short_scoreboard math_pipe_throttle mi
   printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done)
 stalls=${stalls%,}
 timeout 400 "$NCU" --clock-control none --csv --kernel-name "regex:${KERNELS:-k_experts_(up|down)$}" \
-  --launch-count "${COUNT:-48}" --section WarpStateStats --section SchedulerStats --section Occupancy \
+  --launch-skip "${SKIP:-368}" --launch-count "${COUNT:-184}" --section WarpStateStats --section SchedulerStats --section Occupancy \
   --metrics "gpu__time_duration.sum,dram__bytes_read.sum,$stalls" \
   $C/cuda-tests --ignored --nocapture --test-threads=1 cuda_kernel_bandwidth >"$OUT/tile-stalls.csv" 2>>"$OUT/side.log"
 python3 - "$OUT/tile-stalls.csv" >"$OUT/tile-stalls.txt" <<'PY'
