@@ -25,11 +25,19 @@
                   // of two rows fall on distinct banks)
 #define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (EXPERT_BIG_ROWS)
 
+// The host sends tasks here on sm_80 and later (CudaBackend::mma), whatever the int4 decode
+// tiles' switch (I4_TILES) says.
+#if __CUDA_ARCH__ >= 800
+#define XT_MMA 1
+#else
+#define XT_MMA 0
+#endif
+
 // Outputs a block: 8 warps of 16 (up: gate and up) or 32 (down).
 #define XT_UP_OUTS 128
 #define XT_DOWN_OUTS 256
 
-#if TILE_MMA
+#if XT_MMA
 struct XtBuf {
     uint4 v[2][XT_PARTS][XT_NT * 8][XT_LD];
 };
@@ -339,7 +347,7 @@ __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidde
 extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_up(const Task* tasks, int ntasks, const u32* rowidx,
                                                                const float* x, int hidden, float* h) {
     pdl_enter();
-#if TILE_MMA
+#if XT_MMA
     const Task& T = tasks[find_task(tasks, ntasks, blockIdx.x, false)];
     if (T.tiles1) {
         xt_up(T, rowidx, x, hidden, h);
@@ -352,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_up(const Ta
 extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_down(const Task* tasks, int ntasks, const float* h,
                                                                  int hidden, float* y) {
     pdl_enter();
-#if TILE_MMA
+#if XT_MMA
     const Task& T = tasks[find_task(tasks, ntasks, blockIdx.x, true)];
     if (T.tiles2) {
         xt_down(T, h, hidden, y);
@@ -369,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB)
     k_tiled_mma(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows, int rows,
                 int nout, float* out, int ostride, int col, int col_bs, int add, const float* bias) {
     pdl_enter();
-#if TILE_MMA
+#if XT_MMA
     __shared__ XtBuf xs;
     int b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int o0 = blockIdx.x * XT_DOWN_OUTS + 32 * warp, r0 = blockIdx.y * 8 * XT_NT;
