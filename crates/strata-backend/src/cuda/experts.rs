@@ -69,9 +69,10 @@ pub(super) fn check_expert(e: &CudaExpert<'_>, hidden: usize) {
     assert_eq!(g.kind, u.kind, "swiglu_expert: gate and up must share an encoding");
 }
 
-/// Gated experts (`down(act(gate x) * up x)`): experts with few rows in two grouped
-/// launches (gate/up, down) over a task table built here; an expert with many rows (a
-/// dense MLP or the shared expert in a prefill) through the many-rows products.
+/// Gated experts (`down(act(gate x) * up x)`): experts with few rows, and quantized ones of
+/// any rows 32 at a time, in two grouped launches (gate/up, down) over a task table built
+/// here; a bf16 or f32 expert with many rows (a dense MLP or the shared expert in a
+/// prefill) through the many-rows products.
 pub(crate) fn experts<'a>(
     b: &CudaBackend,
     x: &DevBuf<f32>,
