@@ -82,34 +82,12 @@ template <int KIND> __device__ __forceinline__ void xt_words(uint4 q, u32* w) {
         w[2] = bfma2(__byte_perm(hi, magic, 0x4140), one, m136);
         w[3] = bfma2(__byte_perm(hi, magic, 0x4342), one, m136);
     } else {
-        // int8 and e4m3 through exact f32 values (as unpack<2> / unpack<4>), whose high
-        // halves are the bf16s.
-        u32 word[2] = {q.x, q.y};
+        // int8 and e4m3 through their exact f32 values (unpack; q's upper half is zeros),
+        // whose high halves are the bf16s.
+        float v[16];
+        unpack<KIND>(q, v);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float v[4];
-            if (KIND == 2) {
-                u32 flipped = word[i] ^ 0x80808080u;
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    v[j] = __uint_as_float(__byte_perm(flipped, 0x4B000000u, 0x7440u + j)) - 8388736.f;
-            } else {
-                u32 mag = word[i] & 0x7F7F7F7Fu, sgn = word[i] & 0x80808080u;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    u32 t = __byte_perm(mag, sgn, ((u32)j << 8) | ((4u + j) << 12));
-                    v[j] = __uint_as_float(((t << 4) & 0x07F00000u) | (t & 0x80000000u)) * 0x1p120f;
-                }
-                u32 nan = __vcmpeq4(mag, 0x7F7F7F7Fu);
-                if (nan) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        if ((nan >> (8 * j)) & 1u) v[j] = __int_as_float(0x7fc00000);
-                }
-            }
-            w[2 * i] = hi_halves(v[0], v[1]);
-            w[2 * i + 1] = hi_halves(v[2], v[3]);
-        }
+        for (int i = 0; i < 4; i++) w[i] = hi_halves(v[2 * i], v[2 * i + 1]);
     }
 }
 
