@@ -262,6 +262,12 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
     }
 }
 
+// Where the result acc[s][n][i] of xt_tiles of lane (g = lane / 4, t = lane % 4) belongs:
+// its output within the warp's tiles (16 a tile) and its x row (the C fragment's layout,
+// in one place).
+__device__ __forceinline__ int xt_out(int s, int i, int g) { return 16 * s + g + 8 * (i >> 1); }
+__device__ __forceinline__ int xt_xrow(int n, int i, int t) { return 8 * n + 2 * t + (i & 1); }
+
 // xt_tiles for the matrices' encoding (the host sends only bf16, int8, int4 and FP8 here;
 // gate and up share theirs).
 __device__ __forceinline__ void xt_any(const Mat& ma, int ra, const Mat& mb, int rb, bool active, const float* xrow,
@@ -288,7 +294,7 @@ __device__ __forceinline__ void xt_up(const Task& T, const u32* rowidx, const fl
     for (int n = 0; n < XT_NT; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int o = o0 + g + 8 * (i >> 1), r = 8 * n + 2 * t + (i & 1);
+            int o = o0 + xt_out(0, i, g), r = xt_xrow(n, i, t);
             if (o < inter && r < T.nrows) h[T.h_off + (i64)r * inter + o] = gate_act(acc[0][n][i], T.act) * acc[1][n][i];
         }
 }
@@ -309,7 +315,7 @@ __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidde
         for (int n = 0; n < XT_NT; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int o = o0 + 16 * s + g + 8 * (i >> 1), r = 8 * n + 2 * t + (i & 1);
+                int o = o0 + xt_out(s, i, g), r = xt_xrow(n, i, t);
                 if (o < hidden && r < T.nrows) y[(i64)(T.out_row + r) * hidden + o] = acc[s][n][i];
             }
 }
@@ -371,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB)
         for (int n = 0; n < XT_NT; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int o = o0 + 16 * s + g + 8 * (i >> 1), r = 8 * n + 2 * t + (i & 1);
+                int o = o0 + xt_out(s, i, g), r = xt_xrow(n, i, t);
                 if (o >= nout || r >= nr) continue;
                 float v = acc[s][n][i] + (bias ? bias[o] : 0.f);
                 float* p = out + (i64)(r0 + r) * ostride + col + b * col_bs + o;
