@@ -64,7 +64,7 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
     });
     if s.fp8 {
         cfg["quantization_config"] = serde_json::json!({
-            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [FP8_EDGE, FP8_EDGE]
         });
     }
     cfg
@@ -85,7 +85,9 @@ pub const FP8_PROJECTIONS: [&str; 10] = [
     "down_proj.weight",
 ];
 
-const FP8_BLOCK: QuantKind = QuantKind::Fp8 { block_rows: 128, block_cols: 128 };
+/// The FP8 blocks' edge (`weight_block_size`, and the scale grid's step).
+const FP8_EDGE: usize = 128;
+const FP8_BLOCK: QuantKind = QuantKind::Fp8 { block_rows: FP8_EDGE, block_cols: FP8_EDGE };
 
 fn is_fp8(spec: &SynthSpec, name: &str, shape: &[usize]) -> bool {
     spec.fp8
@@ -145,7 +147,7 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
     for s in &resident {
         if is_fp8(spec, &s.name, &s.shape) {
             specs.push(TensorSpec { name: s.name.clone(), dtype: ElementType::F8E4M3, shape: s.shape.clone() });
-            let scales = vec![s.shape[0].div_ceil(128), s.shape[1].div_ceil(128)];
+            let scales = vec![s.shape[0].div_ceil(FP8_EDGE), s.shape[1].div_ceil(FP8_EDGE)];
             specs.push(TensorSpec { name: format!("{}_scale_inv", s.name), dtype: ElementType::F32, shape: scales });
         } else {
             specs.push(TensorSpec { name: s.name.clone(), dtype: ElementType::BF16, shape: s.shape.clone() });
