@@ -93,19 +93,18 @@ fn cuda_route_softmax_matches_cpu() {
 /// An expert's (gate/up, down) encodings and its rows (None: every row).
 type ExpertSpec = (QuantKind, QuantKind, Option<Vec<u32>>);
 
-/// Runs `specs` (matrices `mats`) as one grouped launch over x of `rows` rows; returns y.
-#[allow(clippy::too_many_arguments)]
+/// Runs `specs` (matrices `mats`) as one grouped launch over x of `rows` rows, their outputs
+/// one after another in their order ([`out_rows_of`]); returns y.
 fn run_experts<B: Backend>(
     b: &B,
     mats: &[[HostMatrix; 3]],
     specs: &[ExpertSpec],
-    out_rows: &[usize],
     x: &[f32],
     rows: usize,
-    total: usize,
     hidden: usize,
     act: GateAct,
 ) -> Vec<f32> {
+    let (out_rows, total) = out_rows_of(specs, rows);
     let dev: Vec<[B::Mat; 3]> = mats
         .iter()
         .map(|m| [b.matrix(m[0].clone()).unwrap(), b.matrix(m[1].clone()).unwrap(), b.matrix(m[2].clone()).unwrap()])
@@ -181,10 +180,9 @@ pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    let (out_rows, total) = out_rows_of(&specs, rows);
     for act in [GateAct::Silu, GateAct::GeluTanh] {
-        let gy = run_experts(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
-        let cy = run_experts(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        let gy = run_experts(g, &mats, &specs, &x, rows, hidden, act);
+        let cy = run_experts(c, &mats, &specs, &x, rows, hidden, act);
         close(&format!("prompt experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
     }
 }
@@ -217,10 +215,8 @@ fn cuda_prompt_expert_rows_sum_alone() {
         let one = expert_mats(&mut rng, &whole, hidden, inter);
         let mats: Vec<[HostMatrix; 3]> = split.iter().map(|_| one[0].clone()).collect();
         let x = rvec(&mut rng, rows * hidden, 1.0);
-        let (wo, wt) = out_rows_of(&whole, rows);
-        let (so, st) = out_rows_of(&split, rows);
-        let wy = run_experts(g, &one, &whole, &wo, &x, rows, wt, hidden, GateAct::Silu);
-        let sy = run_experts(g, &mats, &split, &so, &x, rows, st, hidden, GateAct::Silu);
+        let wy = run_experts(g, &one, &whole, &x, rows, hidden, GateAct::Silu);
+        let sy = run_experts(g, &mats, &split, &x, rows, hidden, GateAct::Silu);
         for (at, r) in parts.iter().flatten().enumerate() {
             let i = all.iter().position(|a| a == r).unwrap();
             let (a, b) = (&wy[i * hidden..(i + 1) * hidden], &sy[at * hidden..(at + 1) * hidden]);
@@ -250,12 +246,12 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    let (out_rows, total) = out_rows_of(&specs, rows);
+    let (_, total) = out_rows_of(&specs, rows);
     // SwiGLU (GLM) and GELU-tanh (Gemma 4) gates, on the grouped and the many-rows paths.
     let mut cy = Vec::new();
     for act in [GateAct::GeluTanh, GateAct::Silu] {
-        let gy = run_experts(g, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
-        cy = run_experts(c, &mats, &specs, &out_rows, &x, rows, total, hidden, act);
+        let gy = run_experts(g, &mats, &specs, &x, rows, hidden, act);
+        cy = run_experts(c, &mats, &specs, &x, rows, hidden, act);
         close(&format!("experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
     }
 
