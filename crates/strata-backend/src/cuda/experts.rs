@@ -31,6 +31,10 @@ pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
     (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
 }
 
+/// Rows a tile takes at most (`XT_NT` n-tiles of 8 in `kernels/expert_tiles.cu`): tasks and
+/// `k_tiled_mma`'s blocks hold no more.
+pub(super) const TILE_ROWS: usize = 32;
+
 /// Outputs a block of the many-row kernels computes: tiles (`XT_UP_OUTS`, `XT_DOWN_OUTS` in
 /// `kernels/expert_tiles.cu`), else one a warp.
 const TILE_UP_OUTS: usize = 128;
@@ -118,7 +122,7 @@ pub(crate) fn experts<'a>(
         // the same whatever task it comes in).
         let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
         let tiles2 = mma_tiles(b, &d.desc);
-        // Many rows of quantized weights go through the tiles too, EXPERT_BIG_ROWS at a
+        // Many rows of quantized weights go through the tiles too, TILE_ROWS at a
         // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
         // cuBLAS and the f32 products.
         let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
@@ -126,8 +130,8 @@ pub(crate) fn experts<'a>(
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }
-        for at in (0..nrows).step_by(EXPERT_BIG_ROWS) {
-            let part = (nrows - at).min(EXPERT_BIG_ROWS);
+        for at in (0..nrows).step_by(TILE_ROWS) {
+            let part = (nrows - at).min(TILE_ROWS);
             tasks.push(TaskDesc {
                 g: g.desc,
                 u: u.desc,

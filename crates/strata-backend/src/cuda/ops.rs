@@ -2,11 +2,9 @@
 //! rows: a warp per output; many rows: cuBLAS for f32/bf16, else the tensor-core tiles or
 //! a tiled kernel); the experts are in `experts.rs`.
 
-use super::experts::{mma_tiles, TILE_DOWN_OUTS};
+use super::experts::{mma_tiles, TILE_DOWN_OUTS, TILE_ROWS};
 use super::switch;
-use super::{
-    args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, EXPERT_BIG_ROWS, MAX_JOBS, SMALL_ROWS,
-};
+use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, MAX_JOBS, SMALL_ROWS};
 use crate::{Backend, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
@@ -98,8 +96,7 @@ impl CudaBackend {
         }
         // The tensor-core tiles stage x in float4s: rows 16-byte aligned.
         if mma_tiles(self, &l.m) && l.xld.is_multiple_of(4) && l.x_bs.is_multiple_of(4) && l.x.is_multiple_of(16) {
-            let grid =
-                (l.nout.div_ceil(TILE_DOWN_OUTS) as u32, l.rows.div_ceil(EXPERT_BIG_ROWS) as u32, l.batches as u32);
+            let grid = (l.nout.div_ceil(TILE_DOWN_OUTS) as u32, l.rows.div_ceil(TILE_ROWS) as u32, l.batches as u32);
             self.launch(
                 &self.f.tiled_mma,
                 grid,

@@ -1,9 +1,10 @@
 // Part of strata's CUDA kernels (see common.cu; module.rs joins the parts in order).
 
 // ---------------------------------------------------------------------------------------
-// A prompt's routed experts (tasks of up to EXPERT_BIG_ROWS rows; the host splits a
-// quantized expert's many rows into such tasks) on the tensor cores. On the CUDA cores (experts_up<R>) a warp decoded each weight into f32 and spent
-// R fmas on it: bound by issue at ~0.6 TB/s, 60% of a 64-token prompt of the GLM-5 slice.
+// A prompt's routed experts (tasks of up to 32 rows, TILE_ROWS; the host splits a
+// quantized expert's many rows into such tasks) on the tensor cores. On the CUDA cores
+// (experts_up<R>) a warp decoded each weight into f32 and spent R fmas on it: bound by
+// issue at ~0.6 TB/s, 60% of a 64-token prompt of the GLM-5 slice.
 // Here a warp multiplies 16-row tiles of two matrices (gate and up, or two of down's) by
 // all of its task's rows with mma.m16n8k16, bf16 in and f32 accumulate:
 // - weights of every encoding become bf16 exactly (int4's n - 8, int8, e4m3; bf16 as it
@@ -23,7 +24,7 @@
 #define XT_KC 64  // columns a chunk
 #define XT_LD 12  // uint4s a staged row: 8 + 4 (rows 192 bytes apart: a quarter warp's reads
                   // of two rows fall on distinct banks)
-#define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (EXPERT_BIG_ROWS)
+#define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (TILE_ROWS in cuda/experts.rs)
 
 // The host sends tasks here on sm_80 and later (CudaBackend::mma), whatever the int4 decode
 // tiles' switch (I4_TILES) says.
