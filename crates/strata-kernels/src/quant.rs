@@ -78,9 +78,34 @@ impl QuantKind {
     }
 }
 
-/// Encodes `w` (row-major `rows x cols`) as `kind`: (payload, scales).
+/// Encodes `w` (row-major `rows x cols`) as `kind`: (payload, scales). Large matrices are
+/// cut into bands of rows (whole FP8 blocks) encoded on every core; payload and scales are
+/// row-major, so the bands' outputs concatenate to the same bytes as one pass.
 pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
     assert_eq!(w.len(), rows * cols, "quantize: {} values for {rows}x{cols}", w.len());
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let unit = match kind {
+        QuantKind::Fp8 { block_rows, .. } => block_rows,
+        _ => 1,
+    };
+    let band = rows.div_ceil(threads).div_ceil(unit) * unit;
+    if threads == 1 || rows * cols < 1 << 20 || band >= rows {
+        return quantize_band(kind, w, rows, cols);
+    }
+    let parts: Vec<(Vec<u8>, Vec<f32>)> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            w.chunks(band * cols).map(|b| s.spawn(move || quantize_band(kind, b, b.len() / cols, cols))).collect();
+        handles.into_iter().map(|h| h.join().expect("a quantize band panicked")).collect()
+    });
+    let (mut payload, mut scales) = (Vec::with_capacity(kind.payload_bytes(rows, cols)), Vec::new());
+    for (p, sc) in parts {
+        payload.extend_from_slice(&p);
+        scales.extend_from_slice(&sc);
+    }
+    (payload, scales)
+}
+
+fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
     match kind {
         QuantKind::F32 => (w.iter().flat_map(|v| v.to_le_bytes()).collect(), vec![]),
         QuantKind::Bf16 => (w.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect(), vec![]),
@@ -206,6 +231,24 @@ mod tests {
         }
         assert!(QuantKind::parse("int4-g3").is_err());
         assert!(QuantKind::parse("q4").unwrap_err().contains("unknown expert encoding"));
+    }
+
+    #[test]
+    fn banded_quantize_equals_one_pass() {
+        // Large enough to be cut into bands; 517 rows is no multiple of the cores or of
+        // the FP8 block, so the last band is short.
+        let (rows, cols) = (517, 2080);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        for kind in [
+            QuantKind::Bf16,
+            QuantKind::Int8Row,
+            QuantKind::Int4Group { group: 64 },
+            QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
+            QuantKind::Fp8 { block_rows: 3, block_cols: 7 },
+        ] {
+            assert_eq!(quantize(kind, &w, rows, cols), quantize_band(kind, &w, rows, cols), "{}", kind.name());
+        }
     }
 
     #[test]

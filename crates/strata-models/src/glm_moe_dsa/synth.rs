@@ -108,8 +108,13 @@ impl SynthRng {
     }
 }
 
-/// Values with std ~ 1/sqrt(fan_in), so activations stay O(1) through the layers.
-fn fill(rng: &mut SynthRng, shape: &[usize], role: Role) -> Vec<f32> {
+/// Values per chunk of a tensor: each chunk has its own generator, seeded from the
+/// tensor's and its own index, so the values do not depend on how many threads fill them.
+const FILL_CHUNK: usize = 1 << 20;
+
+/// Values with std ~ 1/sqrt(fan_in), so activations stay O(1) through the layers; the
+/// `index`-th tensor of a checkpoint seeded with `seed`, filled by every core.
+fn fill(seed: u64, index: usize, shape: &[usize], role: Role) -> Vec<f32> {
     let n: usize = shape.iter().product();
     let fan_in = *shape.last().unwrap() as f32;
     let (scale, offset) = match role {
@@ -118,11 +123,42 @@ fn fill(rng: &mut SynthRng, shape: &[usize], role: Role) -> Vec<f32> {
         Role::NormBias => (0.1, 0.0),
         Role::RouterBias => (0.01, 0.0),
     };
-    (0..n).map(|_| rng.next_f32() * scale + offset).collect()
+    let mut v = vec![0f32; n];
+    let chunks: Vec<(usize, &mut [f32])> = v.chunks_mut(FILL_CHUNK).enumerate().collect();
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks.len()).max(1);
+    let per = chunks.len().div_ceil(threads);
+    let mut chunks = chunks;
+    std::thread::scope(|s| {
+        while !chunks.is_empty() {
+            let mine: Vec<_> = chunks.drain(..per.min(chunks.len())).collect();
+            s.spawn(move || {
+                for (c, out) in mine {
+                    // splitmix-style mixing so neighbouring chunks start far apart.
+                    let mut h = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    h = (h ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                    let mut rng = SynthRng(h | 1);
+                    out.iter_mut().for_each(|x| *x = rng.next_f32() * scale + offset);
+                }
+            });
+        }
+    });
+    v
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes()).collect()
+    let mut out = vec![0u8; v.len() * 2];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = v.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (src, dst) in v.chunks(per).zip(out.chunks_mut(per * 2)) {
+            s.spawn(move || {
+                for (x, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                    d.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
+                }
+            });
+        }
+    });
+    out
 }
 
 /// Writes the checkpoint; `progress(done, total)` counts tensors.
@@ -153,12 +189,16 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
             specs.push(TensorSpec { name: s.name.clone(), dtype: ElementType::BF16, shape: s.shape.clone() });
         }
     }
-    let mut rng = SynthRng(spec.seed | 1);
+    let mut index = 0usize;
+    let mut next = |shape: &[usize], role: Role| {
+        index += 1;
+        fill(spec.seed, index, shape, role)
+    };
     let total = tensors.len();
     let mut done = 0;
     let mut w = SafetensorsWriter::create(&out.join("model.safetensors"), specs)?;
     for s in &resident {
-        let v = fill(&mut rng, &s.shape, s.role);
+        let v = next(&s.shape, s.role);
         if is_fp8(spec, &s.name, &s.shape) {
             let (q, scales) = quantize(FP8_BLOCK, &v, s.shape[0], s.shape[1]);
             w.write_next(&q)?;
@@ -193,9 +233,9 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
             let kind = tier.layout.gate.kind;
             for &l in &tier.layers {
                 for e in 0..spec.experts {
-                    let g = fill(&mut rng, &[inter, h], Role::Linear);
-                    let u = fill(&mut rng, &[inter, h], Role::Linear);
-                    let d = fill(&mut rng, &[h, inter], Role::Linear);
+                    let g = next(&[inter, h], Role::Linear);
+                    let u = next(&[inter, h], Role::Linear);
+                    let d = next(&[h, inter], Role::Linear);
                     let (gq, gs) = quantize(kind, &g, inter, h);
                     let (uq, us) = quantize(kind, &u, inter, h);
                     let (dq, ds) = quantize(kind, &d, h, inter);
