@@ -239,7 +239,7 @@ mod tests {
         // the FP8 block, so the last band is short.
         let (rows, cols) = (517, 2080);
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         for kind in [
             QuantKind::Bf16,
             QuantKind::Int8Row,
