@@ -13,12 +13,20 @@ fn prompt_tiles_on() -> bool {
     switch("STRATA_CUDA_PROMPT_TILES", &CELL)
 }
 
-/// `STRATA_CUDA_BF16_CHUNKS=1`: bf16 experts of 32 rows or more go through the tiles 32
-/// rows at a time, as quantized ones do, not cuBLAS one expert at a time (off by default:
-/// to be timed against it on long prompts, where the weights are read once a chunk).
-fn bf16_chunks_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_BF16_CHUNKS").as_deref() == Ok("1"))
+/// bf16 experts of this many rows or more go to cuBLAS (one expert at a time, the weights
+/// read about once); fewer go through the tiles, 32 rows a task, as quantized experts of any
+/// rows do. A prompt's routed experts rarely reach it (a 512-token prompt puts ~85 rows on
+/// each of 48 experts, 16 on each of GLM-5's 256: there the tiles were 1.25x cuBLAS), a
+/// dense MLP or shared expert of a long prompt does (cuBLAS was 1.08x the tiles at 512
+/// rows). `STRATA_CUDA_BF16_CUBLAS_ROWS=N` sets it (32: the earlier choice).
+const BF16_CUBLAS_ROWS: usize = 256;
+
+fn bf16_cublas_rows() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CELL.get_or_init(|| match std::env::var("STRATA_CUDA_BF16_CUBLAS_ROWS") {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("STRATA_CUDA_BF16_CUBLAS_ROWS={v}: expected a row count")),
+        Err(_) => BF16_CUBLAS_ROWS,
+    })
 }
 
 /// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
@@ -123,10 +131,11 @@ pub(crate) fn experts<'a>(
         let tiles1 = mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && g.desc.kind == u.desc.kind;
         let tiles2 = mma_tiles(b, &d.desc);
         // Many rows of quantized weights go through the tiles too, TILE_ROWS at a
-        // time (the many-rows products decode them on the CUDA cores); bf16 and f32 go to
-        // cuBLAS and the f32 products.
+        // time (the many-rows products decode them on the CUDA cores); bf16 up to
+        // bf16_cublas_rows() too, beyond it to cuBLAS; f32 to the f32 products.
         let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
-        if nrows >= EXPERT_BIG_ROWS && !(tiles1 && tiles2 && (quantized || bf16_chunks_on())) {
+        let tiled = tiles1 && tiles2 && (quantized || nrows < bf16_cublas_rows());
+        if nrows >= EXPERT_BIG_ROWS && !tiled {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }

@@ -195,20 +195,24 @@ fn cuda_prompt_experts_match_cpu() {
 }
 
 /// A row's expert output does not depend on the other rows of its task: the same expert
-/// over 29 rows at once, and over a few of them split into tasks of 1, 2 and 8 rows (as a
-/// streamed layer's batches may come), gives those rows bit for bit, for each encoding.
+/// over 29 rows at once, and over 73 (cut into tasks of 32, 32 and 9; bf16 too, which goes
+/// to cuBLAS only from 256 rows), and over a few of them split into tasks of 1, 2 and 8
+/// rows (as a streamed layer's batches may come), gives those rows bit for bit, for each
+/// encoding.
 #[test]
 fn cuda_prompt_expert_rows_sum_alone() {
     let Some(g) = gpu() else { return };
     let mut rng = Rand::seed_from_u64(32);
-    let (hidden, inter, rows) = (256, 192, 40);
-    for kind in [
+    let (hidden, inter, rows) = (256, 192, 80);
+    for (kind, all) in [
         QuantKind::Bf16,
         QuantKind::Int8Row,
         QuantKind::Int4Group { group: 64 },
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
-    ] {
-        let all: Vec<u32> = (4..33).collect();
+    ]
+    .into_iter()
+    .flat_map(|k| [(k, (4..33).collect::<Vec<u32>>()), (k, (4..77).collect())])
+    {
         let parts = [vec![7u32], vec![12, 30], (20..28).collect::<Vec<u32>>()];
         let whole: Vec<ExpertSpec> = vec![(kind, kind, Some(all.clone()))];
         let split: Vec<ExpertSpec> = parts.iter().map(|p| (kind, kind, Some(p.clone()))).collect();

@@ -125,3 +125,12 @@ __device__ float bmax(float v, float* sh) {
     return wmax(v);
 }
 
+// An f16x2 word as two f32s (low half first), exactly.
+__device__ __forceinline__ float2 unpack_f16(u32 v) {
+    unsigned short l, h;
+    float a, b;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(l), "=h"(h) : "r"(v));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(l));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(h));
+    return make_float2(a, b);
+}

@@ -47,6 +47,23 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
             }
         }
     } else {
+#if __CUDA_ARCH__ >= 890
+        // e4m3 exactly through the FP8 conversion unit: two bytes to an f16x2 in one
+        // instruction (every e4m3 is an f16; the byte in bits 8-15 lands in the high half;
+        // 0x7F / 0xFF become NaN), each half then to f32: 1.5 instructions a weight, where
+        // the bit arithmetic below takes ~6 and kept FP8 rows issue-bound at ~1.7 TB/s.
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                u32 h;
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(word[i] >> (16 * j))));
+                float2 f = unpack_f16(h);
+                w[4 * i + 2 * j] = f.x;
+                w[4 * i + 2 * j + 1] = f.y;
+            }
+        }
+#else
         // e4m3 exactly, with no conversion: its 7 magnitude bits placed at bit 20 read as an
         // f32 of exponent e - 127 (a denormal when e = 0), which times 2^120 is the value;
         // magnitude 0x7F is NaN. (e4m3f's branches and int->float conversion cost ~17
@@ -66,6 +83,7 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
                     if ((nan >> (8 * j)) & 1u) w[4 * i + j] = __int_as_float(0x7fc00000);
             }
         }
+#endif
     }
 }
 

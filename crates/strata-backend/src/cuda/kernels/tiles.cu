@@ -53,15 +53,6 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ float2 unpack_f16(u32 v) {
-    unsigned short l, h;
-    float a, b;
-    asm("mov.b32 {%0, %1}, %2;" : "=h"(l), "=h"(h) : "r"(v));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(l));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(h));
-    return make_float2(a, b);
-}
-
 __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
     u32 r;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
