@@ -12,6 +12,11 @@ template <> struct Vw<2> { enum { n = 16 }; };
 template <> struct Vw<3> { enum { n = 32 }; };
 template <> struct Vw<4> { enum { n = 16 }; };
 
+// FP8_CVT=0: e4m3 by bit arithmetic on every architecture (for comparison).
+#ifndef FP8_CVT
+#define FP8_CVT 1
+#endif
+
 template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
     u32 word[4] = {q.x, q.y, q.z, q.w};
     if (KIND == 0) {
@@ -47,7 +52,7 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
             }
         }
     } else {
-#if __CUDA_ARCH__ >= 890
+#if __CUDA_ARCH__ >= 890 && FP8_CVT
         // e4m3 exactly through the FP8 conversion unit: two bytes to an f16x2 in one
         // instruction (every e4m3 is an f16; the byte in bits 8-15 lands in the high half;
         // 0x7F / 0xFF become NaN), each half then to f32: 1.5 instructions a weight, where
