@@ -25,6 +25,14 @@
 #define XT_LD 12  // uint4s a staged row: 8 + 4 (rows 192 bytes apart: a quarter warp's reads
                   // of two rows fall on distinct banks)
 #define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (TILE_ROWS in cuda/experts.rs)
+// Chunks of weights loaded ahead of the one being multiplied: int4 (XT_QDEPTH), int8 and
+// e4m3 (XT_BDEPTH); bf16 takes one.
+#ifndef XT_QDEPTH
+#define XT_QDEPTH 1
+#endif
+#ifndef XT_BDEPTH
+#define XT_BDEPTH 1
+#endif
 
 // The host sends tasks here on sm_80 and later (CudaBackend::mma), whatever the int4 decode
 // tiles' switch (I4_TILES) says.
@@ -162,17 +170,23 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
             for (int i = 0; i < 4; i++) acc[s][n][i] = 0.f;
     int srow = threadIdx.x >> 3, q8 = 8 * (threadIdx.x & 7);
     bool stager = srow < 8 * nt;
-    // This chunk's ([0]) and the next's ([1]) weights [s][h][run], their scales, and x.
-    uint4 w[2][2][2][2];
-    float sc[2][2][2][2];
+    // Weights [s][h][run] and their scales of this chunk ([0]) and the D chunks after it
+    // (int4's chunks are a quarter of bf16's bytes: XT_QDEPTH of them; the byte encodings'
+    // half: XT_BDEPTH); x of this chunk and the next.
+    constexpr int D = KIND == 3 ? XT_QDEPTH : KIND == 1 ? 1 : XT_BDEPTH;
+    uint4 w[D + 1][2][2][2];
+    float sc[D + 1][2][2][2];
     float4 xa[2], xb[2];
-    auto load = [&](int c, int d) {
+    auto load_x = [&](int c, int d) {
         int c0 = c * XT_KC;
         xa[d] = xb[d] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (xrow && c0 + q8 < K) {
             xa[d] = *(const float4*)(xrow + c0 + q8);
             xb[d] = *(const float4*)(xrow + c0 + q8 + 4);
         }
+    };
+    auto load = [&](int c, int d) {
+        int c0 = c * XT_KC;
         if (!active) return;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -188,7 +202,10 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         }
     };
     int nch = (K + XT_KC - 1) / XT_KC;
-    load(0, 0);
+    load_x(0, 0);
+#pragma unroll
+    for (int i = 0; i < D; i++)
+        if (i < nch) load(i, i);
     for (int c = 0; c < nch; c++) {
         uint4(*buf)[XT_NT * 8][XT_LD] = xs.v[c & 1];
         if (stager) {
@@ -199,7 +216,8 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         }
         // Buffer c & 1 was last read in step c - 2, before every warp passed step c - 1's barrier.
         __syncthreads();
-        if (c + 1 < nch) load(c + 1, 1);
+        if (c + 1 < nch) load_x(c + 1, 1);
+        if (c + D < nch) load(c + D, D);
         if (active) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -239,14 +257,16 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         xa[0] = xa[1];
         xb[0] = xb[1];
 #pragma unroll
-        for (int s = 0; s < 2; s++)
+        for (int d = 0; d < D; d++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 2; s++)
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    w[0][s][h][r] = w[1][s][h][r];
-                    sc[0][s][h][r] = sc[1][s][h][r];
-                }
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        w[d][s][h][r] = w[d + 1][s][h][r];
+                        sc[d][s][h][r] = sc[d + 1][s][h][r];
+                    }
     }
     if (KIND == 2 && active) {
 #pragma unroll
