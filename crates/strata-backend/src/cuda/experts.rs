@@ -166,10 +166,21 @@ pub(crate) fn experts<'a>(
     // same tasks do beside a many-row one, so that streamed equals resident bit for bit
     // (the row kernels add in another order for bf16, and int4 there takes the tiles).
     let one_row = rows == 1;
-    let (mut blk1, mut blk2) = (0usize, 0usize);
-    for t in &mut tasks {
-        t.blk1 = blk1 as i32;
-        t.blk2 = blk2 as i32;
+    // A prompt's tasks with a quantized matrix go to the `_q` kernels (one block an SM,
+    // registers for the decode), the rest to the bf16 ones: two tables, the quantized
+    // after the others. By the matrices only, so a task sums the same way wherever it goes.
+    let split = if one_row {
+        tasks.len()
+    } else {
+        let quantized = |t: &TaskDesc| [t.g.kind, t.u.kind, t.d.kind].iter().any(|k| (2..=4).contains(k));
+        tasks.sort_by_key(quantized);
+        tasks.partition_point(|t| !quantized(t))
+    };
+    let mut blocks = [(0usize, 0usize); 2];
+    for (i, t) in tasks.iter_mut().enumerate() {
+        let (blk1, blk2) = &mut blocks[usize::from(i >= split)];
+        t.blk1 = *blk1 as i32;
+        t.blk2 = *blk2 as i32;
         let inter = t.g.rows as usize;
         let (up, down) = if one_row {
             row_blocks(inter, hidden)
@@ -178,8 +189,8 @@ pub(crate) fn experts<'a>(
             let down_outs = if t.tiles2 != 0 { TILE_DOWN_OUTS } else { 8 };
             (inter.div_ceil(up_outs), hidden.div_ceil(down_outs))
         };
-        blk1 += up;
-        blk2 += down;
+        *blk1 += up;
+        *blk2 += down;
     }
     let mut st = b.lock();
     let st = &mut *st;
@@ -199,11 +210,24 @@ pub(crate) fn experts<'a>(
     let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
     if !tasks.is_empty() {
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
-        let nt = tasks.len() as i32;
-        let (up, down) =
-            if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (&b.f.experts_up, &b.f.experts_down) };
-        b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![table, nt, ridx, xp, hid, hp]);
-        b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![table, nt, hp, hid, yp]);
+        let groups = [
+            (table, split, &b.f.experts_up, &b.f.experts_down),
+            (
+                table + std::mem::size_of_val(&tasks[..split]) as u64,
+                tasks.len() - split,
+                &b.f.experts_up_q,
+                &b.f.experts_down_q,
+            ),
+        ];
+        for ((tp, nt, up, down), (blk1, blk2)) in groups.into_iter().zip(blocks) {
+            if nt == 0 {
+                continue;
+            }
+            let (up, down) = if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (up, down) };
+            let nt = nt as i32;
+            b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp]);
+            b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp]);
+        }
     }
     for (w, rows_off, nrows, out_row, whole) in big {
         let inter = w.gate.rows;

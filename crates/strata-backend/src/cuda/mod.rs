@@ -297,10 +297,16 @@ struct Funcs {
     /// Up to four small projections of one row in one launch.
     linears_1: CudaFunction,
     tiled: [CudaFunction; 5],
+    /// The tensor-core tiles for bf16 (`k_tiled_mma`) and for quantized weights
+    /// (`k_tiled_mma_q`: one block an SM, registers for their decode).
     tiled_mma: CudaFunction,
-    /// Tasks of up to 8 rows, one output a warp (`k_experts_*_8`).
+    tiled_mma_q: CudaFunction,
+    /// A prompt's expert tasks (tiles, or one output a warp): tasks of bf16 or f32 experts,
+    /// and (`_q`) tasks with a quantized matrix.
     experts_up: CudaFunction,
     experts_down: CudaFunction,
+    experts_up_q: CudaFunction,
+    experts_down_q: CudaFunction,
     /// One row a task (decode): several outputs a warp (`k_experts_*_row`).
     experts_up_row: CudaFunction,
     experts_down_row: CudaFunction,
@@ -348,8 +354,11 @@ impl Funcs {
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
             tiled_mma: f("k_tiled_mma")?,
+            tiled_mma_q: f("k_tiled_mma_q")?,
             experts_up: f("k_experts_up")?,
             experts_down: f("k_experts_down")?,
+            experts_up_q: f("k_experts_up_q")?,
+            experts_down_q: f("k_experts_down_q")?,
             experts_up_row: f("k_experts_up_row")?,
             experts_down_row: f("k_experts_down_row")?,
             tasks_from_ids: f("k_tasks_from_ids")?,

@@ -25,14 +25,6 @@
 #define XT_LD 12  // uint4s a staged row: 8 + 4 (rows 192 bytes apart: a quarter warp's reads
                   // of two rows fall on distinct banks)
 #define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (TILE_ROWS in cuda/experts.rs)
-// Chunks of weights loaded ahead of the one being multiplied: int4 (XT_QDEPTH), int8 and
-// e4m3 (XT_BDEPTH); bf16 takes one.
-#ifndef XT_QDEPTH
-#define XT_QDEPTH 1
-#endif
-#ifndef XT_BDEPTH
-#define XT_BDEPTH 1
-#endif
 
 // The host sends tasks here on sm_80 and later (CudaBackend::mma), whatever the int4 decode
 // tiles' switch (I4_TILES) says.
@@ -170,23 +162,19 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
             for (int i = 0; i < 4; i++) acc[s][n][i] = 0.f;
     int srow = threadIdx.x >> 3, q8 = 8 * (threadIdx.x & 7);
     bool stager = srow < 8 * nt;
-    // Weights [s][h][run] and their scales of this chunk ([0]) and the D chunks after it
-    // (int4's chunks are a quarter of bf16's bytes: XT_QDEPTH of them; the byte encodings'
-    // half: XT_BDEPTH); x of this chunk and the next.
-    constexpr int D = KIND == 3 ? XT_QDEPTH : KIND == 1 ? 1 : XT_BDEPTH;
-    uint4 w[D + 1][2][2][2];
-    float sc[D + 1][2][2][2];
+    // This chunk's ([0]) and the next's ([1]) weights [s][h][run], their scales, and x.
+    // (Loading quantized weights more chunks ahead gained nothing once the registers
+    // allowed it: seventh session, call 3.)
+    uint4 w[2][2][2][2];
+    float sc[2][2][2][2];
     float4 xa[2], xb[2];
-    auto load_x = [&](int c, int d) {
+    auto load = [&](int c, int d) {
         int c0 = c * XT_KC;
         xa[d] = xb[d] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (xrow && c0 + q8 < K) {
             xa[d] = *(const float4*)(xrow + c0 + q8);
             xb[d] = *(const float4*)(xrow + c0 + q8 + 4);
         }
-    };
-    auto load = [&](int c, int d) {
-        int c0 = c * XT_KC;
         if (!active) return;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -202,10 +190,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         }
     };
     int nch = (K + XT_KC - 1) / XT_KC;
-    load_x(0, 0);
-#pragma unroll
-    for (int i = 0; i < D; i++)
-        if (i < nch) load(i, i);
+    load(0, 0);
     for (int c = 0; c < nch; c++) {
         uint4(*buf)[XT_NT * 8][XT_LD] = xs.v[c & 1];
         if (stager) {
@@ -216,8 +201,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         }
         // Buffer c & 1 was last read in step c - 2, before every warp passed step c - 1's barrier.
         __syncthreads();
-        if (c + 1 < nch) load_x(c + 1, 1);
-        if (c + D < nch) load(c + D, D);
+        if (c + 1 < nch) load(c + 1, 1);
         if (active) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -257,16 +241,14 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
         xa[0] = xa[1];
         xb[0] = xb[1];
 #pragma unroll
-        for (int d = 0; d < D; d++)
+        for (int s = 0; s < 2; s++)
 #pragma unroll
-            for (int s = 0; s < 2; s++)
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        w[d][s][h][r] = w[d + 1][s][h][r];
-                        sc[d][s][h][r] = sc[d + 1][s][h][r];
-                    }
+                for (int r = 0; r < 2; r++) {
+                    w[0][s][h][r] = w[1][s][h][r];
+                    sc[0][s][h][r] = sc[1][s][h][r];
+                }
     }
     if (KIND == 2 && active) {
 #pragma unroll
@@ -342,15 +324,22 @@ __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidde
 }
 #endif
 
-// Blocks an SM the many-row expert kernels are compiled for (registers capped to fit).
+// Blocks an SM the many-row kernels are compiled for (registers capped to fit): bf16
+// (XT_MINB) and the quantized encodings (XT_QMINB), whose tiles need more registers than
+// half an SM's: capped at 128 they spilled inside the chunk loop, and one block an SM read
+// int4 at 1.8x and e4m3 at 1.2x the rate, bf16 at 0.9x (seventh session, call 3). The
+// host sends a task with a quantized matrix to the `_q` kernels.
 #ifndef XT_MINB
 #define XT_MINB 2
+#endif
+#ifndef XT_QMINB
+#define XT_QMINB 1
 #endif
 
 // The many-row expert kernels: a task with `tiles` set (the host's choice, by its matrices)
 // takes the tensor-core tiles above, the rest one output a warp, rows 8 at a time.
-extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_up(const Task* tasks, int ntasks, const u32* rowidx,
-                                                               const float* x, int hidden, float* h) {
+__device__ __forceinline__ void many_up(const Task* tasks, int ntasks, const u32* rowidx, const float* x, int hidden,
+                                        float* h) {
     pdl_enter();
 #if XT_MMA
     const Task& T = tasks[find_task(tasks, ntasks, blockIdx.x, false)];
@@ -362,8 +351,7 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_up(const Ta
     experts_up<8>(tasks, ntasks, rowidx, x, hidden, h);
 }
 
-extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_down(const Task* tasks, int ntasks, const float* h,
-                                                                 int hidden, float* y) {
+__device__ __forceinline__ void many_down(const Task* tasks, int ntasks, const float* h, int hidden, float* y) {
     pdl_enter();
 #if XT_MMA
     const Task& T = tasks[find_task(tasks, ntasks, blockIdx.x, true)];
@@ -375,12 +363,24 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB) k_experts_down(const 
     experts_down<8>(tasks, ntasks, h, hidden, y);
 }
 
+#define EXPERTS_MANY(SUFFIX, MINB)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                                      \
+        k_experts_up##SUFFIX(const Task* tasks, int ntasks, const u32* rowidx, const float* x, int hidden, float* h) { \
+        many_up(tasks, ntasks, rowidx, x, hidden, h);                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                                      \
+        k_experts_down##SUFFIX(const Task* tasks, int ntasks, const float* h, int hidden, float* y) {            \
+        many_down(tasks, ntasks, h, hidden, y);                                                                  \
+    }
+EXPERTS_MANY(, XT_MINB)
+EXPERTS_MANY(_q, XT_QMINB)
+
 // A projection of many rows (a prompt's) by a matrix the tiles take, for linear_tiled's
 // arguments: XT_DOWN_OUTS outputs x 32 rows a block, blockIdx.z the batch. Used where
 // cuBLAS is not (quantized weights, batched or gathered bf16 products).
-extern "C" __global__ void __launch_bounds__(256, XT_MINB)
-    k_tiled_mma(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows, int rows,
-                int nout, float* out, int ostride, int col, int col_bs, int add, const float* bias) {
+__device__ __forceinline__ void tiled_mma(const Mat& m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
+                                          const u32* xrows, int rows, int nout, float* out, int ostride, int col,
+                                          int col_bs, int add, const float* bias) {
     pdl_enter();
 #if XT_MMA
     __shared__ XtBuf xs;
@@ -407,3 +407,12 @@ extern "C" __global__ void __launch_bounds__(256, XT_MINB)
 #endif
 }
 
+#define TILED_MMA(SUFFIX, MINB)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                                      \
+        k_tiled_mma##SUFFIX(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, const u32* xrows,  \
+                            int rows, int nout, float* out, int ostride, int col, int col_bs, int add,           \
+                            const float* bias) {                                                                 \
+        tiled_mma(m, mrow0, mrow_bs, x, x_bs, xld, xrows, rows, nout, out, ostride, col, col_bs, add, bias);    \
+    }
+TILED_MMA(, XT_MINB)
+TILED_MMA(_q, XT_QMINB)
