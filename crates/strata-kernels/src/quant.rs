@@ -83,7 +83,7 @@ impl QuantKind {
 /// row-major, so the bands' outputs concatenate to the same bytes as one pass.
 pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
     assert_eq!(w.len(), rows * cols, "quantize: {} values for {rows}x{cols}", w.len());
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let threads = crate::pool::default_threads();
     let unit = match kind {
         QuantKind::Fp8 { block_rows, .. } => block_rows,
         _ => 1,

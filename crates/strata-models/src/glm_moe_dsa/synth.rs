@@ -124,41 +124,43 @@ fn fill(seed: u64, index: usize, shape: &[usize], role: Role) -> Vec<f32> {
         Role::RouterBias => (0.01, 0.0),
     };
     let mut v = vec![0f32; n];
-    let chunks: Vec<(usize, &mut [f32])> = v.chunks_mut(FILL_CHUNK).enumerate().collect();
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks.len()).max(1);
-    let per = chunks.len().div_ceil(threads);
-    let mut chunks = chunks;
-    std::thread::scope(|s| {
-        while !chunks.is_empty() {
-            let mine: Vec<_> = chunks.drain(..per.min(chunks.len())).collect();
-            s.spawn(move || {
-                for (c, out) in mine {
-                    // splitmix-style mixing so neighbouring chunks start far apart.
-                    let mut h = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                    h = (h ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                    let mut rng = SynthRng(h | 1);
-                    out.iter_mut().for_each(|x| *x = rng.next_f32() * scale + offset);
-                }
-            });
-        }
+    on_every_core(&mut v, FILL_CHUNK, |c, out| {
+        // splitmix-style mixing so neighbouring chunks start far apart.
+        let mut h = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let mut rng = SynthRng(h | 1);
+        out.iter_mut().for_each(|x| *x = rng.next_f32() * scale + offset);
     });
     v
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; v.len() * 2];
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let per = v.len().div_ceil(threads).max(1);
+    on_every_core(&mut out, 2 * FILL_CHUNK, |i, dst| {
+        for (x, d) in v[i * FILL_CHUNK..].iter().zip(dst.chunks_exact_mut(2)) {
+            d.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
+        }
+    });
+    out
+}
+
+/// Calls `f(i, piece)` for each `unit`-long piece `i` of `v` (the last may be shorter), the
+/// pieces spread over the pool's number of cores in contiguous runs (scoped threads: this
+/// is offline work, not a kernel on the compute pool).
+fn on_every_core<T: Send>(v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let units = v.len().div_ceil(unit);
+    let threads = strata_kernels::pool::default_threads().clamp(1, units.max(1));
+    let per = units.div_ceil(threads).max(1) * unit;
+    let f = &f;
     std::thread::scope(|s| {
-        for (src, dst) in v.chunks(per).zip(out.chunks_mut(per * 2)) {
+        for (t, run) in v.chunks_mut(per).enumerate() {
             s.spawn(move || {
-                for (x, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
-                    d.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
+                for (j, piece) in run.chunks_mut(unit).enumerate() {
+                    f(t * per / unit + j, piece);
                 }
             });
         }
     });
-    out
 }
 
 /// Writes the checkpoint; `progress(done, total)` counts tensors.
