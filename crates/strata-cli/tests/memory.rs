@@ -7,6 +7,14 @@ fn strata(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_strata")).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
 }
 
+/// `strata bench synth --preset small --out m` with `args`, which must succeed.
+fn synth_small(m: &str, args: &[&str]) {
+    let mut all = vec!["bench", "synth", "--preset", "small", "--out", m];
+    all.extend_from_slice(args);
+    let out = strata(&all);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn json(out: &std::process::Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
@@ -17,27 +25,23 @@ fn peak_rss_stays_within_a_budget_four_times_smaller_than_the_experts() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
     let m = model.to_str().unwrap();
-    let out = strata(&[
-        "bench",
-        "synth",
-        "--preset",
-        "small",
-        "--layers",
-        "2",
-        "--dense-layers",
-        "0",
-        "--experts",
-        "112",
-        "--top-k",
-        "8",
-        "--vocab",
-        "1024",
-        "--container",
-        "int8",
-        "--out",
+    synth_small(
         m,
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        &[
+            "--layers",
+            "2",
+            "--dense-layers",
+            "0",
+            "--experts",
+            "112",
+            "--top-k",
+            "8",
+            "--vocab",
+            "1024",
+            "--container",
+            "int8",
+        ],
+    );
 
     // The smallest useful plan: 4 working slots and 3 slots per layer.
     let common = ["--context", "256", "--working-slots", "4", "--usage", "off"];
@@ -74,26 +78,10 @@ fn synth_fp8_writes_block_scaled_projections_that_decode() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
     let m = model.to_str().unwrap();
-    let out = strata(&[
-        "bench",
-        "synth",
-        "--preset",
-        "small",
-        "--layers",
-        "2",
-        "--dense-layers",
-        "1",
-        "--experts",
-        "8",
-        "--top-k",
-        "2",
-        "--vocab",
-        "512",
-        "--fp8",
-        "--out",
+    synth_small(
         m,
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        &["--layers", "2", "--dense-layers", "1", "--experts", "8", "--top-k", "2", "--vocab", "512", "--fp8"],
+    );
     let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
