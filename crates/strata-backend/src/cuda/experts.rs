@@ -133,7 +133,7 @@ pub(crate) fn experts<'a>(
         // Many rows of quantized weights go through the tiles too, TILE_ROWS at a
         // time (the many-rows products decode them on the CUDA cores); bf16 up to
         // bf16_cublas_rows() too, beyond it to cuBLAS; f32 to the f32 products.
-        let quantized = [g, u, d].iter().any(|m| (2..=4).contains(&m.desc.kind));
+        let quantized = [g, u, d].iter().any(|m| m.desc.quantized());
         let tiled = tiles1 && tiles2 && (quantized || nrows < bf16_cublas_rows());
         if nrows >= EXPERT_BIG_ROWS && !tiled {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
@@ -172,7 +172,7 @@ pub(crate) fn experts<'a>(
     let split = if one_row {
         tasks.len()
     } else {
-        let quantized = |t: &TaskDesc| [t.g.kind, t.u.kind, t.d.kind].iter().any(|k| (2..=4).contains(k));
+        let quantized = |t: &TaskDesc| [t.g, t.u, t.d].iter().any(MatDesc::quantized);
         tasks.sort_by_key(quantized);
         tasks.partition_point(|t| !quantized(t))
     };

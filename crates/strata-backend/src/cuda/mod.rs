@@ -66,6 +66,11 @@ pub struct MatDesc {
 }
 
 impl MatDesc {
+    /// Whether the weights are int8, int4 or e4m3 (decoded on the way in; `kind_code` 2-4).
+    fn quantized(&self) -> bool {
+        (2..=4).contains(&self.kind)
+    }
+
     /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
     /// address `w` and its f32 scales at `s`.
     fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {

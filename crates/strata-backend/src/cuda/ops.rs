@@ -97,9 +97,8 @@ impl CudaBackend {
         // The tensor-core tiles stage x in float4s: rows 16-byte aligned.
         if mma_tiles(self, &l.m) && l.xld.is_multiple_of(4) && l.x_bs.is_multiple_of(4) && l.x.is_multiple_of(16) {
             let grid = (l.nout.div_ceil(TILE_DOWN_OUTS) as u32, l.rows.div_ceil(TILE_ROWS) as u32, l.batches as u32);
-            let quantized = !matches!(l.kind, QuantKind::F32 | QuantKind::Bf16);
             self.launch(
-                if quantized { &self.f.tiled_mma_q } else { &self.f.tiled_mma },
+                if l.m.quantized() { &self.f.tiled_mma_q } else { &self.f.tiled_mma },
                 grid,
                 256,
                 0,
