@@ -104,12 +104,26 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
     return isx;
 }
 
+// Chunks of x a warp stages for its B fragments before its chunk loop (all of its chunks
+// up to this many; more go in batches): the staging's shuffles, stores and barrier then
+// run once with every chunk's x load in flight, not as a dependent chain inside each
+// chunk's step (ncu: the tile warps waited mostly on that chain). 0: a chunk's x staged in
+// its own step, as before (for comparison).
+#ifndef I4_STAGE
+#define I4_STAGE 8
+#endif
+#define I4_XS (I4_STAGE > 0 ? I4_STAGE : 1)
+#ifndef I4_SGROUP
+#define I4_SGROUP 2
+#endif
+
 // Rows o0 + g and o0 + g + 8 (g = lane / 4; past nout the last row again) of NM int4
 // matrices of one shape, over the 128-column chunks cb .. ce of x: on return lane 4g holds
 // their dot products, acc[n][0] (row o0 + g) and acc[n][1] (row o0 + g + 8), in f32.
+// xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
 template <int NM>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, const float* x, int cb, int ce, u32* xs,
-                                        int lane, float (*acc)[2]) {
+                                        float* xsc, int lane, float (*acc)[2]) {
     int g = lane >> 2, t = lane & 3;
     int ra = min(o0 + g, nout - 1), rb = min(o0 + g + 8, nout - 1);
     const uint4* wa[NM];
@@ -131,16 +145,15 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    // The next I4_DEPTH - 1 chunks' weights, scales and x are loaded before this chunk's x
-    // is staged and multiplied, so that many chunks of loads are in flight a lane and the
-    // staging never waits for memory (ncu: with x loaded in the chunk's own step, the warps
-    // stalled on it). The ring shifts by register moves.
+    // The next I4_DEPTH - 1 chunks' weights and scales (and, unstaged, x) are loaded before
+    // this chunk is multiplied, so that many chunks of loads are in flight a lane. The ring
+    // shifts by register moves.
     uint4 qa[I4_DEPTH][NM], qb[I4_DEPTH][NM];
     float sa[I4_DEPTH][NM], sb[I4_DEPTH][NM];
     float4 xv[I4_DEPTH];
-    auto load = [&](int c, int d) {
-        if (c >= ce) return;
-        xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
+    auto load = [&](int c, int d, int end) {
+        if (c >= end) return;
+        if (!I4_STAGE) xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
             qa[d][n] = __ldg(wa[n] + 4 * c);
@@ -151,16 +164,11 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
             sb[d][n] = __ldg(sb_row[n] + grp);
         }
     };
-#pragma unroll
-    for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d);
-    for (int c = cb; c < ce; c++) {
-        load(c + I4_DEPTH - 1, I4_DEPTH - 1);
-        __syncwarp();
-        float isx = stage_x(xv[0], xs, lane);
-        __syncwarp();
+    // One chunk: its staged x (words xc, scale isx) against the ring's first entry.
+    auto chunk = [&](const u32* xc, float isx) {
         uint4 bw[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) bw[i] = hi || lo ? *(const uint4*)(xb + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+        for (int i = 0; i < 4; i++) bw[i] = hi || lo ? *(const uint4*)(xc + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -188,7 +196,45 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
                 sb[d][n] = sb[d + 1][n];
             }
         }
+    };
+#if I4_STAGE
+    for (int c0 = cb; c0 < ce; c0 += I4_STAGE) {
+        int c1 = min(ce, c0 + I4_STAGE);
+#pragma unroll
+        for (int d = 0; d < I4_DEPTH - 1; d++) load(c0 + d, d, c1);
+        __syncwarp();  // the previous batch's chunks have been read
+        // x in groups of I4_SGROUP chunks, their loads in flight together (more spill).
+#pragma unroll
+        for (int j0 = 0; j0 < I4_STAGE; j0 += I4_SGROUP) {
+            float4 xg[I4_SGROUP];
+#pragma unroll
+            for (int j = 0; j < I4_SGROUP; j++)
+                if (c0 + j0 + j < c1) xg[j] = __ldg((const float4*)(x + 128 * (c0 + j0 + j)) + lane);
+#pragma unroll
+            for (int j = 0; j < I4_SGROUP; j++) {
+                if (c0 + j0 + j < c1) {
+                    float isx = stage_x(xg[j], xs + (j0 + j) * XS_WORDS, lane);
+                    if (lane == 0) xsc[j0 + j] = isx;
+                }
+            }
+        }
+        __syncwarp();
+        for (int c = c0; c < c1; c++) {
+            load(c + I4_DEPTH - 1, I4_DEPTH - 1, c1);
+            chunk(xb + (c - c0) * XS_WORDS, xsc[c - c0]);
+        }
     }
+#else
+#pragma unroll
+    for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d, ce);
+    for (int c = cb; c < ce; c++) {
+        load(c + I4_DEPTH - 1, I4_DEPTH - 1, ce);
+        __syncwarp();
+        float isx = stage_x(xv[0], xs, lane);
+        __syncwarp();
+        chunk(xb, isx);
+    }
+#endif
 #pragma unroll
     for (int n = 0; n < NM; n++)
 #pragma unroll
@@ -201,13 +247,14 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
 __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h) {
-    __shared__ u32 xs[8][XS_WORDS];
+    __shared__ u32 xs[8][I4_XS * XS_WORDS];
+    __shared__ float xsc[8][I4_XS];
     __shared__ float red[8][2][16];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nout = gm.rows, nch = gm.cols / 128;
     const Mat* m[2] = {&gm, &um};
     float acc[2][2];
-    i4_tile<2>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], lane, acc);
+    i4_tile<2>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -231,14 +278,15 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
 // The block's 8 warps on one task of k_experts_down_row: 32 outputs (DOWN_OUTS x 8) as two
 // tiles of 16, four warps a tile, each a quarter of the columns.
 __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y) {
-    __shared__ u32 xs[8][XS_WORDS];
+    __shared__ u32 xs[8][I4_XS * XS_WORDS];
+    __shared__ float xsc[8][I4_XS];
     __shared__ float red[8][16];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int tile = warp >> 2, kw = warp & 3;
     int nout = dm.rows, nch = dm.cols / 128;
     const Mat* m[1] = {&dm};
     float acc[1][2];
-    i4_tile<1>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], lane, acc);
+    i4_tile<1>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
         red[warp][lane >> 2] = acc[0][0];
         red[warp][(lane >> 2) + 8] = acc[0][1];
