@@ -65,16 +65,6 @@ __device__ __forceinline__ float e4m3f(u32 b) {
     return (b & 0x80u) ? -v : v;
 }
 
-// v / div for the scale blocks (int4 groups, FP8 blocks): a shift where div is a power of
-// two, as it is in every checkpoint seen; the test and the shift count are loop-invariant,
-// so a loop over columns keeps one shift where a division cost ~20 instructions a vector.
-#ifndef BLK_SHIFT
-#define BLK_SHIFT 1
-#endif
-__device__ __forceinline__ int blk_div(int v, int div) {
-    return BLK_SHIFT && (div & (div - 1)) == 0 ? v >> (__ffs(div) - 1) : v / div;
-}
-
 __device__ __forceinline__ float melem(const Mat& m, int r, int c) {
     const u8* row = m.w + (size_t)r * m.ld;
     switch (m.kind) {
@@ -84,9 +74,9 @@ __device__ __forceinline__ float melem(const Mat& m, int r, int c) {
     case 3: {
         u32 b = row[c >> 1];
         u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
-        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + blk_div(c, m.group)];
+        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + c / m.group];
     }
-    default: return e4m3f(row[c]) * m.s[(size_t)blk_div(r, m.brow) * m.spr + blk_div(c, m.bcol)];
+    default: return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
     }
 }
 

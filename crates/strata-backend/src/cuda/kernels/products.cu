@@ -96,8 +96,8 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
 // never straddles a scale group (Mat::vec).
 template <int KIND> __device__ __forceinline__ float vec_scale(const Mat& m, int row, int c) {
     if (KIND == 2) return m.s[row];
-    if (KIND == 3) return m.s[(size_t)row * m.spr + blk_div(c, m.group)];
-    if (KIND == 4) return m.s[(size_t)blk_div(row, m.brow) * m.spr + blk_div(c, m.bcol)];
+    if (KIND == 3) return m.s[(size_t)row * m.spr + c / m.group];
+    if (KIND == 4) return m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
     return 1.f;
 }
 
@@ -542,9 +542,9 @@ template <int KIND> __device__ __forceinline__ float melem_k(const Mat& m, int r
     if (KIND == 3) {
         u32 b = row[c >> 1];
         u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
-        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + blk_div(c, m.group)];
+        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + c / m.group];
     }
-    return e4m3f(row[c]) * m.s[(size_t)blk_div(r, m.brow) * m.spr + blk_div(c, m.bcol)];
+    return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
 }
 
 template <int KIND>
