@@ -22,7 +22,7 @@ since "slices"
 [ -d $slice ] || timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
 [ -d $slice-int4 ] || timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
 # SLICES: which slices to time (labels as in defines.jsonl): bf16, int4-g64 (experts),
-# bf16-vocab154880 (GLM-5's vocabulary), fp8 and fp8-int4-g64 (projections in FP8 e4m3,
+# bf16-vocab154880 and int4-g64-vocab154880 (GLM-5's vocabulary), fp8 and fp8-int4-g64 (projections in FP8 e4m3,
 # 128 x 128 blocks, as GLM-5's FP8 checkpoints; experts FP8 or int4).
 SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
 [[ " $SLICES " == *" fp8 "* ]] &&
@@ -31,9 +31,12 @@ SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
 [[ " $SLICES " == *" fp8-int4-g64 "* ]] &&
   { [ -d $slice-fp8-int4 ] || timeout 200 $S bench synth --out $slice-fp8-int4 --preset glm5 --layers 2 \
     --dense-layers 1 --experts 48 --vocab 16384 --fp8 --container int4-g64 >>"$OUT/side.log" 2>&1; }
-[[ " $SLICES " == *" bf16-vocab154880 "* ]] &&
+[[ " $SLICES " == *"-vocab154880 "* ]] &&
   { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
     --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
+[[ " $SLICES " == *" int4-g64-vocab154880 "* ]] &&
+  { [ -d $slice-v154k-int4 ] || timeout 200 $S convert --model $slice-v154k --out $slice-v154k-int4 --experts int4 \
+    >>"$OUT/side.log" 2>&1; }
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
 setenv=()
 variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
@@ -58,8 +61,8 @@ for rep in $(seq 1 ${REPS:-2}); do
   for u in $VARIANTS; do
     since "decode $u ($rep)"
     variant "$u"
-    for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880" "$slice-fp8 fp8" \
-      "$slice-fp8-int4 fp8-int4-g64"; do
+    for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880" "$slice-v154k-int4 int4-g64-vocab154880" \
+      "$slice-fp8 fp8" "$slice-fp8-int4 fp8-int4-g64"; do
       set -- $d
       [[ " $SLICES " == *" $2 "* ]] || continue
       env "${setenv[@]}" timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \

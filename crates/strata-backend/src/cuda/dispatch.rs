@@ -1,10 +1,10 @@
 //! Routed experts dispatched on the device: a decode row's top-k ids index a table of the
-//! layer's resident experts in device memory, and a one-warp kernel writes the task table
-//! the grouped expert kernels read. The ids never visit the host, so a MoE layer costs
-//! no device-to-host sync and no task upload.
+//! layer's resident experts in device memory, from which each block of the one-row expert
+//! kernels builds its own task (`ById`; no task table, no launch to write one). The ids
+//! never visit the host, so a MoE layer costs no device-to-host sync and no task upload.
 
 use super::experts::{check_expert, row_blocks};
-use super::{args, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
+use super::{args, ById, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 
 /// A layer's resident experts as [`crate::Backend::experts_by_id`] indexes them:
@@ -79,23 +79,18 @@ pub(super) fn experts_by_id(
     let blk2 = ntasks * down_b;
     let mut st = b.lock();
     let st = &mut *st;
-    // The task table, then one row index (0: the row every task reads).
-    let roff = (ntasks * std::mem::size_of::<TaskDesc>()).next_multiple_of(16);
-    let tasks = b.ensure(&mut st.work.table, roff + 16).ptr();
     let hp = b.ensure(&mut st.work.h, routed_h + shared_inter.next_multiple_of(4)).ptr();
-    let ridx = tasks + roff as u64;
-    let (descs, idp, n_experts) = (table.descs.ptr(), ids.ptr(), table.experts as i32);
-    let (k, hstride_i, up_i, down_i) = (top_k as i32, hstride as i32, up_b as i32, down_b as i32);
-    let has_shared = i32::from(shared_task.is_some());
-    let sh = shared_task.unwrap_or_default();
-    b.launch(
-        &b.f.tasks_from_ids,
-        (1, 1, 1),
-        32,
-        0,
-        &mut args![descs, n_experts, idp, k, hstride_i, up_i, down_i, sh, has_shared, tasks, ridx],
-    );
-    let (xp, yp, hid, nt) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32);
-    b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![tasks, nt, ridx, xp, hid, hp]);
-    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![tasks, nt, hp, hid, yp]);
+    let by = ById {
+        descs: table.descs.ptr(),
+        ids: ids.ptr(),
+        n: table.experts as i32,
+        k: top_k as i32,
+        hstride: hstride as i32,
+        blocks1: up_b as i32,
+        blocks2: down_b as i32,
+        shared: shared_task.unwrap_or_default(),
+    };
+    let (xp, yp, hid, nt, none) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32, 0u64);
+    b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![none, nt, none, xp, hid, hp, by]);
+    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, nt, hp, hid, yp, by]);
 }

@@ -2,7 +2,7 @@
 //! launches of a forward's experts (one-row kernels in decode, the tensor-core tiles or
 //! one output a warp in a prompt) and the many-row products for an expert with many rows.
 
-use super::{args, switch, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
+use super::{args, switch, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
 use crate::{ExpertTask, GateAct};
 
 /// `STRATA_CUDA_PROMPT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
@@ -223,10 +223,15 @@ pub(crate) fn experts<'a>(
             if nt == 0 {
                 continue;
             }
-            let (up, down) = if one_row { (&b.f.experts_up_row, &b.f.experts_down_row) } else { (up, down) };
             let nt = nt as i32;
-            b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp]);
-            b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp]);
+            if one_row {
+                let by = ById::default();
+                b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp, by]);
+                b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp, by]);
+            } else {
+                b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp]);
+                b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp]);
+            }
         }
     }
     for (w, rows_off, nrows, out_row, whole) in big {

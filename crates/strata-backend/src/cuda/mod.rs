@@ -152,6 +152,21 @@ struct TaskDesc {
     tiles2: i32,
 }
 
+/// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,
+/// see `dispatch.rs`); all zeros (`descs` null): the one-row expert kernels read a table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ById {
+    descs: u64,
+    ids: u64,
+    n: i32,
+    k: i32,
+    hstride: i32,
+    blocks1: i32,
+    blocks2: i32,
+    shared: TaskDesc,
+}
+
 /// Values in device memory.
 pub struct DevBuf<T> {
     ptr: u64,
@@ -315,7 +330,6 @@ struct Funcs {
     /// One row a task (decode): several outputs a warp (`k_experts_*_row`).
     experts_up_row: CudaFunction,
     experts_down_row: CudaFunction,
-    tasks_from_ids: CudaFunction,
     act_mul: CudaFunction,
     gather: CudaFunction,
     add_bias: CudaFunction,
@@ -366,7 +380,6 @@ impl Funcs {
             experts_down_q: f("k_experts_down_q")?,
             experts_up_row: f("k_experts_up_row")?,
             experts_down_row: f("k_experts_down_row")?,
-            tasks_from_ids: f("k_tasks_from_ids")?,
             act_mul: f("k_act_mul")?,
             gather: f("k_gather")?,
             add_bias: f("k_add_bias")?,

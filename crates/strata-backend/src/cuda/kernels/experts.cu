@@ -91,15 +91,56 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 #define EXPERT_MINB 2
 #endif
 
+// A decode row's tasks straight from its routed ids (cuda/dispatch.rs), with no task table:
+// task t < k is expert ids[t] of descs ((gate, up, down) each), its h at t * hstride, its
+// output row t, blocks1 / blocks2 blocks a task; the blocks after those take `shared`.
+// Every task reads row 0. descs null: the tasks come from a table.
+struct ById {
+    const Mat* descs;
+    const u32* ids;
+    int n, k, hstride, blocks1, blocks2;
+    Task shared;
+};
+
+// The block's task: the table's (a binary search over it) or, by id, built by one thread
+// into shared memory (`sh`).
+__device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks, const ById& by, bool second, Task* sh) {
+    if (!by.descs) return tasks[find_task(tasks, ntasks, blockIdx.x, second)];
+    if (threadIdx.x == 0) {
+        int t = min((int)blockIdx.x / (second ? by.blocks2 : by.blocks1), by.k);
+        if (t == by.k) {
+            *sh = by.shared;
+        } else {
+            u32 e = by.ids[t];
+            if (e >= (u32)by.n) __trap();  // the router never gives one: fail loudly, not read wild memory
+            Task T;
+            T.g = by.descs[3 * e];
+            T.u = by.descs[3 * e + 1];
+            T.d = by.descs[3 * e + 2];
+            T.h_off = (i64)t * by.hstride;
+            T.nrows = 1;
+            T.rows_off = 0;
+            T.out_row = t;
+            T.blk1 = t * by.blocks1;
+            T.blk2 = t * by.blocks2;
+            T.act = 0;
+            T.tiles1 = T.tiles2 = 0;
+            *sh = T;
+        }
+    }
+    __syncthreads();
+    return *sh;
+}
+
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
-                                                                   const float* x, int hidden, float* h) {
+                                                                   const float* x, int hidden, float* h, ById by) {
     pdl_enter();
-    int ti = find_task(tasks, ntasks, blockIdx.x, false);
-    const Task& T = tasks[ti];
+    __shared__ Task sh;
+    const Task& T = block_task(tasks, ntasks, by, false, &sh);
+    x += by.descs ? 0 : (i64)rowidx[T.rows_off] * hidden;
 #if TILE_MMA
     if (i4_tiles(T.g) && i4_tiles(T.u)) {
-        i4_up_block(T.g, T.u, (blockIdx.x - T.blk1) * 8 * UP_OUTS, x + (i64)rowidx[T.rows_off] * hidden, T.act,
-                    h + T.h_off);
+        i4_up_block(T.g, T.u, (blockIdx.x - T.blk1) * 8 * UP_OUTS, x, T.act, h + T.h_off);
         return;
     }
 #endif
@@ -118,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
         row[k] = row[UP_OUTS + k] = o;
         acc[k] = acc[UP_OUTS + k] = 0.f;
     }
-    dot_rows<2 * UP_OUTS>(m, row, x + (i64)rowidx[T.rows_off] * hidden, acc, lane);
+    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane);
 #pragma unroll
     for (int k = 0; k < UP_OUTS; k++) {
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
@@ -127,10 +168,10 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
 }
 
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
-                                                                     int hidden, float* y) {
+                                                                     int hidden, float* y, ById by) {
     pdl_enter();
-    int ti = find_task(tasks, ntasks, blockIdx.x, true);
-    const Task& T = tasks[ti];
+    __shared__ Task sh;
+    const Task& T = block_task(tasks, ntasks, by, true, &sh);
 #if TILE_MMA
     if (i4_tiles(T.d)) {
         i4_down_block(T.d, (blockIdx.x - T.blk2) * 8 * DOWN_OUTS, h + T.h_off, y + (i64)T.out_row * hidden);

@@ -83,20 +83,24 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
         __syncthreads();
     }
     block_topk(ch, n, k, chosen);
+    // The weights' sum by one thread in rank order, from shared memory (read back from the
+    // outputs in global memory, each step waited on the last: ~3 us of a decode token).
+    __shared__ float denom;
     if (threadIdx.x == 0) {
-        u32* oi = ids + (i64)r * k;
-        float* ow = wts + (i64)r * k;
-        for (int i = 0; i < k; i++) {
-            oi[i] = (u32)chosen[i];
-            ow[i] = s[chosen[i]];
-        }
+        float d = 0.f;
         if (norm) {
-            float denom = 0.f;
-            for (int i = 0; i < k; i++) denom += ow[i];
-            denom += 1e-20f;
-            for (int i = 0; i < k; i++) ow[i] /= denom;
+            for (int i = 0; i < k; i++) d += s[chosen[i]];
+            d += 1e-20f;
         }
-        for (int i = 0; i < k; i++) ow[i] *= scaling;
+        denom = d;
+    }
+    __syncthreads();
+    if (threadIdx.x < k) {
+        int i = threadIdx.x;
+        float w = s[chosen[i]];
+        if (norm) w /= denom;
+        ids[(i64)r * k + i] = (u32)chosen[i];
+        wts[(i64)r * k + i] = w * scaling;
     }
 }
 
@@ -107,16 +111,18 @@ extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const fl
                                      int shared, float* out) {
     pdl_enter();
     __shared__ int order[64];
+    __shared__ u32 rid[64];
     int r = blockIdx.x;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < k; i++) {
-            int j = i;
-            while (j > 0 && ids[(i64)r * k + order[j - 1]] > ids[(i64)r * k + i]) {
-                order[j] = order[j - 1];
-                j--;
-            }
-            order[j] = i;
-        }
+    // Each rank's place in ascending id order (equal ids keep their rank order), found by
+    // its own thread in one pass over the row's ids (one thread sorting them read the ids
+    // from memory ~k^2/2 times in a chain: ~4 us of a decode token's combine).
+    if (threadIdx.x < k) rid[threadIdx.x] = ids[(i64)r * k + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x < k) {
+        u32 v = rid[threadIdx.x];
+        int at = 0;
+        for (int j = 0; j < k; j++) at += rid[j] < v || (rid[j] == v && j < (int)threadIdx.x);
+        order[at] = threadIdx.x;
     }
     __syncthreads();
     int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -164,35 +170,5 @@ extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* l
             oi[i] = (u32)chosen[i];
             ow[i] = p[chosen[i]] / total * scale[chosen[i]];
         }
-    }
-}
-
-// One decode row's expert task table from its routed ids, on the device (see
-// cuda/dispatch.rs): task t < k is expert ids[t] of `descs` ((gate, up, down) each), its h
-// at t * hstride, its output row t; then `shared` when given. rowidx[0] = 0: every task
-// reads row 0.
-extern "C" __global__ void k_tasks_from_ids(const Mat* descs, int n, const u32* ids, int k, int hstride, int up_b,
-                                            int down_b, Task shared, int has_shared, Task* tasks, u32* rowidx) {
-    pdl_enter();
-    if (threadIdx.x == 0) {
-        rowidx[0] = 0;
-        if (has_shared) tasks[k] = shared;
-    }
-    for (int t = threadIdx.x; t < k; t += blockDim.x) {
-        u32 e = ids[t];
-        if (e >= (u32)n) __trap();  // the router never gives one: fail loudly, not read wild memory
-        Task T;
-        T.g = descs[3 * e];
-        T.u = descs[3 * e + 1];
-        T.d = descs[3 * e + 2];
-        T.h_off = (i64)t * hstride;
-        T.nrows = 1;
-        T.rows_off = 0;
-        T.out_row = t;
-        T.blk1 = t * up_b;
-        T.blk2 = t * down_b;
-        T.act = 0;
-        T.tiles1 = T.tiles2 = 0;
-        tasks[t] = T;
     }
 }
