@@ -18,14 +18,10 @@
 #ifndef I4_TILES
 #define I4_TILES 1
 #endif
-// Chunks of loads in flight a lane (the one being computed and those ahead of it), for
-// gate and up together (two matrices; three spill) and for down (one matrix: a warp's
-// four chunks of GLM-5's down all in flight at once).
+// Chunks of loads in flight a lane (the one being computed and those ahead of it). Three
+// spill in gate/up; down, with its four chunks a warp all in flight, was no faster.
 #ifndef I4_DEPTH
 #define I4_DEPTH 2
-#endif
-#ifndef I4_DOWN_DEPTH
-#define I4_DOWN_DEPTH 4
 #endif
 #if __CUDA_ARCH__ >= 800 && I4_TILES
 #define TILE_MMA 1
@@ -112,21 +108,20 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // Chunks of x a warp stages for its B fragments before its chunk loop (all of its chunks
 // up to this many; more go in batches): the staging's shuffles, stores and barrier then
 // run once with every chunk's x load in flight, not as a dependent chain inside each
-// chunk's step (ncu: the tile warps waited mostly on that chain). 0: a chunk's x staged in
-// its own step, as before (for comparison).
+// chunk's step (ncu: the tile warps waited mostly on that chain; H200: int4 expert decode
+// 1.82 -> 1.90 TB/s). 0: a chunk's x staged in its own step, as before (for comparison).
 #ifndef I4_STAGE
 #define I4_STAGE 8
 #endif
 #define I4_XS (I4_STAGE > 0 ? I4_STAGE : 1)
-#ifndef I4_SGROUP
+// x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
-#endif
 
 // Rows o0 + g and o0 + g + 8 (g = lane / 4; past nout the last row again) of NM int4
 // matrices of one shape, over the 128-column chunks cb .. ce of x: on return lane 4g holds
 // their dot products, acc[n][0] (row o0 + g) and acc[n][1] (row o0 + g + 8), in f32.
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
-template <int NM, int DEPTH>
+template <int NM>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, const float* x, int cb, int ce, u32* xs,
                                         float* xsc, int lane, float (*acc)[2]) {
     int g = lane >> 2, t = lane & 3;
@@ -150,12 +145,12 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    // The next DEPTH - 1 chunks' weights and scales (and, unstaged, x) are loaded before
+    // The next I4_DEPTH - 1 chunks' weights and scales (and, unstaged, x) are loaded before
     // this chunk is multiplied, so that many chunks of loads are in flight a lane. The ring
     // shifts by register moves.
-    uint4 qa[DEPTH][NM], qb[DEPTH][NM];
-    float sa[DEPTH][NM], sb[DEPTH][NM];
-    float4 xv[DEPTH];
+    uint4 qa[I4_DEPTH][NM], qb[I4_DEPTH][NM];
+    float sa[I4_DEPTH][NM], sb[I4_DEPTH][NM];
+    float4 xv[I4_DEPTH];
     auto load = [&](int c, int d, int end) {
         if (c >= end) return;
         if (!I4_STAGE) xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
@@ -191,7 +186,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
             acc[n][1] = fmaf(cc[2] + cc[3], sb[0][n] * isx, acc[n][1]);
         }
 #pragma unroll
-        for (int d = 0; d + 1 < DEPTH; d++) {
+        for (int d = 0; d + 1 < I4_DEPTH; d++) {
             xv[d] = xv[d + 1];
 #pragma unroll
             for (int n = 0; n < NM; n++) {
@@ -206,9 +201,9 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     for (int c0 = cb; c0 < ce; c0 += I4_STAGE) {
         int c1 = min(ce, c0 + I4_STAGE);
 #pragma unroll
-        for (int d = 0; d < DEPTH - 1; d++) load(c0 + d, d, c1);
+        for (int d = 0; d < I4_DEPTH - 1; d++) load(c0 + d, d, c1);
         __syncwarp();  // the previous batch's chunks have been read
-        // x in groups of I4_SGROUP chunks, their loads in flight together (more spill).
+        // x in groups of I4_SGROUP chunks, their loads in flight together.
 #pragma unroll
         for (int j0 = 0; j0 < I4_STAGE; j0 += I4_SGROUP) {
             float4 xg[I4_SGROUP];
@@ -225,15 +220,15 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
         }
         __syncwarp();
         for (int c = c0; c < c1; c++) {
-            load(c + DEPTH - 1, DEPTH - 1, c1);
+            load(c + I4_DEPTH - 1, I4_DEPTH - 1, c1);
             chunk(xb + (c - c0) * XS_WORDS, xsc[c - c0]);
         }
     }
 #else
 #pragma unroll
-    for (int d = 0; d < DEPTH - 1; d++) load(cb + d, d, ce);
+    for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d, ce);
     for (int c = cb; c < ce; c++) {
-        load(c + DEPTH - 1, DEPTH - 1, ce);
+        load(c + I4_DEPTH - 1, I4_DEPTH - 1, ce);
         __syncwarp();
         float isx = stage_x(xv[0], xs, lane);
         __syncwarp();
@@ -259,7 +254,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     int nout = gm.rows, nch = gm.cols / 128;
     const Mat* m[2] = {&gm, &um};
     float acc[2][2];
-    i4_tile<2, I4_DEPTH>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
+    i4_tile<2>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -291,7 +286,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
     int nout = dm.rows, nch = dm.cols / 128;
     const Mat* m[1] = {&dm};
     float acc[1][2];
-    i4_tile<1, I4_DOWN_DEPTH>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
+    i4_tile<1>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
         red[warp][lane >> 2] = acc[0][0];
         red[warp][(lane >> 2) + 8] = acc[0][1];
