@@ -392,8 +392,8 @@ pub(crate) fn mla_prepare(b: &CudaBackend, step: &Step, a: MlaPrepare<'_, CudaBa
 
 /// The one-row absorb's row groups and latent columns a block (`ABS_G`, `ABS_KC` in
 /// kernels/attention.cu).
-const ABS_G: usize = 16;
-const ABS_KC: usize = 256;
+const ABS_G: usize = 32;
+const ABS_KC: usize = 128;
 
 pub(crate) fn mla_absorb(b: &CudaBackend, step: &Step, a: MlaAbsorb<'_, CudaBackend>) {
     let d = a.dims;

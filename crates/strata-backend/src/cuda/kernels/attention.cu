@@ -181,9 +181,10 @@ extern "C" __global__ void __launch_bounds__(256) k_mla_absorb(const float* q, M
 // latent columns); thread (g, v) sums nope rows g, g + ABS_G, .. of the V columns of its
 // vector, so each thread has several loads in flight; the ABS_G groups are then summed in
 // shared memory in a fixed order. (The one-column-a-thread kernel above reads its 2-byte
-// elements at ~0.3 TB/s.)
-#define ABS_KC 256
-#define ABS_G 16
+// elements at ~0.3 TB/s; 16 groups of 256 columns, 128 blocks for GLM-5's 64 heads, read
+// at 1.6 TB/s in bf16 and 0.66 in FP8: too few loads in flight.)
+#define ABS_KC 128
+#define ABS_G 32
 template <int KIND>
 __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int heads, int nope, int rope, int vdim,
                                            int kv_lora, const float* cs, const float* sn, float* qf) {
@@ -228,8 +229,11 @@ __device__ __forceinline__ void absorb_row(const float* q, const Mat& kvb, int h
     }
 }
 
+// Blocks an SM: as many as 64 registers a thread allow (int4's 32 weights a vector spill
+// there: one).
+#define ABS_MINB(K) (K == 3 ? 1 : 1024 / (ABS_G * ABS_KC / Vw<K>::n))
 #define MLA_ABSORB_ROW(K)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n) k_mla_absorb_row_##K(            \
+    extern "C" __global__ void __launch_bounds__(ABS_G * ABS_KC / Vw<K>::n, ABS_MINB(K)) k_mla_absorb_row_##K( \
         const float* q, Mat kvb, int heads, int nope, int rope, int vdim, int kv_lora, const float* cs,        \
         const float* sn, float* qf) {                                                                         \
         pdl_enter();                                                                                          \
