@@ -3,7 +3,7 @@
 //! kernels builds its own task (`ById`; no task table, no launch to write one). The ids
 //! never visit the host, so a MoE layer costs no device-to-host sync and no task upload.
 
-use super::experts::{check_expert, row_blocks};
+use super::experts::{check_expert, down_rounds, row_blocks};
 use super::{args, ById, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 
@@ -92,5 +92,6 @@ pub(super) fn experts_by_id(
     };
     let (xp, yp, hid, nt, none) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32, 0u64);
     b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![none, nt, none, xp, hid, hp, by]);
-    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, nt, hp, hid, yp, by]);
+    let rounds = down_rounds() as i32;
+    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, nt, hp, hid, yp, rounds, by]);
 }

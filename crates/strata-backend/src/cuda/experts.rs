@@ -2,7 +2,7 @@
 //! launches of a forward's experts (one-row kernels in decode, the tensor-core tiles or
 //! one output a warp in a prompt) and the many-row products for an expert with many rows.
 
-use super::{args, switch, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
+use super::{args, env_count, switch, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
 use crate::{ExpertTask, GateAct};
 
 /// `STRATA_CUDA_PROMPT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
@@ -23,10 +23,7 @@ const BF16_CUBLAS_ROWS: usize = 256;
 
 fn bf16_cublas_rows() -> usize {
     static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| match std::env::var("STRATA_CUDA_BF16_CUBLAS_ROWS") {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("STRATA_CUDA_BF16_CUBLAS_ROWS={v}: expected a row count")),
-        Err(_) => BF16_CUBLAS_ROWS,
-    })
+    env_count("STRATA_CUDA_BF16_CUBLAS_ROWS", &CELL, BF16_CUBLAS_ROWS, |_| true, "a row count")
 }
 
 /// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
@@ -34,9 +31,18 @@ fn bf16_cublas_rows() -> usize {
 const UP_OUTS: usize = 2;
 const DOWN_OUTS: usize = 4;
 
+/// Rounds of 8 x DOWN_OUTS outputs a block of the one-row down kernel computes: int4 tiles
+/// read a 32-output round's weights (36 KB for GLM-5's down) in little more than a block's
+/// start-up (its task, the first loads' latency), so two rounds share it.
+/// `STRATA_CUDA_DOWN_ROUNDS=1|2` sets it.
+pub(super) fn down_rounds() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    env_count("STRATA_CUDA_DOWN_ROUNDS", &CELL, 2, |n| n == 1 || n == 2, "1 or 2")
+}
+
 /// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
 pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
-    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS))
+    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS * down_rounds()))
 }
 
 /// Rows a tile takes at most (`XT_NT` n-tiles of 8 in `kernels/expert_tiles.cu`): tasks and
@@ -227,7 +233,14 @@ pub(crate) fn experts<'a>(
             if one_row {
                 let by = ById::default();
                 b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp, by]);
-                b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp, by]);
+                let rounds = down_rounds() as i32;
+                b.launch(
+                    &b.f.experts_down_row,
+                    (blk2 as u32, 1, 1),
+                    256,
+                    0,
+                    &mut args![tp, nt, hp, hid, yp, rounds, by],
+                );
             } else {
                 b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp]);
                 b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp]);

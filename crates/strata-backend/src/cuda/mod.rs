@@ -446,6 +446,21 @@ macro_rules! args {
 }
 pub(crate) use args;
 
+/// A count for comparisons, read once: `name`'s value if set (it must pass `ok`: else a
+/// panic naming the variable and what it expects), else `default`.
+fn env_count(
+    name: &'static str,
+    cell: &'static std::sync::OnceLock<usize>,
+    default: usize,
+    ok: fn(usize) -> bool,
+    expect: &str,
+) -> usize {
+    *cell.get_or_init(|| match std::env::var(name) {
+        Ok(v) => v.parse().ok().filter(|&n| ok(n)).unwrap_or_else(|| panic!("{name}={v}: expected {expect}")),
+        Err(_) => default,
+    })
+}
+
 /// A switch for comparisons, read once: on unless the variable is `0`.
 fn switch(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool {
     *cell.get_or_init(|| std::env::var(name).as_deref() != Ok("0"))

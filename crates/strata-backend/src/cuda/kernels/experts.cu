@@ -167,23 +167,29 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     }
 }
 
+// rounds (1 or 2): a block's outputs are rounds x 32 (cuda/experts.rs, row_blocks).
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
-                                                                     int hidden, float* y, ById by) {
+                                                                     int hidden, float* y, int rounds, ById by) {
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
+    int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
-        i4_down_block(T.d, (blockIdx.x - T.blk2) * 8 * DOWN_OUTS, h + T.h_off, y + (i64)T.out_row * hidden);
+        __shared__ I4DownShared sm;
+        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
+        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
         return;
     }
 #endif
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = ((blockIdx.x - T.blk2) * 8 + warp) * DOWN_OUTS;
-    if (o0 >= hidden) return;
-    float acc[DOWN_OUTS];
-    warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
+    for (int r = 0; r < rounds; r++) {
+        int o0 = b0 + (8 * r + warp) * DOWN_OUTS;
+        if (o0 >= hidden) return;
+        float acc[DOWN_OUTS];
+        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
 #pragma unroll
-    for (int k = 0; k < DOWN_OUTS; k++)
-        if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
+        for (int k = 0; k < DOWN_OUTS; k++)
+            if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
+    }
 }

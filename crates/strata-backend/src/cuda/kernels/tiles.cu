@@ -117,15 +117,15 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
 
-// Rows o0 + g and o0 + g + 8 (g = lane / 4; past nout the last row again) of NM int4
-// matrices of one shape, over the 128-column chunks cb .. ce of x: on return lane 4g holds
-// their dot products, acc[n][0] (row o0 + g) and acc[n][1] (row o0 + g + 8), in f32.
+// Rows o0[n] + g and o0[n] + g + 8 (g = lane / 4; past nout the last row again) of NM int4
+// matrices of one shape (or one matrix at NM row offsets), over the 128-column chunks
+// cb .. ce of x: on return lane 4g holds their dot products, acc[n][0] (row o0[n] + g) and
+// acc[n][1] (row o0[n] + g + 8), in f32.
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
 template <int NM>
-__device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, const float* x, int cb, int ce, u32* xs,
-                                        float* xsc, int lane, float (*acc)[2]) {
+__device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int nout, const float* x, int cb, int ce,
+                                        u32* xs, float* xsc, int lane, float (*acc)[2]) {
     int g = lane >> 2, t = lane & 3;
-    int ra = min(o0 + g, nout - 1), rb = min(o0 + g + 8, nout - 1);
     const uint4* wa[NM];
     const uint4* wb[NM];
     const float* sa_row[NM];
@@ -133,6 +133,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, int o0, int nout, c
     int gshift[NM];
 #pragma unroll
     for (int n = 0; n < NM; n++) {
+        int ra = min(o0[n] + g, nout - 1), rb = min(o0[n] + g + 8, nout - 1);
         wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
         wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
         sa_row[n] = m[n]->s + (size_t)ra * m[n]->spr;
@@ -253,8 +254,9 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nout = gm.rows, nch = gm.cols / 128;
     const Mat* m[2] = {&gm, &um};
+    const int rows0[2] = {o0, o0};
     float acc[2][2];
-    i4_tile<2>(m, o0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
+    i4_tile<2>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -275,28 +277,47 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     }
 }
 
-// The block's 8 warps on one task of k_experts_down_row: 32 outputs (DOWN_OUTS x 8) as two
-// tiles of 16, four warps a tile, each a quarter of the columns.
-__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y) {
-    __shared__ u32 xs[8][I4_XS * XS_WORDS];
-    __shared__ float xsc[8][I4_XS];
-    __shared__ float red[8][16];
+// The block's 8 warps on one task of k_experts_down_row: R rounds of 32 outputs (DOWN_OUTS x
+// 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
+// rounds share its loop (one ring of loads), so a block's start-up (its task, the first
+// loads' latency) is spread over R x 32 outputs.
+// Shared memory of a down block, one for both round counts.
+struct I4DownShared {
+    u32 xs[8][I4_XS * XS_WORDS];
+    float xsc[8][I4_XS];
+    float red[8][2][16];
+};
+
+template <int R>
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4DownShared& sm) {
+    auto& xs = sm.xs;
+    auto& xsc = sm.xsc;
+    auto& red = sm.red;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int tile = warp >> 2, kw = warp & 3;
     int nout = dm.rows, nch = dm.cols / 128;
-    const Mat* m[1] = {&dm};
-    float acc[1][2];
-    i4_tile<1>(m, o0 + 16 * tile, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
+    const Mat* m[R];
+    int rows0[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        m[r] = &dm;
+        rows0[r] = o0 + 32 * r + 16 * tile;
+    }
+    float acc[R][2];
+    i4_tile<R>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
     if ((lane & 3) == 0) {
-        red[warp][lane >> 2] = acc[0][0];
-        red[warp][(lane >> 2) + 8] = acc[0][1];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            red[warp][r][lane >> 2] = acc[r][0];
+            red[warp][r][(lane >> 2) + 8] = acc[r][1];
+        }
     }
     __syncthreads();
-    int r = threadIdx.x & 15, tl = threadIdx.x >> 4;
-    int o = o0 + 16 * tl + r;
-    if (threadIdx.x < 32 && o < nout) {
+    int i = threadIdx.x & 15, tl = (threadIdx.x >> 4) & 1, r = threadIdx.x >> 5;
+    int o = o0 + 32 * r + 16 * tl + i;
+    if (r < R && o < nout) {
         float s = 0.f;
-        for (int w = 0; w < 4; w++) s += red[4 * tl + w][r];
+        for (int w = 0; w < 4; w++) s += red[4 * tl + w][r][i];
         y[o] = s;
     }
 }
