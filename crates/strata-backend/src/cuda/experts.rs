@@ -31,18 +31,24 @@ fn bf16_cublas_rows() -> usize {
 const UP_OUTS: usize = 2;
 const DOWN_OUTS: usize = 4;
 
-/// Rounds of 8 x DOWN_OUTS outputs a block of the one-row down kernel computes: int4 tiles
-/// read a 32-output round's weights (36 KB for GLM-5's down) in little more than a block's
-/// start-up (its task, the first loads' latency), so two rounds share it.
-/// `STRATA_CUDA_DOWN_ROUNDS=1|2` sets it.
-pub(super) fn down_rounds() -> usize {
+/// Rounds of 8 x DOWN_OUTS outputs a block of the one-row down kernel computes for down
+/// matrix `d`: two for int4 tiles, which read a 32-output round's weights (36 KB for
+/// GLM-5's down) in little more than a block's start-up (its task, the first loads'
+/// latency), so two rounds share it (H200: int4 expert decode 1.84 -> 2.13 TB/s); one for
+/// the others (bf16 decoded 2% slower at two). `STRATA_CUDA_DOWN_ROUNDS=1|2` sets it for all.
+pub(super) fn down_rounds(d: &MatDesc) -> usize {
     static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    env_count("STRATA_CUDA_DOWN_ROUNDS", &CELL, 2, |n| n == 1 || n == 2, "1 or 2")
+    match env_count("STRATA_CUDA_DOWN_ROUNDS", &CELL, 0, |n| n == 1 || n == 2, "1 or 2") {
+        0 if d.i4_tiles() => 2,
+        0 => 1,
+        n => n,
+    }
 }
 
-/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch.
-pub(super) fn row_blocks(inter: usize, hidden: usize) -> (usize, usize) {
-    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS * down_rounds()))
+/// Blocks of 8 warps a one-row task takes in the gate/up and (`rounds` rounds of outputs a
+/// block) the down launch.
+pub(super) fn row_blocks(inter: usize, hidden: usize, rounds: usize) -> (usize, usize) {
+    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS * rounds))
 }
 
 /// Rows a tile takes at most (`XT_NT` n-tiles of 8 in `kernels/expert_tiles.cu`): tasks and
@@ -160,6 +166,7 @@ pub(crate) fn experts<'a>(
                 act,
                 tiles1: i32::from(tiles1),
                 tiles2: i32::from(tiles2),
+                rounds2: down_rounds(&d.desc) as i32,
             });
             h_off += (part * inter).next_multiple_of(4);
         }
@@ -189,7 +196,7 @@ pub(crate) fn experts<'a>(
         t.blk2 = *blk2 as i32;
         let inter = t.g.rows as usize;
         let (up, down) = if one_row {
-            row_blocks(inter, hidden)
+            row_blocks(inter, hidden, t.rounds2 as usize)
         } else {
             let up_outs = if t.tiles1 != 0 { TILE_UP_OUTS } else { 8 };
             let down_outs = if t.tiles2 != 0 { TILE_DOWN_OUTS } else { 8 };
@@ -233,14 +240,7 @@ pub(crate) fn experts<'a>(
             if one_row {
                 let by = ById::default();
                 b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp, by]);
-                let rounds = down_rounds() as i32;
-                b.launch(
-                    &b.f.experts_down_row,
-                    (blk2 as u32, 1, 1),
-                    256,
-                    0,
-                    &mut args![tp, nt, hp, hid, yp, rounds, by],
-                );
+                b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp, by]);
             } else {
                 b.launch(up, (blk1 as u32, 1, 1), 256, 0, &mut args![tp, nt, ridx, xp, hid, hp]);
                 b.launch(down, (blk2 as u32, 1, 1), 256, 0, &mut args![tp, nt, hp, hid, yp]);

@@ -66,6 +66,12 @@ pub struct MatDesc {
 }
 
 impl MatDesc {
+    /// Whether the one-row expert kernels take this matrix through the int4 tensor-core
+    /// tiles (`i4_tiles` in `kernels/tiles.cu`).
+    fn i4_tiles(&self) -> bool {
+        self.kind == 3 && self.vec != 0 && self.cols % 128 == 0 && self.group >= 32 && self.group % 32 == 0
+    }
+
     /// Whether the weights are int8, int4 or e4m3 (decoded on the way in; `kind_code` 2-4).
     fn quantized(&self) -> bool {
         (2..=4).contains(&self.kind)
@@ -150,6 +156,9 @@ struct TaskDesc {
     /// tensor-core tiles (`kernels/expert_tiles.cu`; see `experts::mma_tiles`).
     tiles1: i32,
     tiles2: i32,
+    /// Rounds of 32 outputs a block of the one-row down kernel computes (1 or 2; see
+    /// `experts::down_rounds`).
+    rounds2: i32,
 }
 
 /// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,
@@ -164,6 +173,7 @@ struct ById {
     hstride: i32,
     blocks1: i32,
     blocks2: i32,
+    rounds2: i32,
     shared: TaskDesc,
 }
 

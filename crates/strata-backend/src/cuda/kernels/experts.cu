@@ -10,6 +10,7 @@ struct Task {
     i64 h_off;  // first f32 of this task's h rows
     int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
     int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
+    int rounds2;         // one-row down: rounds of 32 outputs a block (1 or 2; cuda/experts.rs)
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -93,12 +94,13 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 
 // A decode row's tasks straight from its routed ids (cuda/dispatch.rs), with no task table:
 // task t < k is expert ids[t] of descs ((gate, up, down) each), its h at t * hstride, its
-// output row t, blocks1 / blocks2 blocks a task; the blocks after those take `shared`.
-// Every task reads row 0. descs null: the tasks come from a table.
+// output row t, blocks1 / blocks2 blocks a task (rounds2 rounds of down outputs a block);
+// the blocks after those take `shared`. Every task reads row 0. descs null: the tasks come
+// from a table.
 struct ById {
     const Mat* descs;
     const u32* ids;
-    int n, k, hstride, blocks1, blocks2;
+    int n, k, hstride, blocks1, blocks2, rounds2;
     Task shared;
 };
 
@@ -125,6 +127,7 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
             T.blk2 = t * by.blocks2;
             T.act = 0;
             T.tiles1 = T.tiles2 = 0;
+            T.rounds2 = by.rounds2;
             *sh = T;
         }
     }
@@ -167,12 +170,13 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     }
 }
 
-// rounds (1 or 2): a block's outputs are rounds x 32 (cuda/experts.rs, row_blocks).
+// A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
-                                                                     int hidden, float* y, int rounds, ById by) {
+                                                                     int hidden, float* y, ById by) {
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
+    int rounds = T.rounds2;
     int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
