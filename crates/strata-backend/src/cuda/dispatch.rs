@@ -3,7 +3,7 @@
 //! kernels builds its own task (`ById`; no task table, no launch to write one). The ids
 //! never visit the host, so a MoE layer costs no device-to-host sync and no task upload.
 
-use super::experts::{check_expert, down_rounds, row_blocks};
+use super::experts::{check_expert, rounds, row_blocks};
 use super::{args, ById, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 
@@ -15,9 +15,9 @@ pub struct CudaExpertTable {
     experts: usize,
     inter: usize,
     hidden: usize,
-    /// Rounds of down outputs a block (`experts::down_rounds`) for every routed task: the
-    /// experts' own when they agree, else one.
-    rounds2: usize,
+    /// Rounds of outputs a block (`experts::rounds`) for every routed task: the experts'
+    /// own when they agree, else one.
+    rounds: (usize, usize),
 }
 
 pub(super) fn expert_table(b: &CudaBackend, experts: &[[CudaMat; 3]]) -> Result<CudaExpertTable> {
@@ -34,14 +34,14 @@ pub(super) fn expert_table(b: &CudaBackend, experts: &[[CudaMat; 3]]) -> Result<
         }
         descs.extend([g.desc, u.desc, d.desc]);
     }
-    let rounds = |i: usize| down_rounds(&descs[3 * i + 2]);
-    let rounds2 = if (0..experts.len()).all(|i| rounds(i) == rounds(0)) { rounds(0) } else { 1 };
+    let of = |i: usize| rounds(&descs[3 * i], &descs[3 * i + 1], &descs[3 * i + 2]);
+    let rounds = if (0..experts.len()).all(|i| of(i) == of(0)) { of(0) } else { (1, 1) };
     // SAFETY: plain #[repr(C)] values viewed as bytes.
     let bytes = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, std::mem::size_of_val(&descs[..])) };
     let mut st = b.lock();
     let buf = b.alloc_t::<u8>(bytes.len())?;
     b.upload_bytes(&mut st.ring, buf.ptr, bytes);
-    Ok(CudaExpertTable { descs: buf, experts: experts.len(), inter, hidden, rounds2 })
+    Ok(CudaExpertTable { descs: buf, experts: experts.len(), inter, hidden, rounds })
 }
 
 pub(super) fn experts_by_id(
@@ -56,12 +56,13 @@ pub(super) fn experts_by_id(
     let (inter, hidden) = (table.inter, table.hidden);
     assert!(top_k >= 1 && ids.len() >= top_k, "experts_by_id: {} ids for top-{top_k}", ids.len());
     assert!(x.len() >= hidden, "experts_by_id: x has {} values, expected a row of {hidden}", x.len());
-    let (up_b, down_b) = row_blocks(inter, hidden, table.rounds2);
+    let (up_b, down_b) = row_blocks(inter, hidden, table.rounds);
     // Each task's h starts 16-byte aligned (the down kernel loads it in vectors).
     let hstride = inter.next_multiple_of(4);
     let routed_h = top_k * hstride;
     let shared_task = shared.map(|s| {
         check_expert(&s, hidden);
+        let (r1, r2) = rounds(&s.gate.desc, &s.up.desc, &s.down.desc);
         TaskDesc {
             g: s.gate.desc,
             u: s.up.desc,
@@ -75,14 +76,15 @@ pub(super) fn experts_by_id(
             act: 0,
             tiles1: 0,
             tiles2: 0,
-            rounds2: down_rounds(&s.down.desc) as i32,
+            rounds1: r1 as i32,
+            rounds2: r2 as i32,
         }
     });
     let ntasks = top_k + usize::from(shared_task.is_some());
     assert!(ntasks * hidden <= y.len(), "experts_by_id: y holds {} values, need {ntasks} rows", y.len());
     let shared_inter = shared.map_or(0, |s| s.gate.rows);
     let (shared_up_b, shared_down_b) =
-        shared_task.map_or((0, 0), |t| row_blocks(shared_inter, hidden, t.rounds2 as usize));
+        shared_task.map_or((0, 0), |t| row_blocks(shared_inter, hidden, (t.rounds1 as usize, t.rounds2 as usize)));
     let blk1 = top_k * up_b + shared_up_b;
     let blk2 = top_k * down_b + shared_down_b;
     let mut st = b.lock();
@@ -96,7 +98,8 @@ pub(super) fn experts_by_id(
         hstride: hstride as i32,
         blocks1: up_b as i32,
         blocks2: down_b as i32,
-        rounds2: table.rounds2 as i32,
+        rounds1: table.rounds.0 as i32,
+        rounds2: table.rounds.1 as i32,
         shared: shared_task.unwrap_or_default(),
     };
     let (xp, yp, hid, nt, none) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32, 0u64);

@@ -31,24 +31,29 @@ fn bf16_cublas_rows() -> usize {
 const UP_OUTS: usize = 2;
 const DOWN_OUTS: usize = 4;
 
-/// Rounds of 8 x DOWN_OUTS outputs a block of the one-row down kernel computes for down
-/// matrix `d`: two for int4 tiles, which read a 32-output round's weights (36 KB for
-/// GLM-5's down) in little more than a block's start-up (its task, the first loads'
-/// latency), so two rounds share it (H200: int4 expert decode 1.84 -> 2.13 TB/s); one for
-/// the others (bf16 decoded 2% slower at two). `STRATA_CUDA_DOWN_ROUNDS=1|2` sets it for all.
-pub(super) fn down_rounds(d: &MatDesc) -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    match env_count("STRATA_CUDA_DOWN_ROUNDS", &CELL, 0, |n| n == 1 || n == 2, "1 or 2") {
-        0 if d.i4_tiles() => 2,
-        0 => 1,
+/// Rounds of outputs a block of the one-row kernels computes for an expert (gate/up: of
+/// 8 x UP_OUTS, down: of 8 x DOWN_OUTS): two where the matrices take the int4 tiles, which
+/// read a round's weights (36 KB for GLM-5's down) in little more than a block's start-up
+/// (its task, the first loads' latency), so two rounds share it (H200: int4 expert decode
+/// 1.84 -> 2.13 TB/s with two rounds of down); one for the others (bf16 decoded 2% slower
+/// at two). `STRATA_CUDA_UP_ROUNDS` / `STRATA_CUDA_DOWN_ROUNDS` = 1 or 2 set them for all.
+pub(super) fn rounds(g: &MatDesc, u: &MatDesc, d: &MatDesc) -> (usize, usize) {
+    static UP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static DOWN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let pick = |set: usize, tiles: bool| match set {
+        0 => 1 + usize::from(tiles),
         n => n,
-    }
+    };
+    let one_or_two = |n: usize| n == 1 || n == 2;
+    let up = env_count("STRATA_CUDA_UP_ROUNDS", &UP, 0, one_or_two, "1 or 2");
+    let down = env_count("STRATA_CUDA_DOWN_ROUNDS", &DOWN, 0, one_or_two, "1 or 2");
+    (pick(up, g.i4_tiles() && u.i4_tiles()), pick(down, d.i4_tiles()))
 }
 
-/// Blocks of 8 warps a one-row task takes in the gate/up and (`rounds` rounds of outputs a
-/// block) the down launch.
-pub(super) fn row_blocks(inter: usize, hidden: usize, rounds: usize) -> (usize, usize) {
-    (inter.div_ceil(8 * UP_OUTS), hidden.div_ceil(8 * DOWN_OUTS * rounds))
+/// Blocks of 8 warps a one-row task takes in the gate/up and the down launch, at `rounds`
+/// rounds of outputs a block.
+pub(super) fn row_blocks(inter: usize, hidden: usize, rounds: (usize, usize)) -> (usize, usize) {
+    (inter.div_ceil(8 * UP_OUTS * rounds.0), hidden.div_ceil(8 * DOWN_OUTS * rounds.1))
 }
 
 /// Rows a tile takes at most (`XT_NT` n-tiles of 8 in `kernels/expert_tiles.cu`): tasks and
@@ -151,6 +156,7 @@ pub(crate) fn experts<'a>(
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;
         }
+        let (r1, r2) = rounds(&g.desc, &u.desc, &d.desc);
         for at in (0..nrows).step_by(TILE_ROWS) {
             let part = (nrows - at).min(TILE_ROWS);
             tasks.push(TaskDesc {
@@ -166,7 +172,8 @@ pub(crate) fn experts<'a>(
                 act,
                 tiles1: i32::from(tiles1),
                 tiles2: i32::from(tiles2),
-                rounds2: down_rounds(&d.desc) as i32,
+                rounds1: r1 as i32,
+                rounds2: r2 as i32,
             });
             h_off += (part * inter).next_multiple_of(4);
         }
@@ -196,7 +203,7 @@ pub(crate) fn experts<'a>(
         t.blk2 = *blk2 as i32;
         let inter = t.g.rows as usize;
         let (up, down) = if one_row {
-            row_blocks(inter, hidden, t.rounds2 as usize)
+            row_blocks(inter, hidden, (t.rounds1 as usize, t.rounds2 as usize))
         } else {
             let up_outs = if t.tiles1 != 0 { TILE_UP_OUTS } else { 8 };
             let down_outs = if t.tiles2 != 0 { TILE_DOWN_OUTS } else { 8 };

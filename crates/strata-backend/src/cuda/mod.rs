@@ -156,8 +156,9 @@ struct TaskDesc {
     /// tensor-core tiles (`kernels/expert_tiles.cu`; see `experts::mma_tiles`).
     tiles1: i32,
     tiles2: i32,
-    /// Rounds of 32 outputs a block of the one-row down kernel computes (1 or 2; see
-    /// `experts::down_rounds`).
+    /// Rounds of 16 (gate/up) and 32 (down) outputs a block of the one-row kernels
+    /// computes (1 or 2; see `experts::rounds`).
+    rounds1: i32,
     rounds2: i32,
 }
 
@@ -173,6 +174,7 @@ struct ById {
     hstride: i32,
     blocks1: i32,
     blocks2: i32,
+    rounds1: i32,
     rounds2: i32,
     shared: TaskDesc,
 }

@@ -10,7 +10,7 @@ struct Task {
     i64 h_off;  // first f32 of this task's h rows
     int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
     int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
-    int rounds2;         // one-row down: rounds of 32 outputs a block (1 or 2; cuda/experts.rs)
+    int rounds1, rounds2;  // one-row kernels: rounds of 16 (up) / 32 (down) outputs a block (cuda/experts.rs)
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -94,13 +94,13 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 
 // A decode row's tasks straight from its routed ids (cuda/dispatch.rs), with no task table:
 // task t < k is expert ids[t] of descs ((gate, up, down) each), its h at t * hstride, its
-// output row t, blocks1 / blocks2 blocks a task (rounds2 rounds of down outputs a block);
+// output row t, blocks1 / blocks2 blocks a task (rounds1 / rounds2 rounds of outputs a block);
 // the blocks after those take `shared`. Every task reads row 0. descs null: the tasks come
 // from a table.
 struct ById {
     const Mat* descs;
     const u32* ids;
-    int n, k, hstride, blocks1, blocks2, rounds2;
+    int n, k, hstride, blocks1, blocks2, rounds1, rounds2;
     Task shared;
 };
 
@@ -127,6 +127,7 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
             T.blk2 = t * by.blocks2;
             T.act = 0;
             T.tiles1 = T.tiles2 = 0;
+            T.rounds1 = by.rounds1;
             T.rounds2 = by.rounds2;
             *sh = T;
         }
@@ -135,20 +136,10 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
     return *sh;
 }
 
-extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
-                                                                   const float* x, int hidden, float* h, ById by) {
-    pdl_enter();
-    __shared__ Task sh;
-    const Task& T = block_task(tasks, ntasks, by, false, &sh);
-    x += by.descs ? 0 : (i64)rowidx[T.rows_off] * hidden;
-#if TILE_MMA
-    if (i4_tiles(T.g) && i4_tiles(T.u)) {
-        i4_up_block(T.g, T.u, (blockIdx.x - T.blk1) * 8 * UP_OUTS, x, T.act, h + T.h_off);
-        return;
-    }
-#endif
+// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0.
+__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = ((blockIdx.x - T.blk1) * 8 + warp) * UP_OUTS;
+    int o0 = b0 + warp * UP_OUTS;
     int inter = T.g.rows;
     if (o0 >= inter) return;
     const Mat* m[2 * UP_OUTS];
@@ -168,6 +159,27 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
         if (lane == 0 && o0 + k < inter) h[T.h_off + o0 + k] = gate_act(g, T.act) * u;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
+                                                                   const float* x, int hidden, float* h, ById by) {
+    pdl_enter();
+    __shared__ Task sh;
+    const Task& T = block_task(tasks, ntasks, by, false, &sh);
+    x += by.descs ? 0 : (i64)rowidx[T.rows_off] * hidden;
+    // A block's outputs: T.rounds1 rounds of 16, one after the other (a round's start-up,
+    // its first loads' latency, remains; the block's, its task and launch, is shared).
+    int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
+#if TILE_MMA
+    if (i4_tiles(T.g) && i4_tiles(T.u)) {
+        for (int r = 0; r < rounds; r++) {
+            if (r) __syncthreads();  // the last round's sums have been read
+            i4_up_block(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off);
+        }
+        return;
+    }
+#endif
+    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h);
 }
 
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
