@@ -283,6 +283,18 @@ __device__ __forceinline__ void xt_any(const Mat& ma, int ra, const Mat& mb, int
     }
 }
 
+// Each of a warp's tile results (acc from xt_any: matrix s, n-tile n, element i) with its
+// output (o0 + its row) and x row, for `put(o, r, v)`.
+template <int S, typename F> __device__ __forceinline__ void xt_each(float (*acc)[XT_NT][4], int o0, F put) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int n = 0; n < XT_NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) put(o0 + xt_out(s, i, g), xt_xrow(n, i, t), acc[s][n][i]);
+}
+
 // Pass 1 of a tiled task: h = act(gate x) * up x for XT_UP_OUTS outputs, all its rows.
 __device__ __forceinline__ void xt_up(const Task& T, const u32* rowidx, const float* x, int hidden, float* h) {
     __shared__ XtBuf xs;
@@ -305,22 +317,16 @@ __device__ __forceinline__ void xt_up(const Task& T, const u32* rowidx, const fl
 // Pass 2 of a tiled task: y = down h for XT_DOWN_OUTS outputs, all its rows.
 __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidden, float* y) {
     __shared__ XtBuf xs;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5;
     int inter = T.d.cols;
     int o0 = (blockIdx.x - T.blk2) * XT_DOWN_OUTS + 32 * warp;
     int nt = (T.nrows + 7) >> 3, srow = threadIdx.x >> 3;
     const float* xrow = srow < T.nrows ? h + T.h_off + (i64)srow * inter : nullptr;
     float acc[2][XT_NT][4];
     xt_any(T.d, o0, T.d, o0 + 16, o0 < hidden, xrow, inter, nt, xs, acc);
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int n = 0; n < XT_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int o = o0 + xt_out(s, i, g), r = xt_xrow(n, i, t);
-                if (o < hidden && r < T.nrows) y[(i64)(T.out_row + r) * hidden + o] = acc[s][n][i];
-            }
+    xt_each<2>(acc, o0, [&](int o, int r, float v) {
+        if (o < hidden && r < T.nrows) y[(i64)(T.out_row + r) * hidden + o] = v;
+    });
 }
 #endif
 
@@ -384,7 +390,7 @@ __device__ __forceinline__ void tiled_mma(const Mat& m, int mrow0, int mrow_bs, 
     pdl_enter();
 #if XT_MMA
     __shared__ XtBuf xs;
-    int b = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.z, warp = threadIdx.x >> 5;
     int o0 = blockIdx.x * XT_DOWN_OUTS + 32 * warp, r0 = blockIdx.y * 8 * XT_NT;
     int nr = min(8 * XT_NT, rows - r0), nt = (nr + 7) >> 3, srow = threadIdx.x >> 3;
     const float* xrow = nullptr;
@@ -392,18 +398,12 @@ __device__ __forceinline__ void tiled_mma(const Mat& m, int mrow0, int mrow_bs, 
     int mrow = mrow0 + b * mrow_bs;
     float acc[2][XT_NT][4];
     xt_any(m, mrow + o0, m, mrow + o0 + 16, o0 < nout, xrow, m.cols, nt, xs, acc);
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int n = 0; n < XT_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int o = o0 + xt_out(s, i, g), r = xt_xrow(n, i, t);
-                if (o >= nout || r >= nr) continue;
-                float v = acc[s][n][i] + (bias ? bias[o] : 0.f);
-                float* p = out + (i64)(r0 + r) * ostride + col + b * col_bs + o;
-                *p = add ? *p + v : v;
-            }
+    xt_each<2>(acc, o0, [&](int o, int r, float v) {
+        if (o >= nout || r >= nr) return;
+        v += bias ? bias[o] : 0.f;
+        float* p = out + (i64)(r0 + r) * ostride + col + b * col_bs + o;
+        *p = add ? *p + v : v;
+    });
 #endif
 }
 
