@@ -3,8 +3,8 @@
 //! a tiled kernel); the experts are in `experts.rs`.
 
 use super::experts::{mma_tiles, TILE_DOWN_OUTS, TILE_ROWS};
+use super::switch;
 use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, MAX_JOBS, SMALL_ROWS};
-use super::{env_count, switch};
 use crate::{Backend, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
@@ -166,11 +166,11 @@ impl CudaBackend {
 
     /// Warps per group of four outputs of `linear_quad` for `groups` groups a batch: four
     /// blocks an SM (two waves of two), so that no SM is left with one block's loads in
-    /// flight. `STRATA_CUDA_QUAD_PER_SM=N` (1-8) sets the blocks an SM aimed at.
+    /// flight. (Three an SM, which would give the per-head value projections half as many
+    /// blocks of twice the columns, decoded the bf16 slice 1% slower: 1500 against 1513
+    /// tok/s, H200, 2026-12-02.)
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let per_sm = env_count("STRATA_CUDA_QUAD_PER_SM", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8");
-        self.split_for(groups, batches, per_sm)
+        self.split_for(groups, batches, 4)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
