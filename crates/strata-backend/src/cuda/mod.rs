@@ -17,6 +17,7 @@
 //! error when there is no driver, no device or no NVRTC.
 
 mod backend;
+mod desc;
 mod dispatch;
 mod elementwise;
 mod experts;
@@ -28,6 +29,9 @@ mod transfer;
 
 use step::StepCache;
 
+pub use desc::MatDesc;
+use desc::{kind_code, ById, LinJob, LinJobs, TaskDesc, MAX_JOBS, VEC_WIDTH};
+
 pub use dispatch::CudaExpertTable;
 pub use queue::{launch_totals, set_dependent_launch_default, set_graphs_default, LaunchStats};
 pub use transfer::{CopyFence, HostRegistration, IdxRead};
@@ -38,145 +42,10 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_kernels::QuantKind;
 
-/// Elements in a 16-byte vector, by encoding code (`Vw` in `kernels/products.cu`).
-const VEC_WIDTH: [usize; 5] = [4, 8, 16, 32, 16];
-
 /// Threads of a block that normalises a row of `width` (`rms_seg`, `k_add_rms_norm`): one
 /// per float4, up to 1024.
 fn row_threads(width: usize) -> u32 {
     width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
-}
-
-/// A matrix as the kernels read it (`struct Mat` in `kernels/common.cu`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MatDesc {
-    w: u64,
-    s: u64,
-    kind: i32,
-    rows: i32,
-    cols: i32,
-    group: i32,
-    brow: i32,
-    bcol: i32,
-    ld: i32,
-    spr: i32,
-    vec: i32,
-    pad: i32,
-}
-
-impl MatDesc {
-    /// Whether the one-row expert kernels take this matrix through the int4 tensor-core
-    /// tiles (`i4_tiles` in `kernels/tiles.cu`).
-    fn i4_tiles(&self) -> bool {
-        self.kind == 3 && self.vec != 0 && self.cols % 128 == 0 && self.group >= 32 && self.group % 32 == 0
-    }
-
-    /// Whether the weights are int8, int4 or e4m3 (decoded on the way in; `kind_code` 2-4).
-    fn quantized(&self) -> bool {
-        (2..=4).contains(&self.kind)
-    }
-
-    /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
-    /// address `w` and its f32 scales at `s`.
-    fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
-        let ld = kind.payload_bytes(1, cols);
-        let (group, brow, bcol, spr, width) = match kind {
-            QuantKind::F32 => (1, 1, 1, 0, VEC_WIDTH[0]),
-            QuantKind::Bf16 => (1, 1, 1, 0, VEC_WIDTH[1]),
-            QuantKind::Int8Row => (1, 1, 1, 1, VEC_WIDTH[2]),
-            QuantKind::Int4Group { group } => (group, 1, 1, cols.div_ceil(group), VEC_WIDTH[3]),
-            QuantKind::Fp8 { block_rows, block_cols } => {
-                (1, block_rows, block_cols, cols.div_ceil(block_cols), VEC_WIDTH[4])
-            }
-        };
-        let one_scale_per_vector = match kind {
-            QuantKind::Int4Group { group } => group % 32 == 0,
-            QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
-            _ => true,
-        };
-        let vec = w.is_multiple_of(16) && ld.is_multiple_of(16) && cols.is_multiple_of(width) && one_scale_per_vector;
-        anyhow::ensure!(rows <= i32::MAX as usize && cols <= i32::MAX as usize, "matrix {rows}x{cols} too large");
-        anyhow::ensure!(s.is_multiple_of(4), "matrix scales at a misaligned address");
-        Ok(MatDesc {
-            w,
-            s,
-            kind: kind_code(kind),
-            rows: rows as i32,
-            cols: cols as i32,
-            group: group as i32,
-            brow: brow as i32,
-            bcol: bcol as i32,
-            ld: ld as i32,
-            spr: spr as i32,
-            vec: vec as i32,
-            pad: 0,
-        })
-    }
-}
-
-/// One projection of a `k_linears_1` launch (`struct LinJob` in `kernels/products.cu`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct LinJob {
-    m: MatDesc,
-    out: u64,
-    bias: u64,
-    add: i32,
-    split: i32,
-    blk0: i32,
-    /// 1: four outputs a group of `split` warps (`linear_quad`); 0: one (`k_linear_1`).
-    quad: i32,
-}
-
-/// Projections one `k_linears_1` launch computes (`struct LinJobs`).
-const MAX_JOBS: usize = 4;
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct LinJobs {
-    j: [LinJob; MAX_JOBS],
-}
-
-/// One expert's share of a grouped expert launch (`struct Task` in `kernels/experts.cu`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct TaskDesc {
-    g: MatDesc,
-    u: MatDesc,
-    d: MatDesc,
-    h_off: i64,
-    nrows: i32,
-    rows_off: i32,
-    out_row: i32,
-    blk1: i32,
-    blk2: i32,
-    /// The gate activation (`gate_act` in `kernels/common.cu`).
-    act: i32,
-    /// Whether the many-row kernels' pass 1 (gate and up) / pass 2 (down) take the
-    /// tensor-core tiles (`kernels/expert_tiles.cu`; see `experts::mma_tiles`).
-    tiles1: i32,
-    tiles2: i32,
-    /// Rounds of 16 (gate/up) and 32 (down) outputs a block of the one-row kernels
-    /// computes (1 or 2; see `experts::rounds`).
-    rounds1: i32,
-    rounds2: i32,
-}
-
-/// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,
-/// see `dispatch.rs`); all zeros (`descs` null): the one-row expert kernels read a table.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ById {
-    descs: u64,
-    ids: u64,
-    n: i32,
-    k: i32,
-    hstride: i32,
-    blocks1: i32,
-    blocks2: i32,
-    rounds1: i32,
-    rounds2: i32,
-    shared: TaskDesc,
 }
 
 /// Values in device memory.
@@ -799,15 +668,5 @@ impl Lin {
     /// grouped and norm-fused one-row products take.
     pub fn one_vector_row(&self) -> bool {
         self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0
-    }
-}
-
-fn kind_code(k: QuantKind) -> i32 {
-    match k {
-        QuantKind::F32 => 0,
-        QuantKind::Bf16 => 1,
-        QuantKind::Int8Row => 2,
-        QuantKind::Int4Group { .. } => 3,
-        QuantKind::Fp8 { .. } => 4,
     }
 }
