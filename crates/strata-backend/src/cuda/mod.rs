@@ -328,7 +328,7 @@ macro_rules! args {
 pub(crate) use args;
 
 /// A count for comparisons, read once: `name`'s value if set (it must pass `ok`: else a
-/// panic naming the variable and what it expects), else `default`.
+/// panic naming the variable and what it expects, see `parse_count`), else `default`.
 fn env_count(
     name: &'static str,
     cell: &'static std::sync::OnceLock<usize>,
@@ -337,9 +337,15 @@ fn env_count(
     expect: &str,
 ) -> usize {
     *cell.get_or_init(|| match std::env::var(name) {
-        Ok(v) => v.parse().ok().filter(|&n| ok(n)).unwrap_or_else(|| panic!("{name}={v}: expected {expect}")),
+        Ok(v) => parse_count(name, &v, ok, expect).unwrap_or_else(|e| panic!("{e}")),
         Err(_) => default,
     })
+}
+
+/// `value`, variable `name`'s, as a count that passes `ok`; else an error naming both and
+/// what is expected.
+fn parse_count(name: &str, value: &str, ok: fn(usize) -> bool, expect: &str) -> std::result::Result<usize, String> {
+    value.parse().ok().filter(|&n| ok(n)).ok_or_else(|| format!("{name}={value}: expected {expect}"))
 }
 
 /// A switch for comparisons, read once: on unless the variable is `0`.
@@ -668,5 +674,25 @@ impl Lin {
     /// grouped and norm-fused one-row products take.
     pub fn one_vector_row(&self) -> bool {
         self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_count;
+
+    #[test]
+    fn comparison_counts_refuse_bad_values_by_name() {
+        let one_or_two = |n: usize| n == 1 || n == 2;
+        assert_eq!(parse_count("STRATA_CUDA_DOWN_ROUNDS", "2", one_or_two, "1 or 2"), Ok(2));
+        assert_eq!(
+            parse_count("STRATA_CUDA_DOWN_ROUNDS", "3", one_or_two, "1 or 2"),
+            Err("STRATA_CUDA_DOWN_ROUNDS=3: expected 1 or 2".to_string())
+        );
+        assert_eq!(
+            parse_count("STRATA_CUDA_BF16_CUBLAS_ROWS", "many", |_| true, "a row count"),
+            Err("STRATA_CUDA_BF16_CUBLAS_ROWS=many: expected a row count".to_string())
+        );
+        assert_eq!(parse_count("STRATA_CUDA_BF16_CUBLAS_ROWS", "64", |_| true, "a row count"), Ok(64));
     }
 }

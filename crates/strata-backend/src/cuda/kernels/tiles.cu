@@ -277,10 +277,6 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     }
 }
 
-// The block's 8 warps on one task of k_experts_down_row: R rounds of 32 outputs (DOWN_OUTS x
-// 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
-// rounds share its loop (one ring of loads), so a block's start-up (its task, the first
-// loads' latency) is spread over R x 32 outputs.
 // Shared memory of a down block, one for both round counts. 16-byte aligned: the B
 // fragments are read as uint4 (a u32 array alone may land on any 4-byte boundary, after a
 // shared Task of 216 bytes it did).
@@ -290,6 +286,10 @@ struct __align__(16) I4DownShared {
     float red[8][2][16];
 };
 
+// The block's 8 warps on one task of k_experts_down_row: R rounds of 32 outputs (DOWN_OUTS x
+// 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
+// rounds share its loop (one ring of loads), so a block's start-up (its task, the first
+// loads' latency) is spread over R x 32 outputs.
 template <int R>
 __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4DownShared& sm) {
     auto& xs = sm.xs;
