@@ -69,7 +69,8 @@ for rep in $(seq 1 ${REPS:-2}); do
         --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
-  'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'prefill_tps':round(r['prefill_tokens_per_s'],1),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
+  'ms_per_token':round(1e3/r['decode_tokens_per_s'],4),'prefill_tps':round(r['prefill_tokens_per_s'],1),'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3),
+  'graphs_per_token':r.get('cuda_graph_launches_per_decode_token'),'kernels_per_token':r.get('cuda_kernels_in_graphs_per_decode_token')}))" >>"$res"
     done
   done
 done

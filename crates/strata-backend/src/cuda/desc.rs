@@ -124,7 +124,8 @@ pub(super) struct TaskDesc {
 }
 
 /// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,
-/// see `dispatch.rs`); all zeros (`descs` null): the one-row expert kernels read a table.
+/// see `dispatch.rs`), or with `k` 0 a lone task in `shared` (`experts::experts`); read
+/// where the one-row expert kernels get no table, all zeros where they do.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ById {

@@ -214,6 +214,19 @@ pub(crate) fn experts<'a>(
     }
     let mut st = b.lock();
     let st = &mut *st;
+    let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
+    if let ([lone], true) = (&tasks[..], one_row && big.is_empty()) {
+        // A lone one-row task (a dense MLP's) rides in the launch's arguments as the
+        // by-id kernels' shared task with no routed ones: no table to upload, a copy in the
+        // stream that would stall the device between two kernels and end a graph.
+        let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
+        let by = ById { k: 0, blocks1: 1, blocks2: 1, shared: *lone, ..ById::default() };
+        let (blk1, blk2) = blocks[0];
+        let none = 0u64;
+        b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![none, 1i32, none, xp, hid, hp, by]);
+        b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, 1i32, hp, hid, yp, by]);
+        return;
+    }
     // Table: the tasks, then the row lists (16-byte aligned).
     let tbytes = std::mem::size_of_val(&tasks[..]);
     let roff = tbytes.next_multiple_of(16);
@@ -227,7 +240,6 @@ pub(crate) fn experts<'a>(
     let table = b.ensure(&mut st.work.table, total.max(16)).ptr();
     b.upload_bytes(&mut st.ring, table, &st.work.bytes);
     let ridx = table + roff as u64;
-    let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
     if !tasks.is_empty() {
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
         let groups = [

@@ -36,8 +36,14 @@ const MIN_GRAPH_KERNELS: usize = 4;
 /// A run is sent once it holds this many launches, the next at twice as many, and so on
 /// (back to this after anything else touches the stream): the device starts on a step's
 /// first kernels while the host is still preparing the rest, and the cut points are the
-/// same at every step, so each piece replays as its own graph.
+/// same at every step, so each piece replays as its own graph. `STRATA_CUDA_FIRST_RUN=N`
+/// moves it, for comparisons (a large N: one graph for all a step's kernels).
 const FIRST_RUN: usize = 4;
+
+fn first_run() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    super::env_count("STRATA_CUDA_FIRST_RUN", &CELL, FIRST_RUN, |n| n >= 1, "a launch count of 1 or more")
+}
 /// The most parameters a kernel takes.
 const MAX_PARAMS: usize = 24;
 
@@ -142,7 +148,7 @@ struct Inner {
     /// Programmatic dependent launch (see the module's comment).
     pdl: bool,
     run: Run,
-    /// Launches at which the run is sent (see FIRST_RUN).
+    /// Launches at which the run is sent (see first_run).
     limit: usize,
     graphs: GraphCache<sys::CUgraphExec>,
     stats: LaunchStats,
@@ -182,7 +188,7 @@ impl LaunchQueue {
             on,
             pdl,
             run: Run::default(),
-            limit: FIRST_RUN,
+            limit: first_run(),
             graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
             stats: LaunchStats::default(),
         };
@@ -285,7 +291,7 @@ impl LaunchQueue {
     /// new graph when it was seen once before, else each launch.
     pub fn flush(&self) {
         let mut g = self.lock();
-        g.limit = FIRST_RUN;
+        g.limit = first_run();
         self.send(&mut g);
     }
 

@@ -95,8 +95,9 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 // A decode row's tasks straight from its routed ids (cuda/dispatch.rs), with no task table:
 // task t < k is expert ids[t] of descs ((gate, up, down) each), its h at t * hstride, its
 // output row t, blocks1 / blocks2 blocks a task (rounds1 / rounds2 rounds of outputs a block);
-// the blocks after those take `shared`. Every task reads row 0. descs null: the tasks come
-// from a table.
+// the blocks after those take `shared` (k = 0: a lone task, such as a dense MLP's, with
+// no table to upload). Every task reads row 0. Used where the kernels get no table (tasks
+// null); all zeros otherwise.
 struct ById {
     const Mat* descs;
     const u32* ids;
@@ -104,10 +105,10 @@ struct ById {
     Task shared;
 };
 
-// The block's task: the table's (a binary search over it) or, by id, built by one thread
-// into shared memory (`sh`).
+// The block's task: the table's (a binary search over it) or, by id (tasks null), built
+// by one thread into shared memory (`sh`).
 __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks, const ById& by, bool second, Task* sh) {
-    if (!by.descs) return tasks[find_task(tasks, ntasks, blockIdx.x, second)];
+    if (tasks) return tasks[find_task(tasks, ntasks, blockIdx.x, second)];
     if (threadIdx.x == 0) {
         int t = min((int)blockIdx.x / (second ? by.blocks2 : by.blocks1), by.k);
         if (t == by.k) {
@@ -161,12 +162,43 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
     }
 }
 
+// The first round's weight rows of this warp in T (gate and up, or down) asked of L2
+// (prefetch_row), on the CUDA-core path (the int4 tiles walk theirs otherwise).
+__device__ __forceinline__ void expert_task_prefetch(const Task& T, bool second) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (!second) {
+        if (i4_tiles(T.g) && i4_tiles(T.u)) return;
+        int o0 = ((int)blockIdx.x - T.blk1) * T.rounds1 * 8 * UP_OUTS + warp * UP_OUTS, inter = T.g.rows;
+        if (o0 >= inter) return;
+#pragma unroll
+        for (int k = 0; k < UP_OUTS; k++) {
+            prefetch_row(T.g, min(o0 + k, inter - 1), lane, 0, 1);
+            prefetch_row(T.u, min(o0 + k, inter - 1), lane, 0, 1);
+        }
+        return;
+    }
+    if (i4_tiles(T.d)) return;
+    int o0 = ((int)blockIdx.x - T.blk2) * T.rounds2 * 8 * DOWN_OUTS + warp * DOWN_OUTS, hidden = T.d.rows;
+    if (o0 >= hidden) return;
+#pragma unroll
+    for (int k = 0; k < DOWN_OUTS; k++) prefetch_row(T.d, min(o0 + k, hidden - 1), lane, 0, 1);
+}
+
+// Before the wait: the block's first weights, where its task is known without the kernel
+// before it: a table's (uploaded by a copy), or by id the shared task's (an argument; a
+// routed task needs the router's ids).
+__device__ __forceinline__ void expert_prefetch(const Task* tasks, int ntasks, const ById& by, bool second) {
+    if (tasks) expert_task_prefetch(tasks[find_task(tasks, ntasks, blockIdx.x, second)], second);
+    else if ((int)blockIdx.x >= by.k * (second ? by.blocks2 : by.blocks1)) expert_task_prefetch(by.shared, second);
+}
+
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
+    expert_prefetch(tasks, ntasks, by, false);
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
-    x += by.descs ? 0 : (i64)rowidx[T.rows_off] * hidden;
+    x += tasks ? (i64)rowidx[T.rows_off] * hidden : 0;
     // A block's outputs: T.rounds1 rounds of 16, one after the other (a round's start-up,
     // its first loads' latency, remains; the block's, its task and launch, is shared).
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
@@ -185,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
                                                                      int hidden, float* y, ById by) {
+    expert_prefetch(tasks, ntasks, by, true);
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
@@ -192,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
-        __shared__ I4DownShared sm;
+        __shared__ I4Shared sm;
         if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
         else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
         return;

@@ -245,12 +245,23 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         }
 }
 
+// Shared memory of an up or down block (down: one for both round counts): each warp's
+// staged x and its scales, and the warps' sums. 16-byte aligned: the B fragments are read
+// as uint4 (a u32 array alone may land on any 4-byte boundary; after a shared Task of 216
+// bytes it did).
+struct __align__(16) I4Shared {
+    u32 xs[8][I4_XS * XS_WORDS];
+    float xsc[8][I4_XS];
+    float red[8][2][16];
+};
+
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
 __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h) {
-    __shared__ __align__(16) u32 xs[8][I4_XS * XS_WORDS];  // read as uint4 (see I4DownShared)
-    __shared__ float xsc[8][I4_XS];
-    __shared__ float red[8][2][16];
+    __shared__ I4Shared sm;
+    auto& xs = sm.xs;
+    auto& xsc = sm.xsc;
+    auto& red = sm.red;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nout = gm.rows, nch = gm.cols / 128;
     const Mat* m[2] = {&gm, &um};
@@ -277,21 +288,12 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     }
 }
 
-// Shared memory of a down block, one for both round counts. 16-byte aligned: the B
-// fragments are read as uint4 (a u32 array alone may land on any 4-byte boundary, after a
-// shared Task of 216 bytes it did).
-struct __align__(16) I4DownShared {
-    u32 xs[8][I4_XS * XS_WORDS];
-    float xsc[8][I4_XS];
-    float red[8][2][16];
-};
-
 // The block's 8 warps on one task of k_experts_down_row: R rounds of 32 outputs (DOWN_OUTS x
 // 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
 // rounds share its loop (one ring of loads), so a block's start-up (its task, the first
 // loads' latency) is spread over R x 32 outputs.
 template <int R>
-__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4DownShared& sm) {
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
     auto& red = sm.red;
