@@ -12,7 +12,8 @@
 # Each strata figure is taken with CUDA graphs (the default) and with `--cuda-graphs off`.
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
-# times strata on the slice with GLM-5's vocabulary (154880; no peer runs there); SERVE=1
+# times the slice with GLM-5's vocabulary (154880): strata (bf16, int4 experts),
+# llama.cpp (bf16, Q4_0) and transformers (bf16); SERVE=1
 # times the serving engine on the bf16 slice with device picks on and off; FP8=1 also times
 # strata on the slice with its projections in FP8 (128 x 128 blocks, as GLM-5's FP8
 # checkpoints), bf16 and int4 experts; P512=1 adds 512-token prompts (strata and llama.cpp).
@@ -46,6 +47,9 @@ L=/tmp/llama-cuda
     timeout 200 $S bench synth --out "$slice-v154k" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
       --vocab 154880 >>"$OUT/side.log" 2>&1
     timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 >>"$OUT/side.log" 2>&1
+    cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice-v154k/"
+    timeout 300 bash "$PEER" convert "$C/llama-src.tar.xz" "$slice-v154k" /tmp/slice-v154k.gguf bf16 >>"$OUT/side.log" 2>&1 ||
+      echo "convert of the GLM-5-vocabulary slice to GGUF failed" >>"$OUT/side.log"
   fi
   if [ "${FP8:-0}" = 1 ]; then
     timeout 200 $S bench synth --out "$slice-fp8" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
@@ -143,6 +147,16 @@ if [ "${FULL_VOCAB:-0}" = 1 ]; then
   since "strata, GLM-5's vocabulary"
   strata_bench "$slice-v154k" bf16-vocab154880
   strata_bench "$slice-v154k-int4" int4-g64-vocab154880
+  if [ -x "$L/bin/llama-bench" ] && [ -f /tmp/slice-v154k.gguf ]; then
+    since "llama.cpp, GLM-5's vocabulary"
+    llama_bench /tmp/slice-v154k.gguf bf16-vocab154880
+    timeout 120 "$L/bin/llama-quantize" /tmp/slice-v154k.gguf /tmp/slice-v154k-q4_0.gguf Q4_0 >>"$OUT/side.log" 2>&1 &&
+      llama_bench /tmp/slice-v154k-q4_0.gguf q4_0-vocab154880
+  fi
+  since "transformers, GLM-5's vocabulary"
+  timeout 150 python3 scripts/bench_transformers_gpu.py "$slice-v154k" --dtype bfloat16 --prompt-tokens 64 --decode-tokens 64 \
+    --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/side.log" ||
+    echo "transformers (GLM-5's vocabulary) failed" | tee -a "$OUT/side.log"
 fi
 since "done"
 cat "$res"
