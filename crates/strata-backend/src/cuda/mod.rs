@@ -156,6 +156,8 @@ struct Work {
     /// One-row projections: the call's jobs, and those that go out together.
     jobs: Vec<Lin>,
     small: Vec<(usize, LinJob)>,
+    /// `k_route_one`'s count of finished blocks (zero between launches).
+    route_done: Option<DevBuf<u32>>,
     /// Host staging.
     bytes: Vec<u8>,
     cos: Vec<f32>,
@@ -231,6 +233,7 @@ struct Funcs {
     gqa_prepare: CudaFunction,
     gqa_attend: Vec<(usize, CudaFunction)>,
     route: CudaFunction,
+    route_one: CudaFunction,
     route_softmax: CudaFunction,
     combine: CudaFunction,
     scale: CudaFunction,
@@ -286,6 +289,7 @@ impl Funcs {
             gqa_prepare: f("k_gqa_prepare")?,
             gqa_attend: js("k_gqa_attend_", &[1, 2, 4, 8, 16])?,
             route: f("k_route")?,
+            route_one: f("k_route_one")?,
             route_softmax: f("k_route_softmax")?,
             combine: f("k_combine")?,
             scale: f("k_scale")?,

@@ -20,6 +20,12 @@ fn fuse_norm_on() -> bool {
     static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     switch("STRATA_CUDA_FUSE_NORM", &CELL)
 }
+/// `STRATA_CUDA_FUSE_ROUTE=0`: a one-row noaux router takes two launches (the logits, then
+/// `k_route`), not one (`k_route_one`; the same values).
+fn fuse_route_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_FUSE_ROUTE", &CELL)
+}
 /// `STRATA_CUDA_ROW2=0`: one-row projections too small for four outputs a warp go to
 /// `linear_small`, not two a warp.
 fn row2_on() -> bool {
@@ -609,10 +615,27 @@ pub(crate) fn route_noaux(
     let smem = (2 * n + p.n_group) * 4;
     assert!(smem <= 48 << 10, "route_noaux: {n} experts exceed shared memory");
     let mut st = b.lock();
-    b.linear(&mut st, &Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()));
+    let lin = Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr());
     let (lp, bp, ip, wp) = (logits.ptr(), bias.ptr(), ids.ptr(), weights.ptr());
-    let (ni, ki, ng, tg, norm, sc) =
-        (n as i32, k as i32, p.n_group as i32, p.topk_group as i32, p.norm_topk_prob as i32, p.scaling);
+    let (ki, ng, tg, norm, sc) = (k as i32, p.n_group as i32, p.topk_group as i32, p.norm_topk_prob as i32, p.scaling);
+    if rows == 1 && fuse_route_on() && b.row_kernel_outputs(&lin).is_none() {
+        // One launch: the logits as `linear` computes them (k_linear_1, the same split),
+        // routed by the grid's last block.
+        let split = b.small_split(n, 1);
+        let done = b.ensure(&mut st.work.route_done, 1).ptr();
+        let (m, xp, si) = (gate.desc, x.ptr(), split as i32);
+        let grid = ((n * split).div_ceil(8) as u32, 1, 1);
+        b.launch(
+            &b.f.route_one,
+            grid,
+            256,
+            smem as u32,
+            &mut args![m, xp, lp, si, done, bp, ki, ng, tg, norm, sc, ip, wp],
+        );
+        return;
+    }
+    b.linear(&mut st, &lin);
+    let ni = n as i32;
     b.launch(&b.f.route, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, bp, ki, ng, tg, norm, sc, ip, wp]);
 }
 

@@ -9,6 +9,7 @@ pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
         (64, 96, 1, RouterParams { top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
         (64, 96, 9, RouterParams { top_k: 6, n_group: 8, topk_group: 3, norm_topk_prob: true, scaling: 1.0 }),
         (256, 128, 3, RouterParams { top_k: 8, n_group: 4, topk_group: 2, norm_topk_prob: false, scaling: 1.5 }),
+        (256, 160, 1, RouterParams { top_k: 8, n_group: 8, topk_group: 4, norm_topk_prob: true, scaling: 2.5 }),
         (16, 64, 40, RouterParams { top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
         // Exact ties: experts 2i and 2i + 1 have the same row and bias (the lower id first).
         (32, 64, 4, RouterParams { top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.0 }),
@@ -307,6 +308,47 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
 fn cuda_route_noaux_matches_cpu() {
     if let Some(g) = gpu() {
         cuda_route_noaux_matches_cpu_on(g)
+    }
+}
+
+/// A decode row's router (one launch, `k_route_one`: logits, then the last block routes)
+/// gives what the same row gets routed beside others (two launches), bit for bit, and
+/// stays right when called again and again (its count of finished blocks starts at zero
+/// each time).
+#[test]
+fn cuda_one_row_route_equals_batched_rows() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rand::seed_from_u64(11);
+    for (experts, hidden, p) in [
+        (48, 256, RouterParams { top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }),
+        (256, 192, RouterParams { top_k: 8, n_group: 8, topk_group: 4, norm_topk_prob: true, scaling: 2.5 }),
+        (64, 96, RouterParams { top_k: 6, n_group: 1, topk_group: 1, norm_topk_prob: false, scaling: 1.0 }),
+    ] {
+        let rows = 3;
+        let (gate, _) = hostmat(&mut rng, QuantKind::F32, experts, hidden, 0.3);
+        let bias = rvec(&mut rng, experts, 0.2);
+        let x = rvec(&mut rng, rows * hidden, 1.0);
+        let w = g.matrix(gate.clone()).unwrap();
+        let bb = up(g, &bias);
+        let route = |x: &[f32], n: usize| {
+            let xb = up(g, x);
+            let mut logits = up(g, &vec![f32::NAN; n * experts]);
+            let mut ids = g.alloc_idx(n * p.top_k).unwrap();
+            let mut wts = up(g, &vec![f32::NAN; n * p.top_k]);
+            g.route_noaux(&xb, n, &w, &bb, p, &mut logits, &mut ids, &mut wts);
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            (bits(down(g, &logits, n * experts)), down_idx(g, &ids, n * p.top_k), bits(down(g, &wts, n * p.top_k)))
+        };
+        let (bl, bi, bw) = route(&x, rows);
+        for _ in 0..3 {
+            for r in 0..rows {
+                let (l, i, w) = route(&x[r * hidden..(r + 1) * hidden], 1);
+                let (k, what) = (p.top_k, format!("row {r} of {experts} experts, {p:?}"));
+                assert_eq!(l, bl[r * experts..(r + 1) * experts], "logits, {what}");
+                assert_eq!(i, bi[r * k..(r + 1) * k], "ids, {what}");
+                assert_eq!(w, bw[r * k..(r + 1) * k], "weights, {what}");
+            }
+        }
     }
 }
 

@@ -24,23 +24,20 @@ __device__ void block_topk(const float* vals, int n, int k, int* chosen) {
     __syncthreads();
 }
 
-// Per row (256 threads): s = sigmoid(logits); choice = s + bias, masked to the best
-// topk_group groups (a group's score: the sum of its two best); the top k of choice (ties
-// to the lower id), best first; weights s at those ids, normalised (+1e-20) if asked,
-// times the scaling. Dynamic shared memory: 2n floats + n_group ints.
-extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, int n, const float* bias, int k,
-                                                          int n_group, int topk_group, int norm, float scaling,
-                                                          u32* ids, float* wts) {
-    pdl_enter();
-    extern __shared__ float smem[];
-    float* s = smem;
-    float* ch = smem + n;
+// One row by a block of 256 threads: s = sigmoid(logits l); choice = s + bias, masked to
+// the best topk_group groups (a group's score: the sum of its two best); the top k of
+// choice (ties to the lower id), best first, into ids; weights s at those ids, normalised
+// (+1e-20) if asked, times the scaling, into wts. l is read through L2 (k_route_one reads
+// what other blocks of its grid wrote). Dynamic shared memory: 2n floats + n_group ints.
+__device__ __forceinline__ void route_row(const float* l, int n, const float* bias, int k, int n_group,
+                                          int topk_group, int norm, float scaling, u32* ids, float* wts) {
+    extern __shared__ float route_smem[];
+    float* s = route_smem;
+    float* ch = route_smem + n;
     int* keep = (int*)(ch + n);
     __shared__ int chosen[64];
-    int r = blockIdx.x;
-    const float* l = logits + (i64)r * n;
     for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        float sv = 1.0f / (1.0f + expf(-l[e]));
+        float sv = 1.0f / (1.0f + expf(-__ldcg(l + e)));
         s[e] = sv;
         ch[e] = sv + bias[e];
     }
@@ -99,9 +96,39 @@ extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, i
         int i = threadIdx.x;
         float w = s[chosen[i]];
         if (norm) w /= denom;
-        ids[(i64)r * k + i] = (u32)chosen[i];
-        wts[(i64)r * k + i] = w * scaling;
+        ids[i] = (u32)chosen[i];
+        wts[i] = w * scaling;
     }
+}
+
+// Per row r (a block each): route_row.
+extern "C" __global__ void __launch_bounds__(256) k_route(const float* logits, int n, const float* bias, int k,
+                                                          int n_group, int topk_group, int norm, float scaling,
+                                                          u32* ids, float* wts) {
+    pdl_enter();
+    i64 r = blockIdx.x;
+    route_row(logits + r * n, n, bias, k, n_group, topk_group, norm, scaling, ids + r * k, wts + r * k);
+}
+
+// One row (decode) in one launch where there were two: the router's logits computed as
+// k_linear_1 computes them (the same blocks, the same sums), then the grid's last block
+// to finish routes them as k_route does, so ids and weights are the same bit for bit.
+// `done` counts finished blocks (zero between launches: the last block resets it).
+extern "C" __global__ void __launch_bounds__(256) k_route_one(Mat m, const float* x, float* logits, int split,
+                                                              u32* done, const float* bias, int k, int n_group,
+                                                              int topk_group, int norm, float scaling, u32* ids,
+                                                              float* wts) {
+    linear_small_prefetch(m, 0, 0, m.rows, split, blockIdx.x);
+    pdl_enter();
+    linear_small<1>(m, 0, 0, x, 0, m.cols, 1, m.rows, logits, m.rows, 0, 0, 0, nullptr, split, blockIdx.x);
+    __shared__ int last;
+    __threadfence();  // this block's logits visible to the block that routes
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *done = 0;
+    route_row(logits, m.rows, bias, k, n_group, topk_group, norm, scaling, ids, wts);
 }
 
 // out[r] += sum over r's experts in ascending id of w * y[src[r, rank]] (+ y[shared + r]).
