@@ -34,15 +34,25 @@ const SEEN: usize = 4096;
 /// Shorter runs are launched one by one (a graph would save little).
 const MIN_GRAPH_KERNELS: usize = 4;
 /// A run is sent once it holds this many launches, the next at twice as many, and so on
-/// (back to this after anything else touches the stream): the device starts on a step's
-/// first kernels while the host is still preparing the rest, and the cut points are the
-/// same at every step, so each piece replays as its own graph. `STRATA_CUDA_FIRST_RUN=N`
-/// moves it, for comparisons (a large N: one graph for all a step's kernels).
+/// (back to this after anything else touches the stream), if the device is idle at the
+/// first cut: it starts on a step's first kernels while the host is still preparing the
+/// rest. If the device is still busy with earlier work then (greedy decode queues a step
+/// before it reads the last one's pick), the run goes on instead: a step is one graph, every kernel in it
+/// chained by dependent launch, where graph boundaries cost the device a gap each (H200,
+/// 2026-12-03: the GLM-5 slice decoded 1528 tok/s as one graph a step, 1510 in three).
+/// Either way the cut points repeat from step to step, so the pieces replay as graphs.
+/// `STRATA_CUDA_FIRST_RUN=N` moves the first cut and `STRATA_CUDA_CUT_BUSY=1` cuts whether
+/// or not the device is busy, for comparisons.
 const FIRST_RUN: usize = 4;
 
 fn first_run() -> usize {
     static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     super::env_count("STRATA_CUDA_FIRST_RUN", &CELL, FIRST_RUN, |n| n >= 1, "a launch count of 1 or more")
+}
+
+fn cut_busy() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_CUT_BUSY").as_deref() == Ok("1"))
 }
 /// The most parameters a kernel takes.
 const MAX_PARAMS: usize = 24;
@@ -150,6 +160,9 @@ struct Inner {
     run: Run,
     /// Launches at which the run is sent (see first_run).
     limit: usize,
+    /// The device was busy at the first cut: the run goes on until something else
+    /// touches the stream.
+    hold: bool,
     graphs: GraphCache<sys::CUgraphExec>,
     stats: LaunchStats,
 }
@@ -189,6 +202,7 @@ impl LaunchQueue {
             pdl,
             run: Run::default(),
             limit: first_run(),
+            hold: false,
             graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
             stats: LaunchStats::default(),
         };
@@ -244,10 +258,24 @@ impl LaunchQueue {
             }
         }
         run.nodes.push(Node { func, grid, block, smem, first, count: args.len() });
-        if run.nodes.len() >= g.limit {
+        if run.nodes.len() >= g.limit && !g.hold {
+            // Decided at a run's first cut only, so a step's pieces do not depend on how
+            // far the device got meanwhile.
+            if g.limit == first_run() && !cut_busy() && self.busy() {
+                g.hold = true;
+                return;
+            }
             self.send(&mut g);
             g.limit *= 2;
         }
+    }
+
+    /// Whether the stream still has work the device has not finished.
+    fn busy(&self) -> bool {
+        self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
+        // SAFETY: a live stream of this context.
+        let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
+        r == sys::CUresult::CUDA_ERROR_NOT_READY
     }
 
     fn launch_now(
@@ -292,6 +320,7 @@ impl LaunchQueue {
     pub fn flush(&self) {
         let mut g = self.lock();
         g.limit = first_run();
+        g.hold = false;
         self.send(&mut g);
     }
 

@@ -48,30 +48,6 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-// Before pdl_enter, a kernel that streams weights may ask L2 for its first ones: they
-// never depend on the kernel before it, and while that kernel's last blocks finish, the
-// SMs they leave free would otherwise idle (a launch's ramp and the tail before it cost a
-// few microseconds each). A prefetch changes no value. PF_ITERS: the steps of a warp's
-// vector loop asked for (0: none).
-#ifndef PF_ITERS
-#define PF_ITERS 4
-#endif
-
-// The first PF_ITERS steps of a warp's loads of row `row` of m: the 16-byte vectors
-// lane + 32 (sub + nsub i), as the one-row dot loops walk them (vector rows only), one
-// lane in 8 asking for each 128-byte line.
-__device__ __forceinline__ void prefetch_row(const Mat& m, int row, int lane, int sub, int nsub) {
-#if PF_ITERS > 0
-    if (!m.vec || (lane & 7)) return;
-    const u8* base = m.w + (size_t)row * m.ld;
-#pragma unroll
-    for (int i = 0; i < PF_ITERS; i++) {
-        size_t off = (size_t)(lane + 32 * (sub + nsub * i)) * 16;
-        if (off < (size_t)m.ld) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
-    }
-#endif
-}
-
 __device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
     int t = (int)s.seq[r] * s.max_blocks;
     return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;

@@ -162,39 +162,8 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
     }
 }
 
-// The first round's weight rows of this warp in T (gate and up, or down) asked of L2
-// (prefetch_row), on the CUDA-core path (the int4 tiles walk theirs otherwise).
-__device__ __forceinline__ void expert_task_prefetch(const Task& T, bool second) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (!second) {
-        if (i4_tiles(T.g) && i4_tiles(T.u)) return;
-        int o0 = ((int)blockIdx.x - T.blk1) * T.rounds1 * 8 * UP_OUTS + warp * UP_OUTS, inter = T.g.rows;
-        if (o0 >= inter) return;
-#pragma unroll
-        for (int k = 0; k < UP_OUTS; k++) {
-            prefetch_row(T.g, min(o0 + k, inter - 1), lane, 0, 1);
-            prefetch_row(T.u, min(o0 + k, inter - 1), lane, 0, 1);
-        }
-        return;
-    }
-    if (i4_tiles(T.d)) return;
-    int o0 = ((int)blockIdx.x - T.blk2) * T.rounds2 * 8 * DOWN_OUTS + warp * DOWN_OUTS, hidden = T.d.rows;
-    if (o0 >= hidden) return;
-#pragma unroll
-    for (int k = 0; k < DOWN_OUTS; k++) prefetch_row(T.d, min(o0 + k, hidden - 1), lane, 0, 1);
-}
-
-// Before the wait: the block's first weights, where its task is known without the kernel
-// before it: a table's (uploaded by a copy), or by id the shared task's (an argument; a
-// routed task needs the router's ids).
-__device__ __forceinline__ void expert_prefetch(const Task* tasks, int ntasks, const ById& by, bool second) {
-    if (tasks) expert_task_prefetch(tasks[find_task(tasks, ntasks, blockIdx.x, second)], second);
-    else if ((int)blockIdx.x >= by.k * (second ? by.blocks2 : by.blocks1)) expert_task_prefetch(by.shared, second);
-}
-
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
-    expert_prefetch(tasks, ntasks, by, false);
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
@@ -217,7 +186,6 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
                                                                      int hidden, float* y, ById by) {
-    expert_prefetch(tasks, ntasks, by, true);
     pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);

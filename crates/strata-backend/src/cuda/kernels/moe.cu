@@ -118,7 +118,6 @@ extern "C" __global__ void __launch_bounds__(256) k_route_one(Mat m, const float
                                                               u32* done, const float* bias, int k, int n_group,
                                                               int topk_group, int norm, float scaling, u32* ids,
                                                               float* wts) {
-    linear_small_prefetch(m, 0, 0, m.rows, split, blockIdx.x);
     pdl_enter();
     linear_small<1>(m, 0, 0, x, 0, m.cols, 1, m.rows, logits, m.rows, 0, 0, 0, nullptr, split, blockIdx.x);
     __shared__ int last;

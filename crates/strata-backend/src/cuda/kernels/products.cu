@@ -343,19 +343,10 @@ __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_b
     }
 }
 
-// linear_small's weight row of this warp, asked of L2 before the wait (prefetch_row).
-__device__ __forceinline__ void linear_small_prefetch(const Mat& m, int mrow0, int mrow_bs, int nout, int split,
-                                                      int bx) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = bx * (8 / split) + warp / split;
-    if (o < nout) prefetch_row(m, mrow0 + blockIdx.y * mrow_bs + o, lane, warp % split, split);
-}
-
 #define LINEAR_SMALL(R)                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) k_linear_##R(                                          \
         Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld, int rows, int nout, float* out,   \
         int ostride, int col, int col_bs, int add, const float* bias, int split) {                           \
-        linear_small_prefetch(m, mrow0, mrow_bs, nout, split, blockIdx.x);                                   \
         pdl_enter();                                                                                         \
         linear_small<R>(m, mrow0, mrow_bs, x, x_bs, xld, rows, nout, out, ostride, col, col_bs, add, bias,  \
                         split, blockIdx.x);                                                                  \
@@ -414,15 +405,6 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
     *p = add ? *p + v : v;
 }
 
-// linear_quad's four weight rows of this warp's group, asked of L2 before the wait.
-__device__ __forceinline__ void linear_quad_prefetch(const Mat& m, int mrow0, int nout, int split, int bx) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = (bx * (8 / split) + warp / split) * 4;
-    if (o0 >= nout) return;
-#pragma unroll
-    for (int k = 0; k < 4; k++) prefetch_row(m, mrow0 + min(o0 + k, nout - 1), lane, warp % split, split);
-}
-
 // Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
 // registers, one block an SM. Three (80 registers, a few spilled) decoded the GLM-5 slice
 // ~1% faster than two (128) on the H200.
@@ -435,9 +417,8 @@ __device__ __forceinline__ void linear_quad_prefetch(const Mat& m, int mrow0, in
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
                   int add, const float* bias, const float* nw, float eps, int split) {
-    int b = blockIdx.y;
-    linear_quad_prefetch(m, mrow0 + b * mrow_bs, nout, split, blockIdx.x);
     pdl_enter();
+    int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
     if (nw)
@@ -468,13 +449,11 @@ struct LinJobs {
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
+    pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
     int bx = blockIdx.x - J.blk0;
-    if (J.quad) linear_quad_prefetch(J.m, 0, J.m.rows, J.split, bx);
-    else linear_small_prefetch(J.m, 0, 0, J.m.rows, J.split, bx);
-    pdl_enter();
     if (J.quad) {
         if (nw)
             linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
@@ -536,22 +515,12 @@ __device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const 
     }
 }
 
-// linear_row's N weight rows of this warp, asked of L2 before the wait.
-template <int N> __device__ __forceinline__ void linear_row_prefetch(const Mat& m, int row0, int nout) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = (blockIdx.x * 8 + warp) * N;
-    if (o0 >= nout) return;
-#pragma unroll
-    for (int k = 0; k < N; k++) prefetch_row(m, row0 + min(o0 + k, nout - 1), lane, 0, 1);
-}
-
 // nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
 #define LINEAR_ROW(NAME, N)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
                                                            i64 x_bs, int nout, float* out, int col,          \
                                                            int col_bs, int add, const float* bias,           \
                                                            const float* nw, float eps) {                     \
-        linear_row_prefetch<N>(m, mrow0 + blockIdx.y * mrow_bs, nout);                                       \
         pdl_enter();                                                                                         \
         if (nw)                                                                                              \
             linear_row<N, true>(m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias,               \
