@@ -3,8 +3,8 @@
 //! kernels builds its own task (`ById`; no task table, no launch to write one). The ids
 //! never visit the host, so a MoE layer costs no device-to-host sync and no task upload.
 
-use super::experts::{check_expert, rounds, row_blocks};
-use super::{args, ById, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
+use super::experts::{check_expert, launch_by_id, rounds, row_blocks};
+use super::{ById, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDesc, TaskDesc};
 use anyhow::{bail, Result};
 
 /// A layer's resident experts as [`crate::Backend::experts_by_id`] indexes them:
@@ -102,7 +102,5 @@ pub(super) fn experts_by_id(
         rounds2: table.rounds.1 as i32,
         shared: shared_task.unwrap_or_default(),
     };
-    let (xp, yp, hid, nt, none) = (x.ptr(), y.ptr(), hidden as i32, ntasks as i32, 0u64);
-    b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![none, nt, none, xp, hid, hp, by]);
-    b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, nt, hp, hid, yp, by]);
+    launch_by_id(b, (blk1, blk2), ntasks, (x.ptr(), hp, y.ptr()), hidden, &by);
 }

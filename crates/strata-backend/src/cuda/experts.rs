@@ -218,13 +218,11 @@ pub(crate) fn experts<'a>(
     if let ([lone], true) = (&tasks[..], one_row && big.is_empty()) {
         // A lone one-row task (a dense MLP's) rides in the launch's arguments as the
         // by-id kernels' shared task with no routed ones: no table to upload, a copy in the
-        // stream that would stall the device between two kernels and end a graph.
+        // stream that would stall the device between two kernels and end a graph. (Blocks
+        // a routed task of 1: every block's task index is then min(block, 0) = the lone one.)
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
         let by = ById { k: 0, blocks1: 1, blocks2: 1, shared: *lone, ..ById::default() };
-        let (blk1, blk2) = blocks[0];
-        let none = 0u64;
-        b.launch(&b.f.experts_up_row, (blk1 as u32, 1, 1), 256, 0, &mut args![none, 1i32, none, xp, hid, hp, by]);
-        b.launch(&b.f.experts_down_row, (blk2 as u32, 1, 1), 256, 0, &mut args![none, 1i32, hp, hid, yp, by]);
+        launch_by_id(b, blocks[0], 1, (xp, hp, yp), hidden, &by);
         return;
     }
     // Table: the tasks, then the row lists (16-byte aligned).
@@ -286,4 +284,19 @@ pub(crate) fn experts<'a>(
         b.launch(&b.f.act_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, act, hp]);
         b.linear(st, &Lin::plain(w.down, hp, inter, nrows, yp + (4 * out_row * hidden) as u64));
     }
+}
+
+/// The one-row expert kernels (gate/up, then down) over `blocks` blocks, their tasks from
+/// `by` with no table; (x, h, y) device addresses.
+pub(super) fn launch_by_id(
+    b: &CudaBackend,
+    blocks: (usize, usize),
+    ntasks: usize,
+    (xp, hp, yp): (u64, u64, u64),
+    hidden: usize,
+    by: &ById,
+) {
+    let (hid, nt, none, by) = (hidden as i32, ntasks as i32, 0u64, *by);
+    b.launch(&b.f.experts_up_row, (blocks.0 as u32, 1, 1), 256, 0, &mut args![none, nt, none, xp, hid, hp, by]);
+    b.launch(&b.f.experts_down_row, (blocks.1 as u32, 1, 1), 256, 0, &mut args![none, nt, hp, hid, yp, by]);
 }

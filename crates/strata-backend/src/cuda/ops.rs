@@ -78,9 +78,8 @@ impl CudaBackend {
         }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
             let (fi, _) = [1usize, 2, 4, 8].iter().enumerate().find(|(_, &r)| r >= l.rows).unwrap();
-            let split = self.small_split(l.nout, l.batches);
+            let (split, grid) = self.small_launch(l);
             let split_i = split as i32;
-            let grid = ((l.nout * split).div_ceil(8) as u32, l.batches as u32, 1);
             self.launch(
                 &self.f.linear[fi],
                 grid,
@@ -182,6 +181,13 @@ impl CudaBackend {
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
     fn small_split(&self, nout: usize, batches: usize) -> usize {
         self.split_for(nout, batches, 2)
+    }
+
+    /// `linear_small`'s split and grid for `l` (`k_linear_R`, and `k_route_one`, which must
+    /// sum its logits the same way).
+    fn small_launch(&self, l: &Lin) -> (usize, (u32, u32, u32)) {
+        let split = self.small_split(l.nout, l.batches);
+        (split, ((l.nout * split).div_ceil(8) as u32, l.batches as u32, 1))
     }
 
     /// Projections of one row of x: those small enough for `linear_small` go out together,
@@ -621,10 +627,9 @@ pub(crate) fn route_noaux(
     if rows == 1 && fuse_route_on() && b.row_kernel_outputs(&lin).is_none() {
         // One launch: the logits as `linear` computes them (k_linear_1, the same split),
         // routed by the grid's last block.
-        let split = b.small_split(n, 1);
+        let (split, grid) = b.small_launch(&lin);
         let done = b.ensure(&mut st.work.route_done, 1).ptr();
         let (m, xp, si) = (gate.desc, x.ptr(), split as i32);
-        let grid = ((n * split).div_ceil(8) as u32, 1, 1);
         b.launch(
             &b.f.route_one,
             grid,

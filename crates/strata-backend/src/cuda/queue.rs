@@ -41,8 +41,8 @@ const MIN_GRAPH_KERNELS: usize = 4;
 /// chained by dependent launch, where graph boundaries cost the device a gap each (H200,
 /// 2026-12-03: the GLM-5 slice decoded 1528 tok/s as one graph a step, 1510 in three).
 /// Either way the cut points repeat from step to step, so the pieces replay as graphs.
-/// `STRATA_CUDA_FIRST_RUN=N` moves the first cut and `STRATA_CUDA_CUT_BUSY=1` cuts whether
-/// or not the device is busy, for comparisons.
+/// `STRATA_CUDA_FIRST_RUN=N` moves the first cut and `STRATA_CUDA_HOLD_BUSY=0` cuts
+/// whether or not the device is busy, for comparisons.
 const FIRST_RUN: usize = 4;
 
 fn first_run() -> usize {
@@ -50,9 +50,9 @@ fn first_run() -> usize {
     super::env_count("STRATA_CUDA_FIRST_RUN", &CELL, FIRST_RUN, |n| n >= 1, "a launch count of 1 or more")
 }
 
-fn cut_busy() -> bool {
+fn hold_busy() -> bool {
     static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| std::env::var("STRATA_CUDA_CUT_BUSY").as_deref() == Ok("1"))
+    super::switch("STRATA_CUDA_HOLD_BUSY", &CELL)
 }
 /// The most parameters a kernel takes.
 const MAX_PARAMS: usize = 24;
@@ -261,7 +261,7 @@ impl LaunchQueue {
         if run.nodes.len() >= g.limit && !g.hold {
             // Decided at a run's first cut only, so a step's pieces do not depend on how
             // far the device got meanwhile.
-            if g.limit == first_run() && !cut_busy() && self.busy() {
+            if g.limit == first_run() && hold_busy() && self.busy() {
                 g.hold = true;
                 return;
             }
