@@ -137,12 +137,16 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
     return *sh;
 }
 
-// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0.
-__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h) {
+// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0. pre: the
+// warp has not waited on the kernel before (dot_rows_vec).
+__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h, bool pre) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = b0 + warp * UP_OUTS;
     int inter = T.g.rows;
-    if (o0 >= inter) return;
+    if (o0 >= inter) {
+        if (pre) pdl_enter();
+        return;
+    }
     const Mat* m[2 * UP_OUTS];
     int row[2 * UP_OUTS];
     float acc[2 * UP_OUTS];
@@ -154,7 +158,7 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
         row[k] = row[UP_OUTS + k] = o;
         acc[k] = acc[UP_OUTS + k] = 0.f;
     }
-    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane);
+    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane, RowNorm{nullptr, 0.f}, nullptr, 0, 1, pre);
 #pragma unroll
     for (int k = 0; k < UP_OUTS; k++) {
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
@@ -164,7 +168,11 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
 
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
-    pdl_enter();
+    // The by-id launch's `shared` task (a dense MLP, a shared expert) is known before the
+    // kernel before ends: its first weights load before the wait (dot_rows_vec's `pre`).
+    // Routed ids and task tables come from the kernel or copy just before: wait first.
+    bool pre = !tasks && (int)blockIdx.x >= by.k * by.blocks1;
+    if (!pre) pdl_enter();
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
     x += tasks ? (i64)rowidx[T.rows_off] * hidden : 0;
@@ -173,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.g) && i4_tiles(T.u)) {
+        if (pre) pdl_enter();
         for (int r = 0; r < rounds; r++) {
             if (r) __syncthreads();  // the last round's sums have been read
             i4_up_block(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off);
@@ -180,19 +189,23 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
         return;
     }
 #endif
-    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h);
+    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h, pre && r == 0);
 }
 
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_row(const Task* tasks, int ntasks, const float* h,
                                                                      int hidden, float* y, ById by) {
-    pdl_enter();
+    // The block's task before the wait on the kernel before (up, whose h it reads): the
+    // routed ids or the task table were written before up began, and this kernel starts
+    // only once up's blocks have all waited for that (pdl_enter). Its first weights load
+    // before the wait too (dot_rows_vec's `pre`).
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
     int rounds = T.rounds2;
     int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
+        pdl_enter();
         __shared__ I4Shared sm;
         if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
         else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
@@ -202,9 +215,12 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = 0; r < rounds; r++) {
         int o0 = b0 + (8 * r + warp) * DOWN_OUTS;
-        if (o0 >= hidden) return;
+        if (o0 >= hidden) {
+            if (r == 0) pdl_enter();
+            return;
+        }
         float acc[DOWN_OUTS];
-        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
+        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, r == 0);
 #pragma unroll
         for (int k = 0; k < DOWN_OUTS; k++)
             if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];

@@ -196,20 +196,33 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // One x row against NM matrix rows of one encoding and width: each step loads x once and
 // uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
+//
+// The weights stream through a ring of ROW_DEPTH steps (a step's loads are issued
+// ROW_DEPTH - 1 steps before it is used). With `pre`, the caller has not yet waited on
+// the kernel before (pdl_enter): the ring's first steps are loaded first, then the wait.
+// Weights never depend on that kernel, x does; so a block that the dependent launch makes
+// resident early has its first weights in registers when the kernel before ends, where
+// a load issued after the wait would start a DRAM round trip only then. (Asking L2 for
+// them instead was slower: a large kernel before evicts the lines; see docs/performance.md.)
+#ifndef ROW_DEPTH
+#define ROW_DEPTH 2
+#endif
+// ROW_PIPE=0: the earlier loop (a step's loads issued with the step; no early weights), for
+// comparison.
+#ifndef ROW_PIPE
+#define ROW_PIPE 1
+#endif
 
 template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
-                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub) {
+                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub, bool pre) {
     const int V = Vw<KIND>::n;
     const uint4* wv[NM];
 #pragma unroll
     for (int n = 0; n < NM; n++) wv[n] = (const uint4*)(m[n]->w + (size_t)row[n] * m[n]->ld);
     int nvec = m[0]->cols / V;
-    UNROLL(ROW_UNROLL)
-    for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
-        uint4 q[NM];
-#pragma unroll
-        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+    // One step: the weights q of vector v against x.
+    auto step = [&](int v, const uint4* q) {
         int c = v * V;
         float xv[V];
         const float4* xp = (const float4*)(x + c);
@@ -232,30 +245,67 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             float sc = vec_scale<KIND>(mn, row[n], c);
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
+    };
+    int stride = 32 * nsub, v = lane + 32 * sub;
+#if ROW_PIPE
+    // int8 and int4 rows decode into twice and four times bf16's floats: a second step of
+    // weights in flight spills at k_linear_quad's 80 registers (ptxas), so they take none
+    // ahead (their one-row use is rare: experts take the tiles or their own kernels).
+    const int D = KIND == 2 || KIND == 3 ? 1 : ROW_DEPTH;
+    uint4 q[D][NM];
+    auto load = [&](int d, int vv) {
+        if (vv < nvec) {
+#pragma unroll
+            for (int n = 0; n < NM; n++) q[d][n] = __ldg(wv[n] + vv);
+        }
+    };
+#pragma unroll
+    for (int d = 0; d + 1 < D; d++) load(d, v + d * stride);
+    if (pre) pdl_enter();
+    UNROLL(ROW_UNROLL)
+    for (; v < nvec; v += stride) {
+        load(D - 1, v + (D - 1) * stride);
+        step(v, q[0]);
+#pragma unroll
+        for (int d = 0; d + 1 < D; d++)
+#pragma unroll
+            for (int n = 0; n < NM; n++) q[d][n] = q[d + 1][n];
     }
+#else
+    if (pre) pdl_enter();
+    UNROLL(ROW_UNROLL)
+    for (; v < nvec; v += stride) {
+        uint4 q[NM];
+#pragma unroll
+        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+        step(v, q);
+    }
+#endif
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
-// (warps splitting a row's columns; 0 / 1 for all of them).
+// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's (the
+// caller waits here, after the first weight loads).
 template <int NM, bool NORM = false>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
                                          const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
-                                         int sub = 0, int nsub = 1) {
+                                         int sub = 0, int nsub = 1, bool pre = false) {
     float unused = 0.f;
     float& sq = ss ? *ss : unused;
     // NORM runs on vector rows only (the host checks).
     if (!NORM && !m[0]->vec) {
+        if (pre) pdl_enter();
         const float* xr[1] = {x};
 #pragma unroll
         for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
     }
 }
 
@@ -364,6 +414,8 @@ LINEAR_SMALL(8)
 // 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
 // outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
 // and bias indexed by o.
+// The caller has not waited on the kernel before: linear_quad does (pdl_enter), after its
+// first weight loads (dot_rows_vec's `pre`).
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
                                             const float* bias, int split, int bx, const RowNorm& nm) {
@@ -382,7 +434,8 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         acc[k] = 0.f;
     }
     float ss = 0.f;
-    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split);
+    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, true);
+    else pdl_enter();
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
     if (NORM) ss = wsum(ss);
@@ -417,7 +470,6 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
                   int add, const float* bias, const float* nw, float eps, int split) {
-    pdl_enter();
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
@@ -449,7 +501,6 @@ struct LinJobs {
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
-    pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
@@ -461,6 +512,7 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
             linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
         return;
     }
+    pdl_enter();
     if (nw)
         linear_small<1, true>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
                               bx, RowNorm{nw, eps});
@@ -473,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
 // over the warp, in v.
 template <int N, bool NORM = false>
 __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
-                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}) {
+                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}, bool pre = false) {
     const Mat* mp[N];
     int row[N];
 #pragma unroll
@@ -483,7 +535,7 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
         v[k] = 0.f;
     }
     float ss = 0.f;
-    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss);
+    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss, 0, 1, pre);
     float inv = NORM ? norm_inv(wsum(ss), m.cols, nm.eps) : 1.f;
 #pragma unroll
     for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);
