@@ -50,6 +50,13 @@ fn group_on() -> bool {
     switch("STRATA_CUDA_GROUP", &CELL)
 }
 
+/// Blocks an SM that `linear_quad`'s split aims for: 4, or `STRATA_CUDA_QUAD_BLOCKS` (1 to
+/// 8, for comparisons).
+fn quad_blocks() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    super::env_count("STRATA_CUDA_QUAD_BLOCKS", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -175,7 +182,7 @@ impl CudaBackend {
     /// blocks of twice the columns, decoded the bf16 slice 1% slower: 1500 against 1513
     /// tok/s, H200, 2026-12-02.)
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        self.split_for(groups, batches, 4)
+        self.split_for(groups, batches, quad_blocks())
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.

@@ -77,6 +77,8 @@ extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x,
         else if (v > best) best = v, bi = c;
     };
     if (f4_ok(xr, xr, xr, width)) {
+        // Four loads in flight a thread (the block is alone on the device: latency-bound).
+#pragma unroll 4
         for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
             float4 a = ((const float4*)xr)[c];
             see(a.x, 4 * c), see(a.y, 4 * c + 1), see(a.z, 4 * c + 2), see(a.w, 4 * c + 3);
