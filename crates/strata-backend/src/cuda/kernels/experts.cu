@@ -181,10 +181,9 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.g) && i4_tiles(T.u)) {
-        if (pre) pdl_enter();
         for (int r = 0; r < rounds; r++) {
             if (r) __syncthreads();  // the last round's sums have been read
-            i4_up_block(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off);
+            i4_up_block(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
         }
         return;
     }
@@ -205,10 +204,9 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
-        pdl_enter();
         __shared__ I4Shared sm;
-        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
-        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm);
+        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, true);
+        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, true);
         return;
     }
 #endif

@@ -122,9 +122,11 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // cb .. ce of x: on return lane 4g holds their dot products, acc[n][0] (row o0[n] + g) and
 // acc[n][1] (row o0[n] + g + 8), in f32.
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
+// pre: the caller has not waited on the kernel before; i4_tile does, after its first
+// weight loads (as dot_rows_vec's `pre`).
 template <int NM>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int nout, const float* x, int cb, int ce,
-                                        u32* xs, float* xsc, int lane, float (*acc)[2]) {
+                                        u32* xs, float* xsc, int lane, float (*acc)[2], bool pre) {
     int g = lane >> 2, t = lane & 3;
     const uint4* wa[NM];
     const uint4* wb[NM];
@@ -203,6 +205,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         int c1 = min(ce, c0 + I4_STAGE);
 #pragma unroll
         for (int d = 0; d < I4_DEPTH - 1; d++) load(c0 + d, d, c1);
+        if (pre && c0 == cb) pdl_enter();
         __syncwarp();  // the previous batch's chunks have been read
         // x in groups of I4_SGROUP chunks, their loads in flight together.
 #pragma unroll
@@ -225,9 +228,11 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             chunk(xb + (c - c0) * XS_WORDS, xsc[c - c0]);
         }
     }
+    if (pre && cb >= ce) pdl_enter();
 #else
 #pragma unroll
     for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d, ce);
+    if (pre) pdl_enter();
     for (int c = cb; c < ce; c++) {
         load(c + I4_DEPTH - 1, I4_DEPTH - 1, ce);
         __syncwarp();
@@ -257,7 +262,8 @@ struct __align__(16) I4Shared {
 
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
-__device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h) {
+__device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h,
+                                            bool pre) {
     __shared__ I4Shared sm;
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
@@ -267,7 +273,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     const Mat* m[2] = {&gm, &um};
     const int rows0[2] = {o0, o0};
     float acc[2][2];
-    i4_tile<2>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc);
+    i4_tile<2>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -293,7 +299,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
 // rounds share its loop (one ring of loads), so a block's start-up (its task, the first
 // loads' latency) is spread over R x 32 outputs.
 template <int R>
-__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm) {
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm, bool pre) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
     auto& red = sm.red;
@@ -308,7 +314,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
         rows0[r] = o0 + 32 * r + 16 * tile;
     }
     float acc[R][2];
-    i4_tile<R>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc);
+    i4_tile<R>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc, pre);
     if ((lane & 3) == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
