@@ -163,6 +163,10 @@ struct Inner {
     /// The device was busy at the first cut: the run goes on until something else
     /// touches the stream.
     hold: bool,
+    /// Recorded after each sent run: whether the device is still on earlier kernels (a
+    /// step's own small upload, just sent, does not count; the stream's state would, and
+    /// made the first cut's choice, so a step's pieces, a race with the copy).
+    sent: Option<sys::CUevent>,
     graphs: GraphCache<sys::CUgraphExec>,
     stats: LaunchStats,
 }
@@ -203,6 +207,7 @@ impl LaunchQueue {
             run: Run::default(),
             limit: first_run(),
             hold: false,
+            sent: None,
             graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
             stats: LaunchStats::default(),
         };
@@ -261,7 +266,7 @@ impl LaunchQueue {
         if run.nodes.len() >= g.limit && !g.hold {
             // Decided at a run's first cut only, so a step's pieces do not depend on how
             // far the device got meanwhile.
-            if g.limit == first_run() && hold_busy() && self.busy() {
+            if g.limit == first_run() && hold_busy() && Self::busy(&g) {
                 g.hold = true;
                 return;
             }
@@ -270,12 +275,29 @@ impl LaunchQueue {
         }
     }
 
-    /// Whether the stream still has work the device has not finished.
-    fn busy(&self) -> bool {
-        self.stream.context().bind_to_thread().unwrap_or_else(|e| panic!("CUDA: cannot bind the context: {e}"));
-        // SAFETY: a live stream of this context.
-        let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
-        r == sys::CUresult::CUDA_ERROR_NOT_READY
+    /// Whether the device has not finished the last run sent (the context is bound: the
+    /// caller holds the lock and has just queued a launch).
+    fn busy(inner: &Inner) -> bool {
+        // SAFETY: an event of this context, recorded on its stream.
+        inner.sent.is_some_and(|ev| unsafe { sys::cuEventQuery(ev) } == sys::CUresult::CUDA_ERROR_NOT_READY)
+    }
+
+    /// Records `inner.sent` after what was just sent (made on first use).
+    fn mark_sent(&self, inner: &mut Inner) {
+        let ev = match inner.sent {
+            Some(ev) => ev,
+            None => {
+                let mut ev: sys::CUevent = std::ptr::null_mut();
+                // SAFETY: a plain driver call; the context is bound (send).
+                let r = unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
+                assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA: cuEventCreate");
+                inner.sent = Some(ev);
+                ev
+            }
+        };
+        // SAFETY: a live event and stream of this context.
+        let r = unsafe { sys::cuEventRecord(ev, self.stream.cu_stream()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA: cuEventRecord");
     }
 
     fn launch_now(
@@ -360,6 +382,9 @@ impl LaunchQueue {
             }
         }
         inner.run.clear();
+        if hold_busy() {
+            self.mark_sent(inner);
+        }
     }
 
     fn launch_each(&self, run: &Run, pdl: bool) {
@@ -451,9 +476,14 @@ impl Drop for LaunchQueue {
         self.flush();
         let _ = self.stream.context().bind_to_thread();
         let _ = self.stream.synchronize();
-        for exec in self.lock().graphs.drain() {
+        let mut g = self.lock();
+        for exec in g.graphs.drain() {
             // SAFETY: the stream is idle; nothing uses the graph any more.
             unsafe { sys::cuGraphExecDestroy(exec) };
+        }
+        if let Some(ev) = g.sent.take() {
+            // SAFETY: the stream is idle; the event is no longer recorded or queried.
+            unsafe { sys::cuEventDestroy_v2(ev) };
         }
     }
 }

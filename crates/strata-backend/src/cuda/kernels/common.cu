@@ -48,6 +48,20 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// PRE_LOAD=0: the kernels that may load their first weights before waiting on the kernel
+// before (dot_rows_vec's `pre`) wait at their start instead, for comparison.
+#ifndef PRE_LOAD
+#define PRE_LOAD 1
+#endif
+
+// Whether the caller defers its wait on the kernel before (it asks to, and PRE_LOAD); if
+// not, the wait is now.
+__device__ __forceinline__ bool defer_wait(bool want) {
+    if (want && PRE_LOAD) return true;
+    pdl_enter();
+    return false;
+}
+
 __device__ __forceinline__ int kv_slot(const StepDev& s, int r, int p) {
     int t = (int)s.seq[r] * s.max_blocks;
     return (int)s.blocks[t + p / s.bs] * s.bs + p % s.bs;

@@ -171,8 +171,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     // The by-id launch's `shared` task (a dense MLP, a shared expert) is known before the
     // kernel before ends: its first weights load before the wait (dot_rows_vec's `pre`).
     // Routed ids and task tables come from the kernel or copy just before: wait first.
-    bool pre = !tasks && (int)blockIdx.x >= by.k * by.blocks1;
-    if (!pre) pdl_enter();
+    bool pre = defer_wait(!tasks && (int)blockIdx.x >= by.k * by.blocks1);
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
     x += tasks ? (i64)rowidx[T.rows_off] * hidden : 0;
@@ -200,13 +199,14 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     // before the wait too (dot_rows_vec's `pre`).
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
+    bool pre = defer_wait(true);
     int rounds = T.rounds2;
     int b0 = (blockIdx.x - T.blk2) * rounds * 8 * DOWN_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.d)) {
         __shared__ I4Shared sm;
-        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, true);
-        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, true);
+        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
+        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
         return;
     }
 #endif
@@ -214,11 +214,11 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     for (int r = 0; r < rounds; r++) {
         int o0 = b0 + (8 * r + warp) * DOWN_OUTS;
         if (o0 >= hidden) {
-            if (r == 0) pdl_enter();
+            if (r == 0 && pre) pdl_enter();
             return;
         }
         float acc[DOWN_OUTS];
-        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, r == 0);
+        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, pre && r == 0);
 #pragma unroll
         for (int k = 0; k < DOWN_OUTS; k++)
             if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];

@@ -414,11 +414,11 @@ LINEAR_SMALL(8)
 // 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
 // outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
 // and bias indexed by o.
-// The caller has not waited on the kernel before: linear_quad does (pdl_enter), after its
-// first weight loads (dot_rows_vec's `pre`).
+// pre: the caller has not waited on the kernel before: linear_quad does (pdl_enter), after
+// its first weight loads (dot_rows_vec's `pre`).
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
-                                            const float* bias, int split, int bx, const RowNorm& nm) {
+                                            const float* bias, int split, int bx, const RowNorm& nm, bool pre) {
     __shared__ float red[8][5];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int og = warp / split, sub = warp % split;
@@ -434,8 +434,8 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         acc[k] = 0.f;
     }
     float ss = 0.f;
-    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, true);
-    else pdl_enter();
+    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, pre);
+    else if (pre) pdl_enter();
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
     if (NORM) ss = wsum(ss);
@@ -470,13 +470,15 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
                   int add, const float* bias, const float* nw, float eps, int split) {
+    bool pre = defer_wait(true);
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
     if (nw)
-        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps});
+        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps}, pre);
     else
-        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f});
+        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f},
+                           pre);
 }
 
 // Several projections of the same row in one launch (a layer's small input projections,
@@ -505,14 +507,14 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
     int bx = blockIdx.x - J.blk0;
+    bool pre = defer_wait(J.quad != 0);
     if (J.quad) {
         if (nw)
-            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
+            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps}, pre);
         else
-            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
+            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f}, pre);
         return;
     }
-    pdl_enter();
     if (nw)
         linear_small<1, true>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
                               bx, RowNorm{nw, eps});
