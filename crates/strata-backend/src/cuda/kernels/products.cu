@@ -197,20 +197,15 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
 //
-// The weights stream through a ring of ROW_DEPTH steps (a step's loads are issued
-// ROW_DEPTH - 1 steps before it is used). With `pre`, the caller has not yet waited on
-// the kernel before (pdl_enter): the ring's first steps are loaded first, then the wait.
-// Weights never depend on that kernel, x does; so a block that the dependent launch makes
-// resident early has its first weights in registers when the kernel before ends, where
-// a load issued after the wait would start a DRAM round trip only then. (Asking L2 for
-// them instead was slower: a large kernel before evicts the lines; see docs/performance.md.)
-#ifndef ROW_DEPTH
-#define ROW_DEPTH 2
-#endif
-// ROW_PIPE=0: the earlier loop (a step's loads issued with the step; no early weights), for
-// comparison.
-#ifndef ROW_PIPE
-#define ROW_PIPE 1
+// pre: the caller has not yet waited on the kernel before (pdl_enter); dot_rows_vec waits
+// here. With ROW_PEEL, the first two steps' weights are loaded before the wait (weights
+// never depend on that kernel, x does), so that a block made resident early by the
+// dependent launch has them when that kernel ends. (Loads issued ROW_DEPTH steps ahead
+// through a ring, so that the loop's next loads follow the wait at once, made the slice
+// 3.5% slower for the ring's code; asking L2 for them instead, slower too: a large kernel
+// before evicts the lines. docs/performance.md.)
+#ifndef ROW_PEEL
+#define ROW_PEEL 0
 #endif
 
 template <int KIND, int NM, bool NORM>
@@ -246,41 +241,29 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
     };
-    int stride = 32 * nsub, v = lane + 32 * sub;
-#if ROW_PIPE
-    // int8 and int4 rows decode into twice and four times bf16's floats: a second step of
-    // weights in flight spills at k_linear_quad's 80 registers (ptxas), so they take none
-    // ahead (their one-row use is rare: experts take the tiles or their own kernels).
-    const int D = KIND == 2 || KIND == 3 ? 1 : ROW_DEPTH;
-    uint4 q[D][NM];
-    auto load = [&](int d, int vv) {
-        if (vv < nvec) {
+    auto load = [&](int v, uint4* q) {
 #pragma unroll
-            for (int n = 0; n < NM; n++) q[d][n] = __ldg(wv[n] + vv);
-        }
+        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
     };
-#pragma unroll
-    for (int d = 0; d + 1 < D; d++) load(d, v + d * stride);
-    if (pre) pdl_enter();
-    UNROLL(ROW_UNROLL)
-    for (; v < nvec; v += stride) {
-        load(D - 1, v + (D - 1) * stride);
-        step(v, q[0]);
-#pragma unroll
-        for (int d = 0; d + 1 < D; d++)
-#pragma unroll
-            for (int n = 0; n < NM; n++) q[d][n] = q[d + 1][n];
+    int stride = 32 * nsub, v = lane + 32 * sub;
+    if (pre && ROW_PEEL) {
+        // The loop's first two steps, their weights before the wait (the same order of sums).
+        uint4 q0[NM], q1[NM];
+        if (v < nvec) load(v, q0);
+        if (v + stride < nvec) load(v + stride, q1);
+        pdl_enter();
+        if (v < nvec) step(v, q0);
+        if (v + stride < nvec) step(v + stride, q1);
+        v += 2 * stride;
+    } else if (pre) {
+        pdl_enter();
     }
-#else
-    if (pre) pdl_enter();
     UNROLL(ROW_UNROLL)
     for (; v < nvec; v += stride) {
         uint4 q[NM];
-#pragma unroll
-        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+        load(v, q);
         step(v, q);
     }
-#endif
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
