@@ -169,8 +169,8 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
     // The by-id launch's `shared` task (a dense MLP, a shared expert) is known before the
-    // kernel before ends: its first weights load before the wait (dot_rows_vec's `pre`).
-    // Routed ids and task tables come from the kernel or copy just before: wait first.
+    // kernel before ends: built before the wait (defer_wait). Routed ids and task tables
+    // come from the kernel or copy just before: wait first.
     bool pre = defer_wait(!tasks && (int)blockIdx.x >= by.k * by.blocks1);
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
@@ -195,8 +195,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
                                                                      int hidden, float* y, ById by) {
     // The block's task before the wait on the kernel before (up, whose h it reads): the
     // routed ids or the task table were written before up began, and this kernel starts
-    // only once up's blocks have all waited for that (pdl_enter). Its first weights load
-    // before the wait too (dot_rows_vec's `pre`).
+    // only once up's blocks have all waited for that (pdl_enter).
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
     bool pre = defer_wait(true);

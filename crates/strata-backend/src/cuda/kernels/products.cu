@@ -198,16 +198,10 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
 //
 // pre: the caller has not yet waited on the kernel before (pdl_enter); dot_rows_vec waits
-// here. With ROW_PEEL, the first two steps' weights are loaded before the wait (weights
-// never depend on that kernel, x does), so that a block made resident early by the
-// dependent launch has them when that kernel ends. (Loads issued ROW_DEPTH steps ahead
-// through a ring, so that the loop's next loads follow the wait at once, made the slice
-// 3.5% slower for the ring's code; asking L2 for them instead, slower too: a large kernel
-// before evicts the lines. docs/performance.md.)
-#ifndef ROW_PEEL
-#define ROW_PEEL 0
-#endif
-
+// just before its loop. (Weights never depend on that kernel, but loading the first steps
+// before the wait lost: issued through a ring of steps, the ring's code cost 3.5% on the
+// GLM-5 slice; the loop's first two steps peeled off, 2%; asked of L2, the lines were
+// evicted by a large kernel before. docs/performance.md, 2026-12-03.)
 template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
                                              int lane, const RowNorm& nm, float& ss, int sub, int nsub, bool pre) {
@@ -246,18 +240,7 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
         for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
     };
     int stride = 32 * nsub, v = lane + 32 * sub;
-    if (pre && ROW_PEEL) {
-        // The loop's first two steps, their weights before the wait (the same order of sums).
-        uint4 q0[NM], q1[NM];
-        if (v < nvec) load(v, q0);
-        if (v + stride < nvec) load(v + stride, q1);
-        pdl_enter();
-        if (v < nvec) step(v, q0);
-        if (v + stride < nvec) step(v + stride, q1);
-        v += 2 * stride;
-    } else if (pre) {
-        pdl_enter();
-    }
+    if (pre) pdl_enter();
     UNROLL(ROW_UNROLL)
     for (; v < nvec; v += stride) {
         uint4 q[NM];
@@ -267,8 +250,7 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
-// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's (the
-// caller waits here, after the first weight loads).
+// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's.
 template <int NM, bool NORM = false>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
                                          const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
@@ -397,8 +379,8 @@ LINEAR_SMALL(8)
 // 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
 // outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
 // and bias indexed by o.
-// pre: the caller has not waited on the kernel before: linear_quad does (pdl_enter), after
-// its first weight loads (dot_rows_vec's `pre`).
+// pre: the caller has not waited on the kernel before: linear_quad does (pdl_enter; see
+// dot_rows_vec).
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
                                             const float* bias, int split, int bx, const RowNorm& nm, bool pre) {

@@ -123,7 +123,7 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // acc[n][1] (row o0[n] + g + 8), in f32.
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
 // pre: the caller has not waited on the kernel before; i4_tile does, after its first
-// weight loads (as dot_rows_vec's `pre`).
+// chunk's weight loads (weights never depend on that kernel).
 template <int NM>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int nout, const float* x, int cb, int ce,
                                         u32* xs, float* xsc, int lane, float (*acc)[2], bool pre) {
