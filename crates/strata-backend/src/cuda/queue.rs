@@ -163,9 +163,9 @@ struct Inner {
     /// The device was busy at the first cut: the run goes on until something else
     /// touches the stream.
     hold: bool,
-    /// Recorded after each sent run: whether the device is still on earlier kernels (a
-    /// step's own small upload, just sent, does not count; the stream's state would, and
-    /// made the first cut's choice, so a step's pieces, a race with the copy).
+    /// Recorded after each sent run, for the first cut's question: is the device still on
+    /// earlier kernels? (Asked of the stream, a step's own small upload, maybe still in
+    /// flight, answered it, so a step's pieces varied from step to step.)
     sent: Option<sys::CUevent>,
     graphs: GraphCache<sys::CUgraphExec>,
     stats: LaunchStats,

@@ -48,11 +48,11 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-// The weight-streaming kernels find their task (a chain of dependent loads for a routed
-// expert: id, descriptor, weights) and weight pointers before they wait on the kernel
-// before, which none of that depends on; the int4 tiles also issue their first chunk's
-// loads (i4_tile's `pre`). H200, GLM-5 slice: +1.4% bf16 decode (2026-12-03). PRE_LOAD=0:
-// they wait at their start instead, for comparison.
+// The one-row expert kernels find their task (for a routed expert a chain of dependent
+// loads: id, descriptor, weights) before they wait on the kernel before, where none of it
+// depends on that kernel; the int4 tiles also issue their first chunk's loads (i4_tile's
+// `pre`). H200, GLM-5 slice: +1.4% bf16 decode (2026-12-03). PRE_LOAD=0: they wait at
+// their start instead, for comparison.
 #ifndef PRE_LOAD
 #define PRE_LOAD 1
 #endif

@@ -137,16 +137,12 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
     return *sh;
 }
 
-// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0. pre: the
-// warp has not waited on the kernel before (dot_rows_vec).
-__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h, bool pre) {
+// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0.
+__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = b0 + warp * UP_OUTS;
     int inter = T.g.rows;
-    if (o0 >= inter) {
-        if (pre) pdl_enter();
-        return;
-    }
+    if (o0 >= inter) return;
     const Mat* m[2 * UP_OUTS];
     int row[2 * UP_OUTS];
     float acc[2 * UP_OUTS];
@@ -158,7 +154,7 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
         row[k] = row[UP_OUTS + k] = o;
         acc[k] = acc[UP_OUTS + k] = 0.f;
     }
-    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane, RowNorm{nullptr, 0.f}, nullptr, 0, 1, pre);
+    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane);
 #pragma unroll
     for (int k = 0; k < UP_OUTS; k++) {
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
@@ -169,8 +165,9 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
     // The by-id launch's `shared` task (a dense MLP, a shared expert) is known before the
-    // kernel before ends: built before the wait (defer_wait). Routed ids and task tables
-    // come from the kernel or copy just before: wait first.
+    // kernel before ends: built before the wait (defer_wait; the int4 tiles also load
+    // their first chunk). Routed ids and task tables come from the kernel or copy just
+    // before: wait first.
     bool pre = defer_wait(!tasks && (int)blockIdx.x >= by.k * by.blocks1);
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
@@ -187,7 +184,8 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
         return;
     }
 #endif
-    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h, pre && r == 0);
+    if (pre) pdl_enter();
+    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h);
 }
 
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
@@ -195,7 +193,8 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
                                                                      int hidden, float* y, ById by) {
     // The block's task before the wait on the kernel before (up, whose h it reads): the
     // routed ids or the task table were written before up began, and this kernel starts
-    // only once up's blocks have all waited for that (pdl_enter).
+    // only once up's blocks have all waited for that (pdl_enter). The int4 tiles also load
+    // their first chunk before the wait.
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
     bool pre = defer_wait(true);
@@ -209,15 +208,13 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
         return;
     }
 #endif
+    if (pre) pdl_enter();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = 0; r < rounds; r++) {
         int o0 = b0 + (8 * r + warp) * DOWN_OUTS;
-        if (o0 >= hidden) {
-            if (r == 0 && pre) pdl_enter();
-            return;
-        }
+        if (o0 >= hidden) return;
         float acc[DOWN_OUTS];
-        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, pre && r == 0);
+        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
 #pragma unroll
         for (int k = 0; k < DOWN_OUTS; k++)
             if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];

@@ -196,22 +196,24 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // One x row against NM matrix rows of one encoding and width: each step loads x once and
 // uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
-//
-// pre: the caller has not yet waited on the kernel before (pdl_enter); dot_rows_vec waits
-// just before its loop. (Weights never depend on that kernel, but loading the first steps
-// before the wait lost: issued through a ring of steps, the ring's code cost 3.5% on the
-// GLM-5 slice; the loop's first two steps peeled off, 2%; asked of L2, the lines were
-// evicted by a large kernel before. docs/performance.md, 2026-12-03.)
+// (Loading a kernel's first steps of weights before its wait on the kernel before lost on
+// the H200: issued through a ring of steps, the ring's code cost 3.5% on the GLM-5 slice;
+// the loop's first two steps peeled off, 2%; asked of L2, the lines were evicted by a large
+// kernel before. docs/performance.md, 2026-12-03.)
+
 template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
-                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub, bool pre) {
+                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub) {
     const int V = Vw<KIND>::n;
     const uint4* wv[NM];
 #pragma unroll
     for (int n = 0; n < NM; n++) wv[n] = (const uint4*)(m[n]->w + (size_t)row[n] * m[n]->ld);
     int nvec = m[0]->cols / V;
-    // One step: the weights q of vector v against x.
-    auto step = [&](int v, const uint4* q) {
+    UNROLL(ROW_UNROLL)
+    for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
+        uint4 q[NM];
+#pragma unroll
+        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
         int c = v * V;
         float xv[V];
         const float4* xp = (const float4*)(x + c);
@@ -234,43 +236,30 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             float sc = vec_scale<KIND>(mn, row[n], c);
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
-    };
-    auto load = [&](int v, uint4* q) {
-#pragma unroll
-        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
-    };
-    int stride = 32 * nsub, v = lane + 32 * sub;
-    if (pre) pdl_enter();
-    UNROLL(ROW_UNROLL)
-    for (; v < nvec; v += stride) {
-        uint4 q[NM];
-        load(v, q);
-        step(v, q);
     }
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
-// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's.
+// (warps splitting a row's columns; 0 / 1 for all of them).
 template <int NM, bool NORM = false>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
                                          const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
-                                         int sub = 0, int nsub = 1, bool pre = false) {
+                                         int sub = 0, int nsub = 1) {
     float unused = 0.f;
     float& sq = ss ? *ss : unused;
     // NORM runs on vector rows only (the host checks).
     if (!NORM && !m[0]->vec) {
-        if (pre) pdl_enter();
         const float* xr[1] = {x};
 #pragma unroll
         for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
     }
 }
 
@@ -379,11 +368,9 @@ LINEAR_SMALL(8)
 // 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
 // outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
 // and bias indexed by o.
-// pre: the caller has not waited on the kernel before: linear_quad does (pdl_enter; see
-// dot_rows_vec).
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
-                                            const float* bias, int split, int bx, const RowNorm& nm, bool pre) {
+                                            const float* bias, int split, int bx, const RowNorm& nm) {
     __shared__ float red[8][5];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int og = warp / split, sub = warp % split;
@@ -399,8 +386,7 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         acc[k] = 0.f;
     }
     float ss = 0.f;
-    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, pre);
-    else if (pre) pdl_enter();
+    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split);
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
     if (NORM) ss = wsum(ss);
@@ -435,15 +421,14 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
                   int add, const float* bias, const float* nw, float eps, int split) {
-    bool pre = defer_wait(true);
+    pdl_enter();
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
     if (nw)
-        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps}, pre);
+        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps});
     else
-        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f},
-                           pre);
+        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f});
 }
 
 // Several projections of the same row in one launch (a layer's small input projections,
@@ -468,16 +453,16 @@ struct LinJobs {
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
+    pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
     int bx = blockIdx.x - J.blk0;
-    bool pre = defer_wait(J.quad != 0);
     if (J.quad) {
         if (nw)
-            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps}, pre);
+            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
         else
-            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f}, pre);
+            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
         return;
     }
     if (nw)
@@ -492,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
 // over the warp, in v.
 template <int N, bool NORM = false>
 __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
-                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}, bool pre = false) {
+                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}) {
     const Mat* mp[N];
     int row[N];
 #pragma unroll
@@ -502,7 +487,7 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
         v[k] = 0.f;
     }
     float ss = 0.f;
-    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss, 0, 1, pre);
+    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss);
     float inv = NORM ? norm_inv(wsum(ss), m.cols, nm.eps) : 1.f;
 #pragma unroll
     for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);
