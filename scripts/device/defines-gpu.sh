@@ -3,7 +3,7 @@
 # (STRATA_CUDA_DEFINES), e.g. VARIANTS="ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4" or
 # VARIANTS="I4_TILES=0 I4_TILES=1" (several definitions in one variant joined by commas:
 # "XT_QDEPTH=4,XT_MINB=1"), or by the backend's comparison switches (a variant
-# STRATA_...=VALUE is set in the environment instead; `_` is the defaults): one a variant;
+# STRATA_...=VALUE is set in the environment instead, several joined by commas; `_` is the defaults): one a variant;
 # results stay the same or within the stated tolerance, speed may not. Timed on the
 # expert-bandwidth test (BANDWIDTH=0 skips it) and on decode of the GLM-5-shaped slices
 # (bf16, int4 experts, full vocabulary), after the CUDA tests at the defaults (TESTS=0
@@ -44,7 +44,7 @@ variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
   setenv=()
   case $1 in
     _) ;;
-    STRATA_*) setenv=("$1") ;;
+    STRATA_*) setenv=(${1//,/ }) ;;
     *) export STRATA_CUDA_DEFINES="${1//,/ }" ;;
   esac
 }

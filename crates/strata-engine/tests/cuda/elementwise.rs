@@ -156,3 +156,84 @@ fn cuda_greedy_picks_and_fed_rows_match_cpu() {
         cuda_greedy_picks_and_fed_rows_match_cpu_on(g)
     }
 }
+
+/// `norm_linear_argmax` (the LM head then the greedy pick; on CUDA one row's pick is made
+/// by the head's blocks and its last block) gives the logits of `norm_linears` bit for bit
+/// and the pick of `argmax_rows` over them, on the CPU too: heads wide enough for that
+/// kernel and narrow ones, one row and several, with the best logit tied between rows of
+/// the head in two blocks (the lower id wins) and in one, and with non-finite logits
+/// (the lowest such id, flagged).
+pub(crate) fn cuda_head_picks_match_argmax_on<G: Backend>(g: &G) {
+    use strata_backend::NON_FINITE;
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(43);
+    let (cols, eps) = (256, 1e-5f32);
+    for (kind, vocab, rows, case) in [
+        (QuantKind::Bf16, 4352, 1, "ties in two blocks"),
+        (QuantKind::Bf16, 4352, 1, "ties in one block"),
+        (QuantKind::F32, 4352, 1, "non-finite"),
+        (QuantKind::Int4Group { group: 64 }, 8192, 1, "ties in two blocks"),
+        (QuantKind::Bf16, 4352, 1, "random"),
+        (QuantKind::Bf16, 100, 1, "random"),
+        (QuantKind::Bf16, 4352, 3, "ties in two blocks"),
+    ] {
+        let x = rvec(&mut rng, rows * cols, 3.0);
+        let nw = rvec(&mut rng, cols, 1.5);
+        let mut w = rvec(&mut rng, vocab * cols, 0.2);
+        let tied: &[usize] = match case {
+            "ties in two blocks" => &[3001, 77],
+            "ties in one block" => &[78, 77],
+            _ => &[],
+        };
+        for &o in tied {
+            // Every product positive on row 0: the largest logit there.
+            for k in 0..cols {
+                w[o * cols + k] = 0.5 * (x[k] * nw[k]).signum();
+            }
+        }
+        if case == "non-finite" {
+            w[4000 * cols + 5] = f32::INFINITY;
+            w[1234 * cols + 9] = f32::NEG_INFINITY;
+        }
+        let (payload, scales) = quantize(kind, &w, vocab, cols);
+        let m = HostMatrix { kind, rows: vocab, cols, payload, scales };
+        fn go<B: Backend>(b: &B, m: &HostMatrix, x: &[f32], nw: &[f32], rows: usize, eps: f32) -> [Vec<u32>; 4] {
+            let (cols, vocab) = (m.cols, m.rows);
+            let head = b.matrix(m.clone()).unwrap();
+            let (xb, wb) = (up(b, x), up(b, nw));
+            let mut scratch = up(b, &vec![0.0; rows * cols]);
+            let (mut l1, mut l2) = (up(b, &vec![f32::NAN; rows * vocab]), up(b, &vec![f32::NAN; rows * vocab]));
+            let (mut p1, mut p2) = (b.alloc_idx(rows).unwrap(), b.alloc_idx(rows).unwrap());
+            let mut fused = Vec::new();
+            for _ in 0..3 {
+                b.norm_linear_argmax(rows, cols, &xb, &wb, eps, &mut scratch, &head, &mut l1, &mut p1);
+                fused.extend(down_idx(b, &p1, rows));
+            }
+            b.norm_linears(rows, cols, &xb, &wb, eps, &mut scratch, &mut [LinearOut::new(b, &head, &mut l2)]);
+            b.argmax_rows(rows, vocab, &l2, &mut p2);
+            let bits = |l: &B::Buf| down(b, l, rows * vocab).iter().map(|v| v.to_bits()).collect();
+            [fused, down_idx(b, &p2, rows), bits(&l1), bits(&l2)]
+        }
+        let [fused, plain, l1, l2] = go(g, &m, &x, &nw, rows, eps);
+        let what = format!("norm_linear_argmax {} {vocab} rows {rows} ({case})", kind.name());
+        assert_eq!(l1, l2, "{what}: logits are norm_linears', bit for bit");
+        assert_eq!(fused, plain.repeat(3), "{what}: picks are argmax_rows'");
+        match case {
+            "non-finite" => assert_eq!(plain[0], NON_FINITE | 1234, "{what}"),
+            "random" => {}
+            _ => assert_eq!(plain[0], 77, "{what}: a tie goes to the lower id"),
+        }
+        let [cf, cp, ..] = go(c, &m, &x, &nw, rows, eps);
+        assert_eq!(cf, cp.repeat(3), "{what}: the CPU backend");
+        if case != "random" {
+            assert_eq!(cp[0], plain[0], "{what}: the CPU's pick");
+        }
+    }
+}
+
+#[test]
+fn cuda_head_picks_match_argmax() {
+    if let Some(g) = gpu() {
+        cuda_head_picks_match_argmax_on(g)
+    }
+}

@@ -509,3 +509,45 @@ fn cuda_experts_by_id_equal_the_host_path() {
     let err = g.expert_table(&bad).err().expect("mixed shapes refused").to_string();
     assert!(err.contains("expert 1"), "{err}");
 }
+
+/// `mlp_add` (a dense MLP added into the residual; on CUDA one row's down products add in
+/// place) equals `experts` then `add` on the same backend bit for bit, and the CPU's, in
+/// the encodings the one-row kernels take by different code (bf16 and f32 rows, the int4
+/// tiles, int8, FP8), at one row and at several.
+pub(crate) fn cuda_mlp_add_matches_cpu_on<G: Backend>(g: &G) {
+    let c = cpu();
+    let mut rng = Rand::seed_from_u64(41);
+    let (hidden, inter) = (256, 384);
+    let int4 = QuantKind::Int4Group { group: 64 };
+    let fp8 = QuantKind::Fp8 { block_rows: 128, block_cols: 128 };
+    for kind in [QuantKind::Bf16, QuantKind::F32, int4, QuantKind::Int8Row, fp8] {
+        for rows in [1, 5] {
+            let mats = expert_mats(&mut rng, &[(kind, kind, None)], hidden, inter);
+            let x = rvec(&mut rng, rows * hidden, 1.0);
+            let x0 = rvec(&mut rng, rows * hidden, 2.0);
+            fn go<B: Backend>(b: &B, m: &[HostMatrix; 3], x: &[f32], x0: &[f32], rows: usize) -> (Vec<f32>, Vec<f32>) {
+                let hidden = m[2].rows;
+                let [gw, uw, dw] = [0, 1, 2].map(|i| b.matrix(m[i].clone()).unwrap());
+                let weights = b.expert_ref(&gw, &uw, &dw);
+                let xb = up(b, x);
+                let (mut out, mut y) = (up(b, x0), up(b, &vec![f32::NAN; rows * hidden]));
+                b.mlp_add(&xb, rows, hidden, weights, &mut y, &mut out);
+                let (mut plain, mut y2) = (up(b, x0), up(b, &vec![f32::NAN; rows * hidden]));
+                b.experts(&xb, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, &mut y2);
+                b.add(rows * hidden, &y2, &mut plain);
+                (down(b, &out, rows * hidden), down(b, &plain, rows * hidden))
+            }
+            let (got, plain) = go(g, &mats[0], &x, &x0, rows);
+            assert_eq!(got, plain, "mlp_add {} rows {rows}: experts then add, bit for bit", kind.name());
+            let (want, _) = go(c, &mats[0], &x, &x0, rows);
+            close(&format!("mlp_add {} rows {rows}", kind.name()), &got, &want, 1e-5, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn cuda_mlp_add_matches_cpu() {
+    if let Some(g) = gpu() {
+        cuda_mlp_add_matches_cpu_on(g)
+    }
+}

@@ -298,3 +298,64 @@ fn cuda_norm_linears_match_reference() {
         cuda_norm_linears_match_reference_on(g)
     }
 }
+
+/// `linear_add_norm` (an output projection added into the residual, then the residual
+/// RMS-normalised; on CUDA one row's norm is done by the projection's last block) against
+/// an f64 reference, in every encoding: residuals wide enough for that kernel (one width a
+/// multiple of four, one not), a narrow one and several rows (the plain products and
+/// norm). The residual equals `linears`' with add bit for bit. Three runs each: the last
+/// block's counter must be back at zero between launches.
+pub(crate) fn cuda_linear_add_norm_matches_reference_on<G: Backend>(g: &G) {
+    let mut rng = Rand::seed_from_u64(37);
+    let (cols, eps) = (128, 1e-6f32);
+    for kind in kinds() {
+        for (width, rows) in [(4352, 1), (4350, 1), (96, 1), (4352, 3)] {
+            let (m, deq) = hostmat(&mut rng, kind, width, cols, 1.0);
+            let a = rvec(&mut rng, rows * cols, 1.0);
+            let x0 = rvec(&mut rng, rows * width, 3.0);
+            let nw = rvec(&mut rng, width, 1.5);
+            let go = |b: &G| {
+                let w = b.matrix(m.clone()).unwrap();
+                let (ab, wb) = (up(b, &a), up(b, &nw));
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    let (mut x, mut xn) = (up(b, &x0), up(b, &vec![f32::NAN; rows * width]));
+                    b.linear_add_norm(&ab, rows, &w, &mut x, &wb, eps, &mut xn);
+                    let mut plain = up(b, &x0);
+                    b.linears(&ab, rows, &mut [LinearOut::add(b, &w, &mut plain)]);
+                    let x = down(b, &x, rows * width);
+                    assert_eq!(x, down(b, &plain, rows * width), "linear_add_norm's residual is linears' with add");
+                    runs.push((x, down(b, &xn, rows * width)));
+                }
+                assert!(runs.windows(2).all(|p| p[0] == p[1]), "linear_add_norm: runs differ");
+                runs.pop().unwrap()
+            };
+            let (x, xn) = go(g);
+            let what = format!("linear_add_norm {} {width}x{cols} rows {rows}", kind.name());
+            for r in 0..rows {
+                let mut want = vec![0f64; width];
+                for o in 0..width {
+                    let (mut acc, mut mag) = (x0[r * width + o] as f64, x0[r * width + o].abs() as f64);
+                    for c in 0..cols {
+                        let t = deq[o * cols + c] as f64 * a[r * cols + c] as f64;
+                        acc += t;
+                        mag += t.abs();
+                    }
+                    let got = x[r * width + o];
+                    assert!((got as f64 - acc).abs() <= 3e-5 * mag + 1e-6, "{what}: x[{o}] {got} reference {acc}");
+                    want[o] = acc;
+                }
+                let inv = 1.0 / (want.iter().map(|v| v * v).sum::<f64>() / width as f64 + eps as f64).sqrt();
+                let want: Vec<f32> = want.iter().zip(&nw).map(|(v, &s)| (v * inv * s as f64) as f32).collect();
+                close(&format!("{what}: xn row {r}"), &xn[r * width..][..width], &want, 1e-5, 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_linear_add_norm_matches_reference() {
+    if let Some(g) = gpu() {
+        cuda_linear_add_norm_matches_reference_on(g)
+    }
+}

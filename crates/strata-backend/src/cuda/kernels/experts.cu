@@ -11,6 +11,7 @@ struct Task {
     int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
     int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
     int rounds1, rounds2;  // one-row kernels: rounds of 16 (up) / 32 (down) outputs a block (cuda/experts.rs)
+    int add;  // one-row down kernel: its outputs added into y (a dense MLP into the residual), not stored
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -130,6 +131,7 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
             T.tiles1 = T.tiles2 = 0;
             T.rounds1 = by.rounds1;
             T.rounds2 = by.rounds2;
+            T.add = 0;
             *sh = T;
         }
     }
@@ -203,8 +205,9 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
 #if TILE_MMA
     if (i4_tiles(T.d)) {
         __shared__ I4Shared sm;
-        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
-        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
+        float* yr = y + (i64)T.out_row * hidden;
+        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, yr, T.add, sm, pre);
+        else i4_down_block<1>(T.d, b0, h + T.h_off, yr, T.add, sm, pre);
         return;
     }
 #endif
@@ -216,7 +219,9 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
         float acc[DOWN_OUTS];
         warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
 #pragma unroll
-        for (int k = 0; k < DOWN_OUTS; k++)
-            if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
+        for (int k = 0; k < DOWN_OUTS; k++) {
+            float* p = y + (i64)T.out_row * hidden + o0 + k;
+            if (lane == 0 && o0 + k < hidden) *p = T.add ? *p + acc[k] : acc[k];
+        }
     }
 }

@@ -397,16 +397,17 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
     }
     __syncthreads();
     // Lanes 0..3 of a group's first warp: output o0 + lane.
-    if (!live || sub != 0 || lane >= 4 || o0 + lane >= nout) return;
-    float a = 0.f, q = 0.f;
-    for (int s = 0; s < split; s++) {
-        a += red[warp + s][lane];
-        q += red[warp + s][4];
+    if (live && sub == 0 && lane < 4 && o0 + lane < nout) {
+        float a = 0.f, q = 0.f;
+        for (int s = 0; s < split; s++) {
+            a += red[warp + s][lane];
+            q += red[warp + s][4];
+        }
+        if (NORM) a *= norm_inv(q, m.cols, nm.eps);
+        float* p = out + o0 + lane;
+        float v = a + (bias ? bias[o0 + lane] : 0.f);
+        *p = add ? *p + v : v;
     }
-    if (NORM) a *= norm_inv(q, m.cols, nm.eps);
-    float* p = out + o0 + lane;
-    float v = a + (bias ? bias[o0 + lane] : 0.f);
-    *p = add ? *p + v : v;
 }
 
 // Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
@@ -416,11 +417,29 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 #define QUAD_MINB 3
 #endif
 
+// What a one-row k_linear_quad does with its outputs once the grid's last block has them
+// all (see last_block; `done`: the grid's counter), where a launch of its own would cost
+// its start and its wait. op 1: the outputs RMS-normalised with scale w into `out` (a
+// sublayer's output projection added into the residual, and the residual normalised for
+// the next sublayer). op 2: their greedy pick into pick[0], as k_argmax_rows makes it (the
+// LM head and the greedy sampler): each block leaves the pick among its own outputs in
+// `part` (three words a block), and the last block picks among those.
+struct Then {
+    const float* w;
+    float eps;
+    int op;
+    float* out;
+    u32* pick;
+    u32* part;
+    u32* done;
+};
+
 // linear_quad as a launch of its own; blockIdx.y is the batch (as in linear_small); nw
-// non-null: x RMS-normalised with scale nw on the way in (one unbatched row).
+// non-null: x RMS-normalised with scale nw on the way in (one unbatched row); then.op
+// (one batch): see Then.
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
-                  int add, const float* bias, const float* nw, float eps, int split) {
+                  int add, const float* bias, const float* nw, float eps, int split, Then then) {
     pdl_enter();
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
@@ -429,6 +448,32 @@ extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
         linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps});
     else
         linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f});
+    if (then.op == 1 && last_block(then.done)) {
+        __shared__ float sh[32];
+        rms_seg<true>(ob, then.w, then.eps, then.out, nout, sh);
+    } else if (then.op == 2) {
+        // The block's outputs (up to 32, written by its own threads) by its first warp.
+        int per = (8 / split) * 4, o0 = blockIdx.x * per;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            Pick p;
+            if ((int)threadIdx.x < per && o0 + (int)threadIdx.x < nout) p.see(ob[o0 + threadIdx.x], o0 + threadIdx.x);
+            p.warp();
+            if (threadIdx.x == 0) {
+                u32* q = then.part + 3 * blockIdx.x;
+                q[0] = __float_as_uint(p.best), q[1] = (u32)p.id, q[2] = (u32)p.bad;
+            }
+        }
+        if (last_block(then.done)) {
+            Pick p;
+            for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) {
+                const u32* q = then.part + 3 * i;
+                p.merge(__uint_as_float(__ldcg(q)), (int)__ldcg(q + 1), (int)__ldcg(q + 2));
+            }
+            p.block();
+            if (threadIdx.x == 0) then.pick[0] = p.code();
+        }
+    }
 }
 
 // Several projections of the same row in one launch (a layer's small input projections,
