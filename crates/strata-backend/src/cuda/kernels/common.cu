@@ -186,19 +186,58 @@ __device__ void rms_seg(const float* x, const float* w, float eps, float* out, i
 
 // Whether this block is the last of its grid to get here (every thread calls it, after
 // its writes; `done` counts the blocks and is zero between launches: the last resets it).
-// The last block sees the others' writes through L2 (ld4<true>, __ldcg). A grid's last
-// block can then finish what needs all of its outputs (a router's top-k, the norm of a
-// residual) where a launch of its own would cost its start and its wait.
+// One thread fences the block's writes (after the barrier, as a grid barrier does) so that
+// the last block sees them through L2 (ld4<true>, __ldcg). A grid's last block can then
+// finish what needs all of its outputs (a router's top-k, the norm of a residual) where a
+// launch of its own would cost its start and its wait.
 __device__ __forceinline__ bool last_block(u32* done) {
     __shared__ int last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
-        if (last) *done = 0;
+        if (last) {
+            *done = 0;
+            __threadfence();
+        }
     }
     __syncthreads();
     return last;
+}
+
+// rms_seg<true> for a row of at most 4 x RMS_REGS x blockDim.x floats, float4-aligned: the
+// row's loads all issued at once and held in registers for the scaling (a last block
+// alone on its SM is bound by load latency: rms_seg's loop issues one float4 at a time).
+#define RMS_REGS 8
+__device__ void rms_row_regs(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+    float4 v[RMS_REGS];
+    int n4 = n / 4;
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        int c = threadIdx.x + k * blockDim.x;
+        v[k] = c < n4 ? ld4<true>(x, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        ss = fmaf(v[k].x, v[k].x, ss);
+        ss = fmaf(v[k].y, v[k].y, ss);
+        ss = fmaf(v[k].z, v[k].z, ss);
+        ss = fmaf(v[k].w, v[k].w, ss);
+    }
+    ss = bsum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        int c = threadIdx.x + k * blockDim.x;
+        if (c < n4) ((float4*)out)[c] = scaled4(v[k], inv, w, c);
+    }
+}
+
+// The norm of a row other blocks of this grid wrote (through L2): in registers where it fits.
+__device__ void rms_row_l2(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+    if (f4_ok(x, out, w, n) && n / 4 <= RMS_REGS * (int)blockDim.x) rms_row_regs(x, w, eps, out, n, sh);
+    else rms_seg<true>(x, w, eps, out, n, sh);
 }
 
 // A greedy pick in the making: the largest value seen (ties to the lower id) and the

@@ -370,7 +370,8 @@ LINEAR_SMALL(8)
 // and bias indexed by o.
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
-                                            const float* bias, int split, int bx, const RowNorm& nm) {
+                                            const float* bias, int split, int bx, const RowNorm& nm,
+                                            float* keep = nullptr) {
     __shared__ float red[8][5];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int og = warp / split, sub = warp % split;
@@ -406,7 +407,9 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         if (NORM) a *= norm_inv(q, m.cols, nm.eps);
         float* p = out + o0 + lane;
         float v = a + (bias ? bias[o0 + lane] : 0.f);
-        *p = add ? *p + v : v;
+        v = add ? *p + v : v;
+        *p = v;
+        if (keep) keep[og * 4 + lane] = v;
     }
 }
 
@@ -444,20 +447,23 @@ extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
+    // op 2: the block's outputs (up to 32) kept in shared memory as they are stored.
+    __shared__ float kept[32];
+    float* keep = then.op == 2 ? kept : nullptr;
     if (nw)
-        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps});
+        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps}, keep);
     else
-        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f});
+        linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f},
+                           keep);
     if (then.op == 1 && last_block(then.done)) {
         __shared__ float sh[32];
-        rms_seg<true>(ob, then.w, then.eps, then.out, nout, sh);
+        rms_row_l2(ob, then.w, then.eps, then.out, nout, sh);
     } else if (then.op == 2) {
-        // The block's outputs (up to 32, written by its own threads) by its first warp.
         int per = (8 / split) * 4, o0 = blockIdx.x * per;
         __syncthreads();
         if (threadIdx.x < 32) {
             Pick p;
-            if ((int)threadIdx.x < per && o0 + (int)threadIdx.x < nout) p.see(ob[o0 + threadIdx.x], o0 + threadIdx.x);
+            if ((int)threadIdx.x < per && o0 + (int)threadIdx.x < nout) p.see(kept[threadIdx.x], o0 + threadIdx.x);
             p.warp();
             if (threadIdx.x == 0) {
                 u32* q = then.part + 3 * blockIdx.x;
@@ -466,6 +472,7 @@ extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
         }
         if (last_block(then.done)) {
             Pick p;
+#pragma unroll 4
             for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) {
                 const u32* q = then.part + 3 * i;
                 p.merge(__uint_as_float(__ldcg(q)), (int)__ldcg(q + 1), (int)__ldcg(q + 2));
