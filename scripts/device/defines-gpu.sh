@@ -3,7 +3,8 @@
 # (STRATA_CUDA_DEFINES), e.g. VARIANTS="ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4" or
 # VARIANTS="I4_TILES=0 I4_TILES=1" (several definitions in one variant joined by commas:
 # "XT_QDEPTH=4,XT_MINB=1"), or by the backend's comparison switches (a variant
-# STRATA_...=VALUE is set in the environment instead, several joined by commas; `_` is the defaults): one a variant;
+# STRATA_...=VALUE is set in the environment instead, several joined by commas; `_` is the
+# defaults; BIN=NAME decodes with another binary, .devcarry/NAME[.xz]): one a variant;
 # results stay the same or within the stated tolerance, speed may not. Timed on the
 # expert-bandwidth test (BANDWIDTH=0 skips it) and on decode of the GLM-5-shaped slices
 # (bf16, int4 experts, full vocabulary), after the CUDA tests at the defaults (TESTS=0
@@ -39,12 +40,17 @@ SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
     >>"$OUT/side.log" 2>&1; }
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
 setenv=()
-variant() {  # sets up variant $1: STRATA_CUDA_DEFINES or setenv
+bin=$S
+variant() {  # sets up variant $1: STRATA_CUDA_DEFINES, setenv, or (BIN=NAME) the binary $C/NAME
   unset STRATA_CUDA_DEFINES
   setenv=()
+  bin=$S
   case $1 in
     _) ;;
     STRATA_*) setenv=(${1//,/ }) ;;
+    BIN=*)
+      bin=$C/${1#BIN=}
+      [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin" ;;
     *) export STRATA_CUDA_DEFINES="${1//,/ }" ;;
   esac
 }
@@ -65,7 +71,7 @@ for rep in $(seq 1 ${REPS:-2}); do
       "$slice-fp8 fp8" "$slice-fp8-int4 fp8-int4-g64"; do
       set -- $d
       [[ " $SLICES " == *" $2 "* ]] || continue
-      env "${setenv[@]}" timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \
+      env "${setenv[@]}" timeout 120 $bin bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \
         --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),

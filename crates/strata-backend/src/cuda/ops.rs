@@ -50,12 +50,18 @@ fn group_on() -> bool {
     switch("STRATA_CUDA_GROUP", &CELL)
 }
 
-/// `STRATA_CUDA_THEN=0`: a residual's RMSNorm after a one-row output projection, and the
-/// greedy pick after the LM head, are launches of their own (`k_rms_norm`,
-/// `k_argmax_rows`), not done by the projection's last block.
-fn then_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_THEN", &CELL)
+/// What one-row projections' last blocks do: a residual's RMSNorm after an output
+/// projection (`norm`) and the greedy pick after the LM head (`pick`), each otherwise a
+/// launch of its own (`k_rms_norm`, `k_argmax_rows`). `STRATA_CUDA_THEN`: `0` neither,
+/// `norm` or `pick` one, else both.
+fn then_parts() -> (bool, bool) {
+    static CELL: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *CELL.get_or_init(|| match std::env::var("STRATA_CUDA_THEN").as_deref() {
+        Ok("0") => (false, false),
+        Ok("norm") => (true, false),
+        Ok("pick") => (false, true),
+        _ => (true, true),
+    })
 }
 
 /// Blocks an SM that `linear_quad`'s split aims for: 4, or `STRATA_CUDA_QUAD_BLOCKS` (1 to
@@ -271,14 +277,14 @@ impl CudaBackend {
     /// Whether `l` takes `k_linear_quad` with work after the products ([`Then`]): one
     /// unbatched row of vector rows, enough outputs for the row kernels, and the switch on.
     fn then_eligible(&self, l: &Lin) -> bool {
-        then_on() && quad_on() && l.one_vector_row() && self.row_kernel_outputs(l).is_some()
+        quad_on() && l.one_vector_row() && self.row_kernel_outputs(l).is_some()
     }
 
     /// `l` (one row, added into its output) then the output RMS-normalised with scale
     /// `w` into `out` by the projection's last block, where `l` takes that kernel (false:
     /// nothing launched; the caller goes the long way).
     pub(crate) fn linear_then_norm(&self, st: &mut State, l: &Lin, (w, eps): RowNorm, out: u64) -> bool {
-        if !self.then_eligible(l) {
+        if !(then_parts().0 && self.then_eligible(l)) {
             return false;
         }
         let done = self.ensure(&mut st.work.done, 1).ptr();
@@ -290,7 +296,7 @@ impl CudaBackend {
     /// pick into `pick` (as `argmax_rows`) by the projection's last block, where `l` takes
     /// that kernel and the norm fuses (false: nothing launched).
     pub(crate) fn linear_then_pick(&self, st: &mut State, l: &Lin, norm: RowNorm, pick: u64) -> bool {
-        if !(self.then_eligible(l) && self.fuses_norm(std::slice::from_ref(l), l.m.cols as usize)) {
+        if !(then_parts().1 && self.then_eligible(l) && self.fuses_norm(std::slice::from_ref(l), l.m.cols as usize)) {
             return false;
         }
         let part = self.ensure(&mut st.work.pick_part, 3 * self.quad_shape(l).1).ptr();
