@@ -423,45 +423,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.rms_norm(rows, width, x, Some(w), eps, scratch);
         self.linears(scratch, rows, outs);
     }
-    /// [`Backend::norm_linears`] of one projection into `out` (`[rows, W.rows]`), then each
-    /// row's greedy pick into `picks` ([`Backend::argmax_rows`]): the LM head and the
-    /// greedy sampler (CUDA, one row: the pick made in the head's launch, the same pick).
-    #[allow(clippy::too_many_arguments)]
-    fn norm_linear_argmax(
-        &self,
-        rows: usize,
-        width: usize,
-        x: &Self::Buf,
-        w: &Self::Buf,
-        eps: f32,
-        scratch: &mut Self::Buf,
-        head: &Self::Mat,
-        out: &mut Self::Buf,
-        picks: &mut Self::Idx,
-    ) {
-        let n = self.mat_shape(head).0;
-        self.norm_linears(rows, width, x, w, eps, scratch, &mut [LinearOut::new(self, head, out)]);
-        self.argmax_rows(rows, n, out, picks);
-    }
-    /// `x += a W^T` (`[rows, W.rows]`), then `xn = rms_norm(x) * w`: a sublayer's output
-    /// projection added into the residual, and the residual normalised for the next
-    /// sublayer (CUDA, one row: the norm done by the projection's last block, not a launch
-    /// of its own; the same up to rounding).
-    #[allow(clippy::too_many_arguments)]
-    fn linear_add_norm(
-        &self,
-        a: &Self::Buf,
-        rows: usize,
-        proj: &Self::Mat,
-        x: &mut Self::Buf,
-        w: &Self::Buf,
-        eps: f32,
-        xn: &mut Self::Buf,
-    ) {
-        let width = self.mat_shape(proj).0;
-        self.linears(a, rows, &mut [LinearOut::add(self, proj, x)]);
-        self.rms_norm(rows, width, x, Some(w), eps, xn);
-    }
     /// The step's rotary tables for `inv_freq` (`[half]`): `[rows, half]` each.
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut Self::Buf, sin: &mut Self::Buf);
     /// Normalises the query state and the latent, rotates the shared key, and writes the
@@ -505,22 +466,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Self::Buf,
     );
-    /// `out[..rows] += ` the SwiGLU MLP `weights` over rows of `x` (`[rows, hidden]`; `y`:
-    /// scratch as large): a dense MLP added into the residual (CUDA, one row: the down
-    /// products added in place, no add of their own).
-    #[allow(clippy::too_many_arguments)]
-    fn mlp_add(
-        &self,
-        x: &Self::Buf,
-        rows: usize,
-        hidden: usize,
-        weights: Self::ExpertRef<'_>,
-        y: &mut Self::Buf,
-        out: &mut Self::Buf,
-    ) {
-        self.experts(x, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, y);
-        self.add(rows * hidden, y, out);
-    }
     /// The table of a layer's resident `experts` (gate, up, down; one encoding and shape
     /// for all), or `None` where the backend dispatches experts from the host only.
     fn expert_table(&self, _experts: &[[Self::Mat; 3]]) -> Result<Option<Self::ExpertTable>> {

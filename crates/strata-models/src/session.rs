@@ -239,20 +239,13 @@ impl<B: Backend> Outputs<B> {
                     &self.gathered
                 }
             };
-            if want.pick && self.softcap.is_none() {
-                let (normed, logits, picks) = (&mut self.normed, &mut self.logits, &mut self.picks);
-                b.norm_linear_argmax(nl, h, rows_in, norm, eps, normed, head, logits, picks);
-            } else {
-                let head_out = &mut [LinearOut::new(b, head, &mut self.logits)];
-                b.norm_linears(nl, h, rows_in, norm, eps, &mut self.normed, head_out);
-                if let Some(cap) = self.softcap {
-                    b.soft_cap(nl * self.vocab, cap, &mut self.logits);
-                }
-                if want.pick {
-                    b.argmax_rows(nl, self.vocab, &self.logits, &mut self.picks);
-                }
+            let head_out = &mut [LinearOut::new(b, head, &mut self.logits)];
+            b.norm_linears(nl, h, rows_in, norm, eps, &mut self.normed, head_out);
+            if let Some(cap) = self.softcap {
+                b.soft_cap(nl * self.vocab, cap, &mut self.logits);
             }
             if want.pick {
+                b.argmax_rows(nl, self.vocab, &self.logits, &mut self.picks);
                 self.reads.push_back(b.start_read_idx(&self.picks, nl));
                 self.picked = nl;
                 // The picks are the output, and the logits rows asked for beside them

@@ -6,13 +6,6 @@ use super::{args, experts, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDes
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::Result;
-
-/// `STRATA_CUDA_MLP_ADD=0`: a one-row dense MLP's output goes to scratch and is added into
-/// the residual by a launch of its own, not by the down kernel.
-fn mlp_add_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::switch("STRATA_CUDA_MLP_ADD", &CELL)
-}
 use strata_kernels::QMatrix;
 
 impl Backend for CudaBackend {
@@ -194,65 +187,6 @@ impl Backend for CudaBackend {
         self.linears(scratch, rows, outs);
     }
 
-    fn norm_linear_argmax(
-        &self,
-        rows: usize,
-        width: usize,
-        x: &DevBuf<f32>,
-        w: &DevBuf<f32>,
-        eps: f32,
-        scratch: &mut DevBuf<f32>,
-        head: &CudaMat,
-        out: &mut DevBuf<f32>,
-        picks: &mut DevBuf<u32>,
-    ) {
-        if rows == 1 {
-            let _t = Timer::start(Op::Projections);
-            assert!(w.len >= width && x.len >= width, "norm_linear_argmax: x or the norm scale shorter than {width}");
-            assert!(picks.len >= 1, "norm_linear_argmax: no room for the pick");
-            let mut st = self.lock();
-            let jobs = self.lin_jobs(&mut st, x, 1, &[LinearOut::new(self, head, out)]);
-            let fused = self.linear_then_pick(&mut st, &jobs[0], (w.ptr, eps), picks.ptr);
-            st.work.jobs = jobs;
-            drop(st);
-            self.profiled();
-            if fused {
-                return;
-            }
-        }
-        self.norm_linears(rows, width, x, w, eps, scratch, &mut [LinearOut::new(self, head, out)]);
-        self.argmax_rows(rows, head.rows, out, picks);
-    }
-
-    fn linear_add_norm(
-        &self,
-        a: &DevBuf<f32>,
-        rows: usize,
-        proj: &CudaMat,
-        x: &mut DevBuf<f32>,
-        w: &DevBuf<f32>,
-        eps: f32,
-        xn: &mut DevBuf<f32>,
-    ) {
-        let width = proj.rows;
-        if rows == 1 {
-            let _t = Timer::start(Op::Projections);
-            assert!(w.len >= width && xn.len >= width, "linear_add_norm: the norm scale or xn shorter than {width}");
-            let mut st = self.lock();
-            let xn_ptr = xn.ptr;
-            let jobs = self.lin_jobs(&mut st, a, 1, &[LinearOut::add(self, proj, x)]);
-            let fused = self.linear_then_norm(&mut st, &jobs[0], (w.ptr, eps), xn_ptr);
-            st.work.jobs = jobs;
-            drop(st);
-            self.profiled();
-            if fused {
-                return;
-            }
-        }
-        self.linears(a, rows, &mut [LinearOut::add(self, proj, x)]);
-        self.rms_norm(rows, width, x, Some(w), eps, xn);
-    }
-
     fn rope_tables(&self, step: &Step, inv_freq: &[f32], cos: &mut DevBuf<f32>, sin: &mut DevBuf<f32>) {
         let _t = Timer::start(Op::Rope);
         let half = inv_freq.len();
@@ -340,28 +274,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return;
         }
-        experts::experts(self, x, rows, n, task, GateAct::Silu, y, false);
-        self.profiled();
-    }
-
-    fn mlp_add(
-        &self,
-        x: &DevBuf<f32>,
-        rows: usize,
-        hidden: usize,
-        weights: CudaExpert<'_>,
-        y: &mut DevBuf<f32>,
-        out: &mut DevBuf<f32>,
-    ) {
-        if rows != 1 || !mlp_add_on() {
-            self.experts(x, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, y);
-            self.add(rows * hidden, y, out);
-            return;
-        }
-        let _t = Timer::start(Op::Experts);
-        assert_eq!(weights.down.rows, hidden, "mlp_add: an MLP of width {} into rows of {hidden}", weights.down.rows);
-        let task = |_| ExpertTask { weights, rows: None, out_row: 0 };
-        experts::experts(self, x, 1, 1, &task, GateAct::Silu, out, true);
+        experts::experts(self, x, rows, n, task, GateAct::Silu, y);
         self.profiled();
     }
 
@@ -396,7 +309,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return;
         }
-        experts::experts(self, x, rows, n, task, act, y, false);
+        experts::experts(self, x, rows, n, task, act, y);
         self.profiled();
     }
 

@@ -98,22 +98,6 @@ pub(super) struct LinJobs {
     pub(super) j: [LinJob; MAX_JOBS],
 }
 
-/// What a one-row `k_linear_quad` does with its outputs in its last block (`struct Then` in
-/// `kernels/products.cu`): `op` 0 nothing, 1 their RMSNorm with scale `w` into `out`, 2
-/// their greedy pick into `pick` (blocks' picks in `part`, three words a block).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Then {
-    pub(super) w: u64,
-    pub(super) eps: f32,
-    pub(super) op: i32,
-    pub(super) out: u64,
-    pub(super) pick: u64,
-    pub(super) part: u64,
-    /// The grid's count of finished blocks (`last_block`).
-    pub(super) done: u64,
-}
-
 /// One expert's share of a grouped expert launch (`struct Task` in `kernels/experts.cu`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -137,8 +121,6 @@ pub(super) struct TaskDesc {
     /// computes (1 or 2; see `experts::rounds`).
     pub(super) rounds1: i32,
     pub(super) rounds2: i32,
-    /// The one-row down kernel adds its outputs into y (a dense MLP into the residual).
-    pub(super) add: i32,
 }
 
 /// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,

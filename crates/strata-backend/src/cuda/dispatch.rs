@@ -78,7 +78,6 @@ pub(super) fn experts_by_id(
             tiles2: 0,
             rounds1: r1 as i32,
             rounds2: r2 as i32,
-            add: 0,
         }
     });
     let ntasks = top_k + usize::from(shared_task.is_some());

@@ -101,9 +101,7 @@ pub(super) fn check_expert(e: &CudaExpert<'_>, hidden: usize) {
 /// Gated experts (`down(act(gate x) * up x)`): experts with few rows, and quantized ones of
 /// any rows 32 at a time, in two grouped launches (gate/up, down) over a task table built
 /// here; a bf16 or f32 expert with many rows (a dense MLP or the shared expert in a
-/// prefill) through the many-rows products. With `add` (a lone task on one row: a dense
-/// MLP's), the outputs are added into y, not stored.
-#[allow(clippy::too_many_arguments)]
+/// prefill) through the many-rows products.
 pub(crate) fn experts<'a>(
     b: &CudaBackend,
     x: &DevBuf<f32>,
@@ -112,7 +110,6 @@ pub(crate) fn experts<'a>(
     task: &(dyn Fn(usize) -> ExpertTask<'a, CudaBackend> + Sync),
     act: GateAct,
     y: &mut DevBuf<f32>,
-    add: bool,
 ) {
     let act: i32 = match act {
         GateAct::Silu => 0,
@@ -177,7 +174,6 @@ pub(crate) fn experts<'a>(
                 tiles2: i32::from(tiles2),
                 rounds1: r1 as i32,
                 rounds2: r2 as i32,
-                add: 0,
             });
             h_off += (part * inter).next_multiple_of(4);
         }
@@ -219,15 +215,13 @@ pub(crate) fn experts<'a>(
     let mut st = b.lock();
     let st = &mut *st;
     let (xp, yp, hid) = (x.ptr(), y.ptr(), hidden as i32);
-    assert!(!add || (tasks.len() == 1 && one_row && big.is_empty()), "experts: add is for a lone one-row task");
     if let ([lone], true) = (&tasks[..], one_row && big.is_empty()) {
         // A lone one-row task (a dense MLP's) rides in the launch's arguments as the
         // by-id kernels' shared task with no routed ones: no table to upload, a copy in the
         // stream that would stall the device between two kernels and end a graph. (Blocks
         // a routed task of 1: every block's task index is then min(block, 0) = the lone one.)
         let hp = b.ensure(&mut st.work.h, h_off.max(4)).ptr();
-        let shared = TaskDesc { add: i32::from(add), ..*lone };
-        let by = ById { k: 0, blocks1: 1, blocks2: 1, shared, ..ById::default() };
+        let by = ById { k: 0, blocks1: 1, blocks2: 1, shared: *lone, ..ById::default() };
         launch_by_id(b, blocks[0], 1, (xp, hp, yp), hidden, &by);
         return;
     }

@@ -30,7 +30,7 @@ mod transfer;
 use step::StepCache;
 
 pub use desc::MatDesc;
-use desc::{kind_code, ById, LinJob, LinJobs, TaskDesc, Then, MAX_JOBS, VEC_WIDTH};
+use desc::{kind_code, ById, LinJob, LinJobs, TaskDesc, MAX_JOBS, VEC_WIDTH};
 
 pub use dispatch::CudaExpertTable;
 pub use queue::{launch_totals, set_dependent_launch_default, set_graphs_default, LaunchStats};
@@ -156,11 +156,8 @@ struct Work {
     /// One-row projections: the call's jobs, and those that go out together.
     jobs: Vec<Lin>,
     small: Vec<(usize, LinJob)>,
-    /// The count of finished blocks of a launch whose last block finishes its work
-    /// (`last_block`: `k_route_one`, `k_linear_quad`'s `Then`; zero between launches).
-    done: Option<DevBuf<u32>>,
-    /// The blocks' greedy picks of a `k_linear_quad` that picks (`Then`, op 2).
-    pick_part: Option<DevBuf<u32>>,
+    /// `k_route_one`'s count of finished blocks (zero between launches).
+    route_done: Option<DevBuf<u32>>,
     /// Host staging.
     bytes: Vec<u8>,
     cos: Vec<f32>,

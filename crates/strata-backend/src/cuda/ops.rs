@@ -4,7 +4,7 @@
 
 use super::experts::{mma_tiles, TILE_DOWN_OUTS, TILE_ROWS};
 use super::switch;
-use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, Then, MAX_JOBS, SMALL_ROWS};
+use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, MAX_JOBS, SMALL_ROWS};
 use crate::{Backend, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
 use cudarc::cublas::sys as blas;
@@ -50,20 +50,6 @@ fn group_on() -> bool {
     switch("STRATA_CUDA_GROUP", &CELL)
 }
 
-/// What one-row projections' last blocks do: a residual's RMSNorm after an output
-/// projection (`norm`) and the greedy pick after the LM head (`pick`), each otherwise a
-/// launch of its own (`k_rms_norm`, `k_argmax_rows`). `STRATA_CUDA_THEN`: `0` neither,
-/// `norm` or `pick` one, else both.
-fn then_parts() -> (bool, bool) {
-    static CELL: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
-    *CELL.get_or_init(|| match std::env::var("STRATA_CUDA_THEN").as_deref() {
-        Ok("0") => (false, false),
-        Ok("norm") => (true, false),
-        Ok("pick") => (false, true),
-        _ => (true, true),
-    })
-}
-
 /// Blocks an SM that `linear_quad`'s split aims for: 4, or `STRATA_CUDA_QUAD_BLOCKS` (1 to
 /// 8, for comparisons).
 fn quad_blocks() -> usize {
@@ -94,7 +80,7 @@ impl CudaBackend {
         // One row against a matrix with enough outputs to fill the device at four (or two)
         // a warp.
         if let Some(per_warp) = self.row_kernel_outputs(l) {
-            self.linear_row(l, per_warp, NO_NORM, Then::default());
+            self.linear_row(l, per_warp, NO_NORM);
             return;
         }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
@@ -144,24 +130,24 @@ impl CudaBackend {
 
     /// `l` (one row) through `k_linear_quad` (with [`quad_on`]), else `k_linear_row`
     /// (`per_warp` 4) or `k_linear_row2` (2), x RMS-normalised on the way in when `norm`
-    /// has a scale. `then` (`k_linear_quad` only): what the last block does with the outputs.
-    fn linear_row(&self, l: &Lin, per_warp: usize, norm: RowNorm, then: Then) {
+    /// has a scale.
+    fn linear_row(&self, l: &Lin, per_warp: usize, norm: RowNorm) {
         let (mrow0, mrow_bs, nout) = (l.mrow0 as i32, l.mrow_bs as i32, l.nout as i32);
         let (col, col_bs, add) = (l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, out, bias, (nw, eps)) = (l.m, l.x, l.x_bs as i64, l.out, l.bias, norm);
         if quad_on() {
-            let (split, blocks) = self.quad_shape(l);
-            let (grid, split) = ((blocks as u32, l.batches as u32, 1), split as i32);
+            let split = self.quad_split(l.nout.div_ceil(4), l.batches);
+            let grid = ((l.nout.div_ceil(4) * split).div_ceil(8) as u32, l.batches as u32, 1);
+            let split = split as i32;
             self.launch(
                 &self.f.linear_quad,
                 grid,
                 256,
                 0,
-                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps, split, then],
+                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps, split],
             );
             return;
         }
-        assert!(then.op == 0, "linear_row: work after the products needs linear_quad");
         let grid = (l.nout.div_ceil(8 * per_warp) as u32, l.batches as u32, 1);
         let f = if per_warp == 4 { &self.f.linear_row } else { &self.f.linear_row2 };
         self.launch(
@@ -199,13 +185,6 @@ impl CudaBackend {
         self.split_for(groups, batches, quad_blocks())
     }
 
-    /// `k_linear_quad`'s split and blocks a batch for `l`.
-    fn quad_shape(&self, l: &Lin) -> (usize, usize) {
-        let groups = l.nout.div_ceil(4);
-        let split = self.quad_split(groups, l.batches);
-        (split, (groups * split).div_ceil(8))
-    }
-
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
     fn small_split(&self, nout: usize, batches: usize) -> usize {
         self.split_for(nout, batches, 2)
@@ -236,7 +215,7 @@ impl CudaBackend {
             && jobs.iter().all(|l| l.one_vector_row() && l.nout > 0);
         for (i, l) in jobs.iter().enumerate() {
             if let (Some(per_warp), true, false) = (self.row_kernel_outputs(l), l.batches == 1, together) {
-                self.linear_row(l, per_warp, norm, Then::default());
+                self.linear_row(l, per_warp, norm);
                 continue;
             }
             if l.nout == 0 {
@@ -272,37 +251,6 @@ impl CudaBackend {
             }
         }
         st.work.small = small;
-    }
-
-    /// Whether `l` takes `k_linear_quad` with work after the products ([`Then`]): one
-    /// unbatched row of vector rows, enough outputs for the row kernels, and the switch on.
-    fn then_eligible(&self, l: &Lin) -> bool {
-        quad_on() && l.one_vector_row() && self.row_kernel_outputs(l).is_some()
-    }
-
-    /// `l` (one row, added into its output) then the output RMS-normalised with scale
-    /// `w` into `out` by the projection's last block, where `l` takes that kernel (false:
-    /// nothing launched; the caller goes the long way).
-    pub(crate) fn linear_then_norm(&self, st: &mut State, l: &Lin, (w, eps): RowNorm, out: u64) -> bool {
-        if !(then_parts().0 && self.then_eligible(l)) {
-            return false;
-        }
-        let done = self.ensure(&mut st.work.done, 1).ptr();
-        self.linear_row(l, 4, NO_NORM, Then { w, eps, op: 1, out, done, ..Then::default() });
-        true
-    }
-
-    /// `l` (one row; x RMS-normalised on the way in with `norm`) then the outputs' greedy
-    /// pick into `pick` (as `argmax_rows`) by the projection's last block, where `l` takes
-    /// that kernel and the norm fuses (false: nothing launched).
-    pub(crate) fn linear_then_pick(&self, st: &mut State, l: &Lin, norm: RowNorm, pick: u64) -> bool {
-        if !(then_parts().1 && self.then_eligible(l) && self.fuses_norm(std::slice::from_ref(l), l.m.cols as usize)) {
-            return false;
-        }
-        let part = self.ensure(&mut st.work.pick_part, 3 * self.quad_shape(l).1).ptr();
-        let done = self.ensure(&mut st.work.done, 1).ptr();
-        self.linear_row(l, 4, norm, Then { op: 2, pick, part, done, ..Then::default() });
-        true
     }
 
     /// The jobs of [`crate::Backend::linears`] (shapes checked), in the state's reused list:
@@ -687,7 +635,7 @@ pub(crate) fn route_noaux(
         // One launch: the logits as `linear` computes them (k_linear_1, the same split),
         // routed by the grid's last block.
         let (split, grid) = b.small_launch(&lin);
-        let done = b.ensure(&mut st.work.done, 1).ptr();
+        let done = b.ensure(&mut st.work.route_done, 1).ptr();
         let (m, xp, si) = (gate.desc, x.ptr(), split as i32);
         b.launch(
             &b.f.route_one,

@@ -55,32 +55,30 @@ pub struct FfnLayer<'a, B: Backend> {
 
 /// PILOT: when `next` is an MoE layer, routes `x` (the residual after this layer's
 /// attention) with `next`'s router and tells the provider. The two-step predictor first
-/// adds this layer's shared expert (on `xn`, this layer's normed feed-forward input), a
-/// cheap estimate of this layer's MoE output. `y` and `z` are scratch (`rows x hidden`);
-/// `x` and `xn` are left as they are.
+/// adds this layer's shared expert, a cheap estimate of this layer's MoE output.
 #[allow(clippy::too_many_arguments)]
 pub fn pilot_predict<B: Backend>(
     b: &B,
     p: &dyn ExpertProvider<B>,
-    cur: &Ffn<B>,
+    cur: FfnLayer<'_, B>,
     next: FfnLayer<'_, B>,
     rows: usize,
     hidden: usize,
     eps: f32,
     x: &B::Buf,
-    xn: &B::Buf,
+    xn: &mut B::Buf,
     y: &mut B::Buf,
-    z: &mut B::Buf,
     ms: &mut MoeScratch<B>,
 ) {
     let Ffn::Moe(moe) = next.ffn else { return };
-    let from = match (cur, p.two_step_prediction()) {
+    let from = match (cur.ffn, p.two_step_prediction()) {
         (Ffn::Moe(c), true) => {
+            b.rms_norm(rows, hidden, x, Some(cur.norm), eps, xn);
             c.shared.forward_add_into(b, xn, rows, hidden, x, y);
             &*y
         }
         _ => x,
     };
-    b.rms_norm(rows, hidden, from, Some(next.norm), eps, z);
-    moe.predict(b, z, rows, ms, p);
+    b.rms_norm(rows, hidden, from, Some(next.norm), eps, xn);
+    moe.predict(b, xn, rows, ms, p);
 }

@@ -37,8 +37,7 @@ impl<B: Backend> GqaScratch<B> {
 }
 
 impl<B: Backend> GqaWeights<B> {
-    /// `x += attention(xn)` for the step's rows, then `xn = rms_norm(x) * then` (the
-    /// feed-forward's input); `cache` is this layer's K/V cache.
+    /// `x += attention(xn)` for the step's rows; `cache` is this layer's K/V cache.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_add(
         &self,
@@ -46,8 +45,7 @@ impl<B: Backend> GqaWeights<B> {
         step: &Step,
         d: GqaDims,
         eps: f32,
-        then: &B::Buf,
-        xn: &mut B::Buf,
+        xn: &B::Buf,
         cos: &B::Buf,
         sin: &B::Buf,
         cache: &mut B::Buf,
@@ -56,7 +54,7 @@ impl<B: Backend> GqaWeights<B> {
     ) {
         let rows = step.rows();
         b.linears(
-            &*xn,
+            xn,
             rows,
             &mut [
                 LinearOut::biased(b, &self.q, self.q_bias.as_ref(), &mut s.q),
@@ -80,6 +78,6 @@ impl<B: Backend> GqaWeights<B> {
             },
         );
         b.gqa_attend(step, GqaAttend { dims: d, q: &s.q, cache, out: &mut s.attn });
-        b.linear_add_norm(&s.attn, rows, &self.o, x, then, eps, xn);
+        b.linears(&s.attn, rows, &mut [LinearOut::add(b, &self.o, x)]);
     }
 }

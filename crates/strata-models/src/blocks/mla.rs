@@ -125,9 +125,8 @@ impl<B: Backend> MlaScratch<B> {
 }
 
 impl<B: Backend> MlaWeights<B> {
-    /// `x += attention(rms_norm(x) * norm.0)` for the step's rows (`norm.1`: eps), then
-    /// `xn = rms_norm(x) * then` (the feed-forward's input; `xn` is also scratch for the
-    /// normed rows before); `cos`/`sin` are the step's rotary tables.
+    /// `x += attention(rms_norm(x) * norm.0)` for the step's rows (`norm.1`: eps; `xn`:
+    /// scratch for the normed rows); `cos`/`sin` are the step's rotary tables.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_add(
         &self,
@@ -135,7 +134,6 @@ impl<B: Backend> MlaWeights<B> {
         step: &Step,
         cfg: &MlaConfig,
         norm: (&B::Buf, f32),
-        then: &B::Buf,
         xn: &mut B::Buf,
         cos: &B::Buf,
         sin: &B::Buf,
@@ -235,6 +233,6 @@ impl<B: Backend> MlaWeights<B> {
                 out: &mut s.attn,
             },
         );
-        b.linear_add_norm(&s.attn, rows, &self.o, x, then, eps, xn);
+        b.linears(&s.attn, rows, &mut [LinearOut::add(b, &self.o, x)]);
     }
 }

@@ -11,7 +11,9 @@ pub struct SwiGlu<B: Backend> {
 impl<B: Backend> SwiGlu<B> {
     /// `x += mlp(xn)` over `rows` rows; `y` is scratch of `rows x hidden`.
     pub fn forward_add(&self, b: &B, xn: &B::Buf, rows: usize, hidden: usize, y: &mut B::Buf, x: &mut B::Buf) {
-        b.mlp_add(xn, rows, hidden, b.expert_ref(&self.gate, &self.up, &self.down), y, x);
+        let weights = b.expert_ref(&self.gate, &self.up, &self.down);
+        b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, y);
+        b.add(rows * hidden, y, x);
     }
 
     /// `out = x + mlp(xn)`, leaving `x` as it is.

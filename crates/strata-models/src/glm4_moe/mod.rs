@@ -96,10 +96,10 @@ impl Arch for Glm4MoeConfig {
         let inter = self.intermediate_size.max(self.moe_intermediate_size * (self.num_experts_per_tok + 1)) as u64;
         let threads = strata_kernels::pool::default_threads() as u64;
         let group = (self.num_attention_heads / self.num_key_value_heads) as u64;
-        // Residual, normed input, MLP output, PILOT's input, rotary tables; attention and MoE scratch;
+        // Residual, normed input, MLP output, rotary tables; attention and MoE scratch;
         // one row of logits; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
-        4 * (4 * r * h + r * self.rotary_dim() as u64)
+        4 * (3 * r * h + r * self.rotary_dim() as u64)
             + GqaScratch::<CpuBackend>::bytes(&load::gqa_dims(self), rows)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)

@@ -52,8 +52,6 @@ struct Scratch<B: Backend> {
     x: B::Buf,
     xn: B::Buf,
     y: B::Buf,
-    /// PILOT's normed input for the next layer's router.
-    z: B::Buf,
     cos: B::Buf,
     sin: B::Buf,
     gqa: GqaScratch<B>,
@@ -92,7 +90,6 @@ impl<'m, B: Backend> Glm4Session<'m, B> {
             x: b.alloc(rows * h)?,
             xn: b.alloc(rows * h)?,
             y: b.alloc(rows * h)?,
-            z: b.alloc(rows * h)?,
             cos: b.alloc(rows * m.dims.rotary / 2)?,
             sin: b.alloc(rows * m.dims.rotary / 2)?,
             gqa: GqaScratch::new(b, &m.dims, rows)?,
@@ -151,12 +148,13 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
         for (i, layer) in m.layers.iter().enumerate() {
             b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
             let cache = &mut self.caches[i];
-            let post = &layer.post_norm;
-            layer.attn.forward_add(b, step, m.dims, eps, post, &mut s.xn, &s.cos, &s.sin, cache, &mut s.gqa, &mut s.x);
+            layer.attn.forward_add(b, step, m.dims, eps, &s.xn, &s.cos, &s.sin, cache, &mut s.gqa, &mut s.x);
             if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
+                let cur = FfnLayer { ffn: &layer.ffn, norm: &layer.post_norm };
                 let next = FfnLayer { ffn: &next.ffn, norm: &next.post_norm };
-                pilot_predict(b, p.as_ref(), &layer.ffn, next, rows, h, eps, &s.x, &s.xn, &mut s.y, &mut s.z, ms);
+                pilot_predict(b, p.as_ref(), cur, next, rows, h, eps, &s.x, &mut s.xn, &mut s.y, ms);
             }
+            b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
             let bufs = FfnBufs { y: &mut s.y, moe: s.moe.as_mut() };
             layer.ffn.forward_add(b, &m.experts, &s.xn, rows, h, bufs, &mut self.routes, &mut s.x)?;
         }

@@ -102,13 +102,13 @@ impl Arch for GlmMoeDsaConfig {
         } else {
             0
         };
-        // Residual, normed input, MLP output, PILOT's input, rotary tables; MLA and MoE scratch; one row
+        // Residual, normed input, MLP output, rotary tables; MLA and MoE scratch; one row
         // of logits per sequence; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
         let inter = self.intermediate_size.max(self.moe_intermediate_size * (self.num_experts_per_tok + 1)) as u64;
         let threads = strata_kernels::pool::default_threads() as u64;
         let heads = self.num_attention_heads.max(self.index_n_heads) as u64;
-        4 * (4 * r * h + r * self.qk_rope_head_dim as u64)
+        4 * (3 * r * h + r * self.qk_rope_head_dim as u64)
             + MlaScratch::<CpuBackend>::bytes(&self.mla_config(), rows, context)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)

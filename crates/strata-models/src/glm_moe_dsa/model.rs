@@ -71,8 +71,6 @@ struct Scratch<B: Backend> {
     x: B::Buf,
     xn: B::Buf,
     y: B::Buf,
-    /// PILOT's normed input for the next layer's router.
-    z: B::Buf,
     cos: B::Buf,
     sin: B::Buf,
     mla: MlaScratch<B>,
@@ -124,7 +122,6 @@ impl<'m, B: Backend> GlmSession<'m, B> {
             x: b.alloc(rows * h)?,
             xn: b.alloc(rows * h)?,
             y: b.alloc(rows * h)?,
-            z: b.alloc(rows * h)?,
             cos: b.alloc(rows * cfg.qk_rope_head_dim / 2)?,
             sin: b.alloc(rows * cfg.qk_rope_head_dim / 2)?,
             mla: MlaScratch::new(b, &m.mla, rows, max_len)?,
@@ -143,8 +140,7 @@ impl<'m, B: Backend> GlmSession<'m, B> {
     }
 }
 
-/// The feed-forward half of a layer: `x += ffn(xn)` (the attention left `xn`, the normed
-/// residual).
+/// The feed-forward half of a layer: `x += ffn(norm(x))`.
 fn ffn_forward<B: Backend>(
     m: &Glm<B>,
     layer: &Layer<B>,
@@ -153,7 +149,8 @@ fn ffn_forward<B: Backend>(
     s: &mut Scratch<B>,
     routes: &mut Routes,
 ) -> Result<()> {
-    let (b, h) = (&m.b, m.cfg.hidden_size);
+    let (b, h, eps) = (&m.b, m.cfg.hidden_size, m.cfg.rms_norm_eps as f32);
+    b.rms_norm(rows, h, &s.x, Some(&layer.post_norm), eps, &mut s.xn);
     let bufs = FfnBufs { y: &mut s.y, moe: s.moe.as_mut() };
     layer.mlp.forward_add(b, experts, &s.xn, rows, h, bufs, routes, &mut s.x)
 }
@@ -206,11 +203,12 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         let s = &mut self.s;
         for (i, layer) in m.layers.iter().enumerate() {
             let norm = (&layer.input_norm, eps);
-            let (post, cache) = (&layer.post_norm, &mut self.caches[i]);
-            layer.attn.forward_add(b, step, &m.mla, norm, post, &mut s.xn, &s.cos, &s.sin, cache, &mut s.mla, &mut s.x);
+            let cache = &mut self.caches[i];
+            layer.attn.forward_add(b, step, &m.mla, norm, &mut s.xn, &s.cos, &s.sin, cache, &mut s.mla, &mut s.x);
             if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
+                let cur = FfnLayer { ffn: &layer.mlp, norm: &layer.post_norm };
                 let next = FfnLayer { ffn: &next.mlp, norm: &next.post_norm };
-                pilot_predict(b, p.as_ref(), &layer.mlp, next, rows, h, eps, &s.x, &s.xn, &mut s.y, &mut s.z, ms);
+                pilot_predict(b, p.as_ref(), cur, next, rows, h, eps, &s.x, &mut s.xn, &mut s.y, ms);
             }
             ffn_forward(m, layer, &m.experts, rows, s, &mut self.routes)?;
         }
@@ -284,7 +282,6 @@ impl<B: Backend> Session for GlmSession<'_, B> {
             step,
             &m.mla,
             norm,
-            &layer.post_norm,
             &mut s.xn,
             &s.cos,
             &s.sin,

@@ -15,6 +15,51 @@ extern "C" __global__ void k_embed(Mat t, StepDev st, const u32* picks, float* o
     out[(i64)r * t.cols + c] = melem(t, (int)tok, c);
 }
 
+// Whether n floats at each of the (non-null) pointers can be read as float4s.
+__device__ __forceinline__ bool f4_ok(const void* a, const void* b, const void* c, int n) {
+    return ((((size_t)a | (size_t)b | (size_t)c) & 15) == 0) && (n & 3) == 0;
+}
+
+// This thread's share of sum(x[..n]^2), over float4s when v4.
+__device__ __forceinline__ float part_ss(const float* x, int n, bool v4) {
+    float ss = 0.f;
+    if (v4) {
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x) {
+            float4 a = ((const float4*)x)[c];
+            ss = fmaf(a.x, a.x, ss);
+            ss = fmaf(a.y, a.y, ss);
+            ss = fmaf(a.z, a.z, ss);
+            ss = fmaf(a.w, a.w, ss);
+        }
+    } else {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) ss = fmaf(x[c], x[c], ss);
+    }
+    return ss;
+}
+
+// a * inv * w[4c..4c+4] (w null: a * inv): a float4 of a normalised row.
+__device__ __forceinline__ float4 scaled4(float4 a, float inv, const float* w, int c) {
+    if (!w) return make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+    float4 b = ((const float4*)w)[c];
+    return make_float4(a.x * inv * b.x, a.y * inv * b.y, a.z * inv * b.z, a.w * inv * b.w);
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w over a block (in place allowed). Rows are read as
+// float4s where aligned: each thread's loads are then few and in flight together (a
+// block walking a 6144-wide row one float a thread is bound by load latency, ~20 us).
+__device__ void rms_seg(const float* x, const float* w, float eps, float* out, int n, float* sh) {
+    bool v4 = f4_ok(x, out, w, n);
+    float ss = bsum(part_ss(x, n, v4), sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    if (v4) {
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x)
+            ((float4*)out)[c] = scaled4(((const float4*)x)[c], inv, w, c);
+    } else {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = w ? x[c] * inv * w[c] : x[c] * inv;
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void k_rms_norm(const float* x, const float* w, float eps, float* out, int width) {
     pdl_enter();
     __shared__ float sh[32];

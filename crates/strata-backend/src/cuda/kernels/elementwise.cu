@@ -55,22 +55,46 @@ extern "C" __global__ void k_gelu_mul(int width, float* a, const float* b, int s
     for (int c = threadIdx.x; c < width; c += blockDim.x) ar[c] = gelu_tanh(ar[c]) * br[c];
 }
 
+// (value, id) of a greedy pick: the larger value wins, equal values go to the lower id.
+__device__ __forceinline__ void pick_max(float& v, int& i, float ov, int oi) {
+    if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
 // Each row's greedy pick (Backend::argmax_rows): a block per row; a thread's columns
 // rise, so its first maximum is its lowest. NON_FINITE | j for the lowest non-finite j.
 extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x, int width, u32* picks) {
     pdl_enter();
+    __shared__ float sv[32];
+    __shared__ int si[32], sb[32];
     const float* xr = x + (i64)blockIdx.x * width;
-    Pick p;
+    float best = NEG_INF;
+    int bi = 0x7fffffff, bad = 0x7fffffff;
+    auto see = [&](float v, int c) {
+        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) bad = min(bad, c);
+        else if (v > best) best = v, bi = c;
+    };
     if (f4_ok(xr, xr, xr, width)) {
         // Four loads in flight a thread (the block is alone on the device: latency-bound).
 #pragma unroll 4
         for (int c = threadIdx.x; c < width / 4; c += blockDim.x) {
             float4 a = ((const float4*)xr)[c];
-            p.see(a.x, 4 * c), p.see(a.y, 4 * c + 1), p.see(a.z, 4 * c + 2), p.see(a.w, 4 * c + 3);
+            see(a.x, 4 * c), see(a.y, 4 * c + 1), see(a.z, 4 * c + 2), see(a.w, 4 * c + 3);
         }
     } else {
-        for (int c = threadIdx.x; c < width; c += blockDim.x) p.see(xr[c], c);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) see(xr[c], c);
     }
-    p.block();
-    if (threadIdx.x == 0) picks[blockIdx.x] = p.code();
+    for (int o = 16; o > 0; o >>= 1) {
+        pick_max(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+        bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, o));
+    }
+    int w = threadIdx.x / 32, nw = blockDim.x / 32;
+    if ((threadIdx.x & 31) == 0) sv[w] = best, si[w] = bi, sb[w] = bad;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < nw; k++) pick_max(best, bi, sv[k], si[k]), bad = min(bad, sb[k]);
+        picks[blockIdx.x] = bad != 0x7fffffff ? (0x80000000u | (u32)bad) : (u32)bi;
+    }
 }

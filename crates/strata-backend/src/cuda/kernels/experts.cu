@@ -11,7 +11,6 @@ struct Task {
     int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
     int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
     int rounds1, rounds2;  // one-row kernels: rounds of 16 (up) / 32 (down) outputs a block (cuda/experts.rs)
-    int add;  // one-row down kernel: its outputs added into y (a dense MLP into the residual), not stored
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -131,7 +130,6 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
             T.tiles1 = T.tiles2 = 0;
             T.rounds1 = by.rounds1;
             T.rounds2 = by.rounds2;
-            T.add = 0;
             *sh = T;
         }
     }
@@ -139,12 +137,16 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
     return *sh;
 }
 
-// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0.
-__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h) {
+// A warp's UP_OUTS outputs of gate and up in the round of 8 x UP_OUTS at b0. pre: the
+// warp has not waited on the kernel before (dot_rows_vec).
+__device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const float* x, float* h, bool pre) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o0 = b0 + warp * UP_OUTS;
     int inter = T.g.rows;
-    if (o0 >= inter) return;
+    if (o0 >= inter) {
+        if (pre) pdl_enter();
+        return;
+    }
     const Mat* m[2 * UP_OUTS];
     int row[2 * UP_OUTS];
     float acc[2 * UP_OUTS];
@@ -156,7 +158,7 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
         row[k] = row[UP_OUTS + k] = o;
         acc[k] = acc[UP_OUTS + k] = 0.f;
     }
-    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane);
+    dot_rows<2 * UP_OUTS>(m, row, x, acc, lane, RowNorm{nullptr, 0.f}, nullptr, 0, 1, pre);
 #pragma unroll
     for (int k = 0; k < UP_OUTS; k++) {
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
@@ -167,9 +169,8 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
 extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(const Task* tasks, int ntasks, const u32* rowidx,
                                                                    const float* x, int hidden, float* h, ById by) {
     // The by-id launch's `shared` task (a dense MLP, a shared expert) is known before the
-    // kernel before ends: built before the wait (defer_wait; the int4 tiles also load
-    // their first chunk). Routed ids and task tables come from the kernel or copy just
-    // before: wait first.
+    // kernel before ends: built before the wait (defer_wait). Routed ids and task tables
+    // come from the kernel or copy just before: wait first.
     bool pre = defer_wait(!tasks && (int)blockIdx.x >= by.k * by.blocks1);
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, false, &sh);
@@ -186,8 +187,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
         return;
     }
 #endif
-    if (pre) pdl_enter();
-    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h);
+    for (int r = 0; r < rounds; r++) up_row_outputs(T, b0 + r * 8 * UP_OUTS, x, h, pre && r == 0);
 }
 
 // A block's outputs: T.rounds2 rounds of 32 (cuda/experts.rs, row_blocks).
@@ -195,8 +195,7 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
                                                                      int hidden, float* y, ById by) {
     // The block's task before the wait on the kernel before (up, whose h it reads): the
     // routed ids or the task table were written before up began, and this kernel starts
-    // only once up's blocks have all waited for that (pdl_enter). The int4 tiles also load
-    // their first chunk before the wait.
+    // only once up's blocks have all waited for that (pdl_enter).
     __shared__ Task sh;
     const Task& T = block_task(tasks, ntasks, by, true, &sh);
     bool pre = defer_wait(true);
@@ -205,23 +204,22 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
 #if TILE_MMA
     if (i4_tiles(T.d)) {
         __shared__ I4Shared sm;
-        float* yr = y + (i64)T.out_row * hidden;
-        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, yr, T.add, sm, pre);
-        else i4_down_block<1>(T.d, b0, h + T.h_off, yr, T.add, sm, pre);
+        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
+        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
         return;
     }
 #endif
-    if (pre) pdl_enter();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = 0; r < rounds; r++) {
         int o0 = b0 + (8 * r + warp) * DOWN_OUTS;
-        if (o0 >= hidden) return;
-        float acc[DOWN_OUTS];
-        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane);
-#pragma unroll
-        for (int k = 0; k < DOWN_OUTS; k++) {
-            float* p = y + (i64)T.out_row * hidden + o0 + k;
-            if (lane == 0 && o0 + k < hidden) *p = T.add ? *p + acc[k] : acc[k];
+        if (o0 >= hidden) {
+            if (r == 0 && pre) pdl_enter();
+            return;
         }
+        float acc[DOWN_OUTS];
+        warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, pre && r == 0);
+#pragma unroll
+        for (int k = 0; k < DOWN_OUTS; k++)
+            if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
     }
 }

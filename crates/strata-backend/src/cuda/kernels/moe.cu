@@ -120,7 +120,13 @@ extern "C" __global__ void __launch_bounds__(256) k_route_one(Mat m, const float
                                                               float* wts) {
     pdl_enter();
     linear_small<1>(m, 0, 0, x, 0, m.cols, 1, m.rows, logits, m.rows, 0, 0, 0, nullptr, split, blockIdx.x);
-    if (!last_block(done)) return;
+    __shared__ int last;
+    __threadfence();  // this block's logits visible to the block that routes
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *done = 0;
     route_row(logits, m.rows, bias, k, n_group, topk_group, norm, scaling, ids, wts);
 }
 

@@ -196,24 +196,22 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // One x row against NM matrix rows of one encoding and width: each step loads x once and
 // uses it NM times, with NM weight loads in flight together. Quantized rows are bound by
 // issue and latency, not bytes, when a warp holds only one row (x is 2-8x their bytes).
-// (Loading a kernel's first steps of weights before its wait on the kernel before lost on
-// the H200: issued through a ring of steps, the ring's code cost 3.5% on the GLM-5 slice;
-// the loop's first two steps peeled off, 2%; asked of L2, the lines were evicted by a large
-// kernel before. docs/performance.md, 2026-12-03.)
-
+//
+// pre: the caller has not yet waited on the kernel before (pdl_enter); dot_rows_vec waits
+// just before its loop. (Weights never depend on that kernel, but loading the first steps
+// before the wait lost: issued through a ring of steps, the ring's code cost 3.5% on the
+// GLM-5 slice; the loop's first two steps peeled off, 2%; asked of L2, the lines were
+// evicted by a large kernel before. docs/performance.md, 2026-12-03.)
 template <int KIND, int NM, bool NORM>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
-                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub) {
+                                             int lane, const RowNorm& nm, float& ss, int sub, int nsub, bool pre) {
     const int V = Vw<KIND>::n;
     const uint4* wv[NM];
 #pragma unroll
     for (int n = 0; n < NM; n++) wv[n] = (const uint4*)(m[n]->w + (size_t)row[n] * m[n]->ld);
     int nvec = m[0]->cols / V;
-    UNROLL(ROW_UNROLL)
-    for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
-        uint4 q[NM];
-#pragma unroll
-        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+    // One step: the weights q of vector v against x.
+    auto step = [&](int v, const uint4* q) {
         int c = v * V;
         float xv[V];
         const float4* xp = (const float4*)(x + c);
@@ -236,30 +234,43 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             float sc = vec_scale<KIND>(mn, row[n], c);
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
+    };
+    auto load = [&](int v, uint4* q) {
+#pragma unroll
+        for (int n = 0; n < NM; n++) q[n] = __ldg(wv[n] + v);
+    };
+    int stride = 32 * nsub, v = lane + 32 * sub;
+    if (pre) pdl_enter();
+    UNROLL(ROW_UNROLL)
+    for (; v < nvec; v += stride) {
+        uint4 q[NM];
+        load(v, q);
+        step(v, q);
     }
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
-// (warps splitting a row's columns; 0 / 1 for all of them).
+// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's.
 template <int NM, bool NORM = false>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
                                          const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
-                                         int sub = 0, int nsub = 1) {
+                                         int sub = 0, int nsub = 1, bool pre = false) {
     float unused = 0.f;
     float& sq = ss ? *ss : unused;
     // NORM runs on vector rows only (the host checks).
     if (!NORM && !m[0]->vec) {
+        if (pre) pdl_enter();
         const float* xr[1] = {x};
 #pragma unroll
         for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
-    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub); break;
+    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
     }
 }
 
@@ -368,10 +379,11 @@ LINEAR_SMALL(8)
 // 4.3 TB/s needs ~33), so a grid that leaves some SMs one block reads slowly (the 6144
 // outputs of o_proj at four a warp are 192 blocks for 132 SMs). Rows mrow0 + o of m; out
 // and bias indexed by o.
+// pre: the caller has not waited on the kernel before: linear_quad does (pdl_enter; see
+// dot_rows_vec).
 template <bool NORM>
 __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float* x, int nout, float* out, int add,
-                                            const float* bias, int split, int bx, const RowNorm& nm,
-                                            float* keep = nullptr) {
+                                            const float* bias, int split, int bx, const RowNorm& nm, bool pre) {
     __shared__ float red[8][5];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int og = warp / split, sub = warp % split;
@@ -387,7 +399,8 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         acc[k] = 0.f;
     }
     float ss = 0.f;
-    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split);
+    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, pre);
+    else if (pre) pdl_enter();
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
     if (NORM) ss = wsum(ss);
@@ -398,19 +411,16 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
     }
     __syncthreads();
     // Lanes 0..3 of a group's first warp: output o0 + lane.
-    if (live && sub == 0 && lane < 4 && o0 + lane < nout) {
-        float a = 0.f, q = 0.f;
-        for (int s = 0; s < split; s++) {
-            a += red[warp + s][lane];
-            q += red[warp + s][4];
-        }
-        if (NORM) a *= norm_inv(q, m.cols, nm.eps);
-        float* p = out + o0 + lane;
-        float v = a + (bias ? bias[o0 + lane] : 0.f);
-        v = add ? *p + v : v;
-        *p = v;
-        if (keep) keep[og * 4 + lane] = v;
+    if (!live || sub != 0 || lane >= 4 || o0 + lane >= nout) return;
+    float a = 0.f, q = 0.f;
+    for (int s = 0; s < split; s++) {
+        a += red[warp + s][lane];
+        q += red[warp + s][4];
     }
+    if (NORM) a *= norm_inv(q, m.cols, nm.eps);
+    float* p = out + o0 + lane;
+    float v = a + (bias ? bias[o0 + lane] : 0.f);
+    *p = add ? *p + v : v;
 }
 
 // Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
@@ -420,67 +430,20 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 #define QUAD_MINB 3
 #endif
 
-// What a one-row k_linear_quad does with its outputs once the grid's last block has them
-// all (see last_block; `done`: the grid's counter), where a launch of its own would cost
-// its start and its wait. op 1: the outputs RMS-normalised with scale w into `out` (a
-// sublayer's output projection added into the residual, and the residual normalised for
-// the next sublayer). op 2: their greedy pick into pick[0], as k_argmax_rows makes it (the
-// LM head and the greedy sampler): each block leaves the pick among its own outputs in
-// `part` (three words a block), and the last block picks among those.
-struct Then {
-    const float* w;
-    float eps;
-    int op;
-    float* out;
-    u32* pick;
-    u32* part;
-    u32* done;
-};
-
 // linear_quad as a launch of its own; blockIdx.y is the batch (as in linear_small); nw
-// non-null: x RMS-normalised with scale nw on the way in (one unbatched row); then.op
-// (one batch): see Then.
+// non-null: x RMS-normalised with scale nw on the way in (one unbatched row).
 extern "C" __global__ void __launch_bounds__(256, QUAD_MINB)
     k_linear_quad(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout, float* out, int col, int col_bs,
-                  int add, const float* bias, const float* nw, float eps, int split, Then then) {
-    pdl_enter();
+                  int add, const float* bias, const float* nw, float eps, int split) {
+    bool pre = defer_wait(true);
     int b = blockIdx.y;
     const float* xb = x + b * x_bs;
     float* ob = out + col + b * col_bs;
-    // op 2: the block's outputs (up to 32) kept in shared memory as they are stored.
-    __shared__ float kept[32];
-    float* keep = then.op == 2 ? kept : nullptr;
     if (nw)
-        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps}, keep);
+        linear_quad<true>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nw, eps}, pre);
     else
         linear_quad<false>(m, mrow0 + b * mrow_bs, xb, nout, ob, add, bias, split, blockIdx.x, RowNorm{nullptr, 0.f},
-                           keep);
-    if (then.op == 1 && last_block(then.done)) {
-        __shared__ float sh[32];
-        rms_row_l2(ob, then.w, then.eps, then.out, nout, sh);
-    } else if (then.op == 2) {
-        int per = (8 / split) * 4, o0 = blockIdx.x * per;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            Pick p;
-            if ((int)threadIdx.x < per && o0 + (int)threadIdx.x < nout) p.see(kept[threadIdx.x], o0 + threadIdx.x);
-            p.warp();
-            if (threadIdx.x == 0) {
-                u32* q = then.part + 3 * blockIdx.x;
-                q[0] = __float_as_uint(p.best), q[1] = (u32)p.id, q[2] = (u32)p.bad;
-            }
-        }
-        if (last_block(then.done)) {
-            Pick p;
-#pragma unroll 4
-            for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) {
-                const u32* q = then.part + 3 * i;
-                p.merge(__uint_as_float(__ldcg(q)), (int)__ldcg(q + 1), (int)__ldcg(q + 2));
-            }
-            p.block();
-            if (threadIdx.x == 0) then.pick[0] = p.code();
-        }
-    }
+                           pre);
 }
 
 // Several projections of the same row in one launch (a layer's small input projections,
@@ -505,16 +468,16 @@ struct LinJobs {
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
-    pdl_enter();
     int i = 0;
     while (i + 1 < njobs && (int)blockIdx.x >= jobs.j[i + 1].blk0) i++;
     const LinJob& J = jobs.j[i];
     int bx = blockIdx.x - J.blk0;
+    bool pre = defer_wait(J.quad != 0);
     if (J.quad) {
         if (nw)
-            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps});
+            linear_quad<true>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nw, eps}, pre);
         else
-            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f});
+            linear_quad<false>(J.m, 0, x, J.m.rows, J.out, J.add, J.bias, J.split, bx, RowNorm{nullptr, 0.f}, pre);
         return;
     }
     if (nw)
@@ -529,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
 // over the warp, in v.
 template <int N, bool NORM = false>
 __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
-                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}) {
+                                             int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}, bool pre = false) {
     const Mat* mp[N];
     int row[N];
 #pragma unroll
@@ -539,7 +502,7 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
         v[k] = 0.f;
     }
     float ss = 0.f;
-    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss);
+    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss, 0, 1, pre);
     float inv = NORM ? norm_inv(wsum(ss), m.cols, nm.eps) : 1.f;
 #pragma unroll
     for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);

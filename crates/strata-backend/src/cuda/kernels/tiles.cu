@@ -297,10 +297,9 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
 // The block's 8 warps on one task of k_experts_down_row: R rounds of 32 outputs (DOWN_OUTS x
 // 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
 // rounds share its loop (one ring of loads), so a block's start-up (its task, the first
-// loads' latency) is spread over R x 32 outputs. add: outputs added into y, not stored.
+// loads' latency) is spread over R x 32 outputs.
 template <int R>
-__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, int add, I4Shared& sm,
-                                              bool pre) {
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm, bool pre) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
     auto& red = sm.red;
@@ -329,7 +328,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
     if (r < R && o < nout) {
         float s = 0.f;
         for (int w = 0; w < 4; w++) s += red[4 * tl + w][r][i];
-        y[o] = add ? y[o] + s : s;
+        y[o] = s;
     }
 }
 #endif
