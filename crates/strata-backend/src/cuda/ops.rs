@@ -57,6 +57,14 @@ fn quad_blocks() -> usize {
     super::env_count("STRATA_CUDA_QUAD_BLOCKS", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
 }
 
+/// Blocks an SM that the split of a vector-row projection in a grouped `k_linears_1`
+/// launch aims for: `quad_blocks()`, or `STRATA_CUDA_GROUP_BLOCKS` (1 to 8, for
+/// comparisons; that kernel runs three blocks an SM, LINEARS_MINB).
+fn group_blocks() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    super::env_count("STRATA_CUDA_GROUP_BLOCKS", &CELL, quad_blocks(), |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -229,7 +237,7 @@ impl CudaBackend {
             // Four outputs a group of warps for vector rows (see `linear_quad`).
             let quad = quad_on() && l.m.vec != 0;
             let split = match quad {
-                true => self.quad_split(l.nout.div_ceil(4), 1),
+                true => self.split_for(l.nout.div_ceil(4), 1, group_blocks()),
                 false => self.small_split(l.nout, 1),
             } as i32;
             let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
