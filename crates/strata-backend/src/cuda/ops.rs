@@ -65,6 +65,19 @@ fn group_blocks() -> usize {
     super::env_count("STRATA_CUDA_GROUP_BLOCKS", &CELL, quad_blocks(), |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
 }
 
+/// Blocks an SM that a batched `linear_quad`'s split aims for (MLA's per-head value
+/// projections): `quad_blocks()`, or `STRATA_CUDA_BATCHED_BLOCKS` (1 to 8, for comparisons).
+fn batched_blocks() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    super::env_count(
+        "STRATA_CUDA_BATCHED_BLOCKS",
+        &CELL,
+        quad_blocks(),
+        |n| (1..=8).contains(&n),
+        "1 to 8 blocks an SM",
+    )
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -190,7 +203,7 @@ impl CudaBackend {
     /// blocks of twice the columns, decoded the bf16 slice 1% slower: 1500 against 1513
     /// tok/s, H200, 2026-12-02.)
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        self.split_for(groups, batches, quad_blocks())
+        self.split_for(groups, batches, if batches > 1 { batched_blocks() } else { quad_blocks() })
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
