@@ -57,27 +57,6 @@ fn quad_blocks() -> usize {
     super::env_count("STRATA_CUDA_QUAD_BLOCKS", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
 }
 
-/// Blocks an SM that the split of a vector-row projection in a grouped `k_linears_1`
-/// launch aims for: `quad_blocks()`, or `STRATA_CUDA_GROUP_BLOCKS` (1 to 8, for
-/// comparisons; that kernel runs three blocks an SM, LINEARS_MINB).
-fn group_blocks() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    super::env_count("STRATA_CUDA_GROUP_BLOCKS", &CELL, quad_blocks(), |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
-}
-
-/// Blocks an SM that a batched `linear_quad`'s split aims for (MLA's per-head value
-/// projections): `quad_blocks()`, or `STRATA_CUDA_BATCHED_BLOCKS` (1 to 8, for comparisons).
-fn batched_blocks() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    super::env_count(
-        "STRATA_CUDA_BATCHED_BLOCKS",
-        &CELL,
-        quad_blocks(),
-        |n| (1..=8).contains(&n),
-        "1 to 8 blocks an SM",
-    )
-}
-
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -201,9 +180,10 @@ impl CudaBackend {
     /// blocks an SM (two waves of two), so that no SM is left with one block's loads in
     /// flight. (Three an SM, which would give the per-head value projections half as many
     /// blocks of twice the columns, decoded the bf16 slice 1% slower: 1500 against 1513
-    /// tok/s, H200, 2026-12-02.)
+    /// tok/s, H200, 2026-12-02; three for the value projections alone, or for the grouped
+    /// small projections of `k_linears_1` alone, level: 2026-12-03.)
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        self.split_for(groups, batches, if batches > 1 { batched_blocks() } else { quad_blocks() })
+        self.split_for(groups, batches, quad_blocks())
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
@@ -250,7 +230,7 @@ impl CudaBackend {
             // Four outputs a group of warps for vector rows (see `linear_quad`).
             let quad = quad_on() && l.m.vec != 0;
             let split = match quad {
-                true => self.split_for(l.nout.div_ceil(4), 1, group_blocks()),
+                true => self.quad_split(l.nout.div_ceil(4), 1),
                 false => self.small_split(l.nout, 1),
             } as i32;
             let (out, bias, add) = (l.out + 4 * l.col as u64, l.bias, l.add as i32);
