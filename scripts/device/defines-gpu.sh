@@ -50,7 +50,8 @@ variant() {  # sets up variant $1: STRATA_CUDA_DEFINES, setenv, or (BIN=NAME) th
     STRATA_*) setenv=(${1//,/ }) ;;
     BIN=*)
       bin=$C/${1#BIN=}
-      [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin" ;;
+      [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin"
+      [ -x "$bin" ] || { echo "variant $1: no binary $bin (nor $bin.xz)" >&2; exit 1; } ;;
     *) export STRATA_CUDA_DEFINES="${1//,/ }" ;;
   esac
 }
