@@ -9,7 +9,8 @@
 # expert-bandwidth test (BANDWIDTH=0 skips it) and on decode of the GLM-5-shaped slices
 # (bf16, int4 experts, full vocabulary), after the CUDA tests at the defaults (TESTS=0
 # skips them). Binaries in .devcarry/ (see env.sh). Writes $OUT/tests.log,
-# $OUT/defines.jsonl, $OUT/bandwidth-*.log, $OUT/side.log.
+# $OUT/defines.jsonl, $OUT/bandwidth-*.log, $OUT/side.log. PROMPT / DECODE: the tokens of
+# the prompt and of the decode (64 and 128).
 set -uo pipefail
 STALL_S=60
 . "$(dirname "$0")/env.sh"
@@ -72,7 +73,7 @@ for rep in $(seq 1 ${REPS:-2}); do
       "$slice-fp8 fp8" "$slice-fp8-int4 fp8-int4-g64"; do
       set -- $d
       [[ " $SLICES " == *" $2 "* ]] || continue
-      env "${setenv[@]}" timeout 120 $bin bench decode --model "$1" --device cuda --prompt-tokens 64 --decode-tokens 128 \
+      env "${setenv[@]}" timeout 120 $bin bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} --decode-tokens ${DECODE:-128} \
         --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),

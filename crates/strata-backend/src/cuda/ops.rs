@@ -57,6 +57,13 @@ fn quad_blocks() -> usize {
     super::env_count("STRATA_CUDA_QUAD_BLOCKS", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
 }
 
+/// bf16 parts of x in a cuBLAS bf16 product: 3 (hi + mid + lo, exact), or
+/// `STRATA_CUDA_GEMM_PARTS` = 1 or 2 (x rounded to 8 or 16 bits: for comparisons).
+fn gemm_parts() -> usize {
+    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    super::env_count("STRATA_CUDA_GEMM_PARTS", &CELL, 3, |n| (1..=3).contains(&n), "1, 2 or 3 parts")
+}
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -379,7 +386,7 @@ impl CudaBackend {
                     )
                 };
                 let mut s = run(hi, &beta);
-                for part in [mid, lo] {
+                for &part in [mid, lo].iter().take(gemm_parts() - 1) {
                     if s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                         s = run(part, &one);
                     }
