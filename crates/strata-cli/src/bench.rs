@@ -98,7 +98,8 @@ pub struct DecodeArgs {
     /// Record every routing decision to this file (for `strata replay`).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// Time each op of the decode steps (per-stage breakdown).
+    /// Time each op of the prompt's forward and of the decode steps (per-stage breakdown;
+    /// a device backend then waits for each op).
     #[arg(long)]
     profile: bool,
     /// Run the prompt and two decode steps once, untimed, before the timed run (on CUDA
@@ -263,9 +264,11 @@ fn decode(a: DecodeArgs) -> Result<()> {
         gen.disable_draft();
     }
     gen.set_fed_decoding(fed);
+    strata_backend::profile::enable(a.profile);
     let t0 = Instant::now();
     gen.prefill(&prompt)?;
     let prefill_s = t0.elapsed().as_secs_f64();
+    let prefill_profile = strata_backend::profile::report();
     // Expert traffic of the prefill, so the decode's can be told apart.
     let prefill_experts = m.experts.as_ref().map(|e| e.end_turn()).transpose()?;
     let prefill_draft = m.draft_experts.as_ref().map(|e| e.end_turn()).transpose()?;
@@ -430,13 +433,23 @@ fn decode(a: DecodeArgs) -> Result<()> {
             .collect::<serde_json::Map<_, _>>()
             .into();
         report["profile_unaccounted_ms_per_token"] = ((decode_s - total) / steps * 1e3).into();
+        // The prompt's forward as a whole, in ms.
+        let total: f64 = prefill_profile.iter().map(|p| p.1).sum();
+        report["profile_prefill_ms"] = prefill_profile
+            .iter()
+            .filter(|p| p.2 > 0)
+            .map(|(op, secs, calls)| (op.name().to_string(), serde_json::json!({"ms": secs * 1e3, "calls": *calls})))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        report["profile_prefill_unaccounted_ms"] = ((prefill_s - total) * 1e3).into();
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for (k, v) in report.as_object().unwrap() {
-            if k == "profile_ms_per_token" {
-                println!("per-stage time of a decode token:");
+            if k == "profile_ms_per_token" || k == "profile_prefill_ms" {
+                let what = if k == "profile_ms_per_token" { "a decode token" } else { "the prompt" };
+                println!("per-stage time of {what}:");
                 for (op, x) in v.as_object().unwrap() {
                     println!(
                         "  {op:<52} {:>8.4} ms  {:>6.1} calls",
