@@ -227,6 +227,7 @@ struct Funcs {
     /// One row, 16-byte weight loads, by encoding (`k_mla_absorb_row_<kind>`).
     mla_absorb_row: [CudaFunction; 5],
     mla_attend: Vec<(usize, CudaFunction)>,
+    mla_attend_tiles: CudaFunction,
     dsa_prepare: CudaFunction,
     dsa_scores: CudaFunction,
     dsa_topk: CudaFunction,
@@ -283,6 +284,7 @@ impl Funcs {
                 f("k_mla_absorb_row_4")?,
             ],
             mla_attend: js("k_mla_attend_", &[1, 2, 4, 8, 12, 18, 24, 32])?,
+            mla_attend_tiles: f("k_mla_attend_tiles")?,
             dsa_prepare: f("k_dsa_prepare")?,
             dsa_scores: f("k_dsa_scores")?,
             dsa_topk: f("k_dsa_topk")?,
@@ -319,6 +321,8 @@ pub struct CudaBackend {
     sms: usize,
     /// Tensor-core mma (sm_80 on): the expert tiles.
     mma: bool,
+    /// Dynamic shared memory `k_mla_attend_tiles` may take (bytes; opted in at load).
+    attend_smem: usize,
     state: Mutex<State>,
     queue: Arc<queue::LaunchQueue>,
 }
@@ -415,6 +419,18 @@ impl CudaBackend {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| anyhow!("{e}"))? as usize;
         let mem = ctx.total_mem().map_err(|e| anyhow!("{e}"))?;
+        // Beyond 48 KB a kernel's dynamic shared memory must be opted into; the tiled
+        // attention's static part (a tile's slots) stays under 1 KB.
+        let optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| anyhow!("{e}"))? as usize;
+        let attend_smem = optin.saturating_sub(1024);
+        f.mla_attend_tiles
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attend_smem as i32,
+            )
+            .map_err(|e| anyhow!("cuda:{ordinal}: k_mla_attend_tiles shared memory: {e}"))?;
         let dev_name = ctx.name().unwrap_or_else(|_| "GPU".into());
         let name = format!(
             "cuda:{ordinal} ({dev_name}, {sms} SMs, sm_{}{}, {:.0} GiB{})",
@@ -444,6 +460,7 @@ impl CudaBackend {
             name,
             sms,
             mma: cc.0 >= 8,
+            attend_smem,
             state: Mutex::new(State {
                 readback: None,
                 reads: Default::default(),

@@ -64,6 +64,22 @@ fn gemm_parts() -> usize {
     super::env_count("STRATA_CUDA_GEMM_PARTS", &CELL, 3, |n| (1..=3).contains(&n), "1, 2 or 3 parts")
 }
 
+/// `STRATA_CUDA_ATTEND_TILES=0`: every row's MLA attention takes the one-row kernel
+/// (`k_mla_attend_J`), not the tiled one from ATTEND_TILE_ROWS rows.
+fn attend_tiles_on() -> bool {
+    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("STRATA_CUDA_ATTEND_TILES", &CELL)
+}
+
+/// Rows from which a step's MLA attention takes `k_mla_attend_tiles` (a block per row and
+/// 16 heads, each tile of 32 keys staged once for them): prompts and large batches. A
+/// decode row keeps `k_mla_attend_J` (a block per row and head, positions over 4 warps),
+/// which spreads one row over the device.
+const ATTEND_TILE_ROWS: usize = 16;
+/// Heads and positions a `k_mla_attend_tiles` block takes (`ATT_HB`, `ATT_TP`).
+const ATT_HB: usize = 16;
+const ATT_TP: usize = 32;
+
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
     let need = n.div_ceil(32).max(1);
@@ -516,13 +532,33 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
         (a.q_full.ptr(), a.cache.ptr(), a.selected.ptr(), a.counts.ptr(), a.latent_out.ptr());
     let (topk, heads, kvl, kwi, scale, rows_i) =
         (a.topk as i32, d.heads as i32, d.kv_lora as i32, kw as i32, d.scale, rows as i32);
-    b.launch(
-        pick(&b.f.mla_attend, kw),
-        (rows as u32, d.heads as u32, 1),
-        128,
-        0,
-        &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
-    );
+    // Shared memory of the tiled kernel: Q of its heads and a tile of keys, rows of kw
+    // rounded to an odd count of float4s; the tile's weights, corrections and sums.
+    let kwp = ((kw / 4) | 1) * 4;
+    let smem = ((ATT_HB + ATT_TP) * kwp + ATT_HB * ATT_TP + 2 * ATT_HB) * 4;
+    let tiles = rows >= ATTEND_TILE_ROWS
+        && attend_tiles_on()
+        && kw.is_multiple_of(4)
+        && d.kv_lora.is_multiple_of(4)
+        && d.kv_lora <= 512
+        && smem <= b.attend_smem;
+    if tiles {
+        b.launch(
+            &b.f.mla_attend_tiles,
+            (rows as u32, d.heads.div_ceil(ATT_HB) as u32, 1),
+            128,
+            smem as u32,
+            &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
+        );
+    } else {
+        b.launch(
+            pick(&b.f.mla_attend, kw),
+            (rows as u32, d.heads as u32, 1),
+            128,
+            0,
+            &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
+        );
+    }
     // Each head's value projection: out[r, h*v + o] = W_uv(h)[o] . lat[h, r].
     let l = Lin {
         m: a.kv_b.desc,

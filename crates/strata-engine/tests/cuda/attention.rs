@@ -68,15 +68,24 @@ pub(crate) fn cuda_mla_absorb_and_attend_match_cpu_on<G: Backend>(g: &G) {
     // (dims, encodings, absolute tolerance: the value projections sum kv_lora terms, and
     // with many rows cuBLAS's bf16 products accumulate in another order, so a small output
     // that cancels is off by ~eps times the sum of |terms|)
+    // Two groups of 16 heads (the second partial) for the tiled many-row kernel.
+    let wide = MlaDims { heads: 20, nope: 16, rope: 8, v: 24, kv_lora: 64, scale: 0.1 };
     let cases = [
         (small, vec![QuantKind::F32, QuantKind::Bf16, fp8(8), QuantKind::Int8Row], 2e-6),
         (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }], 2e-5),
+        (wide, vec![QuantKind::Bf16], 2e-6),
     ];
-    let topk = 6;
     for (d, kind, atol) in cases.iter().flat_map(|(d, kinds, atol)| kinds.iter().map(move |k| (*d, *k, *atol))) {
         let kw = d.key_width();
-        for (step, slots) in steps(&mut rng) {
+        // Beside the decode-like and short prefill steps, a long one: 48 rows of two
+        // sequences seeing up to 100 positions (tiles of 32 keys, the last partial), its
+        // sparse rows selecting up to 40.
+        let long: Vec<(u32, u32)> = (60..100).map(|p| (0, p)).chain((0..8).map(|p| (1, p))).collect();
+        let mut all = steps(&mut rng);
+        all.push(make_step(&mut rng, &long, 64));
+        for (step, slots) in all {
             let rows = step.rows();
+            let topk = if rows >= 40 { 40 } else { 6 };
             let (kvb, _) = hostmat(&mut rng, kind, d.heads * (d.nope + d.v), d.kv_lora, 0.5);
             let kvb = kvb.with_row_scales();
             let q = rvec(&mut rng, rows * d.heads * (d.nope + d.rope), 1.0);

@@ -324,6 +324,137 @@ MLA_ATTEND(18)
 MLA_ATTEND(24)
 MLA_ATTEND(32)
 
+// Attention of many rows (a prompt): MLA's heads share one latent key and value, so a
+// block takes row blockIdx.x's heads ATT_HB * blockIdx.y .. + ATT_HB together and stages
+// each tile of ATT_TP positions (selected or visible) once in shared memory for all of
+// them, where the one-row kernel above has every (row, head) read every key from L2 (a
+// 512-token prompt of GLM-5's shapes: ~19 GB of L2 reads a layer, 2.2 ms). 128 threads:
+// warp w scores heads 4w .. 4w + 3 against position `lane` (d ascending); softmax online
+// per tile; thread t sums values for heads 8 (t / 64) .. + 8 over latent columns
+// 4 (t % 64) .. + 4 and 256 + 4 (t % 64) .. + 4, positions ascending. Needs kw and kv_lora
+// multiples of 4, kv_lora <= 512; dynamic shared memory (ATT_HB + ATT_TP) * kwp +
+// ATT_HB * ATT_TP + 2 * ATT_HB floats, kwp = kw rounded to an odd count of float4s (rows
+// of K then fall in distinct banks).
+#define ATT_HB 16
+#define ATT_TP 32
+
+__device__ __forceinline__ float4 fma4(float a, float4 b, float4 c) {
+    return make_float4(fmaf(a, b.x, c.x), fmaf(a, b.y, c.y), fmaf(a, b.z, c.z), fmaf(a, b.w, c.w));
+}
+
+__device__ __forceinline__ float4 mul4(float4 a, float b) { return make_float4(a.x * b, a.y * b, a.z * b, a.w * b); }
+
+__device__ __forceinline__ float lane4(float4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+extern "C" __global__ void __launch_bounds__(128, 2)
+    k_mla_attend_tiles(StepDev st, const float* qf, const float* cache, int sparse, const u32* sel, const u32* cnt,
+                       int topk, int heads, int kv_lora, int kw, float scale, float* lat, int rows) {
+    extern __shared__ float4 att_smem[];
+    __shared__ int slots[ATT_TP];
+    const int kw4 = kw >> 2, kwp = (kw4 | 1) << 2;
+    float* Qs = (float*)att_smem;
+    float* Ks = Qs + ATT_HB * kwp;
+    float* Ps = Ks + ATT_TP * kwp;
+    float* Cs = Ps + ATT_HB * ATT_TP;
+    float* Ls = Cs + ATT_HB;
+    const int r = blockIdx.x, h0 = blockIdx.y * ATT_HB, t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    pdl_enter();
+    for (int i = t; i < ATT_HB * kw4; i += 128) {
+        int h = i / kw4, c = i - h * kw4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (h0 + h < heads) v = ((const float4*)(qf + ((i64)r * heads + h0 + h) * kw))[c];
+        ((float4*)(Qs + h * kwp))[c] = v;
+    }
+    const int n = sparse ? (int)cnt[r] : visible(st, r);
+    float m[4], l[4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) m[a] = NEG_INF, l[a] = 0.f;
+    const int hg = t >> 6, dg = t & 63;
+    const bool lo = 4 * dg < kv_lora, hi = 256 + 4 * dg < kv_lora;
+    float4 o[8][2];
+#pragma unroll
+    for (int a = 0; a < 8; a++) o[a][0] = o[a][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int base = 0; base < n; base += ATT_TP) {
+        const int tn = min(ATT_TP, n - base);
+        __syncthreads();  // the tile before is read
+        if (t < tn) {
+            int i = base + t;
+            slots[t] = kv_slot(st, r, sparse ? (int)sel[(i64)r * topk + i] : i);
+        }
+        __syncthreads();
+        for (int i = t; i < ATT_TP * kw4; i += 128) {
+            int j = i / kw4, c = i - j * kw4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j < tn) v = ((const float4*)(cache + (i64)slots[j] * kw))[c];
+            ((float4*)(Ks + j * kwp))[c] = v;
+        }
+        __syncthreads();
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        const float4* kr = (const float4*)(Ks + lane * kwp);
+        const float* qw = Qs + 4 * warp * kwp;
+        for (int c = 0; c < kw4; c++) {
+            float4 k = kr[c];
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                float4 q = ((const float4*)(qw + a * kwp))[c];
+                s[a] = fmaf(q.x, k.x, s[a]);
+                s[a] = fmaf(q.y, k.y, s[a]);
+                s[a] = fmaf(q.z, k.z, s[a]);
+                s[a] = fmaf(q.w, k.w, s[a]);
+            }
+        }
+        const bool valid = lane < tn;
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            float x = valid ? s[a] * scale : NEG_INF;
+            float mn = fmaxf(m[a], wmax(x));
+            float corr = expf(m[a] - mn), e = valid ? expf(x - mn) : 0.f;
+            l[a] = l[a] * corr + wsum(e);
+            m[a] = mn;
+            Ps[(4 * warp + a) * ATT_TP + lane] = e;
+            if (lane == 0) Cs[4 * warp + a] = corr;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < 8; a++) {
+            float c = Cs[8 * hg + a];
+            o[a][0] = mul4(o[a][0], c);
+            o[a][1] = mul4(o[a][1], c);
+        }
+        for (int j = 0; j < tn; j += 4) {
+            float4 p[8];
+#pragma unroll
+            for (int a = 0; a < 8; a++) p[a] = ((const float4*)(Ps + (8 * hg + a) * ATT_TP))[j >> 2];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                const float4* vr = (const float4*)(Ks + (j + jj) * kwp);
+                float4 v0 = lo ? vr[dg] : make_float4(0.f, 0.f, 0.f, 0.f);
+                float4 v1 = hi ? vr[64 + dg] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int a = 0; a < 8; a++) {
+                    float w = lane4(p[a], jj);
+                    o[a][0] = fma4(w, v0, o[a][0]);
+                    o[a][1] = fma4(w, v1, o[a][1]);
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int a = 0; a < 4; a++) Ls[4 * warp + a] = l[a];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 8; a++) {
+        int h = h0 + 8 * hg + a;
+        if (h >= heads) continue;
+        float inv = 1.0f / Ls[8 * hg + a];
+        float* out = lat + ((i64)h * rows + r) * kv_lora;
+        if (lo) ((float4*)out)[dg] = mul4(o[a][0], inv);
+        if (hi) ((float4*)out)[64 + dg] = mul4(o[a][1], inv);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The lightning indexer.
 
