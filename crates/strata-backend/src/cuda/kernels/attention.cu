@@ -329,7 +329,8 @@ MLA_ATTEND(32)
 // each tile of ATT_TP positions (selected or visible) once in shared memory for all of
 // them, where the one-row kernel above has every (row, head) read every key from L2 (a
 // 512-token prompt of GLM-5's shapes: ~19 GB of L2 reads a layer, 2.2 ms). 128 threads:
-// warp w scores heads 4w .. 4w + 3 against position `lane` (d ascending); softmax online
+// warp w scores heads 4w .. 4w + 3 against position `lane` (four sums over the columns
+// of each residue mod 4, ascending, then added pairwise); softmax online
 // per tile; thread t sums values for heads 8 (t / 64) .. + 8 over latent columns
 // 4 (t % 64) .. + 4 and 256 + 4 (t % 64) .. + 4, positions ascending. Needs kw and kv_lora
 // multiples of 4, kv_lora <= 512; dynamic shared memory (ATT_HB + ATT_TP) * kwp +
@@ -389,24 +390,28 @@ extern "C" __global__ void __launch_bounds__(128, 2)
             ((float4*)(Ks + j * kwp))[c] = v;
         }
         __syncthreads();
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        // Four sums a score (columns 4c + i), for independent chains of fmas.
+        float4 s4[4];
+#pragma unroll
+        for (int a = 0; a < 4; a++) s4[a] = make_float4(0.f, 0.f, 0.f, 0.f);
         const float4* kr = (const float4*)(Ks + lane * kwp);
         const float* qw = Qs + 4 * warp * kwp;
+#pragma unroll 2
         for (int c = 0; c < kw4; c++) {
             float4 k = kr[c];
 #pragma unroll
             for (int a = 0; a < 4; a++) {
                 float4 q = ((const float4*)(qw + a * kwp))[c];
-                s[a] = fmaf(q.x, k.x, s[a]);
-                s[a] = fmaf(q.y, k.y, s[a]);
-                s[a] = fmaf(q.z, k.z, s[a]);
-                s[a] = fmaf(q.w, k.w, s[a]);
+                s4[a].x = fmaf(q.x, k.x, s4[a].x);
+                s4[a].y = fmaf(q.y, k.y, s4[a].y);
+                s4[a].z = fmaf(q.z, k.z, s4[a].z);
+                s4[a].w = fmaf(q.w, k.w, s4[a].w);
             }
         }
         const bool valid = lane < tn;
 #pragma unroll
         for (int a = 0; a < 4; a++) {
-            float x = valid ? s[a] * scale : NEG_INF;
+            float x = valid ? ((s4[a].x + s4[a].y) + (s4[a].z + s4[a].w)) * scale : NEG_INF;
             float mn = fmaxf(m[a], wmax(x));
             float corr = expf(m[a] - mn), e = valid ? expf(x - mn) : 0.f;
             l[a] = l[a] * corr + wsum(e);
