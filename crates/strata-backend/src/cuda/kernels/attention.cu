@@ -347,6 +347,27 @@ __device__ __forceinline__ float4 mul4(float4 a, float b) { return make_float4(a
 
 __device__ __forceinline__ float lane4(float4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+// 16 bytes from global to shared memory (zeros where !ok; src must still be a valid
+// address): asynchronous on sm_80 on, so a thread's copies of a whole tile are in flight
+// together (a load and a store each took one L2 round trip at a time); cp_wait() then
+// waits for this thread's.
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool ok) {
+#if __CUDA_ARCH__ >= 800
+    unsigned long long g;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)g), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+#else
+    *(float4*)dst = ok ? *(const float4*)src : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+}
+
+__device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(128, 2)
     k_mla_attend_tiles(StepDev st, const float* qf, const float* cache, int sparse, const u32* sel, const u32* cnt,
                        int topk, int heads, int kv_lora, int kw, float scale, float* lat, int rows) {
@@ -362,9 +383,8 @@ extern "C" __global__ void __launch_bounds__(128, 2)
     pdl_enter();
     for (int i = t; i < ATT_HB * kw4; i += 128) {
         int h = i / kw4, c = i - h * kw4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (h0 + h < heads) v = ((const float4*)(qf + ((i64)r * heads + h0 + h) * kw))[c];
-        ((float4*)(Qs + h * kwp))[c] = v;
+        bool ok = h0 + h < heads;
+        cp16((float4*)(Qs + h * kwp) + c, ok ? (const float4*)(qf + ((i64)r * heads + h0 + h) * kw) + c : (const float4*)qf, ok);
     }
     const int n = sparse ? (int)cnt[r] : visible(st, r);
     float m[4], l[4];
@@ -385,10 +405,10 @@ extern "C" __global__ void __launch_bounds__(128, 2)
         __syncthreads();
         for (int i = t; i < ATT_TP * kw4; i += 128) {
             int j = i / kw4, c = i - j * kw4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (j < tn) v = ((const float4*)(cache + (i64)slots[j] * kw))[c];
-            ((float4*)(Ks + j * kwp))[c] = v;
+            bool ok = j < tn;
+            cp16((float4*)(Ks + j * kwp) + c, ok ? (const float4*)(cache + (i64)slots[j] * kw) + c : (const float4*)cache, ok);
         }
+        cp_wait();
         __syncthreads();
         // Four sums a score (columns 4c + i), for independent chains of fmas.
         float4 s4[4];
@@ -444,6 +464,7 @@ extern "C" __global__ void __launch_bounds__(128, 2)
             }
         }
     }
+    cp_wait();  // (a row with no positions never waited for its queries)
     if (lane == 0) {
 #pragma unroll
         for (int a = 0; a < 4; a++) Ls[4 * warp + a] = l[a];
