@@ -344,6 +344,13 @@ pub struct MlaAttend<'a, B: Backend> {
     pub out: &'a mut B::Buf,
 }
 
+/// Prompt rows a forward takes at most on the CPU (see [`Backend::prefill_chunk`]).
+pub const PREFILL_CHUNK: usize = 256;
+/// The same on CUDA: twice the CPU's. A chunk's routed experts are read once a chunk,
+/// whatever their rows (up to a tile's 32), and a 256-row chunk puts ~8 rows on each of
+/// GLM-5's 256 experts; 512 rows is also llama.cpp's default micro-batch.
+pub const CUDA_PREFILL_CHUNK: usize = 512;
+
 /// A compute device.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// f32 values in device memory.
@@ -364,6 +371,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// "cpu (16 threads, avx512f)" and the like.
     fn describe(&self) -> String;
+    /// Rows a prompt's forward takes at most: prompts are prefilled in chunks of this many
+    /// (a bound on activation memory that the residency plan counts).
+    fn prefill_chunk(&self) -> usize {
+        PREFILL_CHUNK
+    }
     /// Threads (CPU) or streaming multiprocessors working on one op: sizes workspaces.
     fn parallelism(&self) -> usize;
     /// Sizes the backend's own per-thread scratch for attention over up to `attended`

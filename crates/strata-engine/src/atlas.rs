@@ -4,7 +4,6 @@
 //! auto-pin's, chosen from an atlas for a topic mix.
 
 use crate::fit::{fit_dir, FitOptions};
-use crate::generate::PREFILL_CHUNK;
 use crate::model_dir::{display_name, LoadOptions, LoadedModel};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::Message;
@@ -73,7 +72,7 @@ pub fn run_prompt(m: &LoadedModel, category: &str, index: usize, text: &str, opt
     }
     let mut counter = RunCounter::new();
     let mut buf = Vec::new();
-    let chunk = PREFILL_CHUNK.min(context);
+    let chunk = m.model.prefill_chunk().min(context);
     let mut done = 0;
     while done < ids.len() {
         let end = (done + chunk).min(ids.len());

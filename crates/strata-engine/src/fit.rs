@@ -68,17 +68,19 @@ pub struct Fit {
     pub streamed: bool,
 }
 
-/// The fixed line items: resident weights as held, KV for `context`, transients, reserve;
-/// with `draft`, the draft (MTP) layer's weights, KV and expert slab.
+/// The fixed line items: resident weights as held, KV for `context`, transients (a prompt
+/// chunk of `chunk` rows), reserve; with `draft`, the draft (MTP) layer's weights, KV and
+/// expert slab.
 pub fn fixed_items(
     dir: &Path,
     arch: &dyn Arch,
     store: &WeightStore,
     context: usize,
+    chunk: usize,
     draft: bool,
 ) -> Result<Vec<FitItem>> {
     let map = arch.weight_map();
-    let chunk = crate::generate::PREFILL_CHUNK.min(context.max(1));
+    let chunk = chunk.min(context.max(1));
     let mut items = vec![
         FitItem::new("resident weights (as held: stored precision)", map.resident_held_bytes(store, false)),
         FitItem::new(format!("KV cache ({context} positions)"), arch.kv_bytes(context, chunk)),
@@ -117,7 +119,7 @@ fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64
 pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
     let items = match opts.host_tier_only {
         true => host_tier_items(arch, store),
-        false => fixed_items(dir, arch, store, opts.context, opts.draft)?,
+        false => fixed_items(dir, arch, store, opts.context, strata_backend::PREFILL_CHUNK, opts.draft)?,
     };
     plan_items(dir, arch, store, opts, items, false)
 }
@@ -152,7 +154,7 @@ pub fn fit_gpu(
     opts: &FitOptions,
     gpu_budget: Option<u64>,
 ) -> Result<Fit> {
-    let mut items = fixed_items(dir, arch, store, opts.context, opts.draft)?;
+    let mut items = fixed_items(dir, arch, store, opts.context, strata_backend::CUDA_PREFILL_CHUNK, opts.draft)?;
     for item in &mut items {
         if item.bytes == RUNTIME_RESERVE && item.name.starts_with("runtime reserve") {
             *item = FitItem::new("CUDA reserve (cuBLAS workspace, kernel scratch, step tables)", CUDA_RESERVE);

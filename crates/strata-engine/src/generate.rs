@@ -76,9 +76,10 @@ pub struct GenerationOutput {
     pub stats: GenerationStats,
 }
 
-/// Prompts are prefilled in forwards of at most this many tokens: a bound on
-/// activation memory that the residency plan counts.
-pub const PREFILL_CHUNK: usize = 256;
+/// Prompts are prefilled in forwards of at most this many tokens on the CPU (a bound on
+/// activation memory that the residency plan counts); a model's own is
+/// `Model::prefill_chunk` (twice as many on CUDA).
+pub const PREFILL_CHUNK: usize = strata_backend::PREFILL_CHUNK;
 
 /// One sequence on a session plus the tokens its cache holds, so a later prompt that
 /// extends an earlier conversation reuses the cached prefix (multi-turn chat).
@@ -251,7 +252,8 @@ impl<'m> Generator<'m> {
     /// A generator with room for `context` positions (capped by the model's context).
     pub fn new(model: &'m dyn Model, context: usize) -> Result<Self> {
         let context = context.min(model.info().max_context).max(1);
-        let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
+        let chunk = model.prefill_chunk().min(context);
+        let mut session = model.new_session(SessionOptions::single(context, chunk))?;
         session.record_routes(false);
         let seq = session.add_sequence()?;
         let h = model.info().hidden_size;
@@ -265,7 +267,7 @@ impl<'m> Generator<'m> {
             logits: Vec::with_capacity(model.info().vocab_size),
             trace: None,
             h_last: vec![0.0; h],
-            hbuf: Vec::with_capacity(PREFILL_CHUNK.min(context) * h),
+            hbuf: Vec::with_capacity(chunk * h),
             fed_decoding: None,
             picks: Vec::with_capacity(1),
         })

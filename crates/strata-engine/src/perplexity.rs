@@ -7,7 +7,6 @@
 //! past. Each window runs from a fresh cache, in forwards of at most one prefill chunk,
 //! and only the forwards holding scored positions return logits.
 
-use crate::generate::PREFILL_CHUNK;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::time::Instant;
@@ -89,7 +88,7 @@ impl<'m> Runner<'m> {
         if context > model.info().max_context {
             bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
         }
-        let mut session = model.new_session(SessionOptions::single(context, PREFILL_CHUNK.min(context)))?;
+        let mut session = model.new_session(SessionOptions::single(context, model.prefill_chunk().min(context)))?;
         session.record_routes(false);
         let seq = session.add_sequence()?;
         Ok(Self { session, seq, batch: Batch::new(), vocab: model.info().vocab_size })

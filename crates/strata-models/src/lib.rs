@@ -71,6 +71,8 @@ pub trait Model: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// The device it runs on, for reports ("cpu (16 threads, avx512f)").
     fn device(&self) -> String;
+    /// Prompt rows a forward takes at most on its device (`Backend::prefill_chunk`).
+    fn prefill_chunk(&self) -> usize;
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>>;
     /// The vision tower, for a model that runs one.
     fn vision(&self) -> Option<&dyn media::Vision> {

@@ -20,6 +20,10 @@ impl Backend for CudaBackend {
         self.name.clone()
     }
 
+    fn prefill_chunk(&self) -> usize {
+        crate::CUDA_PREFILL_CHUNK
+    }
+
     fn parallelism(&self) -> usize {
         self.sms
     }

@@ -59,6 +59,10 @@ impl<B: Backend> Model for Gemma4<B> {
         self.b.describe()
     }
 
+    fn prefill_chunk(&self) -> usize {
+        self.b.prefill_chunk()
+    }
+
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>> {
         Ok(Box::new(Gemma4Session::new(self, opts)?))
     }

@@ -61,6 +61,10 @@ impl<B: Backend> Model for Glm<B> {
         self.b.describe()
     }
 
+    fn prefill_chunk(&self) -> usize {
+        self.b.prefill_chunk()
+    }
+
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>> {
         Ok(Box::new(GlmSession::new(self, opts)?))
     }
