@@ -76,11 +76,9 @@ fn attend_tiles_on() -> bool {
 /// decode row keeps `k_mla_attend_J` (a block per row and head, positions over 4 warps),
 /// which spreads one row over the device.
 const ATTEND_TILE_ROWS: usize = 16;
-/// Heads and positions a `k_mla_attend_tiles` block takes (`ATT_HB`, `ATT_TP`), and the
-/// widest key its lanes hold queries for (128 `ATT_QC` columns).
+/// Heads and positions a `k_mla_attend_tiles` block takes (`ATT_HB`, `ATT_TP`).
 const ATT_HB: usize = 16;
 const ATT_TP: usize = 32;
-const ATT_KW: usize = 640;
 
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
@@ -541,7 +539,6 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
     let tiles = rows >= ATTEND_TILE_ROWS
         && attend_tiles_on()
         && kw.is_multiple_of(4)
-        && kw <= ATT_KW
         && d.kv_lora.is_multiple_of(4)
         && d.kv_lora <= 512
         && smem <= b.attend_smem;

@@ -338,14 +338,6 @@ MLA_ATTEND(32)
 // of K then fall in distinct banks).
 #define ATT_HB 16
 #define ATT_TP 32
-// ATT_S=1: a warp's scores from queries held in registers (lane l: columns 4 (32 k + l) ..
-// + 4 of its 4 heads, k < ATT_QC), each key's float4s read once a warp and the lanes' sums
-// reduced across the warp (reduce8); ATT_S=0: every score summed by one lane from shared
-// memory (4 heads' float4s and a key's a step: twice the shared-memory traffic per fma).
-#ifndef ATT_S
-#define ATT_S 1
-#endif
-#define ATT_QC 5
 
 __device__ __forceinline__ float4 fma4(float a, float4 b, float4 c) {
     return make_float4(fmaf(a, b.x, c.x), fmaf(a, b.y, c.y), fmaf(a, b.z, c.z), fmaf(a, b.w, c.w));
@@ -354,21 +346,6 @@ __device__ __forceinline__ float4 fma4(float a, float4 b, float4 c) {
 __device__ __forceinline__ float4 mul4(float4 a, float b) { return make_float4(a.x * b, a.y * b, a.z * b, a.w * b); }
 
 __device__ __forceinline__ float lane4(float4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-// Sums over the warp of 8 values a lane, scattered: lane l gets the sum of v[l >> 2]
-// (halves exchanged at xor 16, 8 and 4, then xor 2 and 1 added): 9 shuffles for 8 sums.
-__device__ __forceinline__ float reduce8(const float v[8], int lane) {
-    const unsigned full = 0xffffffffu;
-    bool b = lane & 16, c = lane & 8, d = lane & 4;
-    float w4[4], w2[2];
-#pragma unroll
-    for (int i = 0; i < 4; i++) w4[i] = (b ? v[i + 4] : v[i]) + __shfl_xor_sync(full, b ? v[i] : v[i + 4], 16);
-#pragma unroll
-    for (int i = 0; i < 2; i++) w2[i] = (c ? w4[i + 2] : w4[i]) + __shfl_xor_sync(full, c ? w4[i] : w4[i + 2], 8);
-    float w = (d ? w2[1] : w2[0]) + __shfl_xor_sync(full, d ? w2[0] : w2[1], 4);
-    w += __shfl_xor_sync(full, w, 2);
-    return w + __shfl_xor_sync(full, w, 1);
-}
 
 // 16 bytes from global to shared memory (zeros where !ok; src must still be a valid
 // address): asynchronous on sm_80 on, so a thread's copies of a whole tile are in flight
@@ -404,25 +381,11 @@ extern "C" __global__ void __launch_bounds__(128, 2)
     float* Ls = Cs + ATT_HB;
     const int r = blockIdx.x, h0 = blockIdx.y * ATT_HB, t = threadIdx.x, warp = t >> 5, lane = t & 31;
     pdl_enter();
-#if !ATT_S
     for (int i = t; i < ATT_HB * kw4; i += 128) {
         int h = i / kw4, c = i - h * kw4;
         bool ok = h0 + h < heads;
         cp16((float4*)(Qs + h * kwp) + c, ok ? (const float4*)(qf + ((i64)r * heads + h0 + h) * kw) + c : (const float4*)qf, ok);
     }
-#else
-    float4 qr[4][ATT_QC];
-#pragma unroll
-    for (int a = 0; a < 4; a++) {
-        int h = h0 + 4 * warp + a;
-#pragma unroll
-        for (int k = 0; k < ATT_QC; k++) {
-            int c = 32 * k + lane;
-            qr[a][k] = h < heads && c < kw4 ? ((const float4*)(qf + ((i64)r * heads + h) * kw))[c]
-                                            : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-    }
-#endif
     const int n = sparse ? (int)cnt[r] : visible(st, r);
     float m[4], l[4];
 #pragma unroll
@@ -447,45 +410,6 @@ extern "C" __global__ void __launch_bounds__(128, 2)
         }
         cp_wait();
         __syncthreads();
-#if ATT_S
-        // Lane `lane`'s share of each score, 8 positions at a time, then the warp's sums;
-        // sc[a]: head a's score of position `lane`.
-        float rs[4][4], sc[4];
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            float v[4][8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-#pragma unroll
-                for (int a = 0; a < 4; a++) v[a][j] = 0.f;
-                const float4* kr = (const float4*)(Ks + (8 * g + j) * kwp);
-#pragma unroll
-                for (int k = 0; k < ATT_QC; k++) {
-                    if (32 * k >= kw4) break;
-                    int c = 32 * k + lane;
-                    float4 kk = c < kw4 ? kr[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-                    for (int a = 0; a < 4; a++) {
-                        v[a][j] = fmaf(qr[a][k].x, kk.x, v[a][j]);
-                        v[a][j] = fmaf(qr[a][k].y, kk.y, v[a][j]);
-                        v[a][j] = fmaf(qr[a][k].z, kk.z, v[a][j]);
-                        v[a][j] = fmaf(qr[a][k].w, kk.w, v[a][j]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int a = 0; a < 4; a++) rs[a][g] = reduce8(v[a], lane);
-        }
-        // Position 8 g + j's sums are at lanes 4 j ..: each lane takes its own.
-#pragma unroll
-        for (int a = 0; a < 4; a++) {
-            float y[4];
-#pragma unroll
-            for (int g = 0; g < 4; g++) y[g] = __shfl_sync(0xffffffffu, rs[a][g], 4 * (lane & 7));
-            int g = lane >> 3;
-            sc[a] = g == 0 ? y[0] : g == 1 ? y[1] : g == 2 ? y[2] : y[3];
-        }
-#else
         // Four sums a score (columns 4c + i), for independent chains of fmas.
         float4 s4[4];
 #pragma unroll
@@ -504,14 +428,10 @@ extern "C" __global__ void __launch_bounds__(128, 2)
                 s4[a].w = fmaf(q.w, k.w, s4[a].w);
             }
         }
-        float sc[4];
-#pragma unroll
-        for (int a = 0; a < 4; a++) sc[a] = (s4[a].x + s4[a].y) + (s4[a].z + s4[a].w);
-#endif
         const bool valid = lane < tn;
 #pragma unroll
         for (int a = 0; a < 4; a++) {
-            float x = valid ? sc[a] * scale : NEG_INF;
+            float x = valid ? ((s4[a].x + s4[a].y) + (s4[a].z + s4[a].w)) * scale : NEG_INF;
             float mn = fmaxf(m[a], wmax(x));
             float corr = expf(m[a] - mn), e = valid ? expf(x - mn) : 0.f;
             l[a] = l[a] * corr + wsum(e);
