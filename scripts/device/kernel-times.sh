@@ -5,8 +5,8 @@
 # kernel is its own launch), and reads the bytes each one read from HBM; the last decode
 # token's kernels are listed with their share of the token and their read rate.
 # Run from the repository root, with .devcarry/strata.xz (see gpu-check.sh).
-# PREFILL=N: list the prompt's forward of N tokens instead (its kernels, from the first
-# embed to the second).
+# PREFILL=N: list the prompt of N tokens instead (its kernels, every chunk's forward: from
+# the first embed to the first one-row embed).
 # Writes under $OUT: kernels-bf16.txt, kernels-int4.txt (kernels-prefill-*.txt), side.log.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
@@ -40,10 +40,12 @@ for r in csv.DictReader(rows):
 ks = list(k.values())
 # The last token: from the last embed kernel on; with a prefill length, the first forward.
 embeds = [i for i, e in enumerate(ks) if e["name"] == "k_embed"]
-tok = ks[embeds[0]:embeds[1]] if sys.argv[2] else ks[embeds[-1]:]
+# A prompt's forwards (one a chunk) embed many rows, a decode step's one (grid "(1, ...").
+first_decode = next(i for i in embeds if ks[i]["grid"].startswith("(1,"))
+tok = ks[embeds[0]:first_decode] if sys.argv[2] else ks[embeds[-1]:]
 tot_t = sum(e["m"]["gpu__time_duration.sum"] for e in tok)
 tot_b = sum(e["m"]["dram__bytes_read.sum"] for e in tok)
-what = f"the prompt's forward ({sys.argv[2]} tokens)" if sys.argv[2] else "the last decode token"
+what = f"the prompt's forwards ({sys.argv[2]} tokens)" if sys.argv[2] else "the last decode token"
 print(f"{len(ks)} kernels profiled; {what}: {len(tok)} kernels, {tot_t:.1f} us, {tot_b/1e6:.1f} MB read, {tot_b/tot_t/1e3:.0f} GB/s")
 print(f"{'kernel':<24} {'grid':<16} {'us':>8} {'share':>6} {'MB':>9} {'GB/s':>7}")
 for e in tok:

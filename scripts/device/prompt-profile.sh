@@ -4,7 +4,8 @@
 # of the prompt's forward, so an op's time is its kernels plus the host work around them,
 # and what no op accounts for is the host's alone. Each prompt length in PROMPTS (default
 # "64 512"), each variant in VARIANTS (`_` the defaults; STRATA_X=v[,STRATA_Y=w] in the
-# environment; --flag=value[,--other=value] added to the command), REPS times, each slice
+# environment; --flag=value[,--other=value] added to the command; BIN=NAME another carried
+# binary, .devcarry/NAME[.xz]), REPS times, each slice
 # in SLICES ("bf16 int4-g64"), also timed without --profile. Binaries in .devcarry/ (see
 # env.sh). Writes $OUT/prompt-profile.jsonl and $OUT/side.log.
 set -uo pipefail
@@ -17,15 +18,23 @@ slice=/tmp/slice48
 res="$OUT/prompt-profile.jsonl"
 for rep in $(seq 1 ${REPS:-1}); do
   for u in ${VARIANTS:-_}; do
-    setenv=(); flags=()
-    case $u in _) ;; --*) flags=(${u//,/ }) ;; *) setenv=(${u//,/ }) ;; esac
+    setenv=(); flags=(); bin=$S
+    case $u in
+      _) ;;
+      --*) flags=(${u//,/ }) ;;
+      BIN=*)
+        bin=$C/${u#BIN=}
+        [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin"
+        [ -x "$bin" ] || { echo "variant $u: no binary $bin (nor $bin.xz)" >&2; exit 1; } ;;
+      *) setenv=(${u//,/ }) ;;
+    esac
     for p in ${PROMPTS:-64 512}; do
       for d in "$slice bf16" "$slice-int4 int4-g64"; do
         set -- $d
         [[ " ${SLICES:-bf16 int4-g64} " == *" $2 "* ]] || continue
         for prof in "" --profile; do
           since "$2 $p $u $prof"
-          env "${setenv[@]}" timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens $p --decode-tokens 8 \
+          env "${setenv[@]}" timeout 120 $bin bench decode --model "$1" --device cuda --prompt-tokens $p --decode-tokens 8 \
             --warmup --usage off --mtp off --json $prof "${flags[@]}" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 o={'weights':'$2','variant':'$u','prompt':$p,'profile':'$prof'!='','prefill_tps':round(r['prefill_tokens_per_s'],1),
