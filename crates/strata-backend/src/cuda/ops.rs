@@ -542,23 +542,17 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
         && d.kv_lora.is_multiple_of(4)
         && d.kv_lora <= 512
         && smem <= b.attend_smem;
-    if tiles {
-        b.launch(
-            &b.f.mla_attend_tiles,
-            (rows as u32, d.heads.div_ceil(ATT_HB) as u32, 1),
-            128,
-            smem as u32,
-            &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
-        );
-    } else {
-        b.launch(
-            pick(&b.f.mla_attend, kw),
-            (rows as u32, d.heads as u32, 1),
-            128,
-            0,
-            &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
-        );
-    }
+    let (f, grid, smem) = match tiles {
+        true => (&b.f.mla_attend_tiles, (rows as u32, d.heads.div_ceil(ATT_HB) as u32, 1), smem as u32),
+        false => (pick(&b.f.mla_attend, kw), (rows as u32, d.heads as u32, 1), 0),
+    };
+    b.launch(
+        f,
+        grid,
+        128,
+        smem,
+        &mut args![sd, qf, cache, sparse, sel, cnt, topk, heads, kvl, kwi, scale, lat, rows_i],
+    );
     // Each head's value projection: out[r, h*v + o] = W_uv(h)[o] . lat[h, r].
     let l = Lin {
         m: a.kv_b.desc,
