@@ -473,6 +473,29 @@ fn bench_decode_fed_decoding_is_honoured_and_checked() {
 }
 
 #[test]
+fn bench_decode_profile_times_the_prompt_and_the_decode_op_by_op() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let base = ["bench", "decode", "--model", m, "--prompt-tokens", "12", "--decode-tokens", "4", "--json"];
+    let r = json_with(&base, "--profile", "--usage=off");
+    for (key, calls) in [("profile_ms_per_token", 1.0), ("profile_prefill_ms", 1.0)] {
+        let ops = r[key].as_object().unwrap_or_else(|| panic!("{key} missing: {r}"));
+        // Every layer's attention and the MoE layers' experts ran, and took time.
+        for op in ["mla attend (scores, softmax, values, W_uv)", "experts (routed + shared, dense mlp)"] {
+            let o = &ops[op];
+            assert!(o["calls"].as_f64().unwrap() >= calls, "{key}: {op}: {o}");
+            assert!(o["ms"].as_f64().unwrap() > 0.0, "{key}: {op}: {o}");
+        }
+    }
+    for key in ["profile_unaccounted_ms_per_token", "profile_prefill_unaccounted_ms"] {
+        assert!(r[key].as_f64().is_some(), "{key} missing: {r}");
+    }
+    // Without --profile, no breakdown.
+    let plain = json_with(&base, "--usage", "off");
+    assert!(plain.get("profile_prefill_ms").is_none() && plain.get("profile_ms_per_token").is_none());
+}
+
+#[test]
 fn bench_serve_device_picks_is_honoured_and_checked() {
     let model = fixture();
     let m = model.to_str().unwrap();
