@@ -434,6 +434,17 @@ fn fit_on_cuda_counts_the_host_runtime_in_the_budget() {
     let store = strata_storage::WeightStore::open_dir(&o).unwrap();
     let largest = store.names().map(|n| store.get(n).unwrap().1.byte_len() as u64).max().unwrap();
     assert_eq!(bytes("largest weight"), 3 * largest);
+    // The GPU plan counts a CUDA prompt chunk's activations (512 rows; the CPU's 256).
+    let transients = |items: &serde_json::Value| {
+        items.as_array().unwrap().iter().find(|i| i["name"].as_str().unwrap().starts_with("transients")).unwrap()
+            ["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let cpu = strata(&["fit", "--model", o.to_str().unwrap(), "--budget", "2GiB", "--json"]);
+    let cpu: serde_json::Value = serde_json::from_slice(&cpu.stdout).unwrap();
+    let (g, c) = (transients(&v["gpu"]["report"]["items"]), transients(&cpu["report"]["items"]));
+    assert!(g > c + c / 2, "GPU transients {g} against the CPU's {c}");
     // A budget below the CUDA runtime is refused with the numbers.
     let small = fit("300MiB");
     assert_eq!(small.status.code(), Some(1));
