@@ -21,8 +21,7 @@ touch "$res"
 [ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
 slice=/tmp/slice48
 since "slices"
-[ -d $slice ] || timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
-[ -d $slice-int4 ] || timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
+glm5_slice $slice
 # SLICES: which slices to time (labels as in defines.jsonl): bf16, int4-g64 (experts),
 # bf16-vocab154880 and int4-g64-vocab154880 (GLM-5's vocabulary), fp8 and fp8-int4-g64 (projections in FP8 e4m3,
 # 128 x 128 blocks, as GLM-5's FP8 checkpoints; experts FP8 or int4).
@@ -49,10 +48,7 @@ variant() {  # sets up variant $1: STRATA_CUDA_DEFINES, setenv, or (BIN=NAME) th
   case $1 in
     _) ;;
     STRATA_*) setenv=(${1//,/ }) ;;
-    BIN=*)
-      bin=$C/${1#BIN=}
-      [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin"
-      [ -x "$bin" ] || { echo "variant $1: no binary $bin (nor $bin.xz)" >&2; exit 1; } ;;
+    BIN=*) bin=$(carried_bin "${1#BIN=}") || exit 1 ;;
     *) export STRATA_CUDA_DEFINES="${1//,/ }" ;;
   esac
 }

@@ -12,6 +12,22 @@ export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-${STALL_S:-90}} PYTHONUNBUFFER
 for f in strata cuda-tests; do
   [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
 done
+# A GLM-5-shaped slice at $1 (1 dense + 1 MoE layer of GLM-5-sized experts, bf16; $2 the
+# vocabulary, 16384, $3 the experts, 48) and its int4-expert conversion at $1-int4, each
+# written unless it is there.
+glm5_slice() {
+  [ -d "$1" ] || timeout 200 $C/strata bench synth --out "$1" --preset glm5 --layers 2 --dense-layers 1 \
+    --experts "${3:-48}" --vocab "${2:-16384}" >>"$OUT/side.log" 2>&1
+  [ -d "$1-int4" ] || timeout 200 $C/strata convert --model "$1" --out "$1-int4" --experts int4 >>"$OUT/side.log" 2>&1
+}
+# The path of another carried binary, .devcarry/$1 (unpacked from $1.xz), for A/B variants
+# (BIN=NAME); an error line naming it when it is not carried.
+carried_bin() {
+  local b=$C/$1
+  [ -f "$b.xz" ] && [ ! -f "$b" ] && xz -d -k "$b.xz" && chmod +x "$b"
+  [ -x "$b" ] || { echo "BIN=$1: no binary $b (nor $b.xz)" >&2; return 1; }
+  echo "$b"
+}
 # Progress lines: seconds since the script started.
 t_start=$(date +%s)
 since() { echo "[$(($(date +%s) - t_start)) s] $*"; }

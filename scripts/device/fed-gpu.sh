@@ -22,11 +22,8 @@ fi
 
 since "slices"
 slice=/tmp/slice48
-timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
-timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
-timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 154880 \
-  >>"$OUT/side.log" 2>&1
-timeout 200 $S convert --model $slice-v154k --out $slice-v154k-int4 --experts int4 >>"$OUT/side.log" 2>&1
+glm5_slice $slice
+glm5_slice $slice-v154k 154880
 bench() {  # dir label fed rep [flags...]
   local dir=$1 label=$2 fed=$3 rep=$4
   shift 4

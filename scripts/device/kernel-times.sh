@@ -13,9 +13,7 @@ set -uo pipefail
 S=$PWD/$C/strata
 # KSLICE: an existing slice (and KSLICE-int4) to reuse; KT: which of bf16 and int4 to list.
 slice=${KSLICE:-/tmp/slice-k}
-[ -d "$slice" ] || timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
-  --vocab 16384 >>"$OUT/side.log" 2>&1
-[ -d "$slice-int4" ] || timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1
+glm5_slice "$slice" 16384 "${EXPERTS:-48}"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prompt=${PREFILL:-8}; decode=4; tag=""
 [ -n "${PREFILL:-}" ] && { decode=2; tag=prefill-; }

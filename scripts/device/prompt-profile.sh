@@ -12,9 +12,7 @@ set -uo pipefail
 . "$(dirname "$0")/env.sh"
 S=$C/strata
 slice=/tmp/slice48
-[ -d $slice ] || timeout 200 $S bench synth --out $slice --preset glm5 --layers 2 --dense-layers 1 --experts 48 \
-  --vocab 16384 >>"$OUT/side.log" 2>&1
-[ -d $slice-int4 ] || timeout 200 $S convert --model $slice --out $slice-int4 --experts int4 >>"$OUT/side.log" 2>&1
+glm5_slice $slice
 res="$OUT/prompt-profile.jsonl"
 for rep in $(seq 1 ${REPS:-1}); do
   for u in ${VARIANTS:-_}; do
@@ -22,10 +20,7 @@ for rep in $(seq 1 ${REPS:-1}); do
     case $u in
       _) ;;
       --*) flags=(${u//,/ }) ;;
-      BIN=*)
-        bin=$C/${u#BIN=}
-        [ -f "$bin.xz" ] && [ ! -f "$bin" ] && xz -d -k "$bin.xz" && chmod +x "$bin"
-        [ -x "$bin" ] || { echo "variant $u: no binary $bin (nor $bin.xz)" >&2; exit 1; } ;;
+      BIN=*) bin=$(carried_bin "${u#BIN=}") || exit 1 ;;
       *) setenv=(${u//,/ }) ;;
     esac
     for p in ${PROMPTS:-64 512}; do
