@@ -203,6 +203,24 @@ fn synth(a: SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// The ops that ran (`{op: {ms, calls}}`) and the time none accounts for, of `elapsed`
+/// seconds, each divided by `per` (decode steps, or 1).
+fn profile_json(
+    profile: &[(strata_backend::profile::Op, f64, u64)],
+    elapsed: f64,
+    per: f64,
+) -> (serde_json::Value, serde_json::Value) {
+    let total: f64 = profile.iter().map(|p| p.1).sum();
+    let ops = profile
+        .iter()
+        .filter(|p| p.2 > 0)
+        .map(|(op, secs, calls)| {
+            (op.name().to_string(), serde_json::json!({"ms": secs / per * 1e3, "calls": *calls as f64 / per}))
+        })
+        .collect::<serde_json::Map<_, _>>();
+    (ops.into(), ((elapsed - total) / per * 1e3).into())
+}
+
 /// Reads a buffer of `mib` MiB with every core, best of 5; returns GB/s.
 pub fn memory_bandwidth(mib: usize) -> Result<f64> {
     let n = mib * (1 << 20) / 8;
@@ -423,25 +441,13 @@ fn decode(a: DecodeArgs) -> Result<()> {
         }
     }
     if a.profile {
-        let total: f64 = profile.iter().map(|p| p.1).sum();
-        report["profile_ms_per_token"] = profile
-            .iter()
-            .filter(|p| p.2 > 0)
-            .map(|(op, secs, calls)| {
-                (op.name().to_string(), serde_json::json!({"ms": secs / steps * 1e3, "calls": *calls as f64 / steps}))
-            })
-            .collect::<serde_json::Map<_, _>>()
-            .into();
-        report["profile_unaccounted_ms_per_token"] = ((decode_s - total) / steps * 1e3).into();
-        // The prompt's forward as a whole, in ms.
-        let total: f64 = prefill_profile.iter().map(|p| p.1).sum();
-        report["profile_prefill_ms"] = prefill_profile
-            .iter()
-            .filter(|p| p.2 > 0)
-            .map(|(op, secs, calls)| (op.name().to_string(), serde_json::json!({"ms": secs * 1e3, "calls": *calls})))
-            .collect::<serde_json::Map<_, _>>()
-            .into();
-        report["profile_prefill_unaccounted_ms"] = ((prefill_s - total) * 1e3).into();
+        // Per decode token; the prompt's forward as a whole.
+        let (ops, unaccounted) = profile_json(&profile, decode_s, steps);
+        report["profile_ms_per_token"] = ops;
+        report["profile_unaccounted_ms_per_token"] = unaccounted;
+        let (ops, unaccounted) = profile_json(&prefill_profile, prefill_s, 1.0);
+        report["profile_prefill_ms"] = ops;
+        report["profile_prefill_unaccounted_ms"] = unaccounted;
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
