@@ -76,9 +76,11 @@ fn attend_tiles_on() -> bool {
 /// decode row keeps `k_mla_attend_J` (a block per row and head, positions over 4 warps),
 /// which spreads one row over the device.
 const ATTEND_TILE_ROWS: usize = 16;
-/// Heads and positions a `k_mla_attend_tiles` block takes (`ATT_HB`, `ATT_TP`).
+/// Heads and positions a `k_mla_attend_tiles` block takes (`ATT_HB`, `ATT_TP`), and the
+/// widest latent its threads sum values for (64 threads x 2 float4s).
 const ATT_HB: usize = 16;
 const ATT_TP: usize = 32;
+const ATT_LATENT: usize = 512;
 
 /// The smallest instantiated register-array width that covers `n` values per lane.
 fn pick(list: &[(usize, cudarc::driver::CudaFunction)], n: usize) -> &cudarc::driver::CudaFunction {
@@ -540,7 +542,7 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
         && attend_tiles_on()
         && kw.is_multiple_of(4)
         && d.kv_lora.is_multiple_of(4)
-        && d.kv_lora <= 512
+        && d.kv_lora <= ATT_LATENT
         && smem <= b.attend_smem;
     let (f, grid, smem) = match tiles {
         true => (&b.f.mla_attend_tiles, (rows as u32, d.heads.div_ceil(ATT_HB) as u32, 1), smem as u32),
