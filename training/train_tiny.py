@@ -622,10 +622,24 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.25, help="residual dropout (training only)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--smoke", action="store_true")
+    # Routing-shape variants (the shipped run: 32 experts, top-4, 64 wide). GLM-5's own
+    # routing is 256 experts, top-8: `--experts 256 --top-k 8 --moe-inter 32` keeps the
+    # active expert parameters a token of the shipped model's, for routing traces.
+    ap.add_argument("--experts", type=int, help="routed experts a MoE layer (n_routed_experts)")
+    ap.add_argument("--top-k", type=int, help="experts a token (num_experts_per_tok)")
+    ap.add_argument("--moe-inter", type=int, help="an expert's intermediate width (moe_intermediate_size)")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = SMOKE_CONFIG if args.smoke else CONFIG
+    cfg = dict(SMOKE_CONFIG if args.smoke else CONFIG)
+    for key, val in (("n_routed_experts", args.experts), ("num_experts_per_tok", args.top_k),
+                     ("moe_intermediate_size", args.moe_inter)):
+        if val is not None:
+            if val < 1:
+                sys.exit(f"--{key}: must be at least 1, got {val}")
+            cfg[key] = val
+    if cfg["num_experts_per_tok"] > cfg["n_routed_experts"]:
+        sys.exit(f"--top-k {cfg['num_experts_per_tok']} exceeds the {cfg['n_routed_experts']} routed experts")
     if args.smoke:
         args.batch, args.seq, args.max_steps, args.eval_every, args.warmup = 4, 48, 12, 6, 2
     torch.manual_seed(args.seed)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the GPU machine: routing traces from a model trained here at GLM-5's routing shape
+# (256 routed experts a layer, top-8; strata-tiny's 32 / top-4 otherwise), for the
+# residency replays that the full-model extrapolation rests on (docs/performance.md).
+# 1. trains it (training/train_tiny.py, BUDGET_S seconds, EXPERTS / TOPK / MOE_INTER);
+# 2. merges the weights into an HF directory with strata-tiny's tokenizer;
+# 3. with strata, samples PROMPTS (one a text category, MAX_TOKENS each, MTP off) with
+#    --trace, and once with --pilot measure under a budget (next-layer prediction recall).
+# TESTS=1 runs the CUDA suite beside the training (the GPU has room for both).
+# Needs in .devcarry: strata(.xz), cuda-tests(.xz) for TESTS=1, and route/ (the tokenised
+# corpus: training/corpus.py + training/tokenizer.py's tok/ folder, and strata-tiny's
+# tokenizer.json and tokenizer_config.json). Writes $OUT/train.log, $OUT/metrics.json,
+# $OUT/traces.tar.xz (trace-<category>.txt), $OUT/pilot.json, $OUT/route.log.
+set -uo pipefail
+STALL_S=60
+. "$(dirname "$0")/env.sh"
+R=$C/route
+RUN=/tmp/route-run
+MODEL=/tmp/route-model
+since "train (${BUDGET_S:-210} s budget)"
+python3 training/train_tiny.py --data "$R/tok" --out "$RUN" --tokenizer "$R/tokenizer.json" \
+  --budget-s "${BUDGET_S:-210}" --experts "${EXPERTS:-256}" --top-k "${TOPK:-8}" --moe-inter "${MOE_INTER:-32}" \
+  >"$OUT/train.log" 2>&1 &
+train=$!
+[ "${TESTS:-1}" = 1 ] && cuda_tests
+wait $train || { echo "training failed:"; tail -20 "$OUT/train.log"; exit 1; }
+grep -E "^params|^trained|routing JSD|ppl" "$OUT/train.log"
+since "merge"
+mkdir -p "$MODEL"
+python3 -c "import sys; sys.path.insert(0, 'training'); import finalize; finalize.merge('$RUN', '$MODEL')" ||
+  { echo "merge failed"; exit 1; }
+cp "$R/tokenizer.json" "$R/tokenizer_config.json" "$MODEL/"
+cp "$RUN/metrics.json" "$OUT/"
+# One prompt a text category (those of train_tiny's samples, and the river-town prose of
+# the earlier strata-tiny trace).
+PROMPTS=(
+  "fiction|The history of the river town begins with"
+  "bible|In the beginning God created the heaven and the earth. And the earth was without form"
+  "python|def read_config(path):"
+  "dictionary|Lantern \\Lan\"tern\\, n."
+  "jargon|hacker n. [originally, someone who makes furniture with an axe]"
+  "press|The city council voted on Tuesday to"
+)
+mkdir -p /tmp/traces
+for p in "${PROMPTS[@]}"; do
+  cat=${p%%|*}
+  since "trace $cat"
+  timeout 120 $C/strata generate --model "$MODEL" --prompt "${p#*|}" --max-tokens "${MAX_TOKENS:-600}" --context 1024 \
+    --temperature 0.8 --top-p 0.95 --seed 3 --usage off --mtp off --trace "/tmp/traces/trace-$cat.txt" \
+    >>"$OUT/route.log" 2>&1 || echo "trace $cat failed (see route.log)"
+done
+tar -C /tmp -cJf "$OUT/traces.tar.xz" traces
+since "pilot"
+timeout 120 $C/strata generate --model "$MODEL" --prompt "${PROMPTS[1]#*|}" --max-tokens 300 --context 1024 \
+  --temperature 0.8 --top-p 0.95 --seed 3 --usage off --mtp off --budget "${PILOT_BUDGET:-96MiB}" --pilot measure \
+  --stats --stats-json "$OUT/pilot.json" >>"$OUT/route.log" 2>&1 || echo "pilot run failed (see route.log)"
+grep -E "^pilot|^experts|^slots" "$OUT/route.log"
+wc -l /tmp/traces/*.txt
+since "done"
