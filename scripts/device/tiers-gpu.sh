@@ -8,7 +8,9 @@
 #
 # Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh).
 # TESTS=0 skips the test suite; SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
-# fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings.
+# fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings; MODES
+# (default "resident gpu30 gpu30-host40 gpu30-host40-inclusive") the runs, the last with
+# the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison.
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -50,18 +52,21 @@ per=(int(0.3*experts)-8)//3            # GPU: 8 working + per-layer slots ~ 30% 
 host=(int(0.4*experts)-8)//3           # host tier: ~40% of the experts, beside the host plan's fixed items
 print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")"
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
-  for mode in resident gpu30 gpu30-host40; do
+  for mode in ${MODES:-resident gpu30 gpu30-host40 gpu30-host40-inclusive}; do
+    tier=()
     case $mode in
     resident) extra=() ;;
     gpu30) extra=(--gpu-budget "$g30") ;;
     gpu30-host40) extra=(--gpu-budget "$g30" --budget "$h40" --floor) ;;
+    gpu30-host40-inclusive) extra=(--gpu-budget "$g30" --budget "$h40" --floor) tier=(STRATA_HOST_TIER=inclusive) ;;
+    *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
     for rep in 1 2; do
-      timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
+      env "${tier[@]}" timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
         python3 -c "
 import json,sys; r=json.load(sys.stdin); r['slice']='$enc'; r['mode']='$mode'; r['rep']=$rep
 r.pop('experts', None); print(json.dumps(r))" >>"$res" || echo "bench $enc $mode failed" | tee -a "$OUT/side.log"
-      [ "$mode" = gpu30-host40 ] && break
+      [[ "$mode" = gpu30-host40* ]] && break
     done
   done
   rm -rf "$dir"
@@ -74,6 +79,7 @@ for l in open(sys.argv[1]):
     if "mode" in r:
         print(r["slice"], r["mode"], "decode %.1f tok/s" % r["decode_tokens_per_s"], "prefill %.1f" % r["prefill_tokens_per_s"],
               "gpu hit", r.get("gpu_tier_hit_rate"), "copy/token", r.get("gpu_tier_copy_bytes_per_token"),
+              "copied down/token", r.get("gpu_tier_demotion_bytes_per_token"),
               "host hit", r.get("expert_hit_rate"), "read/token", r.get("decode_expert_read_bytes_per_token"),
               "bytes/token", r.get("decode_bytes_read_per_token"))
     else:

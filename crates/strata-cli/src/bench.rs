@@ -405,6 +405,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
             report["gpu_budget_bytes"] = opts.gpu_budget.into();
             report["gpu_tier"] = serde_json::to_value(t)?;
             report["gpu_tier_copy_bytes_per_token"] = per_token(t.traffic.copy_bytes).into();
+            report["gpu_tier_demotion_bytes_per_token"] = per_token(t.traffic.demotion_bytes).into();
             report["gpu_tier_hit_rate"] = t.hit_rate.into();
             report["gpu_slab_bytes"] = t.plan.slab_bytes.into();
         }

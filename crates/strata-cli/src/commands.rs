@@ -204,7 +204,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             if let Some(t) = &r.device_tier {
                 eprintln!(
-                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; {} slots ({})",
+                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; evicted experts kept by the host tier: {} still there, {} copied back ({}); {} slots ({})",
                     t.device,
                     t.traffic.hits,
                     t.traffic.by_id,
@@ -213,6 +213,9 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                     t.traffic.copies,
                     human_bytes(t.traffic.copy_bytes),
                     t.traffic.copy_wait_seconds * 1e3,
+                    t.traffic.demotions_kept,
+                    t.traffic.demotions_copied,
+                    human_bytes(t.traffic.demotion_bytes),
                     t.slots.total,
                     human_bytes(t.plan.slab_bytes),
                 );

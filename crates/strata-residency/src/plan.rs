@@ -149,10 +149,11 @@ pub fn plan(input: PlanInput) -> Result<ResidencyPlan, PlanError> {
     if input.max_slots_per_layer == Some(0) {
         return Err(PlanError::InvalidInput("max_slots_per_layer must be positive when given".into()));
     }
-    // u128 arithmetic: no input combination can overflow.
+    // u128 arithmetic, saturating: products of usize counts and u64 sizes may still
+    // exceed it, and such a plan can only not fit.
     let slot = input.slot_bytes as u128;
     let banks = input.working_slots as u128 + input.pinned_experts as u128;
-    let required = input.fixed_bytes as u128 + (banks + input.sparse_layers as u128) * slot;
+    let required = (banks + input.sparse_layers as u128).saturating_mul(slot).saturating_add(input.fixed_bytes as u128);
     if required > input.budget_bytes as u128 {
         return Err(PlanError::DoesNotFit { input, required_bytes: required });
     }

@@ -372,6 +372,38 @@ impl SlotTable {
             .min_by_key(|&i| (self.slots[i].phase != SlotPhase::Idle, self.slots[i].last_use, i))
     }
 
+    /// The slot [`Self::promote`] of `slot` would take from its expert's layer (and whose
+    /// expert it would evict), or None when it would find no victim. Changes nothing.
+    pub fn promotion_victim(&self, slot: usize) -> Option<usize> {
+        let layer = self.slots[slot].key?.0;
+        self.layer_victim(*self.layer_pos.get(&layer)?)
+    }
+
+    /// Marks `key` as used now without counting a hit (a tier below the device keeps what
+    /// the device just evicted). False when `key` is absent or not yet loaded.
+    pub fn touch(&mut self, key: ExpertKey) -> bool {
+        let Some(&slot) = self.index.get(&key) else { return false };
+        let s = &mut self.slots[slot];
+        if !matches!(s.phase, SlotPhase::Ready | SlotPhase::Leased) {
+            return false;
+        }
+        s.last_use = self.clock;
+        true
+    }
+
+    /// Makes `key`, held ready in one of its layer's slots, that layer's first victim (a
+    /// tier below the device cools the copy it has just handed up: the device holds it
+    /// now). False, and nothing changes, for other slots (pinned, working, loading).
+    pub fn cool(&mut self, key: ExpertKey) -> bool {
+        let Some(&slot) = self.index.get(&key) else { return false };
+        let s = &mut self.slots[slot];
+        if !matches!(s.role, SlotRole::Layer(_)) || !matches!(s.phase, SlotPhase::Ready | SlotPhase::Leased) {
+            return false;
+        }
+        s.last_use = 0;
+        true
+    }
+
     /// Promotes a loaded miss: the working slot `slot` (Ready or Leased) becomes a slot
     /// of its expert's layer and the layer's victim slot becomes a working slot (empty,
     /// new generation). No bytes move. Panics unless `slot` is a working slot holding a

@@ -91,6 +91,9 @@ pub struct ExpertTotals {
     pub gpu_misses: u64,
     pub gpu_copy_bytes: u64,
     pub gpu_copy_wait_s: f64,
+    /// Evicted experts the host tier kept: still held there, or copied GPU -> host (bytes).
+    pub gpu_demotions_kept: u64,
+    pub gpu_demotion_bytes: u64,
 }
 
 /// Routes known to the server; anything else is counted as `other`, so that random paths
@@ -196,7 +199,7 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{cause=\"demand\"}} {}\n{name}{{cause=\"policy\"}} {}", v[0], v[1]);
         }
         if self.last_experts.lock().unwrap().as_ref().is_some_and(|r| r.device_tier.is_some()) {
-            let gpu: [(&str, &str, String); 5] = [
+            let gpu: [(&str, &str, String); 7] = [
                 ("strata_gpu_tier_hits_total", "Routed experts found in GPU slots.", t.gpu_hits.to_string()),
                 (
                     "strata_gpu_tier_by_id_total",
@@ -213,6 +216,16 @@ impl Metrics {
                     "strata_gpu_tier_copy_wait_seconds_total",
                     "Host time spent waiting for expert copies.",
                     t.gpu_copy_wait_s.to_string(),
+                ),
+                (
+                    "strata_gpu_tier_demotions_kept_total",
+                    "Experts the GPU tier evicted that the host tier still held (exclusive tiers).",
+                    t.gpu_demotions_kept.to_string(),
+                ),
+                (
+                    "strata_gpu_tier_demotion_bytes_total",
+                    "Expert bytes copied GPU -> host: evicted experts the host tier no longer held.",
+                    t.gpu_demotion_bytes.to_string(),
                 ),
             ];
             for (name, help, v) in gpu {
@@ -387,6 +400,8 @@ fn add_turn(totals: &Mutex<Option<ExpertTotals>>, r: &RuntimeReport) {
         t.gpu_misses += g.traffic.misses;
         t.gpu_copy_bytes += g.traffic.copy_bytes;
         t.gpu_copy_wait_s += g.traffic.copy_wait_seconds;
+        t.gpu_demotions_kept += g.traffic.demotions_kept;
+        t.gpu_demotion_bytes += g.traffic.demotion_bytes;
     }
 }
 

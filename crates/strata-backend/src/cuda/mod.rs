@@ -314,6 +314,9 @@ const RING_CHUNK: usize = 256 << 10;
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Device -> host copies of expert slots (transfer.rs), beside the compute stream:
+    /// made on the first such copy.
+    download: std::sync::OnceLock<Arc<CudaStream>>,
     f: Funcs,
     _module: Arc<CudaModule>,
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -454,6 +457,7 @@ impl CudaBackend {
         Ok(Self {
             ctx,
             stream,
+            download: std::sync::OnceLock::new(),
             f,
             _module: module,
             blas,

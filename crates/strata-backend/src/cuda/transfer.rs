@@ -2,8 +2,9 @@
 //! onto them, host-to-device copies on the compute stream (so a kernel queued after a
 //! copy sees its bytes, and a copy queued after a kernel waits for it: a slot can be
 //! refilled as soon as its last use is queued), a fence that says when the copies queued
-//! so far have read their host bytes, page-locked host memory, and the device's memory
-//! in use. Also reads back that do not wait (a decode step's greedy picks).
+//! so far have read their host bytes, device-to-host copies of slots on a stream of their
+//! own (the link carries both directions at once), page-locked host memory, and the
+//! device's memory in use. Also reads back that do not wait (a decode step's greedy picks).
 
 use super::{CudaBackend, CudaMat, DevBuf, MatDesc, Pinned, State};
 use anyhow::{anyhow, Result};
@@ -46,6 +47,11 @@ impl CopyFence {
     /// Waits until the stream has passed the fence.
     pub fn wait(&self) -> Result<()> {
         self.0.synchronize().map_err(|e| anyhow!("CUDA: {e}"))
+    }
+
+    /// Whether the stream has passed the fence (no wait).
+    pub fn passed(&self) -> bool {
+        self.0.is_complete()
     }
 }
 
@@ -100,6 +106,38 @@ impl CudaBackend {
         // `src` outlives the copy (the caller waits on a fence before changing it).
         unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }
             .unwrap_or_else(|e| panic!("CUDA: host to device copy: {e}"));
+    }
+
+    /// Starts a copy of `dst.len()` bytes at device address `src` into `dst` on the
+    /// download stream, beside the compute stream; returns the fence that passes when it
+    /// is done. It waits for nothing: the bytes at `src` must be complete (their copy's
+    /// fence passed) and nothing may write them until the fence has passed (queue writes
+    /// behind [`CudaBackend::queue_after`]); `dst` (page-locked, see
+    /// [`CudaBackend::register_host`]) must stay untouched until then.
+    pub fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<CopyFence> {
+        let _g = self.lock();
+        let stream = match self.download.get() {
+            Some(s) => s,
+            None => {
+                let s = self.ctx.new_stream().map_err(|e| anyhow!("CUDA: download stream: {e}"))?;
+                self.download.get_or_init(|| s)
+            }
+        };
+        // SAFETY: `src` is device memory of at least `dst.len()` bytes (the caller's slot),
+        // unchanged until the fence passes; `dst` outlives the copy (the caller waits).
+        unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
+            .map_err(|e| anyhow!("CUDA: device to host copy: {e}"))?;
+        let e =
+            self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| anyhow!("CUDA: {e}"))?;
+        e.record(stream).map_err(|e| anyhow!("CUDA: {e}"))?;
+        Ok(CopyFence(e))
+    }
+
+    /// Makes the work queued on the compute stream after this call wait for `fence` (a
+    /// copy into a slot that a device -> host copy is still reading).
+    pub fn queue_after(&self, fence: &CopyFence) -> Result<()> {
+        let _g = self.lock();
+        self.stream().wait(&fence.0).map_err(|e| anyhow!("CUDA: {e}"))
     }
 
     /// A fence after everything queued so far.

@@ -12,17 +12,22 @@
 //! it. Outputs are combined in ascending expert id by the model, so the result does not
 //! depend on which tier held an expert: streamed equals resident bit for bit.
 //!
+//! The host tier is kept exclusive of this one (experts/runtime/demote.rs): an expert a
+//! promotion evicts goes back down, touched there or copied device -> host on a stream of
+//! its own; a later copy into the evicted slot is queued behind that copy.
+//! `STRATA_HOST_TIER=inclusive` turns that off, for comparison.
+//!
 //! When the tier holds every expert (no `--gpu-budget`) and nothing needs the routed ids
 //! on the host (no usage ledger, no PILOT), slots never change after the preload: the tier
 //! then builds the backend's expert tables over its slots, and a decode row dispatches its
 //! experts by id on the device as resident checkpoints do (no sync, no task upload).
 
-use super::runtime::StreamedExperts;
+use super::runtime::{Demotion, StreamedExperts};
 use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
 use anyhow::{anyhow, bail, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
-use strata_backend::cuda::{CudaBackend, CudaExpert, CudaExpertTable, CudaMat, DevBuf, HostRegistration};
+use strata_backend::cuda::{CopyFence, CudaBackend, CudaExpert, CudaExpertTable, CudaMat, DevBuf, HostRegistration};
 use strata_backend::Backend;
 use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{ResidencyPlan, SlotRole, SlotTable};
@@ -39,6 +44,27 @@ struct State {
     /// The backend's description, once known.
     name: String,
     traffic: DeviceTierTraffic,
+    /// Device -> host copies of evicted experts in flight.
+    demoting: Vec<Demoting>,
+}
+
+/// An evicted expert on its way down: GPU slot `from` is read until `fence` passes.
+struct Demoting {
+    /// None once a copy into `from` has been queued behind the fence.
+    from: Option<usize>,
+    host_slot: usize,
+    generation: u64,
+    fence: CopyFence,
+}
+
+/// Whether the host tier is kept exclusive (the default) or `STRATA_HOST_TIER=inclusive`.
+fn exclusive_host_tier() -> Result<bool> {
+    match std::env::var("STRATA_HOST_TIER") {
+        Err(_) => Ok(true),
+        Ok(v) if v == "exclusive" => Ok(true),
+        Ok(v) if v == "inclusive" => Ok(false),
+        Ok(v) => bail!("STRATA_HOST_TIER={v:?}: expected `exclusive` (the default) or `inclusive`"),
+    }
 }
 
 pub struct GpuExperts {
@@ -46,6 +72,8 @@ pub struct GpuExperts {
     plan: ResidencyPlan,
     slot_bytes: usize,
     resident_all: bool,
+    /// The host tier keeps what this one evicts (see the module comment).
+    exclusive: bool,
     state: Mutex<State>,
     /// Per model layer: the expert table over the layer's slots (see the module comment);
     /// built once, after the preload, where the tier may dispatch by id.
@@ -78,8 +106,17 @@ impl GpuExperts {
             bail!("GPU tier: planned slots of {} bytes for host slots of {slot_bytes}", plan.input.slot_bytes);
         }
         let table = SlotTable::new(&plan, host.layers().0);
-        let state = State { table, device: None, name: String::new(), traffic: DeviceTierTraffic::default() };
-        Ok(Self { host, plan, slot_bytes, resident_all, state: Mutex::new(state), tables: OnceLock::new() })
+        let state = State {
+            table,
+            device: None,
+            name: String::new(),
+            traffic: DeviceTierTraffic::default(),
+            demoting: Vec::new(),
+        };
+        // Every expert resident: nothing is ever evicted, the host tier stays as it is.
+        let exclusive = !resident_all && exclusive_host_tier()?;
+        host.set_below_device(exclusive);
+        Ok(Self { host, plan, slot_bytes, resident_all, exclusive, state: Mutex::new(state), tables: OnceLock::new() })
     }
 
     /// The tier, reporting with its host runtime at each turn's end.
@@ -158,6 +195,8 @@ impl GpuExperts {
         compute: &mut dyn FnMut(&dyn ReadyExperts<CudaBackend>) -> Result<()>,
     ) -> Result<()> {
         let base = st.device.as_ref().expect("the device slab exists").slab.ptr();
+        // Demotions still in flight hold host working slots the host tier needs now.
+        self.settle_demotions(st)?;
         let mut chunk: Vec<(u32, usize)> = Vec::new();
         let mut loads: Vec<(usize, u64)> = Vec::new();
         self.host.run_slots(layer, experts, &mut |items| {
@@ -167,6 +206,7 @@ impl GpuExperts {
                 loads.clear();
                 while let Some(&(e, host_slot)) = items.get(i) {
                     let Some((slot, generation)) = st.table.begin_load((layer, e as usize)) else { break };
+                    Self::after_demotions_from(b, st, slot)?;
                     let bytes = self.host.slot_bytes_of(host_slot);
                     b.copy_to_device(base + (slot * self.slot_bytes) as u64, bytes);
                     st.traffic.copies += 1;
@@ -191,7 +231,7 @@ impl GpuExperts {
                 for &(_, slot) in &chunk {
                     st.table.release(slot);
                     if result.is_ok() && waited.is_ok() {
-                        st.table.promote(slot);
+                        self.promote(b, st, slot)?;
                     }
                 }
                 result?;
@@ -232,6 +272,61 @@ impl GpuExperts {
         Ok(tables)
     }
 
+    /// Promotes a loaded working slot; with an exclusive host tier, the expert it evicts
+    /// goes down there (a touch, or a device -> host copy started now: its GPU slot still
+    /// holds it, and no copy into that slot is queued before it).
+    fn promote(&self, b: &CudaBackend, st: &mut State, slot: usize) -> Result<()> {
+        let victim = st.table.promotion_victim(slot);
+        let evicted = st.table.promote(slot).evicted();
+        let (Some(key), Some(from), true) = (evicted, victim, self.exclusive) else { return Ok(()) };
+        match self.host.demote_begin(key) {
+            Demotion::Kept => st.traffic.demotions_kept += 1,
+            Demotion::Dropped => {}
+            Demotion::Copy { slot: host_slot, generation, dst } => {
+                let base = st.device.as_ref().expect("the device slab exists").slab.ptr();
+                // SAFETY: `dst` is the host slot's `slot_bytes` (phase Loading: untouched by
+                // anyone else until `demote_finish`), inside the slab the host tier owns.
+                let dst = unsafe { std::slice::from_raw_parts_mut(dst, self.slot_bytes) };
+                match b.copy_to_host(dst, base + (from * self.slot_bytes) as u64) {
+                    Ok(fence) => {
+                        st.traffic.demotions_copied += 1;
+                        st.traffic.demotion_bytes += self.slot_bytes as u64;
+                        st.demoting.push(Demoting { from: Some(from), host_slot, generation, fence });
+                    }
+                    Err(e) => {
+                        self.host.demote_finish(host_slot, generation, false);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues what follows on the compute stream (a copy into GPU slot `slot`) behind the
+    /// device -> host copies still reading that slot.
+    fn after_demotions_from(b: &CudaBackend, st: &mut State, slot: usize) -> Result<()> {
+        for d in st.demoting.iter_mut().filter(|d| d.from == Some(slot)) {
+            b.queue_after(&d.fence)?;
+            d.from = None;
+        }
+        Ok(())
+    }
+
+    /// Waits for the device -> host copies in flight and hands their slots to the host
+    /// tier (a failed copy frees its slot and fails the caller).
+    fn settle_demotions(&self, st: &mut State) -> Result<()> {
+        let mut first_err = None;
+        for d in st.demoting.drain(..) {
+            let copied = d.fence.wait();
+            self.host.demote_finish(d.host_slot, d.generation, copied.is_ok());
+            if let (Err(e), None) = (copied, &first_err) {
+                first_err = Some(e);
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(anyhow!("device -> host copy of an evicted expert: {e:#}")))
+    }
+
     fn run_layer(
         &self,
         b: &CudaBackend,
@@ -260,13 +355,15 @@ impl GpuExperts {
             false => self.views(b, st, layer, &hits).and_then(|views| compute(&GpuReady { items: &hits, views })),
         };
         // Queued on the stream: a later copy into these slots waits for these kernels.
+        let mut promoted = Ok(());
         for &(_, slot) in &hits {
             st.table.release(slot);
-            if st.table.slot(slot).role == SlotRole::Working {
-                st.table.promote(slot);
+            if st.table.slot(slot).role == SlotRole::Working && promoted.is_ok() {
+                promoted = self.promote(b, st, slot);
             }
         }
         result?;
+        promoted?;
         if misses.is_empty() {
             return Ok(());
         }
@@ -278,6 +375,10 @@ impl DeviceTier for GpuExperts {
     /// This window's report; the traffic counters start over.
     fn take_report(&self) -> DeviceTierReport {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // A turn's demotions land in the host tier before its report (and its repins).
+        if let Err(e) = self.settle_demotions(&mut st) {
+            eprintln!("warning: GPU expert tier: {e:#}");
+        }
         let traffic = std::mem::take(&mut st.traffic);
         let looked = traffic.hits + traffic.misses;
         DeviceTierReport {

@@ -9,6 +9,7 @@
 //! on what was resident: streamed output equals resident output bit for bit.
 
 use super::source::ExpertSource;
+
 use super::telemetry::{DeviceTier, DeviceTierReport, Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
@@ -23,6 +24,10 @@ use strata_residency::{
     SlotTable, UsageLedger, REPIN_MAX_SWAPS,
 };
 use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
+
+mod demote;
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use demote::Demotion;
 
 /// Where the usage ledger lives.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -126,6 +131,8 @@ pub struct StreamedExperts {
     state: Mutex<State>,
     /// A device tier in front of this one (the GPU tier), reported with it.
     device_tier: Mutex<Option<std::sync::Weak<dyn DeviceTier>>>,
+    /// Kept exclusive of that device tier (runtime/demote.rs).
+    below_device: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot for `--stats` / `/stats`.
@@ -196,6 +203,7 @@ impl StreamedExperts {
             plan,
             state: Mutex::new(state),
             device_tier: Mutex::new(None),
+            below_device: std::sync::atomic::AtomicBool::new(false),
         };
         me.preload(pins)?;
         Ok(me)
@@ -397,13 +405,7 @@ impl StreamedExperts {
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
             footprint_bytes: crate::stats::current_rss_bytes(),
             budget_bytes: self.budget,
-            device_tier: self
-                .device_tier
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .and_then(|w| w.upgrade())
-                .map(|t| t.take_report()),
+            device_tier: None,
         };
         st.demand = Traffic::default();
         st.policy = Traffic::default();
@@ -411,6 +413,11 @@ impl StreamedExperts {
         st.pilot = PilotStats::default();
         st.pending.clear();
         st.landed.clear();
+        // Without this tier's lock: the device tier settles its demotions into it.
+        drop(st);
+        let mut report = report;
+        let tier = self.device_tier.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|w| w.upgrade());
+        report.device_tier = tier.map(|t| t.take_report());
         Ok(report)
     }
 }
@@ -517,6 +524,8 @@ impl StreamedExperts {
         let mut to_promote = Vec::new();
         let mut wave = Vec::new();
         let mut next = 0usize;
+        // Under a device tier, what goes up is cooled, not promoted (runtime/demote.rs).
+        let below = self.below_device();
         {
             let mut st = self.state.lock().unwrap();
             st.table.tick();
@@ -526,7 +535,9 @@ impl StreamedExperts {
                     Some(slot) => {
                         st.table.lease(slot);
                         hits.push((e, slot));
-                        if st.table.slot(slot).role == SlotRole::Working {
+                        if below {
+                            st.table.cool((layer, e as usize));
+                        } else if st.table.slot(slot).role == SlotRole::Working {
                             to_promote.push(slot);
                         }
                         if st.landed.remove(&(layer, e as usize)) {
@@ -595,7 +606,7 @@ impl StreamedExperts {
             let mut st = self.state.lock().unwrap();
             for &(_, slot) in &landed {
                 st.table.release(slot);
-                if result.is_ok() {
+                if result.is_ok() && !below {
                     st.table.promote(slot);
                 }
             }

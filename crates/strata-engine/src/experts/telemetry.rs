@@ -239,6 +239,11 @@ pub struct DeviceTierTraffic {
     /// Time the host waited for copies to finish reading host slots (the part of the
     /// transfers not hidden behind queued device work).
     pub copy_wait_seconds: f64,
+    /// Experts this tier evicted that the host tier kept (exclusive tiers): still held
+    /// there (touched), or copied device -> host, with those copies' bytes.
+    pub demotions_kept: u64,
+    pub demotions_copied: u64,
+    pub demotion_bytes: u64,
 }
 
 /// A device tier of expert slots in front of the host slab, for `--stats` and `/stats`.

@@ -111,10 +111,21 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
             let tier = report.device_tier.expect("the host tier reports its GPU tier");
             if gpu == Some(gmin) {
                 assert!(tier.traffic.misses > 0 && tier.traffic.copies > 0, "{what}: nothing streamed ({tier:?})");
+                // One GPU slot a layer evicts at every miss; the host tier keeps each
+                // evicted expert (exclusive tiers: touched there, or copied back down).
+                let t = &tier.traffic;
+                assert!(t.demotions_kept + t.demotions_copied > 0, "{what}: no eviction came down ({tier:?})");
+                assert_eq!(t.demotion_bytes, t.demotions_copied * slot, "{what}: {tier:?}");
             }
             eprintln!(
-                "{what}: equal; GPU tier {} hits, {} misses, {} copied; host tier {} misses",
-                tier.traffic.hits, tier.traffic.misses, tier.traffic.copy_bytes, report.turn.demand.misses
+                "{what}: equal; GPU tier {} hits, {} misses, {} copied, evictions kept by the host {} (+{} copied \
+                 down); host tier {} misses",
+                tier.traffic.hits,
+                tier.traffic.misses,
+                tier.traffic.copy_bytes,
+                tier.traffic.demotions_kept,
+                tier.traffic.demotions_copied,
+                report.turn.demand.misses
             );
         }
         let err = LoadedModel::open_with(dir.path(), &options(Some(gmin - 1), None, 2)).err().expect("too small");
@@ -172,4 +183,54 @@ fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
     std::fs::write(&file, saved).unwrap();
     let again = run(&m);
     assert!(again == reference, "after the fault the tiers must serve the reference output");
+}
+
+/// `strata replay --host-slots-per-layer` replays the tiers as the engine serves them: a
+/// traced generation through a small GPU slab and host tier, replayed at the plans' sizes,
+/// gives the engine's GPU hits, host hits and disk reads (exclusive tiers, the default).
+#[test]
+fn cuda_two_tier_replay_matches_the_engine() {
+    let Some(_g) = gpu() else { return };
+    let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
+    let (gmin, slot) = gpu_min(dir.path(), 2);
+    let hmin = host_min(dir.path(), 2, slot);
+    let m = open(dir.path(), &options(Some(gmin + 2 * slot), Some(hmin + 4 * slot), 2));
+    let trace_path = dir.path().join("tiers.trace");
+    let mut g = m.generator().unwrap();
+    g.set_trace(strata_engine::generate::RouteTrace::create(&trace_path).unwrap());
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 71 % 440) as u32).collect();
+    let req = GenerateRequest::new(prompt, 60, SamplingParams { temperature: 0.9, seed: 5, ..Default::default() });
+    g.generate(None, &req, &mut |_| true).unwrap();
+    drop(g);
+    let report = m.experts.as_ref().unwrap().end_turn().unwrap();
+    let tier = report.device_tier.expect("a GPU tier");
+    let (gp, hp) = (tier.plan, report.plan);
+    let records =
+        strata_residency::read_trace(std::io::BufReader::new(std::fs::File::open(&trace_path).unwrap())).unwrap();
+    let cfg = |p: &strata_residency::ResidencyPlan| strata_residency::ReplayConfig {
+        slots_per_layer: p.slots_per_layer,
+        working: p.input.working_slots,
+        pinned: 0,
+    };
+    let r = strata_residency::replay_tiers(&records, &cfg(&gp), &cfg(&hp)).lru;
+    let engine = (tier.traffic.hits, report.turn.demand.hits, report.turn.demand.misses);
+    let replayed = (r.gpu_hits, r.host_hits, r.disk_reads);
+    eprintln!(
+        "GPU {} + {} working slots, host {} + {}: engine (GPU hits, host hits, disk) {engine:?}, replay {replayed:?}; \
+         demotions: engine {} kept + {} copied, replay {} + {}",
+        gp.slots_per_layer * gp.input.sparse_layers,
+        gp.input.working_slots,
+        hp.slots_per_layer * hp.input.sparse_layers,
+        hp.input.working_slots,
+        tier.traffic.demotions_kept,
+        tier.traffic.demotions_copied,
+        r.demotions_touched,
+        r.demotions_copied
+    );
+    assert_eq!(tier.traffic.hits + tier.traffic.misses, r.accesses, "the same expert uses");
+    assert_eq!(engine.0, replayed.0, "GPU hits: the GPU tier is the replay's slot table in the same order");
+    // The engine demotes while the host's batch is being handed up (its working slots
+    // leased), the replay after: a few demotions may land differently.
+    let close = |a: u64, b: u64| a.abs_diff(b) as f64 <= 0.05 * r.accesses as f64;
+    assert!(close(engine.1, replayed.1) && close(engine.2, replayed.2), "engine {engine:?} vs replay {replayed:?}");
 }

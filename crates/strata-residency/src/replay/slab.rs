@@ -91,9 +91,23 @@ pub(crate) fn lease_hits(
 }
 
 /// One forward of one layer over its unique `experts` (any order; the runtime visits
-/// them ascending).
-pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) {
+/// them ascending). `below_device`: the slab is the host tier under exclusive GPU tiers,
+/// which hands every expert up: its hits are cooled (the layer's first victims) and its
+/// loads are not promoted (each stays in its working slot until the slot is reused).
+pub(crate) fn forward_layer(
+    table: &mut SlotTable,
+    layer: usize,
+    experts: &[usize],
+    tally: &mut SlabTally,
+    below_device: bool,
+) {
     let (hits, misses) = lease_hits(table, layer, experts, tally);
+    if below_device {
+        for &slot in &hits {
+            let key = table.slot(slot).key.expect("a hit holds its key");
+            table.cool(key);
+        }
+    }
     let to_promote: Vec<usize> =
         hits.iter().copied().filter(|&slot| table.slot(slot).role == SlotRole::Working).collect();
     let mut pending = misses.into_iter().peekable();
@@ -110,7 +124,7 @@ pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usiz
         }
         tally.waves += 1;
         for (slot, generation) in wave {
-            if table.finish_load(slot, generation) {
+            if table.finish_load(slot, generation) && !below_device {
                 table.promote(slot);
             }
         }
@@ -118,7 +132,9 @@ pub(crate) fn forward_layer(table: &mut SlotTable, layer: usize, experts: &[usiz
     for &slot in &hits {
         table.release(slot);
     }
-    for slot in to_promote {
-        table.promote(slot);
+    if !below_device {
+        for slot in to_promote {
+            table.promote(slot);
+        }
     }
 }

@@ -6,7 +6,17 @@
 //! 2. the GPU's misses, if any, go to the host slab exactly as the CPU runtime serves a
 //!    layer (`slab::forward_layer`): a host hit costs a copy, a host miss a disk read;
 //! 3. every GPU miss is loaded into a free GPU working slot (in chunks of the GPU's
-//!    working bank), then promoted into the layer's GPU slots.
+//!    working bank), then promoted into the layer's GPU slots;
+//! 4. exclusive tiers (the engine's default) keep in the host slab what the GPU lost, not
+//!    a second copy of what it holds: in step 2 the host's hits are cooled (made their
+//!    layer's first victims) and its disk reads are not promoted (each stays in its host
+//!    working slot until that is reused); each expert a GPU promotion evicts is demoted:
+//!    touched in the host slab when it still holds it, else copied down into a free host
+//!    working slot and promoted there (dropped when none is free). Inclusive tiers
+//!    (`STRATA_HOST_TIER=inclusive`) do neither, and the host slab repeats the GPU's LRU.
+//!
+//! The engine demotes while the host's batch is still being handed up (its wave's slots
+//! leased), so a demotion the replay makes may find no free host working slot there.
 //!
 //! Pins: the GPU tier pins the trace's `gpu.pinned` most selected keys, the host tier the
 //! next `host.pinned` (a key pinned on the GPU never reaches the host).
@@ -35,34 +45,44 @@ pub struct TiersResult {
     /// GPU slots (working + pinned + layer slots) and host slots.
     pub gpu_slots: usize,
     pub host_slots: usize,
+    /// Exclusive tiers: GPU evictions the host still held (touched there), and those
+    /// copied down into it (a device -> host copy each).
+    pub demotions_touched: u64,
+    pub demotions_copied: u64,
 }
 
-/// LRU in both tiers, and the same with pins.
+/// LRU in both tiers, and the same with pins; exclusive tiers (the engine's default) and
+/// inclusive ones.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TiersReport {
     pub gpu: ReplayConfig,
     pub host: ReplayConfig,
     pub lru: TiersResult,
     pub pinned_lru: TiersResult,
+    pub inclusive_lru: TiersResult,
+    pub inclusive_pinned_lru: TiersResult,
 }
 
 /// Replays `records` through a GPU tier at `gpu`'s capacity in front of a host tier at
 /// `host`'s.
 pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayConfig) -> TiersReport {
     let g = group(records);
-    let run = |gpu_pins: usize, host_pins: usize| {
+    let run = |gpu_pins: usize, host_pins: usize, exclusive: bool| {
         let ranked = most_selected(records, gpu_pins + host_pins);
         let (gp, hp) = ranked.split_at(gpu_pins.min(ranked.len()));
         let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp);
         let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp);
         let mut gpu_tally = SlabTally::default();
         let mut host_tally = SlabTally::default();
+        let mut demoted = Demoted::default();
         for a in &g.accesses {
             let layer = g.layers[a.layer_pos];
-            let misses = gpu_lookup(&mut gpu_table, layer, &a.experts, &mut gpu_tally);
+            let host = exclusive.then_some(&mut host_table);
+            let misses = gpu_lookup(&mut gpu_table, layer, &a.experts, &mut gpu_tally, host, &mut demoted);
             if !misses.is_empty() {
-                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally);
-                gpu_bring_in(&mut gpu_table, layer, &misses);
+                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally, exclusive);
+                let host = exclusive.then_some(&mut host_table);
+                gpu_bring_in(&mut gpu_table, layer, &misses, host, &mut demoted);
             }
         }
         let accesses = gpu_tally.hits + gpu_tally.misses;
@@ -78,26 +98,71 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
             disk_rate: rate(host_tally.misses),
             gpu_slots: slots(gpu, gp.len()),
             host_slots: slots(host, hp.len()),
+            demotions_touched: demoted.touched,
+            demotions_copied: demoted.copied,
         }
     };
-    TiersReport { gpu: *gpu, host: *host, lru: run(0, 0), pinned_lru: run(gpu.pinned, host.pinned) }
+    TiersReport {
+        gpu: *gpu,
+        host: *host,
+        lru: run(0, 0, true),
+        pinned_lru: run(gpu.pinned, host.pinned, true),
+        inclusive_lru: run(0, 0, false),
+        inclusive_pinned_lru: run(gpu.pinned, host.pinned, false),
+    }
 }
 
-/// Step 1: the GPU's hits (leased, released, working ones promoted); returns the misses
-/// in ascending order.
-fn gpu_lookup(table: &mut SlotTable, layer: usize, experts: &[usize], tally: &mut SlabTally) -> Vec<usize> {
+#[derive(Default)]
+struct Demoted {
+    touched: u64,
+    copied: u64,
+}
+
+/// Step 4 for one evicted expert: kept by the host slab (touched, or copied down).
+fn demote(host: &mut SlotTable, key: (usize, usize), demoted: &mut Demoted) {
+    if host.touch(key) {
+        demoted.touched += 1;
+    } else if host.peek(key).is_none() {
+        if let Some((slot, generation)) = host.begin_load(key) {
+            host.finish_load(slot, generation);
+            host.promote(slot);
+            demoted.copied += 1;
+        }
+    }
+}
+
+/// Step 1: the GPU's hits (leased, released, working ones promoted, what they evict
+/// demoted to `host`); returns the misses in ascending order.
+fn gpu_lookup(
+    table: &mut SlotTable,
+    layer: usize,
+    experts: &[usize],
+    tally: &mut SlabTally,
+    mut host: Option<&mut SlotTable>,
+    demoted: &mut Demoted,
+) -> Vec<usize> {
     let (hits, misses) = slab::lease_hits(table, layer, experts, tally);
     for slot in hits {
         table.release(slot);
         if table.slot(slot).role == SlotRole::Working {
-            table.promote(slot);
+            let evicted = table.promote(slot).evicted();
+            if let (Some(key), Some(host)) = (evicted, host.as_deref_mut()) {
+                demote(host, key, demoted);
+            }
         }
     }
     misses
 }
 
-/// Step 3: each miss copied into a GPU working slot, chunk by chunk, then promoted.
-fn gpu_bring_in(table: &mut SlotTable, layer: usize, misses: &[usize]) {
+/// Step 3: each miss copied into a GPU working slot, chunk by chunk, then promoted; with
+/// `host`, each expert a promotion evicts is demoted there (step 4).
+fn gpu_bring_in(
+    table: &mut SlotTable,
+    layer: usize,
+    misses: &[usize],
+    mut host: Option<&mut SlotTable>,
+    demoted: &mut Demoted,
+) {
     let mut i = 0;
     while i < misses.len() {
         let mut chunk = Vec::new();
@@ -115,7 +180,10 @@ fn gpu_bring_in(table: &mut SlotTable, layer: usize, misses: &[usize]) {
         }
         for (slot, _) in chunk {
             table.release(slot);
-            table.promote(slot);
+            let evicted = table.promote(slot).evicted();
+            if let (Some(key), Some(host)) = (evicted, host.as_deref_mut()) {
+                demote(host, key, demoted);
+            }
         }
     }
 }
@@ -134,13 +202,18 @@ impl std::fmt::Display for TiersReport {
         )?;
         writeln!(
             f,
-            "{:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "{:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "policy", "GPU slots", "host slots", "GPU hits", "host hits", "disk"
         )?;
-        for (name, r) in [("LRU", &self.lru), ("pinned+LRU", &self.pinned_lru)] {
+        for (name, r) in [
+            ("LRU", &self.lru),
+            ("pinned+LRU", &self.pinned_lru),
+            ("LRU, inclusive", &self.inclusive_lru),
+            ("pinned+LRU, incl.", &self.inclusive_pinned_lru),
+        ] {
             writeln!(
                 f,
-                "{:<16} {:>10} {:>10} {:>9.2}% {:>9.2}% {:>9.2}%",
+                "{:<18} {:>10} {:>10} {:>9.2}% {:>9.2}% {:>9.2}%",
                 name,
                 r.gpu_slots,
                 r.host_slots,
@@ -184,6 +257,21 @@ mod tests {
     }
 
     #[test]
+    fn exclusive_tiers_keep_what_the_gpu_evicts() {
+        // A cycle of 6 experts over a GPU of 2 layer slots + 1 working and a host of 4 + 1:
+        // together they hold the cycle once the host keeps the GPU's victims (exclusive),
+        // not a second copy of the GPU's experts (inclusive: the host's LRU order is the
+        // GPU's, so it has lost each expert by the time the GPU has).
+        let forwards: Vec<Vec<usize>> = (0..60).map(|i| vec![i % 6]).collect();
+        let t = replay_tiers(&rows(0, &forwards), &cfg(2, 1, 0), &cfg(4, 1, 0));
+        assert_eq!(t.inclusive_lru.disk_reads, 60, "inclusive: every use reads the disk");
+        assert_eq!(t.lru.disk_reads, 6, "exclusive: only the first use of each expert");
+        assert_eq!(t.lru.host_hits, 54);
+        assert!(t.lru.demotions_copied + t.lru.demotions_touched > 0);
+        assert_eq!((t.inclusive_lru.demotions_copied, t.inclusive_lru.demotions_touched), (0, 0));
+    }
+
+    #[test]
     fn pins_keep_the_hottest_expert_on_the_gpu() {
         // Expert 7 in every forward, the rest a long cycle that flushes an LRU of 1 slot.
         let forwards: Vec<Vec<usize>> = (0..40).map(|i| vec![7, 10 + i % 9]).collect();
@@ -208,7 +296,7 @@ mod tests {
             let host = cfg(1 + rng.below(10), 1 + rng.below(4), rng.below(5));
             let t = replay_tiers(&trace, &gpu, &host);
             let accesses = crate::replay(&trace, &gpu).accesses;
-            for r in [t.lru, t.pinned_lru] {
+            for r in [t.lru, t.pinned_lru, t.inclusive_lru, t.inclusive_pinned_lru] {
                 assert_eq!(r.accesses, accesses);
                 assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads, r.accesses, "{gpu:?} {host:?}");
                 // Every distinct key is read from disk at least once.

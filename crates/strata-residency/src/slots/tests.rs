@@ -63,6 +63,39 @@ fn misses_fill_empty_slots_then_evict_the_least_recently_used() {
 }
 
 #[test]
+fn a_cooled_expert_goes_first_and_a_touched_one_last() {
+    let mut t = table(0, 3);
+    for e in [1, 2, 3] {
+        t.tick();
+        miss(&mut t, (3, e));
+    }
+    // 1 is the oldest; cooling 3 (the newest) makes it the victim instead.
+    assert!(t.cool((3, 3)));
+    t.tick();
+    let (incoming, _) = {
+        let (slot, g) = t.begin_load((3, 4)).unwrap();
+        assert!(t.finish_load(slot, g));
+        (slot, g)
+    };
+    let victim = t.promotion_victim(incoming).unwrap();
+    assert_eq!(t.slot(victim).key, Some((3, 3)));
+    assert_eq!(t.promote(incoming), Promotion::Evicted((3, 3)));
+    // Touching 1 (now the oldest) without a lookup keeps it past 2.
+    t.tick();
+    let hits = t.snapshot().hits;
+    assert!(t.touch((3, 1)));
+    assert_eq!(t.snapshot().hits, hits);
+    t.tick();
+    assert_eq!(miss(&mut t, (3, 5)).1, Promotion::Evicted((3, 2)));
+    // Neither applies to absent, loading or working-bank keys.
+    assert!(!t.touch((3, 9)) && !t.cool((3, 9)));
+    let (slot, _) = t.begin_load((5, 1)).unwrap();
+    assert!(!t.touch((5, 1)) && !t.cool((5, 1)));
+    assert_eq!(t.slot(slot).phase, SlotPhase::Loading);
+    t.check_invariants().unwrap();
+}
+
+#[test]
 fn lru_ties_go_to_the_lowest_slot_id() {
     let mut t = table(0, 2);
     // Same clock for both: the lower slot id is the victim.
@@ -332,7 +365,7 @@ fn random_operation_sequences_keep_the_invariants() {
         let mut leased: Vec<usize> = Vec::new();
         for _step in 0..400 {
             let key = (layers[rng.below(2)], rng.below(8));
-            match rng.below(12) {
+            match rng.below(14) {
                 0 => t.tick(),
                 1 => {
                     if let Some(slot) = t.lookup(key) {
@@ -376,8 +409,15 @@ fn random_operation_sequences_keep_the_invariants() {
                     if let Some(&slot) = ready.get(rng.below(ready.len().max(1))) {
                         let key = t.slot(slot).key.unwrap();
                         let pinned_before = t.pinned_keys();
+                        let victim = t.promotion_victim(slot);
+                        let victim_key = victim.and_then(|v| t.slot(v).key);
                         let promotion = t.promote(slot);
                         assert_eq!(t.peek(key), Some(slot));
+                        assert_eq!(promotion == Promotion::NoVictim, victim.is_none(), "{promotion:?} {victim:?}");
+                        assert_eq!(promotion.evicted(), victim_key, "promotion_victim named another slot");
+                        if let Some(v) = victim {
+                            assert_eq!(t.slot(v).role, SlotRole::Working, "the victim became a working slot");
+                        }
                         if let Some(evicted) = promotion.evicted() {
                             assert_eq!(t.peek(evicted), None);
                             assert!(!pinned_before.contains(&evicted));
@@ -406,6 +446,28 @@ fn random_operation_sequences_keep_the_invariants() {
                         } else {
                             let _ = t.repin(cold, key);
                         }
+                    }
+                }
+                12 => {
+                    let (hits, last) = (t.snapshot().hits, t.peek(key).map(|s| t.slot(s).last_use));
+                    let ready =
+                        t.peek(key).is_some_and(|s| matches!(t.slot(s).phase, SlotPhase::Ready | SlotPhase::Leased));
+                    assert_eq!(t.touch(key), ready);
+                    assert_eq!(t.snapshot().hits, hits, "a touch is not a hit");
+                    if ready {
+                        assert_eq!(t.slot(t.peek(key).unwrap()).last_use, t.clock());
+                    } else {
+                        assert_eq!(t.peek(key).map(|s| t.slot(s).last_use), last);
+                    }
+                }
+                13 => {
+                    let layer_ready = t.peek(key).is_some_and(|s| {
+                        matches!(t.slot(s).role, SlotRole::Layer(_))
+                            && matches!(t.slot(s).phase, SlotPhase::Ready | SlotPhase::Leased)
+                    });
+                    assert_eq!(t.cool(key), layer_ready);
+                    if layer_ready {
+                        assert_eq!(t.slot(t.peek(key).unwrap()).last_use, 0);
                     }
                 }
                 _ => {}

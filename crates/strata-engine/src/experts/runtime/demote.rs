@@ -1,0 +1,139 @@
+//! The host tier under a device tier, kept exclusive: it holds what the device lost, not
+//! a second copy of what the device holds. With LRU in both tiers an inclusive host tier
+//! repeats the device's order and serves few of its misses (a 256-expert, top-8 routing
+//! trace, tiers of 26.7% and 27% of the experts: 5.6% host hits and 34% disk reads, against
+//! 24% and 16% exclusive; `strata replay --host-slots-per-layer`, docs/performance.md).
+//!
+//! - What this tier hands up, it cools: a hit becomes its layer's first victim, a read
+//!   stays in its working slot (not promoted) until the slot is reused.
+//! - What the device evicts comes back down ([`StreamedExperts::demote_begin`]): a touch
+//!   when this tier still holds it, else a device -> host copy into a working slot, which
+//!   [`StreamedExperts::demote_finish`] promotes once the copy is done.
+
+use super::StreamedExperts;
+use strata_residency::ExpertKey;
+
+/// What became of an expert the device evicted.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Demotion {
+    /// This tier still held it: touched (its last use is now).
+    Kept,
+    /// Copy the device's bytes into `dst` (`slot`'s bytes, page-locked when the device
+    /// tier registered the slab), then call [`StreamedExperts::demote_finish`].
+    Copy { slot: usize, generation: u64, dst: *mut u8 },
+    /// No free working slot (or the expert is already on its way in): dropped.
+    Dropped,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl StreamedExperts {
+    /// Whether this tier sits under a device tier that demotes into it (exclusive tiers).
+    pub(crate) fn set_below_device(&self, on: bool) {
+        self.below_device.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn below_device(&self) -> bool {
+        self.below_device.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The device tier evicted `key`: keep it here (see [`Demotion`]).
+    pub(crate) fn demote_begin(&self, key: ExpertKey) -> Demotion {
+        let mut st = self.state.lock().unwrap();
+        if st.table.touch(key) {
+            return Demotion::Kept;
+        }
+        if st.table.peek(key).is_some() {
+            return Demotion::Dropped;
+        }
+        match st.table.begin_load(key) {
+            // SAFETY (for the caller's write): the slot is in phase Loading, so nothing
+            // reads or writes it until `demote_finish`.
+            Some((slot, generation)) => Demotion::Copy {
+                slot,
+                generation,
+                dst: unsafe { self.slab.as_ptr().add(slot * self.slot_bytes) as *mut u8 },
+            },
+            None => Demotion::Dropped,
+        }
+    }
+
+    /// The copy of a [`Demotion::Copy`] is done (`copied`: it succeeded): the expert takes
+    /// a slot of its layer; else the slot is freed.
+    pub(crate) fn demote_finish(&self, slot: usize, generation: u64, copied: bool) {
+        let mut st = self.state.lock().unwrap();
+        if copied && st.table.finish_load(slot, generation) {
+            st.table.promote(slot);
+        } else {
+            st.table.fail_load(slot, generation);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::experts::{RuntimeOptions, UsageSetting};
+    use crate::{LoadOptions, LoadedModel};
+    use strata_kernels::QuantKind;
+    use strata_models::convert::{convert, ConvertOptions};
+    use strata_residency::{SlotPhase, SlotRole};
+
+    /// strata-tiny's experts streamed (2 slots a layer, 8 working) with the host tier under
+    /// a device tier: what it hands up is cooled or left unpromoted, what comes down is
+    /// kept (touched, or copied into a slot and promoted).
+    #[test]
+    fn a_host_tier_under_a_device_keeps_what_comes_down_not_what_goes_up() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ConvertOptions { experts: QuantKind::Int8Row, mtp_experts: QuantKind::Int8Row };
+        convert(&root.join("models/strata-tiny"), dir.path(), &opts, &mut |_, _| {}).unwrap();
+        let load = LoadOptions {
+            budget: Some(u64::MAX / 4),
+            context: 64,
+            runtime: RuntimeOptions {
+                working_slots: 8,
+                max_slots_per_layer: Some(2),
+                usage: UsageSetting::Off,
+                ..Default::default()
+            },
+            mtp: false,
+            ..Default::default()
+        };
+        let m = LoadedModel::open_with(dir.path(), &load).unwrap();
+        let rt = m.experts.clone().expect("streamed experts");
+        let layer = rt.layers().0[0];
+        let role = |e: usize| {
+            let st = rt.state.lock().unwrap();
+            st.table
+                .peek((layer, e))
+                .map(|s| (st.table.slot(s).role, st.table.slot(s).phase, st.table.slot(s).last_use))
+        };
+        let run = |experts: &[u32]| rt.run_slots(layer, experts, &mut |_| Ok(())).unwrap();
+
+        // Not under a device: reads are promoted into the layer's slots.
+        run(&[3, 4]);
+        assert!(matches!(role(3), Some((SlotRole::Layer(_), SlotPhase::Ready, _))));
+        rt.set_below_device(true);
+        // Under it: a read stays in its working slot; a hit is cooled (last use 0).
+        run(&[3, 5]);
+        assert!(matches!(role(5), Some((SlotRole::Working, SlotPhase::Ready, _))), "{:?}", role(5));
+        assert!(matches!(role(3), Some((SlotRole::Layer(_), SlotPhase::Ready, 0))), "{:?}", role(3));
+
+        // An eviction the tier still holds is touched.
+        assert!(matches!(rt.demote_begin((layer, 3)), super::Demotion::Kept));
+        assert!(matches!(role(3), Some((SlotRole::Layer(_), _, t)) if t > 0));
+        // One it lost is copied into a working slot, then promoted into the layer.
+        let super::Demotion::Copy { slot, generation, dst } = rt.demote_begin((layer, 9)) else {
+            panic!("expert 9 is absent: it should be copied down");
+        };
+        assert!(!dst.is_null());
+        assert!(matches!(role(9), Some((SlotRole::Working, SlotPhase::Loading, _))));
+        assert!(matches!(rt.demote_begin((layer, 9)), super::Demotion::Dropped), "already on its way");
+        rt.demote_finish(slot, generation, true);
+        assert!(matches!(role(9), Some((SlotRole::Layer(_), SlotPhase::Ready, _))), "{:?}", role(9));
+        // A failed copy frees its slot.
+        let super::Demotion::Copy { slot, generation, .. } = rt.demote_begin((layer, 11)) else { panic!() };
+        rt.demote_finish(slot, generation, false);
+        assert_eq!(role(11), None);
+        rt.state.lock().unwrap().table.check_invariants().unwrap();
+    }
+}
