@@ -267,7 +267,7 @@ fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey]) -> Tally {
     let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins);
     let mut tally = slab::SlabTally::default();
     for a in &g.accesses {
-        slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, &mut tally, false);
+        slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, &mut tally, None, false);
     }
     Tally { hits: tally.hits, misses: tally.misses, waves: tally.waves }
 }

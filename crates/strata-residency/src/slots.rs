@@ -19,8 +19,9 @@
 //! 1. the key index maps `k -> s` exactly when slot `s` holds key `k`; keys are unique;
 //! 2. a slot holds a key exactly when its phase is not Idle;
 //! 3. a slot is Leased exactly when its lease count is positive;
-//! 4. a `Layer(l)` slot holds only keys of layer `l`; Loading happens only in Working or
-//!    Pinned slots; Disabled slots are Idle;
+//! 4. a `Layer(l)` slot holds only keys of layer `l`; Loading happens in Working and
+//!    Pinned slots, and in Layer slots only by [`SlotTable::begin_demotion`]; Disabled
+//!    slots are Idle;
 //! 5. every sparse layer keeps at least one layer slot; the working and pinned banks
 //!    keep their planned sizes; layer + disabled slots = `sparse_layers * slots_per_layer`
 //!    (capacity only moves from Layer to Disabled);
@@ -94,6 +95,17 @@ impl Promotion {
             _ => None,
         }
     }
+}
+
+/// Result of [`SlotTable::keep`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Held ready: touched, or promoted out of the working bank.
+    Kept,
+    /// Not in the table: bring its bytes in ([`SlotTable::begin_demotion`]) to keep it.
+    Absent,
+    /// On its way in (a read or another copy in flight): nothing to do.
+    Loading,
 }
 
 /// Counts by role and phase plus the event counters.
@@ -379,8 +391,51 @@ impl SlotTable {
         self.layer_victim(*self.layer_pos.get(&layer)?)
     }
 
-    /// Marks `key` as used now without counting a hit (a tier below the device keeps what
-    /// the device just evicted). False when `key` is absent or not yet loaded.
+    /// A tier below a device keeps `key`, which the device has just evicted: held ready
+    /// in a working slot, it is promoted into its layer's slots; in a layer or pinned
+    /// slot, touched. No hit is counted.
+    pub fn keep(&mut self, key: ExpertKey) -> Keep {
+        let Some(&slot) = self.index.get(&key) else { return Keep::Absent };
+        match self.slots[slot].phase {
+            SlotPhase::Ready | SlotPhase::Leased if self.slots[slot].role == SlotRole::Working => {
+                self.promote(slot);
+                Keep::Kept
+            }
+            SlotPhase::Ready | SlotPhase::Leased => {
+                self.touch(key);
+                Keep::Kept
+            }
+            _ => Keep::Loading,
+        }
+    }
+
+    /// Starts bringing `key` straight into one of its layer's slots (a tier below a device
+    /// takes back an expert the device evicted, copied from the device while the tier's
+    /// working bank may be busy): the layer's LRU victim (neither loading nor leased) is
+    /// emptied, its expert evicted, and assigned `key`, phase Loading, a fresh generation.
+    /// Publish with [`Self::finish_load`] or [`Self::fail_load`]. None when `key` is in the
+    /// table or every slot of the layer is loading or leased.
+    /// Panics when `key.0` is not a sparse layer of this table.
+    pub fn begin_demotion(&mut self, key: ExpertKey) -> Option<(usize, u64)> {
+        assert!(self.is_sparse(key.0), "begin_demotion: layer {} is not a sparse layer", key.0);
+        if self.index.contains_key(&key) {
+            return None;
+        }
+        let slot = self.layer_victim(self.layer_pos[&key.0])?;
+        if self.empty_slot(slot).is_some() {
+            self.counters.evictions += 1;
+        }
+        let generation = self.next_generation();
+        let s = &mut self.slots[slot];
+        s.key = Some(key);
+        s.phase = SlotPhase::Loading;
+        s.generation = generation;
+        self.index.insert(key, slot);
+        Some((slot, generation))
+    }
+
+    /// Marks `key` as used now without counting a hit. False when `key` is absent or not
+    /// yet loaded.
     pub fn touch(&mut self, key: ExpertKey) -> bool {
         let Some(&slot) = self.index.get(&key) else { return false };
         let s = &mut self.slots[slot];
@@ -649,9 +704,6 @@ impl SlotTable {
                     }
                     if s.key.is_some_and(|k| k.0 != l) {
                         return Err(format!("slot {i}: layer {l} slot holds {:?}", s.key));
-                    }
-                    if s.phase == SlotPhase::Loading {
-                        return Err(format!("slot {i}: layer slot is loading"));
                     }
                 }
                 SlotRole::Disabled if s.phase != SlotPhase::Idle => {

@@ -90,51 +90,90 @@ pub(crate) fn lease_hits(
     (hits, misses)
 }
 
+/// The tier above a slab (the GPU tier of a two-tier replay): called with each batch of
+/// experts the slab hands up, their slots leased, as the engine's `run_slots` computes
+/// them (its hits, then each wave of reads).
+pub(crate) type HandUp<'a> = dyn FnMut(&mut SlotTable, &[usize]) + 'a;
+
 /// One forward of one layer over its unique `experts` (any order; the runtime visits
-/// them ascending). `below_device`: the slab is the host tier under exclusive GPU tiers,
-/// which hands every expert up: its hits are cooled (the layer's first victims) and its
-/// loads are not promoted (each stays in its working slot until the slot is reused).
+/// them ascending). With `up`, the slab is a host tier handing every expert up, in the
+/// engine's order (the first wave of reads submitted, the hits handed up, then each wave
+/// as it lands, leased meanwhile). `below_device`: that tier is kept exclusive of the
+/// one above: its hits are cooled (the layer's first victims) and its reads are not
+/// promoted (each stays in its working slot until the slot is reused, unless the tier
+/// above demotes it meanwhile).
 pub(crate) fn forward_layer(
     table: &mut SlotTable,
     layer: usize,
     experts: &[usize],
     tally: &mut SlabTally,
+    mut up: Option<&mut HandUp<'_>>,
     below_device: bool,
 ) {
     let (hits, misses) = lease_hits(table, layer, experts, tally);
-    if below_device {
-        for &slot in &hits {
-            let key = table.slot(slot).key.expect("a hit holds its key");
-            table.cool(key);
+    let hit_keys: Vec<usize> = hits.iter().map(|&slot| table.slot(slot).key.expect("a hit holds its key").1).collect();
+    let mut to_promote = Vec::new();
+    for &slot in &hits {
+        if below_device {
+            table.cool((layer, table.slot(slot).key.expect("a hit holds its key").1));
+        } else if table.slot(slot).role == SlotRole::Working {
+            to_promote.push(slot);
         }
     }
-    let to_promote: Vec<usize> =
-        hits.iter().copied().filter(|&slot| table.slot(slot).role == SlotRole::Working).collect();
     let mut pending = misses.into_iter().peekable();
-    while pending.peek().is_some() {
+    let mut submit = |table: &mut SlotTable, tally: &mut SlabTally| {
         let mut wave = Vec::new();
         while let Some(&e) = pending.peek() {
-            let Some(loading) = table.begin_load((layer, e)) else { break };
+            let Some((slot, generation)) = table.begin_load((layer, e)) else { break };
             pending.next();
-            wave.push(loading);
+            wave.push((e, slot, generation));
         }
         if wave.is_empty() {
-            tally.stalled += pending.count() as u64;
-            break;
+            tally.stalled += pending.by_ref().count() as u64;
+        } else {
+            tally.waves += 1;
         }
-        tally.waves += 1;
-        for (slot, generation) in wave {
-            if table.finish_load(slot, generation) && !below_device {
-                table.promote(slot);
+        wave
+    };
+    let mut wave = submit(table, tally);
+    if let Some(up) = up.as_mut() {
+        if !hit_keys.is_empty() {
+            up(table, &hit_keys);
+        }
+    }
+    while !wave.is_empty() {
+        let mut landed = Vec::new();
+        for (e, slot, generation) in wave {
+            if !table.finish_load(slot, generation) {
+                continue;
+            }
+            match up {
+                Some(_) => {
+                    table.lease(slot);
+                    landed.push((e, slot));
+                }
+                None => {
+                    table.promote(slot);
+                }
             }
         }
+        if let Some(up) = up.as_mut() {
+            let experts: Vec<usize> = landed.iter().map(|&(e, _)| e).collect();
+            up(table, &experts);
+            for &(_, slot) in &landed {
+                table.release(slot);
+                // Demoted meanwhile, it may hold a layer slot already.
+                if !below_device && table.slot(slot).role == SlotRole::Working {
+                    table.promote(slot);
+                }
+            }
+        }
+        wave = submit(table, tally);
     }
     for &slot in &hits {
         table.release(slot);
     }
-    if !below_device {
-        for slot in to_promote {
-            table.promote(slot);
-        }
+    for slot in to_promote {
+        table.promote(slot);
     }
 }

@@ -261,7 +261,7 @@ fn runtime_rows_match_a_direct_slot_table_drive() {
                 experts.extend(&trace[i].experts);
                 i += 1;
             }
-            slab::forward_layer(&mut table, l, &experts, &mut tally, false);
+            slab::forward_layer(&mut table, l, &experts, &mut tally, None, false);
             table.check_invariants().unwrap();
         }
         let lru = r.policy("LRU").unwrap();

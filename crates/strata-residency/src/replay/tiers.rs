@@ -11,12 +11,13 @@
 //!    a second copy of what it holds: in step 2 the host's hits are cooled (made their
 //!    layer's first victims) and its disk reads are not promoted (each stays in its host
 //!    working slot until that is reused); each expert a GPU promotion evicts is demoted:
-//!    touched in the host slab when it still holds it, else copied down into a free host
-//!    working slot and promoted there (dropped when none is free). Inclusive tiers
-//!    (`STRATA_HOST_TIER=inclusive`) do neither, and the host slab repeats the GPU's LRU.
+//!    kept in the host slab when it still holds it (touched, or promoted out of a working
+//!    slot), else copied down into its layer's LRU victim slot (dropped when every one is
+//!    loading or leased). Inclusive tiers (`STRATA_HOST_TIER=inclusive`) do neither, and
+//!    the host slab repeats the GPU's LRU.
 //!
-//! The engine demotes while the host's batch is still being handed up (its wave's slots
-//! leased), so a demotion the replay makes may find no free host working slot there.
+//! Steps 2-4 interleave as in the engine: the host hands its batches up (hits, then each
+//! wave of reads) with their slots leased, and each batch goes into the GPU's slots then.
 //!
 //! Pins: the GPU tier pins the trace's `gpu.pinned` most selected keys, the host tier the
 //! next `host.pinned` (a key pinned on the GPU never reaches the host).
@@ -25,7 +26,7 @@ use serde::Serialize;
 
 use super::slab::{self, SlabTally};
 use super::{group, most_selected, ReplayConfig};
-use crate::slots::{SlotRole, SlotTable};
+use crate::slots::{Keep, SlotRole, SlotTable};
 use crate::trace::TraceRecord;
 
 /// Where the accesses of a two-tier replay were served.
@@ -80,9 +81,12 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
             let host = exclusive.then_some(&mut host_table);
             let misses = gpu_lookup(&mut gpu_table, layer, &a.experts, &mut gpu_tally, host, &mut demoted);
             if !misses.is_empty() {
-                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally, exclusive);
-                let host = exclusive.then_some(&mut host_table);
-                gpu_bring_in(&mut gpu_table, layer, &misses, host, &mut demoted);
+                // Each batch the host hands up is copied into the GPU's slots (and what
+                // that evicts demoted) while the batch is still leased, as in the engine.
+                let mut up = |host: &mut SlotTable, batch: &[usize]| {
+                    gpu_bring_in(&mut gpu_table, layer, batch, exclusive.then_some(host), &mut demoted);
+                };
+                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally, Some(&mut up), exclusive);
             }
         }
         let accesses = gpu_tally.hits + gpu_tally.misses;
@@ -118,16 +122,18 @@ struct Demoted {
     copied: u64,
 }
 
-/// Step 4 for one evicted expert: kept by the host slab (touched, or copied down).
+/// Step 4 for one evicted expert: kept by the host slab (touched, promoted out of a
+/// working slot, or copied down), as `StreamedExperts::demote_begin` does.
 fn demote(host: &mut SlotTable, key: (usize, usize), demoted: &mut Demoted) {
-    if host.touch(key) {
-        demoted.touched += 1;
-    } else if host.peek(key).is_none() {
-        if let Some((slot, generation)) = host.begin_load(key) {
-            host.finish_load(slot, generation);
-            host.promote(slot);
-            demoted.copied += 1;
+    match host.keep(key) {
+        Keep::Kept => demoted.touched += 1,
+        Keep::Absent => {
+            if let Some((slot, generation)) = host.begin_demotion(key) {
+                host.finish_load(slot, generation);
+                demoted.copied += 1;
+            }
         }
+        Keep::Loading => {}
     }
 }
 
@@ -258,12 +264,13 @@ mod tests {
 
     #[test]
     fn exclusive_tiers_keep_what_the_gpu_evicts() {
-        // A cycle of 6 experts over a GPU of 2 layer slots + 1 working and a host of 4 + 1:
-        // together they hold the cycle once the host keeps the GPU's victims (exclusive),
-        // not a second copy of the GPU's experts (inclusive: the host's LRU order is the
-        // GPU's, so it has lost each expert by the time the GPU has).
+        // A cycle of 6 experts over a GPU of 2 layer slots + 1 working and a host of 5 + 1
+        // (one more than the cycle needs: the host expert being handed up is leased while
+        // the GPU's eviction comes down): together they hold the cycle once the host keeps
+        // the GPU's victims (exclusive), not a second copy of the GPU's experts (inclusive:
+        // the host's LRU order is the GPU's, so it has lost each expert when the GPU has).
         let forwards: Vec<Vec<usize>> = (0..60).map(|i| vec![i % 6]).collect();
-        let t = replay_tiers(&rows(0, &forwards), &cfg(2, 1, 0), &cfg(4, 1, 0));
+        let t = replay_tiers(&rows(0, &forwards), &cfg(2, 1, 0), &cfg(5, 1, 0));
         assert_eq!(t.inclusive_lru.disk_reads, 60, "inclusive: every use reads the disk");
         assert_eq!(t.lru.disk_reads, 6, "exclusive: only the first use of each expert");
         assert_eq!(t.lru.host_hits, 54);

@@ -365,7 +365,7 @@ fn random_operation_sequences_keep_the_invariants() {
         let mut leased: Vec<usize> = Vec::new();
         for _step in 0..400 {
             let key = (layers[rng.below(2)], rng.below(8));
-            match rng.below(14) {
+            match rng.below(15) {
                 0 => t.tick(),
                 1 => {
                     if let Some(slot) = t.lookup(key) {
@@ -468,6 +468,18 @@ fn random_operation_sequences_keep_the_invariants() {
                     assert_eq!(t.cool(key), layer_ready);
                     if layer_ready {
                         assert_eq!(t.slot(t.peek(key).unwrap()).last_use, 0);
+                    }
+                }
+                14 => {
+                    let before = t.peek(key);
+                    match t.begin_demotion(key) {
+                        Some((slot, g)) => {
+                            assert_eq!(before, None);
+                            assert_eq!(t.slot(slot).role, SlotRole::Layer(key.0));
+                            assert!(!in_flight.iter().any(|&(s, _, _)| s == slot));
+                            in_flight.push((slot, g, key));
+                        }
+                        None => assert!(before.is_some() || t.layer_capacity(key.0).is_some()),
                     }
                 }
                 _ => {}

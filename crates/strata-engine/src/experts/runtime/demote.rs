@@ -6,22 +6,25 @@
 //!
 //! - What this tier hands up, it cools: a hit becomes its layer's first victim, a read
 //!   stays in its working slot (not promoted) until the slot is reused.
-//! - What the device evicts comes back down ([`StreamedExperts::demote_begin`]): a touch
-//!   when this tier still holds it, else a device -> host copy into a working slot, which
-//!   [`StreamedExperts::demote_finish`] promotes once the copy is done.
+//! - What the device evicts comes back down ([`StreamedExperts::demote_begin`]): kept when
+//!   this tier still holds it (touched, or promoted out of its working slot), else a
+//!   device -> host copy into its layer's LRU victim slot (the working bank may be busy
+//!   with the batch being handed up), ready once [`StreamedExperts::demote_finish`] says
+//!   the copy is done.
 
 use super::StreamedExperts;
-use strata_residency::ExpertKey;
+use strata_residency::{ExpertKey, Keep};
 
 /// What became of an expert the device evicted.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) enum Demotion {
-    /// This tier still held it: touched (its last use is now).
+    /// This tier still held it: touched, or promoted out of its working slot.
     Kept,
     /// Copy the device's bytes into `dst` (`slot`'s bytes, page-locked when the device
     /// tier registered the slab), then call [`StreamedExperts::demote_finish`].
     Copy { slot: usize, generation: u64, dst: *mut u8 },
-    /// No free working slot (or the expert is already on its way in): dropped.
+    /// Every slot of its layer loading or leased (or the expert already on its way in):
+    /// dropped.
     Dropped,
 }
 
@@ -39,13 +42,12 @@ impl StreamedExperts {
     /// The device tier evicted `key`: keep it here (see [`Demotion`]).
     pub(crate) fn demote_begin(&self, key: ExpertKey) -> Demotion {
         let mut st = self.state.lock().unwrap();
-        if st.table.touch(key) {
-            return Demotion::Kept;
+        match st.table.keep(key) {
+            Keep::Kept => return Demotion::Kept,
+            Keep::Loading => return Demotion::Dropped,
+            Keep::Absent => {}
         }
-        if st.table.peek(key).is_some() {
-            return Demotion::Dropped;
-        }
-        match st.table.begin_load(key) {
+        match st.table.begin_demotion(key) {
             // SAFETY (for the caller's write): the slot is in phase Loading, so nothing
             // reads or writes it until `demote_finish`.
             Some((slot, generation)) => Demotion::Copy {
@@ -57,13 +59,11 @@ impl StreamedExperts {
         }
     }
 
-    /// The copy of a [`Demotion::Copy`] is done (`copied`: it succeeded): the expert takes
-    /// a slot of its layer; else the slot is freed.
+    /// The copy of a [`Demotion::Copy`] is done (`copied`: it succeeded): the expert is
+    /// ready in its layer's slot; else the slot is freed.
     pub(crate) fn demote_finish(&self, slot: usize, generation: u64, copied: bool) {
         let mut st = self.state.lock().unwrap();
-        if copied && st.table.finish_load(slot, generation) {
-            st.table.promote(slot);
-        } else {
+        if !(copied && st.table.finish_load(slot, generation)) {
             st.table.fail_load(slot, generation);
         }
     }
@@ -118,15 +118,17 @@ mod tests {
         assert!(matches!(role(5), Some((SlotRole::Working, SlotPhase::Ready, _))), "{:?}", role(5));
         assert!(matches!(role(3), Some((SlotRole::Layer(_), SlotPhase::Ready, 0))), "{:?}", role(3));
 
-        // An eviction the tier still holds is touched.
+        // An eviction the tier still holds is touched, or promoted out of its working slot.
         assert!(matches!(rt.demote_begin((layer, 3)), super::Demotion::Kept));
         assert!(matches!(role(3), Some((SlotRole::Layer(_), _, t)) if t > 0));
-        // One it lost is copied into a working slot, then promoted into the layer.
+        assert!(matches!(rt.demote_begin((layer, 5)), super::Demotion::Kept));
+        assert!(matches!(role(5), Some((SlotRole::Layer(_), SlotPhase::Ready, _))), "{:?}", role(5));
+        // One it lost is copied straight into a slot of its layer.
         let super::Demotion::Copy { slot, generation, dst } = rt.demote_begin((layer, 9)) else {
             panic!("expert 9 is absent: it should be copied down");
         };
         assert!(!dst.is_null());
-        assert!(matches!(role(9), Some((SlotRole::Working, SlotPhase::Loading, _))));
+        assert!(matches!(role(9), Some((SlotRole::Layer(_), SlotPhase::Loading, _))));
         assert!(matches!(rt.demote_begin((layer, 9)), super::Demotion::Dropped), "already on its way");
         rt.demote_finish(slot, generation, true);
         assert!(matches!(role(9), Some((SlotRole::Layer(_), SlotPhase::Ready, _))), "{:?}", role(9));
