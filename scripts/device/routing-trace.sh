@@ -6,6 +6,10 @@
 # 2. merges the weights into an HF directory with strata-tiny's tokenizer;
 # 3. with strata, samples PROMPTS (one a text category, MAX_TOKENS each, MTP off) with
 #    --trace, and once with --pilot measure under a budget (next-layer prediction recall).
+# 4. TIERS=1: generates on the GPU with the experts in two tiers sized as full GLM-5.2's
+#    on one H200 (GPU slab 26.7% of them, host tier 27%, the rest read from disk), the host
+#    tier exclusive (the default) and inclusive (STRATA_HOST_TIER=inclusive): the engine's
+#    own hit rates on trained routing ($OUT/tiers-<mode>-<category>.json, --stats-json).
 # TESTS=1 runs the CUDA suite beside the training (the GPU has room for both).
 # Needs in .devcarry: strata(.xz), cuda-tests(.xz) for TESTS=1, and route/ (the tokenised
 # corpus: training/corpus.py + training/tokenizer.py's tok/ folder, and strata-tiny's
@@ -56,4 +60,28 @@ timeout 120 $C/strata generate --model "$MODEL" --prompt "${PROMPTS[1]#*|}" --ma
   --stats --stats-json "$OUT/pilot.json" >>"$OUT/route.log" 2>&1 || echo "pilot run failed (see route.log)"
 grep -E "^pilot|^experts|^slots" "$OUT/route.log"
 wc -l /tmp/traces/*.txt
+if [ "${TIERS:-1}" = 1 ]; then
+  since "tiers"
+  common=(--working-slots 8 --context 1024 --mtp off)
+  read -r gb hb <<<"$($C/strata fit --model "$MODEL" --device cuda "${common[@]}" --json 2>>"$OUT/route.log" | python3 -c "
+import json, sys; j = json.load(sys.stdin); g = j['gpu']['plan']['input']; h = j['host']['plan']['input']
+experts = g['sparse_layers'] * ${EXPERTS:-256}
+print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
+  echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
+  for mode in exclusive inclusive; do
+    for p in "${PROMPTS[@]:0:3}"; do
+      cat=${p%%|*}
+      STRATA_HOST_TIER=$mode timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
+        --max-tokens "${MAX_TOKENS:-600}" --temperature 0.8 --top-p 0.95 --seed 3 --usage off "${common[@]}" \
+        --gpu-budget "$gb" --budget "$hb" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
+        echo "tiers $mode $cat failed (see route.log)"
+      python3 -c "
+import json; r = json.load(open('$OUT/tiers-$mode-$cat.json')); e = r['experts']; t = e['device_tier']['traffic']
+d = e['turn']['demand']; n = t['hits'] + t['misses']
+print('$mode $cat: GPU hits %.1f%%, host hits %.1f%%, disk %.1f%% of %d uses; %.1f tok/s; kept %d, copied down %d' % (
+  100 * t['hits'] / n, 100 * d['hits'] / n, 100 * d['misses'] / n, n, r['decode_tokens_per_s'],
+  t['demotions_kept'], t['demotions_copied']))" 2>&1 | tail -1
+    done
+  done
+fi
 since "done"
