@@ -63,7 +63,8 @@ wc -l /tmp/traces/*.txt
 if [ "${TIERS:-1}" = 1 ]; then
   since "tiers"
   common=(--working-slots 8 --context 1024 --mtp off)
-  read -r gb hb <<<"$($C/strata fit --model "$MODEL" --device cuda "${common[@]}" --json 2>>"$OUT/route.log" | python3 -c "
+  # (Any --budget: the host plan's fixed items come with it.)
+  read -r gb hb <<<"$($C/strata fit --model "$MODEL" --device cuda "${common[@]}" --budget 64GiB --json 2>>"$OUT/route.log" | python3 -c "
 import json, sys; j = json.load(sys.stdin); g = j['gpu']['plan']['input']; h = j['host']['plan']['input']
 experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"

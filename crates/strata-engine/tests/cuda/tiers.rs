@@ -228,9 +228,13 @@ fn cuda_two_tier_replay_matches_the_engine() {
         r.demotions_copied
     );
     assert_eq!(tier.traffic.hits + tier.traffic.misses, r.accesses, "the same expert uses");
-    assert_eq!(engine.0, replayed.0, "GPU hits: the GPU tier is the replay's slot table in the same order");
-    // The engine demotes while the host's batch is being handed up (its working slots
-    // leased), the replay after: a few demotions may land differently.
-    let close = |a: u64, b: u64| a.abs_diff(b) as f64 <= 0.05 * r.accesses as f64;
-    assert!(close(engine.1, replayed.1) && close(engine.2, replayed.2), "engine {engine:?} vs replay {replayed:?}");
+    // The same slot tables in the same order; the engine settles its device -> host
+    // copies a layer later than the replay, so a few evictions land differently (H200,
+    // 2026-12-03: GPU hits 101 vs 100, host 223 vs 232, disk 660 vs 652 of 984 uses).
+    let close = |a: u64, b: u64, within: f64| a.abs_diff(b) as f64 <= within * r.accesses as f64;
+    assert!(close(engine.0, replayed.0, 0.01), "GPU hits: engine {engine:?} vs replay {replayed:?}");
+    assert!(
+        close(engine.1, replayed.1, 0.03) && close(engine.2, replayed.2, 0.03),
+        "engine {engine:?} vs replay {replayed:?}"
+    );
 }
