@@ -426,11 +426,12 @@ fn decode(a: DecodeArgs) -> Result<()> {
             let io = io_bandwidth(&dir, 128, 8, 2, !a.budget.page_cache())?;
             report["disk_random_read_gb_per_s"] = io.0.into();
             report["disk_read_bytes_each"] = f.slot_bytes.into();
-            // Decode floor when misses are read at the disk's rate, overlapped with the
-            // resident work at memory speed (the larger of the two bounds).
+            // Decode floor when the decode's reads (its host tier's misses, which under a
+            // GPU tier are misses of both tiers) come at the disk's rate, overlapped with
+            // the resident work at memory speed (the larger of the two bounds).
             if let Some(r) = &experts {
-                let miss = 1.0 - r.turn.demand.hit_rate;
-                let disk_s = miss * expert_bytes_per_token as f64 / (io.0 * 1e9);
+                let read_per_token = r.turn.demand.read_bytes as f64 / s.generated_tokens.max(1) as f64;
+                let disk_s = read_per_token / (io.0 * 1e9);
                 let mem_s = token_bytes as f64 / (gbs * 1e9);
                 let floor = 1.0 / disk_s.max(mem_s);
                 report["decode_floor_tokens_per_s_disk_at_this_hit_rate"] = (1.0 / disk_s.max(1e-12)).into();

@@ -506,6 +506,28 @@ fn bench_decode_profile_times_the_prompt_and_the_decode_op_by_op() {
     assert!(plain.get("profile_prefill_ms").is_none() && plain.get("profile_ms_per_token").is_none());
 }
 
+/// `--floor` on a streamed model: the disk bound is the decode's own reads per token at the
+/// measured disk rate (under a GPU tier those are the misses of both tiers, not of every
+/// expert use).
+#[test]
+fn bench_decode_floor_prices_the_decodes_own_reads() {
+    let dir = copy_fixture();
+    let m = dir.path().to_str().unwrap();
+    let args = ["bench", "decode", "--model", m, "--budget", "120MiB", "--working-slots", "2", "--mtp", "off"];
+    let more = ["--usage", "off", "--prompt-tokens", "8", "--decode-tokens", "8", "--floor", "--json"];
+    let out = strata(&[&args[..], &more[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let read = r["decode_expert_read_bytes_per_token"].as_f64().unwrap();
+    let rate = r["disk_random_read_gb_per_s"].as_f64().unwrap();
+    let disk = r["decode_floor_tokens_per_s_disk_at_this_hit_rate"].as_f64().unwrap();
+    assert!(read > 0.0 && rate > 0.0, "the decode read nothing from disk: {r}");
+    let want = rate * 1e9 / read;
+    assert!((disk - want).abs() <= 1e-9 * want, "disk floor {disk} tok/s, reads say {want}: {r}");
+    let floor = r["decode_floor_tokens_per_s"].as_f64().unwrap();
+    assert!(floor <= disk * (1.0 + 1e-12) && floor <= r["decode_floor_tokens_per_s_memory"].as_f64().unwrap());
+}
+
 #[test]
 fn bench_serve_device_picks_is_honoured_and_checked() {
     let model = fixture();
