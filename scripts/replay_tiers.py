@@ -12,10 +12,12 @@ one-tier bounds (mostly pinned, LFRU, Belady) at both tiers' capacity.
   python3 scripts/replay_tiers.py --strata target/release/strata --trace T [--trace T2 ...]
 
 Several traces are replayed as one, each a segment (a turn) in the given order, as a
-server taking those requests one after another would see them.
+server taking those requests one after another would see them. A trace may be xz-compressed
+(docs/traces/routing-256-experts-top8.trace.xz: the one docs/performance.md replays).
 """
 import argparse
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -29,7 +31,8 @@ def concat(paths, out):
     layers, experts, top = set(), 0, 0
     for seg, path in enumerate(paths):
         last = -1
-        with open(path) as f:
+        opener = lzma.open if path.endswith(".xz") else open
+        with opener(path, "rt") as f:
             for line in f:
                 if line.startswith("#") or not line.strip():
                     continue
@@ -103,7 +106,7 @@ def main():
                      "gpu_hit": pin["hit_rate"], "host_hit": 0.0, "disk": 1 - pin["hit_rate"],
                      "accesses": d["accesses"]})
         d = replay(a.strata, t.name, ["--slots-per-layer", (one - w) // layers, "--working", one - (one - w) // layers * layers])
-        for name in ("LFRU", "Belady"):
+        for name in ("LRU", "LFRU", "Belady"):
             p = next(p for p in d["policies"] if p["name"] == name)
             rows.append({"policy": f"one tier of both capacities, {name}", "gpu_slots": one, "host_slots": 0,
                          "gpu_hit": p["hit_rate"], "host_hit": 0.0, "disk": 1 - p["hit_rate"],
