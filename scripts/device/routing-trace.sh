@@ -69,19 +69,25 @@ import json, sys; j = json.load(sys.stdin); g = j['gpu']['plan']['input']; h = j
 experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
   echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
-  for mode in exclusive inclusive; do
+  # TIER_MODES: exclusive / inclusive host tier, each optionally -prefetch (--pilot prefetch:
+  # next-layer predictions read into the host tier while the current layer computes).
+  for mode in ${TIER_MODES:-exclusive inclusive}; do
+    pilot=(--pilot off)
+    [[ $mode == *-prefetch ]] && pilot=(--pilot prefetch)
     for p in "${PROMPTS[@]:0:3}"; do
       cat=${p%%|*}
-      STRATA_HOST_TIER=$mode timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
+      STRATA_HOST_TIER=${mode%-prefetch} timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
         --max-tokens "${MAX_TOKENS:-600}" --temperature 0.8 --top-p 0.95 --seed 3 --usage off "${common[@]}" \
-        --gpu-budget "$gb" --budget "$hb" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
+        --gpu-budget "$gb" --budget "$hb" "${pilot[@]}" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
         echo "tiers $mode $cat failed (see route.log)"
       python3 -c "
 import json; r = json.load(open('$OUT/tiers-$mode-$cat.json')); e = r['experts']; t = e['device_tier']['traffic']
-d = e['turn']['demand']; n = t['hits'] + t['misses']
-print('$mode $cat: GPU hits %.1f%%, host hits %.1f%%, disk %.1f%% of %d uses; %.1f tok/s; kept %d, copied down %d' % (
+d = e['turn']['demand']; n = t['hits'] + t['misses']; p = e.get('pilot') or {}
+print('$mode $cat: GPU hits %.1f%%, host hits %.1f%%, disk %.1f%% of %d uses; %.1f tok/s; kept %d, copied down %d; '
+  'wait %.1f ms; prefetches %s, used %s' % (
   100 * t['hits'] / n, 100 * d['hits'] / n, 100 * d['misses'] / n, n, r['decode_tokens_per_s'],
-  t['demotions_kept'], t['demotions_copied']))" 2>&1 | tail -1
+  t['demotions_kept'], t['demotions_copied'], 1e3 * d['foreground_wait']['total_s'], p.get('prefetches'),
+  p.get('prefetch_hits')))" 2>&1 | tail -1
     done
   done
 fi
