@@ -436,13 +436,13 @@ impl ExpertProvider<CudaBackend> for GpuExperts {
         ExpertProvider::<strata_backend::cpu::CpuBackend>::two_step_prediction(self.host.as_ref())
     }
 
-    /// Advisory: the host tier prefetches predicted misses from the container.
+    /// Advisory: the host tier prefetches (or hints) the predicted experts this tier does
+    /// not hold (the ones it holds will not miss; reading them would only take disk time).
     fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let any_missing = ids.iter().any(|&e| st.table.peek((layer, e as usize)).is_none());
+        let held: std::collections::HashSet<usize> =
+            ids.iter().map(|&e| e as usize).filter(|&e| st.table.peek((layer, e)).is_some()).collect();
         drop(st);
-        if any_missing {
-            ExpertProvider::<strata_backend::cpu::CpuBackend>::predicted(self.host.as_ref(), layer, ids, top_k);
-        }
+        self.host.predicted_skipping(layer, ids, top_k, &|e| held.contains(&e));
     }
 }

@@ -679,9 +679,24 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
     }
 
     fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {
+        self.predicted_skipping(layer, ids, top_k, &|_| false);
+    }
+}
+
+impl StreamedExperts {
+    /// PILOT's prediction for `layer` (rows of `top_k` ids): kept for scoring, and per
+    /// `--pilot` hinted or prefetched, except the experts `held_above` says a tier in
+    /// front of this one holds (they will not miss here).
+    pub(crate) fn predicted_skipping(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        top_k: usize,
+        held_above: &dyn Fn(usize) -> bool,
+    ) {
         let t = Instant::now();
         let mut st = self.state.lock().unwrap();
-        let mut unique: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
+        let mut unique: Vec<usize> = ids.iter().map(|&e| e as usize).filter(|&e| !held_above(e)).collect();
         unique.sort_unstable();
         unique.dedup();
         if self.pilot == PilotMode::Hint {

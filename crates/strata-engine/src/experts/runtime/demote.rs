@@ -77,11 +77,7 @@ mod tests {
     use strata_models::convert::{convert, ConvertOptions};
     use strata_residency::{SlotPhase, SlotRole};
 
-    /// strata-tiny's experts streamed (2 slots a layer, 8 working) with the host tier under
-    /// a device tier: what it hands up is cooled or left unpromoted, what comes down is
-    /// kept (touched, or copied into a slot and promoted).
-    #[test]
-    fn a_host_tier_under_a_device_keeps_what_comes_down_not_what_goes_up() {
+    fn tiny_streamed(pilot: crate::experts::PilotMode) -> (tempfile::TempDir, LoadedModel) {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let dir = tempfile::tempdir().unwrap();
         let opts = ConvertOptions { experts: QuantKind::Int8Row, mtp_experts: QuantKind::Int8Row };
@@ -93,12 +89,37 @@ mod tests {
                 working_slots: 8,
                 max_slots_per_layer: Some(2),
                 usage: UsageSetting::Off,
+                pilot,
                 ..Default::default()
             },
             mtp: false,
             ..Default::default()
         };
         let m = LoadedModel::open_with(dir.path(), &load).unwrap();
+        (dir, m)
+    }
+
+    /// A prediction's experts that a tier in front holds are not prefetched here (they
+    /// will not miss), but the whole prediction is kept for scoring.
+    #[test]
+    fn predictions_held_above_are_not_prefetched() {
+        let (_dir, m) = tiny_streamed(crate::experts::PilotMode::Prefetch);
+        let rt = m.experts.clone().expect("streamed experts");
+        let layer = rt.layers().0[1];
+        rt.predicted_skipping(layer, &[1, 2, 3, 4, 5, 6, 7, 8], 4, &|e| e <= 2 || e == 7);
+        let st = rt.state.lock().unwrap();
+        let mut fetched: Vec<usize> = st.prefetch.keys().map(|k| k.1).collect();
+        fetched.sort_unstable();
+        assert_eq!(fetched, [3, 4, 5, 6, 8]);
+        assert_eq!(st.pending[&layer].1, [vec![1, 2, 3, 4], vec![5, 6, 7, 8]], "scored on every row");
+    }
+
+    /// strata-tiny's experts streamed (2 slots a layer, 8 working) with the host tier under
+    /// a device tier: what it hands up is cooled or left unpromoted, what comes down is
+    /// kept (touched, or copied into a slot and promoted).
+    #[test]
+    fn a_host_tier_under_a_device_keeps_what_comes_down_not_what_goes_up() {
+        let (_dir, m) = tiny_streamed(crate::experts::PilotMode::Off);
         let rt = m.experts.clone().expect("streamed experts");
         let layer = rt.layers().0[0];
         let role = |e: usize| {
