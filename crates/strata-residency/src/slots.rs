@@ -294,14 +294,19 @@ impl SlotTable {
         if let Some(old) = self.slots[slot].key.take() {
             self.index.remove(&old);
         }
+        self.counters.misses += 1;
+        Some((slot, self.start_loading(slot, key)))
+    }
+
+    /// `slot` (emptied by the caller) takes `key`, phase Loading, a fresh generation.
+    fn start_loading(&mut self, slot: usize, key: ExpertKey) -> u64 {
         let generation = self.next_generation();
         let s = &mut self.slots[slot];
         s.key = Some(key);
         s.phase = SlotPhase::Loading;
         s.generation = generation;
         self.index.insert(key, slot);
-        self.counters.misses += 1;
-        Some((slot, generation))
+        generation
     }
 
     fn free_working_slot(&self) -> Option<usize> {
@@ -425,13 +430,7 @@ impl SlotTable {
         if self.empty_slot(slot).is_some() {
             self.counters.evictions += 1;
         }
-        let generation = self.next_generation();
-        let s = &mut self.slots[slot];
-        s.key = Some(key);
-        s.phase = SlotPhase::Loading;
-        s.generation = generation;
-        self.index.insert(key, slot);
-        Some((slot, generation))
+        Some((slot, self.start_loading(slot, key)))
     }
 
     /// Marks `key` as used now without counting a hit. False when `key` is absent or not
@@ -524,12 +523,7 @@ impl SlotTable {
                 Ok(slot)
             }
             None => {
-                let generation = self.next_generation();
-                let s = &mut self.slots[free];
-                s.key = Some(key);
-                s.phase = SlotPhase::Loading;
-                s.generation = generation;
-                self.index.insert(key, free);
+                self.start_loading(free, key);
                 self.counters.pin_loads += 1;
                 Ok(free)
             }
