@@ -438,5 +438,64 @@ mod tests {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{line}");
         }
+        assert!(!text.contains("strata_gpu_tier"), "no GPU tier, no GPU tier series");
+    }
+
+    /// A GPU tier's turns add up in `/metrics`, evictions the host tier kept included.
+    #[test]
+    fn renders_the_gpu_tier_totals() {
+        use strata_engine::experts::telemetry::{DeviceTierReport, DeviceTierTraffic};
+        let input = strata_residency::PlanInput {
+            budget_bytes: 1 << 30,
+            fixed_bytes: 0,
+            slot_bytes: 1 << 20,
+            sparse_layers: 2,
+            working_slots: 2,
+            pinned_experts: 0,
+            max_slots_per_layer: Some(4),
+        };
+        let plan = strata_residency::plan(input).unwrap();
+        let traffic = DeviceTierTraffic {
+            hits: 30,
+            misses: 10,
+            copies: 10,
+            copy_bytes: 10 << 20,
+            demotions_kept: 3,
+            demotions_copied: 5,
+            demotion_bytes: 5 << 20,
+            ..Default::default()
+        };
+        let tier = DeviceTierReport {
+            device: "test".into(),
+            plan,
+            resident_all: false,
+            traffic,
+            slots: Default::default(),
+            hit_rate: Some(0.75),
+        };
+        let report = RuntimeReport {
+            plan,
+            turn: Default::default(),
+            slots: Default::default(),
+            residency_map: Vec::new(),
+            repins: Vec::new(),
+            pilot: None,
+            footprint_bytes: 0,
+            budget_bytes: None,
+            device_tier: Some(tier),
+        };
+        let m = Metrics::default();
+        m.record_experts(&report);
+        m.record_experts(&report);
+        let text = m.render(8);
+        for (name, v) in [
+            ("strata_gpu_tier_hits_total", 60u64),
+            ("strata_gpu_tier_misses_total", 20),
+            ("strata_gpu_tier_copy_bytes_total", 20 << 20),
+            ("strata_gpu_tier_demotions_kept_total", 6),
+            ("strata_gpu_tier_demotion_bytes_total", 10 << 20),
+        ] {
+            assert!(text.contains(&format!("\n{name} {v}\n")), "{name} {v}:\n{text}");
+        }
     }
 }
