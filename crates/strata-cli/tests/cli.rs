@@ -389,7 +389,8 @@ fn replay_two_tiers_from_a_generated_trace() {
     let out = replay(&["--host-slots-per-layer", "2", "--host-working", "2", "--pinned", "1", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for policy in ["lru", "pinned_lru"] {
+    // Exclusive tiers (the engine's default) and inclusive ones, each with and without pins.
+    for policy in ["lru", "pinned_lru", "inclusive_lru", "inclusive_pinned_lru"] {
         let r = &v["tiers"][policy];
         let n = r["accesses"].as_u64().unwrap();
         assert!(n > 0, "{v}");
@@ -397,11 +398,14 @@ fn replay_two_tiers_from_a_generated_trace() {
         let served: u64 = ["gpu_hits", "host_hits", "disk_reads"].iter().map(|k| r[*k].as_u64().unwrap()).sum();
         assert_eq!(served, n, "{r}");
         assert!(r["disk_reads"].as_u64().unwrap() > 0, "{r}");
+        let demoted = r["demotions_touched"].as_u64().unwrap() + r["demotions_copied"].as_u64().unwrap();
+        assert_eq!(demoted > 0, !policy.starts_with("inclusive"), "{policy}: evictions kept by the host: {r}");
     }
     // Without the host tier the report has no `tiers`; the text report names both tiers.
     let single: serde_json::Value = serde_json::from_slice(&replay(&["--json"]).stdout).unwrap();
     assert!(single.get("tiers").is_none(), "{single}");
-    assert!(String::from_utf8_lossy(&replay(&["--host-slots-per-layer", "2"]).stdout).contains("tiers: GPU"));
+    let text = String::from_utf8_lossy(&replay(&["--host-slots-per-layer", "2"]).stdout).to_string();
+    assert!(text.contains("tiers: GPU") && text.contains("LRU, inclusive"), "{text}");
     assert_one_line_error(&replay(&["--host-slots-per-layer", "0"]), &["--host-slots-per-layer"]);
 }
 
