@@ -228,14 +228,17 @@ impl GpuExperts {
                 let t = Instant::now();
                 let waited = fence.wait();
                 st.traffic.copy_wait_seconds += t.elapsed().as_secs_f64();
+                // Every slot is released, whatever fails (a failed demotion copy included).
+                let mut promoted = Ok(());
                 for &(_, slot) in &chunk {
                     st.table.release(slot);
-                    if result.is_ok() && waited.is_ok() {
-                        self.promote(b, st, slot)?;
+                    if result.is_ok() && waited.is_ok() && promoted.is_ok() {
+                        promoted = self.promote(b, st, slot);
                     }
                 }
                 result?;
                 waited?;
+                promoted?;
             }
             Ok(())
         })
@@ -368,6 +371,17 @@ impl GpuExperts {
             return Ok(());
         }
         self.bring_in(b, st, layer, &misses, compute)
+    }
+}
+
+impl Drop for GpuExperts {
+    /// Device -> host copies still in flight write into the host slab and read the device
+    /// slab, both freed after this: wait for them first.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for d in st.demoting.drain(..) {
+            let _ = d.fence.wait();
+        }
     }
 }
 
