@@ -206,7 +206,12 @@ impl GpuExperts {
                 loads.clear();
                 while let Some(&(e, host_slot)) = items.get(i) {
                     let Some((slot, generation)) = st.table.begin_load((layer, e as usize)) else { break };
-                    Self::after_demotions_from(b, st, slot)?;
+                    if let Err(e) = Self::after_demotions_from(b, st, slot) {
+                        for &(s, g) in loads.iter().chain([&(slot, generation)]) {
+                            st.table.fail_load(s, g);
+                        }
+                        return Err(e);
+                    }
                     let bytes = self.host.slot_bytes_of(host_slot);
                     b.copy_to_device(base + (slot * self.slot_bytes) as u64, bytes);
                     st.traffic.copies += 1;
