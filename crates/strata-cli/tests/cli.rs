@@ -398,7 +398,7 @@ fn replay_two_tiers_from_a_generated_trace() {
         let served: u64 = ["gpu_hits", "host_hits", "disk_reads"].iter().map(|k| r[*k].as_u64().unwrap()).sum();
         assert_eq!(served, n, "{r}");
         assert!(r["disk_reads"].as_u64().unwrap() > 0, "{r}");
-        let demoted = r["demotions_touched"].as_u64().unwrap() + r["demotions_copied"].as_u64().unwrap();
+        let demoted = r["demotions_kept"].as_u64().unwrap() + r["demotions_copied"].as_u64().unwrap();
         assert_eq!(demoted > 0, !policy.starts_with("inclusive"), "{policy}: evictions kept by the host: {r}");
     }
     // Without the host tier the report has no `tiers`; the text report names both tiers.

@@ -48,11 +48,6 @@ impl CopyFence {
     pub fn wait(&self) -> Result<()> {
         self.0.synchronize().map_err(|e| anyhow!("CUDA: {e}"))
     }
-
-    /// Whether the stream has passed the fence (no wait).
-    pub fn passed(&self) -> bool {
-        self.0.is_complete()
-    }
 }
 
 /// Host memory page-locked for the copy engine; unlocked on drop.

@@ -195,7 +195,8 @@ impl GpuExperts {
         compute: &mut dyn FnMut(&dyn ReadyExperts<CudaBackend>) -> Result<()>,
     ) -> Result<()> {
         let base = st.device.as_ref().expect("the device slab exists").slab.ptr();
-        // Demotions still in flight hold host working slots the host tier needs now.
+        // A demotion in flight holds its expert's host slot in phase Loading, where the
+        // host tier can neither hit nor read it: land them all first.
         self.settle_demotions(st)?;
         let mut chunk: Vec<(u32, usize)> = Vec::new();
         let mut loads: Vec<(usize, u64)> = Vec::new();
@@ -458,10 +459,8 @@ impl ExpertProvider<CudaBackend> for GpuExperts {
     /// Advisory: the host tier prefetches (or hints) the predicted experts this tier does
     /// not hold (the ones it holds will not miss; reading them would only take disk time).
     fn predicted(&self, layer: usize, ids: &[u32], top_k: usize) {
+        // (This tier's lock, then the host tier's: the order demotions take too.)
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let held: std::collections::HashSet<usize> =
-            ids.iter().map(|&e| e as usize).filter(|&e| st.table.peek((layer, e)).is_some()).collect();
-        drop(st);
-        self.host.predicted_skipping(layer, ids, top_k, &|e| held.contains(&e));
+        self.host.predicted_skipping(layer, ids, top_k, &|e| st.table.peek((layer, e)).is_some());
     }
 }

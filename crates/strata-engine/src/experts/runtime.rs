@@ -9,7 +9,6 @@
 //! on what was resident: streamed output equals resident output bit for bit.
 
 use super::source::ExpertSource;
-
 use super::telemetry::{DeviceTier, DeviceTierReport, Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
@@ -392,7 +391,7 @@ impl StreamedExperts {
             ledger.take_warnings().iter().for_each(|w| eprintln!("warning: {w}"));
         }
         self.relieve_pressure(&mut st);
-        let report = RuntimeReport {
+        let mut report = RuntimeReport {
             plan: self.plan,
             turn: TurnTelemetry {
                 demand: st.demand.report(),
@@ -415,7 +414,6 @@ impl StreamedExperts {
         st.landed.clear();
         // Without this tier's lock: the device tier settles its demotions into it.
         drop(st);
-        let mut report = report;
         let tier = self.device_tier.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|w| w.upgrade());
         report.device_tier = tier.map(|t| t.take_report());
         Ok(report)

@@ -224,7 +224,7 @@ fn cuda_two_tier_replay_matches_the_engine() {
         hp.input.working_slots,
         tier.traffic.demotions_kept,
         tier.traffic.demotions_copied,
-        r.demotions_touched,
+        r.demotions_kept,
         r.demotions_copied
     );
     assert_eq!(tier.traffic.hits + tier.traffic.misses, r.accesses, "the same expert uses");

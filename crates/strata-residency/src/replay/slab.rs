@@ -113,9 +113,9 @@ pub(crate) fn forward_layer(
     let (hits, misses) = lease_hits(table, layer, experts, tally);
     let hit_keys: Vec<usize> = hits.iter().map(|&slot| table.slot(slot).key.expect("a hit holds its key").1).collect();
     let mut to_promote = Vec::new();
-    for &slot in &hits {
+    for (&slot, &e) in hits.iter().zip(&hit_keys) {
         if below_device {
-            table.cool((layer, table.slot(slot).key.expect("a hit holds its key").1));
+            table.cool((layer, e));
         } else if table.slot(slot).role == SlotRole::Working {
             to_promote.push(slot);
         }

@@ -46,9 +46,9 @@ pub struct TiersResult {
     /// GPU slots (working + pinned + layer slots) and host slots.
     pub gpu_slots: usize,
     pub host_slots: usize,
-    /// Exclusive tiers: GPU evictions the host still held (touched there), and those
-    /// copied down into it (a device -> host copy each).
-    pub demotions_touched: u64,
+    /// Exclusive tiers: GPU evictions the host still held (touched there, or promoted out
+    /// of a working slot), and those copied down into it (a device -> host copy each).
+    pub demotions_kept: u64,
     pub demotions_copied: u64,
 }
 
@@ -102,7 +102,7 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
             disk_rate: rate(host_tally.misses),
             gpu_slots: slots(gpu, gp.len()),
             host_slots: slots(host, hp.len()),
-            demotions_touched: demoted.touched,
+            demotions_kept: demoted.kept,
             demotions_copied: demoted.copied,
         }
     };
@@ -118,15 +118,17 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
 
 #[derive(Default)]
 struct Demoted {
-    touched: u64,
+    kept: u64,
     copied: u64,
 }
 
-/// Step 4 for one evicted expert: kept by the host slab (touched, promoted out of a
-/// working slot, or copied down), as `StreamedExperts::demote_begin` does.
-fn demote(host: &mut SlotTable, key: (usize, usize), demoted: &mut Demoted) {
+/// Promotes GPU working slot `slot`; with `host` (exclusive tiers), the expert it evicts
+/// goes down there (step 4): kept (touched, or promoted out of a working slot) or copied
+/// down, as `GpuExperts::promote` and `StreamedExperts::demote_begin` do.
+fn promote(gpu: &mut SlotTable, slot: usize, host: Option<&mut SlotTable>, demoted: &mut Demoted) {
+    let (Some(key), Some(host)) = (gpu.promote(slot).evicted(), host) else { return };
     match host.keep(key) {
-        Keep::Kept => demoted.touched += 1,
+        Keep::Kept => demoted.kept += 1,
         Keep::Absent => {
             if let Some((slot, generation)) = host.begin_demotion(key) {
                 host.finish_load(slot, generation);
@@ -151,10 +153,7 @@ fn gpu_lookup(
     for slot in hits {
         table.release(slot);
         if table.slot(slot).role == SlotRole::Working {
-            let evicted = table.promote(slot).evicted();
-            if let (Some(key), Some(host)) = (evicted, host.as_deref_mut()) {
-                demote(host, key, demoted);
-            }
+            promote(table, slot, host.as_deref_mut(), demoted);
         }
     }
     misses
@@ -186,10 +185,7 @@ fn gpu_bring_in(
         }
         for (slot, _) in chunk {
             table.release(slot);
-            let evicted = table.promote(slot).evicted();
-            if let (Some(key), Some(host)) = (evicted, host.as_deref_mut()) {
-                demote(host, key, demoted);
-            }
+            promote(table, slot, host.as_deref_mut(), demoted);
         }
     }
 }
@@ -274,8 +270,8 @@ mod tests {
         assert_eq!(t.inclusive_lru.disk_reads, 60, "inclusive: every use reads the disk");
         assert_eq!(t.lru.disk_reads, 6, "exclusive: only the first use of each expert");
         assert_eq!(t.lru.host_hits, 54);
-        assert!(t.lru.demotions_copied + t.lru.demotions_touched > 0);
-        assert_eq!((t.inclusive_lru.demotions_copied, t.inclusive_lru.demotions_touched), (0, 0));
+        assert!(t.lru.demotions_copied + t.lru.demotions_kept > 0);
+        assert_eq!((t.inclusive_lru.demotions_copied, t.inclusive_lru.demotions_kept), (0, 0));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The host tier under a device tier, kept exclusive: it holds what the device lost, not
 //! a second copy of what the device holds. With LRU in both tiers an inclusive host tier
 //! repeats the device's order and serves few of its misses (a 256-expert, top-8 routing
-//! trace, tiers of 26.7% and 27% of the experts: 5.6% host hits and 34% disk reads, against
-//! 24% and 16% exclusive; `strata replay --host-slots-per-layer`, docs/performance.md).
+//! trace, tiers of 26.7% and 27% of the experts: 5.5% host hits and 34% disk reads, against
+//! 23% and 17% exclusive; `strata replay --host-slots-per-layer`, docs/performance.md).
 //!
 //! - What this tier hands up, it cools: a hit becomes its layer's first victim, a read
 //!   stays in its working slot (not promoted) until the slot is reused.
