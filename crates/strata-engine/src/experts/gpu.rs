@@ -22,7 +22,7 @@
 //! then builds the backend's expert tables over its slots, and a decode row dispatches its
 //! experts by id on the device as resident checkpoints do (no sync, no task upload).
 
-use super::runtime::{Demotion, StreamedExperts};
+use super::runtime::{exclusive_host_tier, Demotion, StreamedExperts};
 use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
 use anyhow::{anyhow, bail, Result};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,16 +55,6 @@ struct Demoting {
     host_slot: usize,
     generation: u64,
     fence: CopyFence,
-}
-
-/// Whether the host tier is kept exclusive (the default) or `STRATA_HOST_TIER=inclusive`.
-fn exclusive_host_tier() -> Result<bool> {
-    match std::env::var("STRATA_HOST_TIER") {
-        Err(_) => Ok(true),
-        Ok(v) if v == "exclusive" => Ok(true),
-        Ok(v) if v == "inclusive" => Ok(false),
-        Ok(v) => bail!("STRATA_HOST_TIER={v:?}: expected `exclusive` (the default) or `inclusive`"),
-    }
 }
 
 pub struct GpuExperts {
@@ -114,7 +104,7 @@ impl GpuExperts {
             demoting: Vec::new(),
         };
         // Every expert resident: nothing is ever evicted, the host tier stays as it is.
-        let exclusive = !resident_all && exclusive_host_tier()?;
+        let exclusive = !resident_all && exclusive_host_tier(std::env::var("STRATA_HOST_TIER").ok().as_deref())?;
         host.set_below_device(exclusive);
         Ok(Self { host, plan, slot_bytes, resident_all, exclusive, state: Mutex::new(state), tables: OnceLock::new() })
     }

@@ -26,7 +26,7 @@ use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
 
 mod demote;
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
-pub(crate) use demote::Demotion;
+pub(crate) use demote::{exclusive_host_tier, Demotion};
 
 /// Where the usage ledger lives.
 #[derive(Clone, Debug, Default, PartialEq)]
