@@ -10,7 +10,9 @@
 # TESTS=0 skips the test suite; SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings; MODES
 # (default "resident gpu30 gpu30-host40 gpu30-host40-inclusive") the runs, the last with
-# the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison.
+# the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison;
+# gpu30-host40-prefetch reads PILOT's next-layer predictions ahead (--pilot prefetch),
+# gpu30-host40-prefetchN only the first N ranks of each (--pilot-ranks N).
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -59,13 +61,16 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
     gpu30) extra=(--gpu-budget "$g30") ;;
     gpu30-host40) extra=(--gpu-budget "$g30" --budget "$h40" --floor) ;;
     gpu30-host40-inclusive) extra=(--gpu-budget "$g30" --budget "$h40" --floor) tier=(STRATA_HOST_TIER=inclusive) ;;
+    gpu30-host40-prefetch) extra=(--gpu-budget "$g30" --budget "$h40" --floor --pilot prefetch) ;;
+    gpu30-host40-prefetch[1-9]) extra=(--gpu-budget "$g30" --budget "$h40" --floor --pilot prefetch --pilot-ranks "${mode##*prefetch}") ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
     for rep in 1 2; do
       env "${tier[@]}" timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
         python3 -c "
 import json,sys; r=json.load(sys.stdin); r['slice']='$enc'; r['mode']='$mode'; r['rep']=$rep
-r.pop('experts', None); print(json.dumps(r))" >>"$res" || echo "bench $enc $mode failed" | tee -a "$OUT/side.log"
+r.pop('experts', None); p=r.pop('pilot', None) or {}
+r.update({'pilot_'+k: p[k] for k in ('recall', 'prefetches', 'prefetch_hits') if k in p}); print(json.dumps(r))" >>"$res" || echo "bench $enc $mode failed" | tee -a "$OUT/side.log"
       [[ "$mode" = gpu30-host40* ]] && break
     done
   done
@@ -81,7 +86,9 @@ for l in open(sys.argv[1]):
               "gpu hit", r.get("gpu_tier_hit_rate"), "copy/token", r.get("gpu_tier_copy_bytes_per_token"),
               "copied down/token", r.get("gpu_tier_demotion_bytes_per_token"),
               "host hit", r.get("expert_hit_rate"), "read/token", r.get("decode_expert_read_bytes_per_token"),
-              "bytes/token", r.get("decode_bytes_read_per_token"))
+              "bytes/token", r.get("decode_bytes_read_per_token"),
+              *(["pilot recall", r["pilot_recall"], "prefetches", r.get("pilot_prefetches"), "used", r.get("pilot_prefetch_hits")]
+                if "pilot_recall" in r else []))
     else:
         print(r)
     if r.get("budget_bytes"):

@@ -399,6 +399,10 @@ fn decode(a: DecodeArgs) -> Result<()> {
         report["expert_slab_bytes"] = r.plan.slab_bytes.into();
         report["expert_total_bytes"] = m.fit.as_ref().map_or(0, |f| f.expert_bytes_total).into();
         report["experts"] = serde_json::to_value(&r.turn)?;
+        if let Some(p) = &r.pilot {
+            // The decode's next-layer prediction (--pilot): recall, prefetches and their use.
+            report["pilot"] = serde_json::to_value(p)?;
+        }
         if let Some(t) = &r.device_tier {
             // The decode's GPU tier (CUDA): hits, copies host -> GPU per token.
             let per_token = |v: u64| v as f64 / s.generated_tokens.max(1) as f64;

@@ -173,6 +173,11 @@ pub struct BudgetArgs {
     /// into free working slots while the current layer computes).
     #[arg(long, default_value = "off")]
     pilot: String,
+    /// With --pilot hint or prefetch: act on only the first N ranks of each row's
+    /// prediction (the router's surest choices; default: all top-k). Fewer reads wasted
+    /// on mispredictions where the disk is the bottleneck.
+    #[arg(long, value_name = "N")]
+    pilot_ranks: Option<usize>,
     /// Warm start without ledger history: pin the experts an Expert Atlas (`strata atlas
     /// build`) expects the topic mix to use most, as much as auto-pin would (half the
     /// resident tier).
@@ -276,6 +281,14 @@ impl BudgetArgs {
             "two-step" => PilotMode::TwoStep,
             other => return Err(anyhow!("--pilot `{other}`: expected off, measure, two-step, hint or prefetch")),
         };
+        if let Some(n) = self.pilot_ranks {
+            if !matches!(pilot, PilotMode::Hint | PilotMode::Prefetch) {
+                return Err(anyhow!("--pilot-ranks limits what --pilot hint or prefetch reads; it needs one of them"));
+            }
+            if n == 0 {
+                return Err(anyhow!("--pilot-ranks must be at least 1"));
+            }
+        }
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
@@ -303,6 +316,7 @@ impl BudgetArgs {
                 direct_io: !self.page_cache,
                 io_workers: self.io_workers,
                 pilot,
+                pilot_ranks: self.pilot_ranks,
             },
         })
     }

@@ -253,6 +253,13 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&run(&["--budget", "200MiB", "--pin", "one"]), &["--pin `one`", "LAYER:EXPERT"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--auto-pin", "--usage", "off"]), &["--usage off"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--usage-import", "--usage", "off"]), &["--usage-import"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--pilot-ranks", "4"]), &["--pilot-ranks", "hint or prefetch"]);
+    assert_one_line_error(
+        &run(&["--budget", "200MiB", "--pilot", "prefetch", "--pilot-ranks", "0"]),
+        &["--pilot-ranks must be at least 1"],
+    );
+    let out = run(&["--budget", "200MiB", "--pilot", "prefetch", "--pilot-ranks", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A ledger another engine wrote is refused unless imported.
     let ledger = d.path().join(".coli_usage");
     let text = std::fs::read_to_string(&ledger).unwrap();

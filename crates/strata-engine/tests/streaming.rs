@@ -152,11 +152,19 @@ fn gpu_budget_is_refused_on_the_cpu() {
     assert!(msg.contains("--gpu-budget") && msg.contains("--device cuda"), "{msg}");
 }
 
+/// A short read fails its request, also when PILOT prefetches (a failed prefetch is read
+/// again on demand, which reports the error); the next request succeeds.
 #[test]
 fn io_fault_fails_one_request_and_the_next_succeeds() {
+    for pilot in [strata_engine::experts::PilotMode::Off, strata_engine::experts::PilotMode::Prefetch] {
+        io_fault_with(pilot);
+    }
+}
+
+fn io_fault_with(pilot: strata_engine::experts::PilotMode) {
     let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
-    let min = min_budget(dir.path(), 2);
-    let opts = options(Some(min), 2);
+    let mut opts = options(Some(min_budget(dir.path(), 4)), 4);
+    opts.runtime.pilot = pilot;
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     // Truncate the expert file under the open reader: misses now hit a short read.
     let file = dir.path().join("experts/experts-00000.bin");
@@ -276,9 +284,18 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     let budget = min_budget(dir.path(), 8) + 40 * (96 << 10);
     let mut outputs = Vec::new();
     let mut hit_rates = Vec::new();
-    for pilot in [PilotMode::Off, PilotMode::Measure, PilotMode::Hint, PilotMode::Prefetch] {
+    let mut precision = Vec::new();
+    let modes = [
+        (PilotMode::Off, None),
+        (PilotMode::Measure, None),
+        (PilotMode::Hint, None),
+        (PilotMode::Prefetch, None),
+        (PilotMode::Prefetch, Some(2)),
+    ];
+    for (pilot, ranks) in modes {
         let mut opts = options(Some(budget), 8);
         opts.runtime.pilot = pilot;
+        opts.runtime.pilot_ranks = ranks;
         let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
         let mut g = m.generator().unwrap();
         let out = g
@@ -295,6 +312,7 @@ fn pilot_predicts_trained_routing_without_changing_output() {
                 // Most prefetched experts are used, and they turn misses into hits.
                 assert!(p.prefetches > 0 && p.prefetch_hits * 2 > p.prefetches, "{p:?}");
                 hit_rates.push(report.turn.demand.hit_rate);
+                precision.push((p.prefetches, p.prefetch_hits as f64 / p.prefetches as f64));
             }
         } else {
             hit_rates.push(report.turn.demand.hit_rate);
@@ -303,6 +321,9 @@ fn pilot_predicts_trained_routing_without_changing_output() {
     }
     assert!(outputs.windows(2).all(|w| w[0] == w[1]), "PILOT must not change the output");
     assert!(hit_rates[1] > hit_rates[0], "prefetch should raise the hit rate: {hit_rates:?}");
+    // The first two ranks only: fewer reads, more of them used.
+    let ((all, all_used), (two, two_used)) = (precision[0], precision[1]);
+    assert!(two < all && two_used > all_used, "--pilot-ranks 2 against all ranks: {precision:?}");
 }
 
 /// The draft (MTP) layer's experts stream from the container's int8 tier through their

@@ -7,6 +7,11 @@
 //! between waves the landed experts are promoted into the layer's slots by role swap.
 //! The model accumulates outputs in ascending expert id, so the result does not depend
 //! on what was resident: streamed output equals resident output bit for bit.
+//!
+//! With `--pilot prefetch` the next layer's predicted experts are read while this one
+//! computes, surest ranks first. A prefetch its layer needs and that is still reading
+//! forms that layer's first wave (its hits compute meanwhile); a mispredicted one lands
+//! in the background and never holds a layer up.
 
 use super::source::ExpertSource;
 use super::telemetry::{DeviceTier, DeviceTierReport, Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
@@ -74,6 +79,9 @@ pub struct RuntimeOptions {
     pub direct_io: bool,
     pub io_workers: usize,
     pub pilot: PilotMode,
+    /// With `pilot` hint or prefetch: act on only the first this many ranks of each row's
+    /// prediction (the router's first choices are the surest); None acts on all of them.
+    pub pilot_ranks: Option<usize>,
 }
 
 impl Default for RuntimeOptions {
@@ -89,6 +97,7 @@ impl Default for RuntimeOptions {
             direct_io: true,
             io_workers: 2,
             pilot: PilotMode::Off,
+            pilot_ranks: None,
         }
     }
 }
@@ -122,6 +131,7 @@ pub struct StreamedExperts {
     budget: Option<u64>,
     live_repin: bool,
     pilot: PilotMode,
+    pilot_ranks: Option<usize>,
     source: Box<dyn ExpertSource>,
     io: IoPool,
     slab: AlignedBuf,
@@ -195,6 +205,7 @@ impl StreamedExperts {
             budget,
             live_repin: options.live_repin && budget.is_some(),
             pilot: options.pilot,
+            pilot_ranks: options.pilot_ranks,
             source,
             io,
             slab,
@@ -319,6 +330,15 @@ impl StreamedExperts {
                     st.table.fail_load(slot, generation);
                 }
             }
+        }
+    }
+
+    /// Completes the prefetch reads that are done, waiting for none.
+    fn settle_landed_prefetches(&self, st: &mut State) {
+        let done: Vec<ExpertKey> =
+            st.prefetch.iter_mut().filter_map(|(k, (_, _, ticket))| ticket.is_done().then_some(*k)).collect();
+        if !done.is_empty() {
+            self.settle_prefetches(st, |k| done.contains(k));
         }
     }
 
@@ -520,14 +540,22 @@ impl StreamedExperts {
         // Hits still in a working slot (prefetched, or a miss that found no victim) are
         // promoted into the layer's slots once released.
         let mut to_promote = Vec::new();
+        // Reads this layer waits for, a wave at a time: first the prefetches it needs that
+        // are still reading (started a layer ago), then the misses' reads.
         let mut wave = Vec::new();
+        let mut later = Vec::new();
+        // Experts whose prefetch joined the first wave: a failed one is read again.
+        let mut joined: Vec<u32> = Vec::new();
         let mut next = 0usize;
         // Under a device tier, what goes up is cooled, not promoted (runtime/demote.rs).
         let below = self.below_device();
         {
             let mut st = self.state.lock().unwrap();
             st.table.tick();
-            self.settle_prefetches(&mut st, |k| k.0 == layer);
+            // A prefetch that landed is a hit; one still reading that this layer needs
+            // joins its first wave, so the hits compute meanwhile; a mispredicted one goes
+            // on reading without holding the layer up.
+            self.settle_landed_prefetches(&mut st);
             for &e in experts {
                 match st.table.lookup((layer, e as usize)) {
                     Some(slot) => {
@@ -542,21 +570,35 @@ impl StreamedExperts {
                             st.pilot.prefetch_hits += 1;
                         }
                     }
-                    None => misses.push(e),
+                    None => match st.prefetch.remove(&(layer, e as usize)) {
+                        Some((slot, generation, ticket)) => {
+                            st.pilot.prefetch_hits += 1;
+                            joined.push(e);
+                            wave.push((e, slot, generation, ticket));
+                        }
+                        None => misses.push(e),
+                    },
                 }
             }
-            st.demand.hits += hits.len() as u64;
+            st.demand.hits += (hits.len() + joined.len()) as u64;
             st.demand.misses += misses.len() as u64;
-            if let Err(e) = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave) {
+            if let Err(e) = self.submit_wave(&mut st, layer, &misses, &mut next, &mut later) {
+                Self::abandon(&mut st, &mut wave);
                 Self::release_all(&mut st, &hits, &to_promote);
                 return Err(e);
+            }
+            if wave.is_empty() {
+                std::mem::swap(&mut wave, &mut later);
             }
         }
         // Resident work overlaps the reads just submitted; no lock is held meanwhile
         // (leased slots are never reused).
         let mut result = if hits.is_empty() { Ok(()) } else { compute(&hits) };
         let mut landed: Vec<(u32, usize)> = Vec::new();
-        while result.is_ok() && (!wave.is_empty() || next < misses.len()) {
+        while result.is_ok() && (!wave.is_empty() || !later.is_empty() || next < misses.len()) {
+            if wave.is_empty() && !later.is_empty() {
+                std::mem::swap(&mut wave, &mut later);
+            }
             if wave.is_empty() {
                 let mut st = self.state.lock().unwrap();
                 if !st.prefetch.is_empty() {
@@ -591,7 +633,15 @@ impl StreamedExperts {
                         }
                         Err(err) => {
                             st.table.fail_load(slot, generation);
-                            if result.is_ok() {
+                            if let Some(i) = joined.iter().position(|&j| j == e) {
+                                // A failed prefetch: the demand path reads it again and
+                                // reports any error of its own.
+                                joined.swap_remove(i);
+                                misses.push(e);
+                                st.pilot.prefetch_hits -= 1;
+                                st.demand.hits -= 1;
+                                st.demand.misses += 1;
+                            } else if result.is_ok() {
                                 result = Err(err);
                             }
                         }
@@ -613,13 +663,18 @@ impl StreamedExperts {
             }
         }
         let mut st = self.state.lock().unwrap();
-        // Reads still in flight after an error: wait for them and free their slots.
+        Self::abandon(&mut st, &mut wave);
+        Self::abandon(&mut st, &mut later);
+        Self::release_all(&mut st, &hits, &to_promote);
+        result.map_err(|e| anyhow!("expert layer {layer}: {e:#}"))
+    }
+
+    /// Reads still in flight after an error: waits for them and frees their slots.
+    fn abandon(st: &mut State, wave: &mut Vec<(u32, usize, u64, ReadTicket)>) {
         for (_, slot, generation, ticket) in wave.drain(..) {
             let _ = ticket.wait();
             st.table.fail_load(slot, generation);
         }
-        Self::release_all(&mut st, &hits, &to_promote);
-        result.map_err(|e| anyhow!("expert layer {layer}: {e:#}"))
     }
 
     fn release_all(st: &mut State, hits: &[(u32, usize)], to_promote: &[usize]) {
@@ -694,9 +749,21 @@ impl StreamedExperts {
     ) {
         let t = Instant::now();
         let mut st = self.state.lock().unwrap();
-        let mut unique: Vec<usize> = ids.iter().map(|&e| e as usize).filter(|&e| !held_above(e)).collect();
-        unique.sort_unstable();
-        unique.dedup();
+        // Rank by rank over the rows (the router's first choices are the surest), so that
+        // the reads start in that order and, short of working slots, the least sure go.
+        let width = top_k.max(1);
+        let ranks = self.pilot_ranks.unwrap_or(width).min(width);
+        let mut unique: Vec<usize> = Vec::new();
+        for r in 0..ranks {
+            for row in ids.chunks(width) {
+                if let Some(&e) = row.get(r) {
+                    let e = e as usize;
+                    if !held_above(e) && !unique.contains(&e) {
+                        unique.push(e);
+                    }
+                }
+            }
+        }
         if self.pilot == PilotMode::Hint {
             for &e in &unique {
                 if st.table.peek((layer, e)).is_some() {
