@@ -11,6 +11,19 @@ one-tier bounds (mostly pinned, LFRU, Belady) at both tiers' capacity.
 
   python3 scripts/replay_tiers.py --strata target/release/strata --trace T [--trace T2 ...]
 
+Then it prices each two-tier row at full GLM-5.2's scale (docs/performance.md, "Full GLM-5.2
+... extrapolation"): a token is `--layers` layers of `--compute-ms` resident compute in all,
+and in each of its `--moe-layers` MoE layers the GPU misses of one of the replay's access
+groups (one forward at one layer), drawn in the replay's proportions: each host hit a copy
+of `--expert-mb` over the link (`--link-gbs`), each disk read that plus a read at
+`--disk-gbs`. Three timings a layer, for h host hits and d disk reads:
+- serial: compute + (h + d) copies + d reads;
+- pipelined, as the engine runs a layer: its disk reads start once its routing is known,
+  beside the hits' compute and the host hits' copies; the reads' copies follow them:
+  compute + max(h copies, d reads) + d copies;
+- overlapped (a bound: every read started early enough, e.g. by PILOT a layer ahead, and
+  hidden): per token, the larger of all reads and all compute + copies.
+
 Several traces are replayed as one, each a segment (a turn) in the given order, as a
 server taking those requests one after another would see them. A trace may be xz-compressed
 (docs/traces/routing-256-experts-top8.trace.xz: the one docs/performance.md replays).
@@ -60,6 +73,26 @@ def replay(strata, trace, args):
     return json.loads(r.stdout)
 
 
+def price(mix, a):
+    """ms a token at full GLM-5.2's scale from a replay's layer mix ([host hits, disk reads,
+    groups]); see the module comment."""
+    groups = sum(n for _, _, n in mix)
+    if not groups:
+        return {}
+    copy = a.expert_mb / a.link_gbs  # ms: MB / (GB/s)
+    read = a.expert_mb / a.disk_gbs
+    tc = a.compute_ms / a.layers
+    mean = lambda f: sum(n * f(h, d) for h, d, n in mix) / groups
+    dense = (a.layers - a.moe_layers) * tc
+    reads = a.moe_layers * mean(lambda h, d: d * read)
+    rest = a.moe_layers * mean(lambda h, d: tc + (h + d) * copy)
+    return {
+        "serial_ms": dense + a.moe_layers * mean(lambda h, d: tc + (h + d) * copy + d * read),
+        "pipelined_ms": dense + a.moe_layers * mean(lambda h, d: tc + max(h * copy, d * read) + d * copy),
+        "overlapped_ms": max(reads, dense + rest),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default="target/release/strata")
@@ -68,6 +101,13 @@ def main():
     ap.add_argument("--host-frac", type=float, default=0.270)
     ap.add_argument("--experts", type=int, help="experts a layer (default: the largest id in the trace + 1)")
     ap.add_argument("--json", action="store_true")
+    m = ap.add_argument_group("pricing at full GLM-5.2's scale (int4-g64 experts, one H200, a 14 GB/s NVMe)")
+    m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6)")
+    m.add_argument("--link-gbs", type=float, default=55.5, help="host -> GPU copies, GB/s (pinned, measured)")
+    m.add_argument("--disk-gbs", type=float, default=14.0, help="disk reads, GB/s")
+    m.add_argument("--compute-ms", type=float, default=16.0, help="a token's resident compute, ms")
+    m.add_argument("--layers", type=int, default=78)
+    m.add_argument("--moe-layers", type=int, default=75)
     a = ap.parse_args()
     with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as t:
         layers, seen, top = concat(a.trace, t)
@@ -86,7 +126,8 @@ def main():
                 rows.append({"policy": f"{label}, {kind}", "gpu_slots": tr["gpu_slots"],
                              "host_slots": tr["host_slots"], "gpu_hit": tr["gpu_hit_rate"],
                              "host_hit": tr["host_hit_rate"], "disk": tr["disk_rate"], "accesses": tr["accesses"],
-                             "copied_down": tr["demotions_copied"] / max(tr["accesses"], 1)})
+                             "copied_down": tr["demotions_copied"] / max(tr["accesses"], 1),
+                             **price(tr["layer_mix"], a)})
 
         per_g, per_h = (gpu - w) // layers, (host - w) // layers
         tiers("LRU in both tiers", ["--slots-per-layer", per_g, "--working", gpu - per_g * layers],
@@ -126,6 +167,16 @@ def main():
             down = f"{r['copied_down']:.1%}" if "copied_down" in r else "-"
             print(f"| {r['policy']} | {r['gpu_slots']} | {host_cell} | {r['gpu_hit']:.1%} | {hh} | {r['disk']:.1%} "
                   f"| {down} |")
+        print()
+        print(f"Priced at full GLM-5.2's scale ({a.moe_layers} of {a.layers} layers MoE, experts of "
+              f"{a.expert_mb} MB, copies at {a.link_gbs} GB/s, disk at {a.disk_gbs} GB/s, {a.compute_ms} ms of "
+              "resident compute a token): ms a token (tok/s)")
+        print("| tiers, policy | serial | pipelined (the engine) | overlapped (bound) |")
+        print("|---|---|---|---|")
+        for r in rows:
+            if "serial_ms" in r:
+                cells = " | ".join(f"{r[k]:.1f} ({1e3 / r[k]:.2f})" for k in ("serial_ms", "pipelined_ms", "overlapped_ms"))
+                print(f"| {r['policy']} | {cells} |")
     finally:
         os.unlink(t.name)
 

@@ -30,7 +30,7 @@ use crate::slots::{Keep, SlotRole, SlotTable};
 use crate::trace::TraceRecord;
 
 /// Where the accesses of a two-tier replay were served.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TiersResult {
     /// Unique (forward, layer, expert) accesses.
     pub accesses: u64,
@@ -50,6 +50,11 @@ pub struct TiersResult {
     /// of a working slot), and those copied down into it (a device -> host copy each).
     pub demotions_kept: u64,
     pub demotions_copied: u64,
+    /// Access groups (one forward at one layer) by where their GPU misses came from:
+    /// `[host hits, disk reads, groups]`, ascending. What a layer waits for depends on
+    /// both counts together (the disk reads overlap the host hits' copies), so a timing
+    /// model needs this mix, not only the totals (`scripts/replay_tiers.py --price`).
+    pub layer_mix: Vec<[u64; 3]>,
 }
 
 /// LRU in both tiers, and the same with pins; exclusive tiers (the engine's default) and
@@ -76,10 +81,12 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
         let mut gpu_tally = SlabTally::default();
         let mut host_tally = SlabTally::default();
         let mut demoted = Demoted::default();
+        let mut mix = std::collections::BTreeMap::<(u64, u64), u64>::new();
         for a in &g.accesses {
             let layer = g.layers[a.layer_pos];
             let host = exclusive.then_some(&mut host_table);
             let misses = gpu_lookup(&mut gpu_table, layer, &a.experts, &mut gpu_tally, host, &mut demoted);
+            let before = (host_tally.hits, host_tally.misses);
             if !misses.is_empty() {
                 // Each batch the host hands up is copied into the GPU's slots (and what
                 // that evicts demoted) while the batch is still leased, as in the engine.
@@ -88,6 +95,7 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
                 };
                 slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally, Some(&mut up), exclusive);
             }
+            *mix.entry((host_tally.hits - before.0, host_tally.misses - before.1)).or_default() += 1;
         }
         let accesses = gpu_tally.hits + gpu_tally.misses;
         let rate = |n: u64| if accesses == 0 { 0.0 } else { n as f64 / accesses as f64 };
@@ -104,6 +112,7 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
             host_slots: slots(host, hp.len()),
             demotions_kept: demoted.kept,
             demotions_copied: demoted.copied,
+            layer_mix: mix.into_iter().map(|((h, d), n)| [h, d, n]).collect(),
         }
     };
     TiersReport {
@@ -270,6 +279,7 @@ mod tests {
         assert_eq!(t.inclusive_lru.disk_reads, 60, "inclusive: every use reads the disk");
         assert_eq!(t.lru.disk_reads, 6, "exclusive: only the first use of each expert");
         assert_eq!(t.lru.host_hits, 54);
+        assert_eq!(t.lru.layer_mix, vec![[0, 1, 6], [1, 0, 54]], "six cold reads, then one host hit a forward");
         assert!(t.lru.demotions_copied + t.lru.demotions_kept > 0);
         assert_eq!((t.inclusive_lru.demotions_copied, t.inclusive_lru.demotions_kept), (0, 0));
     }
@@ -302,6 +312,9 @@ mod tests {
             for r in [t.lru, t.pinned_lru, t.inclusive_lru, t.inclusive_pinned_lru] {
                 assert_eq!(r.accesses, accesses);
                 assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads, r.accesses, "{gpu:?} {host:?}");
+                // The layer mix accounts for every group, host hit and disk read.
+                let sum = |i: usize| r.layer_mix.iter().map(|m| if i == 2 { m[2] } else { m[i] * m[2] }).sum::<u64>();
+                assert_eq!((sum(2), sum(0), sum(1)), (180, r.host_hits, r.disk_reads), "{gpu:?} {host:?}");
                 // Every distinct key is read from disk at least once.
                 let distinct: std::collections::HashSet<(usize, usize)> =
                     trace.iter().flat_map(|t| t.experts.iter().map(move |&e| (t.layer, e))).collect();
