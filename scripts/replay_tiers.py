@@ -23,6 +23,12 @@ of `--expert-mb` over the link (`--link-gbs`), each disk read that plus a read a
   compute + max(h copies, d reads) + d copies;
 - overlapped (a bound: every read started early enough, e.g. by PILOT a layer ahead, and
   hidden): per token, the larger of all reads and all compute + copies.
+With `--prefetch-share F --prefetch-waste W` (from the engine's `--pilot prefetch` telemetry:
+F = prefetch hits / (prefetch hits + disk misses), W = unused prefetches / used ones) a
+fourth timing: a share F of each layer's disk reads was read a layer ahead and is copied
+up with the host hits, the rest as pipelined; the disk also reads the W wasted, and the
+token takes at least all its reads:
+  max(compute + max((h + F d) copies, (1 - F) d reads) + (1 - F) d copies, all reads).
 
 Several traces are replayed as one, each a segment (a turn) in the given order, as a
 server taking those requests one after another would see them. A trace may be xz-compressed
@@ -86,11 +92,17 @@ def price(mix, a):
     dense = (a.layers - a.moe_layers) * tc
     reads = a.moe_layers * mean(lambda h, d: d * read)
     rest = a.moe_layers * mean(lambda h, d: tc + (h + d) * copy)
-    return {
+    out = {
         "serial_ms": dense + a.moe_layers * mean(lambda h, d: tc + (h + d) * copy + d * read),
         "pipelined_ms": dense + a.moe_layers * mean(lambda h, d: tc + max(h * copy, d * read) + d * copy),
         "overlapped_ms": max(reads, dense + rest),
     }
+    f, w = a.prefetch_share, a.prefetch_waste
+    if f > 0:
+        late = dense + a.moe_layers * mean(lambda h, d: tc + max((h + f * d) * copy, (1 - f) * d * read)
+                                            + (1 - f) * d * copy)
+        out["prefetch_ms"] = max(late, reads * (1 + f * w))
+    return out
 
 
 def main():
@@ -108,6 +120,10 @@ def main():
     m.add_argument("--compute-ms", type=float, default=16.0, help="a token's resident compute, ms")
     m.add_argument("--layers", type=int, default=78)
     m.add_argument("--moe-layers", type=int, default=75)
+    m.add_argument("--prefetch-share", type=float, default=0.0,
+                   help="share of the disk reads PILOT prefetch read a layer ahead (engine telemetry)")
+    m.add_argument("--prefetch-waste", type=float, default=0.0,
+                   help="unused prefetches per used one (engine telemetry)")
     a = ap.parse_args()
     with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as t:
         layers, seen, top = concat(a.trace, t)
@@ -171,11 +187,14 @@ def main():
         print(f"Priced at full GLM-5.2's scale ({a.moe_layers} of {a.layers} layers MoE, experts of "
               f"{a.expert_mb} MB, copies at {a.link_gbs} GB/s, disk at {a.disk_gbs} GB/s, {a.compute_ms} ms of "
               "resident compute a token): ms a token (tok/s)")
-        print("| tiers, policy | serial | pipelined (the engine) | overlapped (bound) |")
-        print("|---|---|---|---|")
+        keys = ["serial_ms", "pipelined_ms", "overlapped_ms"] + (["prefetch_ms"] if a.prefetch_share > 0 else [])
+        heads = ["serial", "pipelined (the engine)", "overlapped (bound)",
+                 f"pipelined, {a.prefetch_share:.0%} of the reads a layer ahead, {a.prefetch_waste:.0%} wasted"]
+        print("| tiers, policy | " + " | ".join(heads[:len(keys)]) + " |")
+        print("|---|" + "---|" * len(keys))
         for r in rows:
             if "serial_ms" in r:
-                cells = " | ".join(f"{r[k]:.1f} ({1e3 / r[k]:.2f})" for k in ("serial_ms", "pipelined_ms", "overlapped_ms"))
+                cells = " | ".join(f"{r[k]:.1f} ({1e3 / r[k]:.2f})" for k in keys)
                 print(f"| {r['policy']} | {cells} |")
     finally:
         os.unlink(t.name)

@@ -11,8 +11,9 @@
 # fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings; MODES
 # (default "resident gpu30 gpu30-host40 gpu30-host40-inclusive") the runs, the last with
 # the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison;
-# gpu30-host40-prefetch reads PILOT's next-layer predictions ahead (--pilot prefetch),
-# gpu30-host40-prefetchN only the first N ranks of each (--pilot-ranks N).
+# a suffix -pagecache reads the misses through the (warmed) page cache, -prefetch reads
+# PILOT's next-layer predictions ahead (--pilot prefetch), -prefetchN only the first N
+# ranks of each (--pilot-ranks N): e.g. gpu30-host40-pagecache-prefetch2.
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -56,15 +57,23 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
   for mode in ${MODES:-resident gpu30 gpu30-host40 gpu30-host40-inclusive}; do
     tier=()
-    case $mode in
+    base=${mode%%-pagecache*}
+    base=${base%%-prefetch*}
+    case $base in
     resident) extra=() ;;
     gpu30) extra=(--gpu-budget "$g30") ;;
     gpu30-host40) extra=(--gpu-budget "$g30" --budget "$h40" --floor) ;;
     gpu30-host40-inclusive) extra=(--gpu-budget "$g30" --budget "$h40" --floor) tier=(STRATA_HOST_TIER=inclusive) ;;
-    gpu30-host40-prefetch) extra=(--gpu-budget "$g30" --budget "$h40" --floor --pilot prefetch) ;;
-    gpu30-host40-prefetch[1-9]) extra=(--gpu-budget "$g30" --budget "$h40" --floor --pilot prefetch --pilot-ranks "${mode##*prefetch}") ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
+    # -pagecache: misses read through the page cache (warmed first), a disk many times
+    # this machine's; -prefetch[N]: PILOT reads the next layer's predictions ahead.
+    if [[ $mode == *-pagecache* ]]; then
+      extra+=(--page-cache)
+      cat "$dir"/experts/* >/dev/null
+    fi
+    [[ $mode =~ -prefetch([1-9]?)$ ]] && extra+=(--pilot prefetch) && [ -n "${BASH_REMATCH[1]}" ] &&
+      extra+=(--pilot-ranks "${BASH_REMATCH[1]}")
     for rep in 1 2; do
       env "${tier[@]}" timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
         python3 -c "
@@ -87,6 +96,7 @@ for l in open(sys.argv[1]):
               "copied down/token", r.get("gpu_tier_demotion_bytes_per_token"),
               "host hit", r.get("expert_hit_rate"), "read/token", r.get("decode_expert_read_bytes_per_token"),
               "bytes/token", r.get("decode_bytes_read_per_token"),
+              "read service GB/s", r.get("expert_read_gb_per_s_in_service"),
               *(["pilot recall", r["pilot_recall"], "prefetches", r.get("pilot_prefetches"), "used", r.get("pilot_prefetch_hits")]
                 if "pilot_recall" in r else []))
     else:
