@@ -364,6 +364,8 @@ impl GpuExperts {
         result?;
         promoted?;
         if misses.is_empty() {
+            // Nothing for the host tier to read here: the next layer's prefetches start.
+            self.host.start_deferred_prefetches();
             return Ok(());
         }
         self.bring_in(b, st, layer, &misses, compute)

@@ -9,7 +9,8 @@
 //! on what was resident: streamed output equals resident output bit for bit.
 //!
 //! With `--pilot prefetch` the next layer's predicted experts are read while this one
-//! computes, surest ranks first. A prefetch its layer needs and that is still reading
+//! computes, surest ranks first, queued behind this layer's own reads (the prediction
+//! comes before this layer's experts run). A prefetch its layer needs and that is still reading
 //! forms that layer's first wave (its hits compute meanwhile); a mispredicted one lands
 //! in the background and never holds a layer up.
 
@@ -114,6 +115,9 @@ struct State {
     prefetch: std::collections::HashMap<ExpertKey, (usize, u64, ReadTicket)>,
     /// Prefetched experts that landed and were not looked up yet.
     landed: std::collections::HashSet<ExpertKey>,
+    /// The next layer's predicted experts to prefetch, surest first: read once the current
+    /// layer's own reads are under way, so that they never wait behind a guess.
+    deferred: Vec<ExpertKey>,
 }
 
 /// The usage ledger, shared by the runtimes of one model (the main and the draft tier
@@ -198,6 +202,7 @@ impl StreamedExperts {
             pending: Default::default(),
             prefetch: Default::default(),
             landed: Default::default(),
+            deferred: Vec::new(),
         };
         let me = Self {
             ledger,
@@ -333,6 +338,35 @@ impl StreamedExperts {
         }
     }
 
+    /// Starts the deferred prefetch reads, surest first, while working slots are free.
+    fn start_prefetches(&self, st: &mut State) {
+        for key in std::mem::take(&mut st.deferred) {
+            if st.table.peek(key).is_some() || st.prefetch.contains_key(&key) {
+                continue;
+            }
+            let Some((slot, generation)) = st.table.begin_load(key) else { break };
+            match self.submit(slot, key) {
+                Ok(ticket) => {
+                    st.pilot.prefetches += 1;
+                    st.prefetch.insert(key, (slot, generation, ticket));
+                }
+                Err(_) => {
+                    st.table.fail_load(slot, generation);
+                }
+            }
+        }
+    }
+
+    /// For a tier in front whose layer needed nothing from this one: the next layer's
+    /// prefetches start now.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn start_deferred_prefetches(&self) {
+        let mut st = self.state.lock().unwrap();
+        if !st.deferred.is_empty() {
+            self.start_prefetches(&mut st);
+        }
+    }
+
     /// Completes the prefetch reads that are done, waiting for none.
     fn settle_landed_prefetches(&self, st: &mut State) {
         let done: Vec<ExpertKey> =
@@ -400,6 +434,7 @@ impl StreamedExperts {
     /// pressure correction; returns and resets this turn's telemetry.
     pub fn end_turn(&self) -> Result<RuntimeReport> {
         let mut st = self.state.lock().unwrap();
+        st.deferred.clear();
         self.settle_prefetches(&mut st, |_| true);
         let repins = if self.live_repin { self.live_repin(&mut st)? } else { Vec::new() };
         if let Some(ledger) = self.ledger.as_ref().filter(|_| self.owns_ledger) {
@@ -586,6 +621,13 @@ impl StreamedExperts {
                 Self::abandon(&mut st, &mut wave);
                 Self::release_all(&mut st, &hits, &to_promote);
                 return Err(e);
+            }
+            // The next layer's prefetches queue behind these reads, in working slots this
+            // layer has not needed; short of slots for its own misses, they are dropped.
+            if next >= misses.len() {
+                self.start_prefetches(&mut st);
+            } else {
+                st.deferred.clear();
             }
             if wave.is_empty() {
                 std::mem::swap(&mut wave, &mut later);
@@ -777,22 +819,9 @@ impl StreamedExperts {
             }
         }
         if self.pilot == PilotMode::Prefetch {
-            for &e in &unique {
-                let key = (layer, e);
-                if st.table.peek(key).is_some() || st.prefetch.contains_key(&key) {
-                    continue;
-                }
-                let Some((slot, generation)) = st.table.begin_load(key) else { break };
-                match self.submit(slot, key) {
-                    Ok(ticket) => {
-                        st.pilot.prefetches += 1;
-                        st.prefetch.insert(key, (slot, generation, ticket));
-                    }
-                    Err(_) => {
-                        st.table.fail_load(slot, generation);
-                    }
-                }
-            }
+            // Read after the current layer's misses (`start_prefetches`): this prediction
+            // comes before that layer's experts run.
+            st.deferred = unique.iter().map(|&e| (layer, e)).collect();
         }
         let rows: Vec<Vec<usize>> = ids.chunks(top_k.max(1)).map(|r| r.iter().map(|&e| e as usize).collect()).collect();
         st.pending.insert(layer, (Instant::now(), rows));

@@ -88,7 +88,7 @@ mod tests {
     use crate::{LoadOptions, LoadedModel};
     use strata_kernels::QuantKind;
     use strata_models::convert::{convert, ConvertOptions};
-    use strata_residency::{SlotPhase, SlotRole};
+    use strata_residency::{ExpertKey, SlotPhase, SlotRole};
 
     fn tiny_streamed(pilot: crate::experts::PilotMode) -> (tempfile::TempDir, LoadedModel) {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -122,18 +122,27 @@ mod tests {
     }
 
     /// A prediction's experts that a tier in front holds are not prefetched here (they
-    /// will not miss), but the whole prediction is kept for scoring.
+    /// will not miss), but the whole prediction is kept for scoring. The rest are read
+    /// surest rank first, once the current layer has started its own reads.
     #[test]
     fn predictions_held_above_are_not_prefetched() {
         let (_dir, m) = tiny_streamed(crate::experts::PilotMode::Prefetch);
         let rt = m.experts.clone().expect("streamed experts");
-        let layer = rt.layers().0[1];
-        rt.predicted_skipping(layer, &[1, 2, 3, 4, 5, 6, 7, 8], 4, &|e| e <= 2 || e == 7);
+        let (current, next) = (rt.layers().0[0], rt.layers().0[1]);
+        rt.predicted_skipping(next, &[1, 2, 3, 4, 5, 6, 7, 8], 4, &|e| e <= 2 || e == 7);
+        {
+            let st = rt.state.lock().unwrap();
+            let deferred: Vec<usize> = st.deferred.iter().map(|k| k.1).collect();
+            assert_eq!(deferred, [5, 6, 3, 4, 8], "rank by rank over the rows");
+            assert!(st.prefetch.is_empty(), "nothing read before the current layer's own reads");
+            assert_eq!(st.pending[&next].1, [vec![1, 2, 3, 4], vec![5, 6, 7, 8]], "scored on every row");
+        }
+        rt.run_slots(current, &[9, 10], &mut |_| Ok(())).unwrap();
         let st = rt.state.lock().unwrap();
-        let mut fetched: Vec<usize> = st.prefetch.keys().map(|k| k.1).collect();
+        let mut fetched: Vec<ExpertKey> = st.prefetch.keys().copied().chain(st.landed.iter().copied()).collect();
         fetched.sort_unstable();
-        assert_eq!(fetched, [3, 4, 5, 6, 8]);
-        assert_eq!(st.pending[&layer].1, [vec![1, 2, 3, 4], vec![5, 6, 7, 8]], "scored on every row");
+        assert_eq!(fetched, [3, 4, 5, 6, 8].map(|e| (next, e)), "started after the current layer's reads");
+        assert!(st.deferred.is_empty());
     }
 
     /// strata-tiny's experts streamed (2 slots a layer, 8 working) with the host tier under
