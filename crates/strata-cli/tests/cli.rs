@@ -539,6 +539,25 @@ fn bench_decode_floor_prices_the_decodes_own_reads() {
     assert!(floor <= disk * (1.0 + 1e-12) && floor <= r["decode_floor_tokens_per_s_memory"].as_f64().unwrap());
 }
 
+/// `bench decode --pilot` reports the prediction in its JSON; without it there is none.
+#[test]
+fn bench_decode_reports_pilot() {
+    let dir = copy_fixture();
+    let m = dir.path().to_str().unwrap();
+    let args = ["bench", "decode", "--model", m, "--budget", "120MiB", "--working-slots", "4", "--mtp", "off"];
+    let more = ["--usage", "off", "--prompt-tokens", "4", "--decode-tokens", "6", "--json"];
+    let run = |extra: &[&str]| {
+        let out = strata(&[&args[..], &more[..], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert!(run(&[]).get("pilot").is_none());
+    let r = run(&["--pilot", "prefetch", "--pilot-ranks", "2"]);
+    let p = &r["pilot"];
+    assert!(p["rows"].as_u64().unwrap() > 0 && p["recall"].as_f64().is_some(), "{r}");
+    assert!(p["prefetch_hits"].as_u64().unwrap() <= p["prefetches"].as_u64().unwrap(), "{r}");
+}
+
 #[test]
 fn bench_serve_device_picks_is_honoured_and_checked() {
     let model = fixture();
