@@ -53,7 +53,7 @@ pub struct TiersResult {
     /// Access groups (one forward at one layer) by where their GPU misses came from:
     /// `[host hits, disk reads, groups]`, ascending. What a layer waits for depends on
     /// both counts together (the disk reads overlap the host hits' copies), so a timing
-    /// model needs this mix, not only the totals (`scripts/replay_tiers.py --price`).
+    /// model needs this mix, not only the totals (`scripts/replay_tiers.py` prices it).
     pub layer_mix: Vec<[u64; 3]>,
 }
 
