@@ -125,6 +125,11 @@ def main():
     m.add_argument("--prefetch-waste", type=float, default=0.0,
                    help="unused prefetches per used one (engine telemetry)")
     a = ap.parse_args()
+    if not 0 <= a.prefetch_share < 1 or a.prefetch_waste < 0:
+        ap.error("--prefetch-share must be in [0, 1) and --prefetch-waste at least 0")
+    if min(a.expert_mb, a.link_gbs, a.disk_gbs) <= 0 or a.compute_ms < 0 or not 0 < a.moe_layers <= a.layers:
+        ap.error("--expert-mb, --link-gbs and --disk-gbs must be positive, --compute-ms at least 0, "
+                 "and --moe-layers in 1..=--layers")
     with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as t:
         layers, seen, top = concat(a.trace, t)
     try:

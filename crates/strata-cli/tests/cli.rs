@@ -416,6 +416,38 @@ fn replay_two_tiers_from_a_generated_trace() {
     assert_one_line_error(&replay(&["--host-slots-per-layer", "0"]), &["--host-slots-per-layer"]);
 }
 
+/// `scripts/replay_tiers.py` on the committed 256-expert trace: the tiers table and its
+/// pricing at full GLM-5.2's scale (docs/performance.md quotes these rows); bad pricing
+/// inputs are refused by name.
+#[test]
+fn replay_tiers_script_prices_the_committed_trace() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let script = |extra: &[&str]| {
+        Command::new("python3")
+            .current_dir(&root)
+            .args(["scripts/replay_tiers.py", "--strata", env!("CARGO_BIN_EXE_strata")])
+            .args(["--trace", "docs/traces/routing-256-experts-top8.trace.xz"])
+            .args(extra)
+            .output()
+    };
+    let Ok(out) = script(&["--prefetch-share", "0.38", "--prefetch-waste", "0.10"]) else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("| LRU in both tiers, exclusive | 342 | 346 | 60.0% | 23.4% | 16.6% | 39.3% |"), "{text}");
+    assert!(
+        text.contains("| LRU in both tiers, exclusive | 263.2 (3.80) | 231.7 (4.32) | 153.9 (6.50) | 162.5 (6.15) |"),
+        "{text}"
+    );
+    for bad in [["--prefetch-share", "1.5"], ["--moe-layers", "80"]] {
+        let out = script(&bad).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(bad[0]), "{bad:?}: {err}");
+    }
+}
+
 /// On CUDA `--budget` is the process's host memory: the host plan counts the CUDA runtime
 /// and the largest weight in transit beside the tier of expert slots (no GPU needed).
 #[test]
