@@ -5,7 +5,7 @@ The tiers' capacities are fractions of the trace's experts (layers x experts a l
 by default 26.7% in the GPU slab and 27.0% in the page-locked host tier, the figures of the
 extrapolation in docs/performance.md (HBM and 128 GB of host RAM over 19,200 int4 experts).
 Runs `strata replay` for each policy, with exclusive tiers (the engine's default: the host
-keeps what the GPU evicts) and inclusive ones, and prints a markdown table of GPU hits, host
+keeps what the GPU evicts) and inclusive ones, LFRU eviction on the GPU (`--eviction lfru`), and prints a markdown table of GPU hits, host
 hits, disk reads and device -> host copies (all as fractions of the expert uses), plus the
 one-tier bounds (mostly pinned, LFRU, Belady) at both tiers' capacity.
 
@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--gpu-frac", type=float, default=0.267)
     ap.add_argument("--host-frac", type=float, default=0.270)
     ap.add_argument("--experts", type=int, help="experts a layer (default: the largest id in the trace + 1)")
+    ap.add_argument("--lfru-half-life", type=float, default=32.0,
+                    help="half-life of the LFRU rows' heat, forwards (the engine's --eviction lfru:H)")
     ap.add_argument("--json", action="store_true")
     m = ap.add_argument_group("pricing at full GLM-5.2's scale (int4-g64 experts, one H200, a 14 GB/s NVMe)")
     m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6)")
@@ -125,6 +127,8 @@ def main():
     m.add_argument("--prefetch-waste", type=float, default=0.0,
                    help="unused prefetches per used one (engine telemetry)")
     a = ap.parse_args()
+    if not a.lfru_half_life > 0:
+        ap.error("--lfru-half-life must be positive")
     if not 0 <= a.prefetch_share < 1 or a.prefetch_waste < 0:
         ap.error("--prefetch-share must be in [0, 1) and --prefetch-waste at least 0")
     if min(a.expert_mb, a.link_gbs, a.disk_gbs) <= 0 or a.compute_ms < 0 or not 0 < a.moe_layers <= a.layers:
@@ -140,11 +144,14 @@ def main():
         w = top
         rows = []
 
-        def tiers(label, g_args, h_args):
-            d = replay(a.strata, t.name, g_args + h_args)
-            for kind, key in (("exclusive", "pinned_lru"), ("inclusive", "inclusive_pinned_lru")):
+        def tiers(label, g_args, h_args, lfru=False):
+            d = replay(a.strata, t.name, g_args + h_args + ["--lfru-half-life", a.lfru_half_life])
+            kinds = [(f"{label}, exclusive", "pinned_lru"), (f"{label}, inclusive", "inclusive_pinned_lru")]
+            if lfru:
+                kinds.insert(1, (f"LFRU (half-life {a.lfru_half_life:g}) on the GPU, LRU host, exclusive", "lfru"))
+            for name, key in kinds:
                 tr = d["tiers"][key]
-                rows.append({"policy": f"{label}, {kind}", "gpu_slots": tr["gpu_slots"],
+                rows.append({"policy": name, "gpu_slots": tr["gpu_slots"],
                              "host_slots": tr["host_slots"], "gpu_hit": tr["gpu_hit_rate"],
                              "host_hit": tr["host_hit_rate"], "disk": tr["disk_rate"], "accesses": tr["accesses"],
                              "copied_down": tr["demotions_copied"] / max(tr["accesses"], 1),
@@ -152,7 +159,7 @@ def main():
 
         per_g, per_h = (gpu - w) // layers, (host - w) // layers
         tiers("LRU in both tiers", ["--slots-per-layer", per_g, "--working", gpu - per_g * layers],
-              ["--host-slots-per-layer", per_h, "--host-working", host - per_h * layers])
+              ["--host-slots-per-layer", per_h, "--host-working", host - per_h * layers], lfru=True)
         pg, ph = (gpu - w) // 2, (host - w) // 2
         sg, sh = (gpu - w - pg) // layers, (host - w - ph) // layers
         tiers("about half of each tier pinned (most used), LRU for the rest",
@@ -167,8 +174,9 @@ def main():
         rows.append({"policy": "one tier of both capacities, mostly pinned", "gpu_slots": one, "host_slots": 0,
                      "gpu_hit": pin["hit_rate"], "host_hit": 0.0, "disk": 1 - pin["hit_rate"],
                      "accesses": d["accesses"]})
-        d = replay(a.strata, t.name, ["--slots-per-layer", (one - w) // layers, "--working", one - (one - w) // layers * layers])
-        for name in ("LRU", "LFRU", "Belady"):
+        d = replay(a.strata, t.name, ["--slots-per-layer", (one - w) // layers, "--working",
+                                      one - (one - w) // layers * layers, "--lfru-half-life", a.lfru_half_life])
+        for name in ("LRU", "LFRU", "LFRU/turn", "Belady"):
             p = next(p for p in d["policies"] if p["name"] == name)
             rows.append({"policy": f"one tier of both capacities, {name}", "gpu_slots": one, "host_slots": 0,
                          "gpu_hit": p["hit_rate"], "host_hit": 0.0, "disk": 1 - p["hit_rate"],

@@ -69,18 +69,21 @@ import json, sys; j = json.load(sys.stdin); g = j['gpu']['plan']['input']; h = j
 experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
   echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
-  # TIER_MODES: exclusive / inclusive host tier, each optionally -prefetch (--pilot prefetch:
-  # next-layer predictions read into the host tier while the current layer computes) or
-  # -prefetchN (only the first N ranks of each prediction, --pilot-ranks N).
+  # TIER_MODES: exclusive / inclusive host tier, each optionally -lru (--eviction lru; the
+  # default is lfru), then -prefetch (--pilot prefetch: next-layer predictions read into the
+  # host tier while the current layer computes) or -prefetchN (only the first N ranks of
+  # each prediction, --pilot-ranks N).
   for mode in ${TIER_MODES:-exclusive inclusive}; do
     pilot=(--pilot off)
+    eviction=()
+    [[ $mode == *-lru* ]] && eviction=(--eviction lru)
     [[ $mode == *-prefetch ]] && pilot=(--pilot prefetch)
     [[ $mode =~ -prefetch([1-9])$ ]] && pilot=(--pilot prefetch --pilot-ranks "${BASH_REMATCH[1]}")
     for p in "${PROMPTS[@]:0:3}"; do
       cat=${p%%|*}
-      STRATA_HOST_TIER=${mode%%-prefetch*} timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
+      STRATA_HOST_TIER=${mode%%-*} timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
         --max-tokens "${MAX_TOKENS:-600}" --temperature 0.8 --top-p 0.95 --seed 3 --usage off "${common[@]}" \
-        --gpu-budget "$gb" --budget "$hb" "${pilot[@]}" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
+        --gpu-budget "$gb" --budget "$hb" "${pilot[@]}" "${eviction[@]}" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
         echo "tiers $mode $cat failed (see route.log)"
       python3 -c "
 import json; r = json.load(open('$OUT/tiers-$mode-$cat.json')); e = r['experts']; t = e['device_tier']['traffic']

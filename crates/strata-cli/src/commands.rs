@@ -190,13 +190,14 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             let s = &r.slots;
             eprintln!(
-                "slots: {} ({} working, {} layer, {} pinned, {} disabled); {} evictions, {} pressure evictions, {} repin swaps; footprint {} of budget {}",
+                "slots: {} ({} working, {} layer, {} pinned, {} disabled); {} evictions ({}), {} pressure evictions, {} repin swaps; footprint {} of budget {}",
                 s.total,
                 s.working,
                 s.layer,
                 s.pinned,
                 s.disabled,
                 s.evictions,
+                r.eviction,
                 s.pressure_evictions,
                 s.repin_swaps,
                 human_bytes(r.footprint_bytes),
@@ -204,7 +205,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             if let Some(t) = &r.device_tier {
                 eprintln!(
-                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; evicted experts kept by the host tier: {} still there, {} copied back ({}); {} slots ({})",
+                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; evicted experts kept by the host tier: {} still there, {} copied back ({}); {} slots ({}), {} eviction",
                     t.device,
                     t.traffic.hits,
                     t.traffic.by_id,
@@ -218,6 +219,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                     human_bytes(t.traffic.demotion_bytes),
                     t.slots.total,
                     human_bytes(t.plan.slab_bytes),
+                    t.eviction,
                 );
             }
         }

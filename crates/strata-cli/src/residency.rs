@@ -178,6 +178,11 @@ pub struct BudgetArgs {
     /// on mispredictions where the disk is the bottleneck.
     #[arg(long, value_name = "N")]
     pilot_ranks: Option<usize>,
+    /// Which expert a layer evicts: lfru (default; the coldest: uses decayed by half every
+    /// 32 forwards, ties by recency), lfru:HALF_LIFE (forwards) or lru (used longest ago).
+    /// Under a GPU tier it applies there; the host tier, holding what the GPU evicts, is LRU.
+    #[arg(long, value_name = "POLICY")]
+    eviction: Option<String>,
     /// Warm start without ledger history: pin the experts an Expert Atlas (`strata atlas
     /// build`) expects the topic mix to use most, as much as auto-pin would (half the
     /// resident tier).
@@ -243,14 +248,18 @@ impl BudgetArgs {
             })
             .collect::<Result<Vec<_>>>()?;
         if budget.is_none() {
-            let flags: Vec<&str> =
-                [(!self.pin.is_empty(), "--pin"), (self.auto_pin, "--auto-pin"), (self.live_repin, "--live-repin")]
-                    .into_iter()
-                    .filter_map(|(set, flag)| set.then_some(flag))
-                    .collect();
+            let flags: Vec<&str> = [
+                (!self.pin.is_empty(), "--pin"),
+                (self.auto_pin, "--auto-pin"),
+                (self.live_repin, "--live-repin"),
+                (self.eviction.is_some(), "--eviction"),
+            ]
+            .into_iter()
+            .filter_map(|(set, flag)| set.then_some(flag))
+            .collect();
             if !flags.is_empty() {
                 return Err(anyhow!(
-                    "{} {} --budget: without a budget every expert is resident, so there is nothing to pin",
+                    "{} {} --budget: without a budget every expert is resident, so there is nothing to pin or evict",
                     flags.join(" and "),
                     if flags.len() == 1 { "needs" } else { "need" }
                 ));
@@ -289,6 +298,10 @@ impl BudgetArgs {
                 return Err(anyhow!("--pilot-ranks must be at least 1"));
             }
         }
+        let eviction = match &self.eviction {
+            Some(text) => strata_residency::Eviction::parse(text).map_err(|e| anyhow!("--eviction: {e}"))?,
+            None => RuntimeOptions::default().eviction,
+        };
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
@@ -317,6 +330,7 @@ impl BudgetArgs {
                 io_workers: self.io_workers,
                 pilot,
                 pilot_ranks: self.pilot_ranks,
+                eviction,
             },
         })
     }
@@ -430,6 +444,9 @@ pub struct ReplayArgs {
     /// --host-slots-per-layer).
     #[arg(long, default_value_t = 0, requires = "host_slots_per_layer")]
     host_pinned: usize,
+    /// Half-life of the LFRU rows' heat, in forwards (as `--eviction lfru:H`).
+    #[arg(long, default_value_t = strata_residency::Eviction::DEFAULT_HALF_LIFE)]
+    lfru_half_life: f64,
     #[arg(long)]
     json: bool,
 }
@@ -439,17 +456,22 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     if a.slots_per_layer == 0 {
         return Err(anyhow!("--slots-per-layer must be at least 1"));
     }
+    if !(a.lfru_half_life.is_finite() && a.lfru_half_life > 0.0) {
+        return Err(anyhow!("--lfru-half-life must be a positive number of forwards, got {}", a.lfru_half_life));
+    }
     let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
-    let gpu =
-        strata_residency::ReplayConfig { slots_per_layer: a.slots_per_layer, working: a.working, pinned: a.pinned };
+    let gpu = strata_residency::ReplayConfig {
+        lfru_half_life: a.lfru_half_life,
+        ..strata_residency::ReplayConfig::new(a.slots_per_layer, a.working, a.pinned)
+    };
     let mut report = strata_residency::replay(&records, &gpu);
     if let Some(slots_per_layer) = a.host_slots_per_layer {
         if slots_per_layer == 0 {
             return Err(anyhow!("--host-slots-per-layer must be at least 1"));
         }
-        let host = strata_residency::ReplayConfig { slots_per_layer, working: a.host_working, pinned: a.host_pinned };
+        let host = strata_residency::ReplayConfig::new(slots_per_layer, a.host_working, a.host_pinned);
         report.tiers = Some(strata_residency::replay_tiers(&records, &gpu, &host));
     }
     if a.json {

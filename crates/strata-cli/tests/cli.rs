@@ -260,6 +260,25 @@ fn streaming_flags_and_their_errors() {
     );
     let out = run(&["--budget", "200MiB", "--pilot", "prefetch", "--pilot-ranks", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // --eviction: lfru by default, lru or lfru:HALF_LIFE on request, reported in the stats.
+    assert_one_line_error(
+        &run(&["--budget", "200MiB", "--eviction", "lfu"]),
+        &["--eviction", "\"lfu\"", "lfru:HALF_LIFE"],
+    );
+    assert_one_line_error(&run(&["--budget", "200MiB", "--eviction", "lfru:0"]), &["--eviction", "\"lfru:0\""]);
+    assert_one_line_error(&run(&["--eviction", "lru"]), &["--eviction needs --budget"]);
+    let stats = d.path().join("stats.json");
+    for (flag, policy) in [(None, "lfru"), (Some("lru"), "lru"), (Some("lfru:8"), "lfru")] {
+        let mut a = vec!["--budget", "200MiB", "--stats-json", stats.to_str().unwrap()];
+        a.extend(flag.map(|f| ["--eviction", f]).iter().flatten());
+        let out = run(&a);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!(j["experts"]["eviction"]["policy"], policy, "{flag:?}: {}", j["experts"]);
+        if flag == Some("lfru:8") {
+            assert_eq!(j["experts"]["eviction"]["half_life"], 8.0);
+        }
+    }
     // A ledger another engine wrote is refused unless imported.
     let ledger = d.path().join(".coli_usage");
     let text = std::fs::read_to_string(&ledger).unwrap();

@@ -1,7 +1,8 @@
 //! `strata replay` reproduces the runtime: strata-tiny streamed from a container at
 //! several capacities, its route trace replayed at the same capacity; the replay's LRU
 //! row (the runtime's slot table) must give the runtime's demand hit rate within one
-//! point (it drives the same `SlotTable` in the same order, so it is in fact exact).
+//! point (it drives the same `SlotTable` in the same order, so it is in fact exact), and
+//! its LFRU row the runtime's under `--eviction lfru`.
 
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
@@ -9,7 +10,7 @@ use strata_engine::generate::RouteTrace;
 use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
 use strata_models::convert::{convert, ConvertOptions};
-use strata_residency::{read_trace, replay, ReplayConfig};
+use strata_residency::{read_trace, replay, Eviction, ReplayConfig};
 
 #[test]
 fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
@@ -18,7 +19,8 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
     let opts = ConvertOptions { experts: QuantKind::Int8Row, mtp_experts: QuantKind::Int8Row };
     convert(&root.join("models/strata-tiny"), dir.path(), &opts, &mut |_, _| {}).unwrap();
     let working = 8;
-    for slots_per_layer in [1usize, 2, 4, 8, 16] {
+    let lfru = Eviction::Lfru { half_life: 6.0 };
+    for (slots_per_layer, eviction) in [1usize, 2, 4, 8, 16].into_iter().flat_map(|n| [(n, Eviction::Lru), (n, lfru)]) {
         let load = LoadOptions {
             device: strata_engine::Device::Cpu,
             budget: Some(u64::MAX / 4),
@@ -28,6 +30,7 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
                 working_slots: working,
                 max_slots_per_layer: Some(slots_per_layer),
                 usage: UsageSetting::Off,
+                eviction,
                 ..Default::default()
             },
             mtp: false,
@@ -49,11 +52,12 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
         }
         drop(g);
         let records = read_trace(std::io::BufReader::new(std::fs::File::open(&trace_path).unwrap())).unwrap();
-        let r = replay(&records, &ReplayConfig { slots_per_layer, working, pinned: 0 });
-        let lru = r.policy("LRU").unwrap();
+        let r =
+            replay(&records, &ReplayConfig { lfru_half_life: 6.0, ..ReplayConfig::new(slots_per_layer, working, 0) });
+        let lru = r.policy(if eviction == Eviction::Lru { "LRU" } else { "LFRU" }).unwrap();
         let runtime_rate = demand.0 as f64 / (demand.0 + demand.1) as f64;
         eprintln!(
-            "{slots_per_layer} slots/layer: runtime {}/{} hits ({:.2}%), replay {}/{} ({:.2}%), Belady {:.2}%",
+            "{slots_per_layer} slots/layer, {eviction}: runtime {}/{} hits ({:.2}%), replay {}/{} ({:.2}%), Belady {:.2}%",
             demand.0,
             demand.0 + demand.1,
             runtime_rate * 100.0,

@@ -15,7 +15,9 @@
 //!   still holds, and this row reproduces its hit rate on the same trace.
 //! - **pinned+LRU**: the runtime with the `pinned` most selected (layer, expert) keys of
 //!   the trace pinned (in `pinned` extra slots) before the first access.
-//! - **LFRU** (offline comparison, no working bank): evict the lowest
+//! - **LFRU**: the runtime with LFRU eviction (`--eviction lfru`: uses decayed by half
+//!   every `lfru_half_life` forwards, see `slots/heat.rs`) in place of LRU.
+//! - **LFRU/turn** (offline comparison, no working bank): evict the lowest
 //!   `heat * 256 + max(0, 255 - age)`; heat counts every selection (before dedup) and
 //!   halves at each new segment (turn); age counts selections since the expert's last one.
 //! - **Belady** (offline optimum with bypass, `slots_per_layer` per layer, no working
@@ -40,17 +42,31 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::slots::Eviction;
 use crate::trace::TraceRecord;
 use crate::ExpertKey;
 
 /// Capacity to replay at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ReplayConfig {
     pub slots_per_layer: usize,
     /// Working bank size (wave width); 0 is treated as 1.
     pub working: usize,
     /// Pinned slots for pinned+LRU.
     pub pinned: usize,
+    /// Half-life of the LFRU rows' heat, in forwards (the runtime's `--eviction lfru:H`).
+    pub lfru_half_life: f64,
+}
+
+impl ReplayConfig {
+    /// At a capacity, LFRU at its default half-life.
+    pub fn new(slots_per_layer: usize, working: usize, pinned: usize) -> Self {
+        ReplayConfig { slots_per_layer, working, pinned, lfru_half_life: Eviction::DEFAULT_HALF_LIFE }
+    }
+
+    fn lfru(&self) -> Eviction {
+        Eviction::Lfru { half_life: self.lfru_half_life }
+    }
 }
 
 /// One policy's outcome.
@@ -78,8 +94,9 @@ pub struct ReplayReport {
     pub forwards: usize,
     pub segments: usize,
     pub layers: usize,
-    /// LRU (the runtime's slot table), LFRU, pinned+LRU (the runtime's, with pins),
-    /// Belady (with bypass), Belady-nobypass, in that order.
+    /// LRU (the runtime's slot table), LFRU (the same with LFRU eviction), LFRU/turn,
+    /// pinned+LRU (the runtime's, with pins), Belady (with bypass), Belady-nobypass, in
+    /// that order.
     pub policies: Vec<PolicyResult>,
     /// A GPU tier in front of a host tier (`strata replay --host-slots-per-layer`): the
     /// GPU at `config`'s capacity.
@@ -262,9 +279,9 @@ impl Lfru {
     }
 }
 
-/// The runtime's slot table (LRU, or pinned+LRU with `pins`) over the trace.
-fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey]) -> Tally {
-    let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins);
+/// The runtime's slot table (LRU or LFRU; with `pins`, pinned) over the trace.
+fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey], eviction: Eviction) -> Tally {
+    let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins, eviction);
     let mut tally = slab::SlabTally::default();
     for a in &g.accesses {
         slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, &mut tally, None, false);
@@ -392,9 +409,10 @@ pub fn replay(records: &[TraceRecord], cfg: &ReplayConfig) -> ReplayReport {
     let layer_slots = g.layers.len() * cfg.slots_per_layer;
     let pins = most_selected(records, cfg.pinned);
     let policies = vec![
-        runtime(&g, cfg, &[]).result("LRU", layer_slots),
-        lfru(&g, cfg).result("LFRU", layer_slots),
-        runtime(&g, cfg, &pins).result("pinned+LRU", layer_slots + pins.len()),
+        runtime(&g, cfg, &[], Eviction::Lru).result("LRU", layer_slots),
+        runtime(&g, cfg, &[], cfg.lfru()).result("LFRU", layer_slots),
+        lfru(&g, cfg).result("LFRU/turn", layer_slots),
+        runtime(&g, cfg, &pins, Eviction::Lru).result("pinned+LRU", layer_slots + pins.len()),
         belady(&g, cfg, true).result("Belady", layer_slots),
         belady(&g, cfg, false).result("Belady-nobypass", layer_slots),
     ];

@@ -35,6 +35,10 @@ use serde::Serialize;
 use crate::plan::ResidencyPlan;
 use crate::ExpertKey;
 
+mod heat;
+pub use heat::Eviction;
+use heat::Heat;
+
 /// What a slot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -165,6 +169,8 @@ pub struct SlotTable {
     clock: u64,
     generation: u64,
     counters: SlotSnapshot,
+    eviction: Eviction,
+    heat: Heat,
 }
 
 impl SlotTable {
@@ -207,6 +213,27 @@ impl SlotTable {
             clock: 0,
             generation: 0,
             counters: SlotSnapshot::default(),
+            eviction: Eviction::Lru,
+            heat: Heat::default(),
+        }
+    }
+
+    /// How layers pick their victims from now on (LRU until set); forgets past heat.
+    pub fn set_eviction(&mut self, eviction: Eviction) {
+        self.eviction = eviction;
+        self.heat = Heat::new(eviction, self.layers.len());
+    }
+
+    pub fn eviction(&self) -> Eviction {
+        self.eviction
+    }
+
+    /// The experts one forward routes to at `layer` (once each, after its `tick`): their
+    /// heat under LFRU eviction; nothing under LRU. Hits and loads do not count uses: a
+    /// prefetch is not one, and a tier below a device sees only the device's misses.
+    pub fn record_uses(&mut self, layer: usize, experts: impl IntoIterator<Item = usize>) {
+        if self.heat.enabled() {
+            experts.into_iter().for_each(|e| self.heat.add((layer, e), self.clock));
         }
     }
 
@@ -379,14 +406,26 @@ impl SlotTable {
         }
     }
 
-    /// The layer's LRU victim among slots not loading or leased: an empty slot first,
-    /// else the oldest last use, ties to the lowest slot id.
+    /// The layer's victim among slots not loading or leased: an empty slot first, else
+    /// under LRU the oldest last use, under LFRU a cooled slot (last use 0), then the
+    /// least heat, then the oldest last use; ties to the lowest slot id.
     fn layer_victim(&self, pos: usize) -> Option<usize> {
-        self.layer_slots[pos]
+        let candidates = self.layer_slots[pos]
             .iter()
             .copied()
-            .filter(|&i| matches!(self.slots[i].phase, SlotPhase::Idle | SlotPhase::Ready))
-            .min_by_key(|&i| (self.slots[i].phase != SlotPhase::Idle, self.slots[i].last_use, i))
+            .filter(|&i| matches!(self.slots[i].phase, SlotPhase::Idle | SlotPhase::Ready));
+        let lru = |i: usize| (self.slots[i].phase != SlotPhase::Idle, self.slots[i].last_use, i);
+        if !self.heat.enabled() {
+            return candidates.min_by_key(|&i| lru(i));
+        }
+        let heat = |i: usize| self.slots[i].key.map_or(0.0, |k| self.heat.get(k));
+        candidates.min_by(|&a, &b| {
+            let (sa, sb) = (&self.slots[a], &self.slots[b]);
+            (sa.phase != SlotPhase::Idle, sa.last_use != 0)
+                .cmp(&(sb.phase != SlotPhase::Idle, sb.last_use != 0))
+                .then(heat(a).total_cmp(&heat(b)))
+                .then(lru(a).cmp(&lru(b)))
+        })
     }
 
     /// The slot [`Self::promote`] of `slot` would take from its expert's layer (and whose

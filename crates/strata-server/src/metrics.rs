@@ -471,12 +471,14 @@ mod tests {
             resident_all: false,
             traffic,
             slots: Default::default(),
+            eviction: strata_residency::Eviction::Lfru { half_life: 32.0 },
             hit_rate: Some(0.75),
         };
         let report = RuntimeReport {
             plan,
             turn: Default::default(),
             slots: Default::default(),
+            eviction: strata_residency::Eviction::Lru,
             residency_map: Vec::new(),
             repins: Vec::new(),
             pilot: None,

@@ -95,7 +95,8 @@ impl GpuExperts {
         if plan.input.slot_bytes != slot_bytes as u64 {
             bail!("GPU tier: planned slots of {} bytes for host slots of {slot_bytes}", plan.input.slot_bytes);
         }
-        let table = SlotTable::new(&plan, host.layers().0);
+        let mut table = SlotTable::new(&plan, host.layers().0);
+        table.set_eviction(host.eviction());
         let state = State {
             table,
             device: None,
@@ -336,6 +337,7 @@ impl GpuExperts {
     ) -> Result<()> {
         self.ensure_device(b, st)?;
         st.table.tick();
+        st.table.record_uses(layer, experts.iter().map(|&e| e as usize));
         let mut hits: Vec<(u32, usize)> = Vec::new();
         let mut misses: Vec<u32> = Vec::new();
         for &e in experts {
@@ -400,6 +402,7 @@ impl DeviceTier for GpuExperts {
             hit_rate: (looked > 0).then(|| traffic.hits as f64 / looked as f64),
             traffic,
             slots: st.table.snapshot(),
+            eviction: st.table.eviction(),
         }
     }
 }

@@ -24,8 +24,8 @@ use strata_backend::cpu::{CpuBackend, CpuExpert};
 use strata_kernels::QMatrix;
 use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{
-    repin_candidate, select_repins, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotRole, SlotSnapshot,
-    SlotTable, UsageLedger, REPIN_MAX_SWAPS,
+    repin_candidate, select_repins, Eviction, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotRole,
+    SlotSnapshot, SlotTable, UsageLedger, REPIN_MAX_SWAPS,
 };
 use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
 
@@ -83,6 +83,9 @@ pub struct RuntimeOptions {
     /// With `pilot` hint or prefetch: act on only the first this many ranks of each row's
     /// prediction (the router's first choices are the surest); None acts on all of them.
     pub pilot_ranks: Option<usize>,
+    /// How each layer picks the expert it evicts. Under a device tier it applies there
+    /// (the device sees every use); this tier, holding what the device evicts, is LRU.
+    pub eviction: Eviction,
 }
 
 impl Default for RuntimeOptions {
@@ -99,6 +102,8 @@ impl Default for RuntimeOptions {
             io_workers: 2,
             pilot: PilotMode::Off,
             pilot_ranks: None,
+            // Beats LRU on every trained-routing trace replayed (docs/performance.md).
+            eviction: Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE },
         }
     }
 }
@@ -136,6 +141,7 @@ pub struct StreamedExperts {
     live_repin: bool,
     pilot: PilotMode,
     pilot_ranks: Option<usize>,
+    eviction: Eviction,
     source: Box<dyn ExpertSource>,
     io: IoPool,
     slab: AlignedBuf,
@@ -156,6 +162,8 @@ pub struct RuntimeReport {
     /// Slots by role and phase, and the event counters (evictions, pressure evictions,
     /// repin swaps, stale completions).
     pub slots: SlotSnapshot,
+    /// How this tier's layers pick their victims (LRU under a device tier).
+    pub eviction: Eviction,
     /// Every occupied slot: layer, expert, role, phase, last use.
     pub residency_map: Vec<ResidencyEntry>,
     /// This turn's live-repin swaps: (layer, cold expert, hot expert).
@@ -192,7 +200,8 @@ impl StreamedExperts {
         if let Err(e) = slab.mlock() {
             eprintln!("warning: expert slab not locked in memory ({e}); the OS may page it out");
         }
-        let table = SlotTable::new(&plan, source.layers());
+        let mut table = SlotTable::new(&plan, source.layers());
+        table.set_eviction(options.eviction);
         let state = State {
             table,
             demand: Traffic::default(),
@@ -211,6 +220,7 @@ impl StreamedExperts {
             live_repin: options.live_repin && budget.is_some(),
             pilot: options.pilot,
             pilot_ranks: options.pilot_ranks,
+            eviction: options.eviction,
             source,
             io,
             slab,
@@ -394,6 +404,7 @@ impl StreamedExperts {
                 layer_forward: st.layer_forward.summary(),
             },
             slots: st.table.snapshot(),
+            eviction: st.table.eviction(),
             residency_map: st.table.residency_map(),
             repins,
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
@@ -527,6 +538,7 @@ impl StreamedExperts {
         {
             let mut st = self.state.lock().unwrap();
             st.table.tick();
+            st.table.record_uses(layer, experts.iter().map(|&e| e as usize));
             // A prefetch that landed is a hit; one still reading that this layer needs
             // joins its first wave, so the hits compute meanwhile; a mispredicted one goes
             // on reading without holding the layer up.

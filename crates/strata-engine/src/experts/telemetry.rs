@@ -255,6 +255,8 @@ pub struct DeviceTierReport {
     pub resident_all: bool,
     pub traffic: DeviceTierTraffic,
     pub slots: strata_residency::SlotSnapshot,
+    /// How its layers pick their victims.
+    pub eviction: strata_residency::Eviction,
     /// hits / (hits + misses) over this report's window.
     pub hit_rate: Option<f64>,
 }

@@ -5,6 +5,7 @@ use super::*;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::fit::{fit_dir, fit_gpu, FitOptions};
 use strata_models::convert::{convert, ConvertOptions};
+use strata_residency::Eviction;
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
@@ -187,15 +188,24 @@ fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
 
 /// `strata replay --host-slots-per-layer` replays the tiers as the engine serves them: a
 /// traced generation through a small GPU slab and host tier, replayed at the plans' sizes,
-/// gives the engine's GPU hits, host hits and disk reads (exclusive tiers, the default).
+/// gives the engine's GPU hits, host hits and disk reads (exclusive tiers, the default),
+/// under LFRU eviction on the GPU (the default) and LRU.
 #[test]
 fn cuda_two_tier_replay_matches_the_engine() {
     let Some(_g) = gpu() else { return };
     let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
-    let (gmin, slot) = gpu_min(dir.path(), 2);
-    let hmin = host_min(dir.path(), 2, slot);
-    let m = open(dir.path(), &options(Some(gmin + 2 * slot), Some(hmin + 4 * slot), 2));
-    let trace_path = dir.path().join("tiers.trace");
+    for eviction in [Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE }, Eviction::Lru] {
+        two_tier_replay_matches(dir.path(), eviction);
+    }
+}
+
+fn two_tier_replay_matches(dir: &Path, eviction: Eviction) {
+    let (gmin, slot) = gpu_min(dir, 2);
+    let hmin = host_min(dir, 2, slot);
+    let mut opts = options(Some(gmin + 2 * slot), Some(hmin + 4 * slot), 2);
+    opts.runtime.eviction = eviction;
+    let m = open(dir, &opts);
+    let trace_path = dir.join(format!("tiers-{eviction}.trace"));
     let mut g = m.generator().unwrap();
     g.set_trace(strata_engine::generate::RouteTrace::create(&trace_path).unwrap());
     let prompt: Vec<u32> = (0..12).map(|i| (i * 71 % 440) as u32).collect();
@@ -207,16 +217,15 @@ fn cuda_two_tier_replay_matches_the_engine() {
     let (gp, hp) = (tier.plan, report.plan);
     let records =
         strata_residency::read_trace(std::io::BufReader::new(std::fs::File::open(&trace_path).unwrap())).unwrap();
-    let cfg = |p: &strata_residency::ResidencyPlan| strata_residency::ReplayConfig {
-        slots_per_layer: p.slots_per_layer,
-        working: p.input.working_slots,
-        pinned: 0,
+    let cfg = |p: &strata_residency::ResidencyPlan| {
+        strata_residency::ReplayConfig::new(p.slots_per_layer, p.input.working_slots, 0)
     };
-    let r = strata_residency::replay_tiers(&records, &cfg(&gp), &cfg(&hp)).lru;
+    let r = strata_residency::replay_tiers(&records, &cfg(&gp), &cfg(&hp));
+    let r = if eviction == Eviction::Lru { r.lru } else { r.lfru };
     let engine = (tier.traffic.hits, report.turn.demand.hits, report.turn.demand.misses);
     let replayed = (r.gpu_hits, r.host_hits, r.disk_reads);
     eprintln!(
-        "GPU {} + {} working slots, host {} + {}: engine (GPU hits, host hits, disk) {engine:?}, replay {replayed:?}; \
+        "{eviction}: GPU {} + {} working slots, host {} + {}: engine (GPU hits, host hits, disk) {engine:?}, replay {replayed:?}; \
          demotions: engine {} kept + {} copied, replay {} + {}",
         gp.slots_per_layer * gp.input.sparse_layers,
         gp.input.working_slots,

@@ -3,7 +3,7 @@
 //! a trace reproduces the runtime's hits and misses on that trace.
 //!
 //! Per access group (one forward at one layer), as the runtime does:
-//! 1. `tick` (the runtime ticks once per MoE layer call);
+//! 1. `tick` (the runtime ticks once per MoE layer call) and `record_uses` (LFRU heat);
 //! 2. in ascending expert id: `lookup`; a hit is `lease`d (and, when it sits in a working
 //!    slot, remembered for promotion); a miss is queued;
 //! 3. waves: `begin_load` misses while a working slot is free, then for each in turn
@@ -15,7 +15,7 @@
 //! Pins are `pin`ned and loaded before the first access, as at start-up.
 
 use crate::plan::{PlanInput, ResidencyPlan};
-use crate::slots::{SlotPhase, SlotRole, SlotTable};
+use crate::slots::{Eviction, SlotPhase, SlotRole, SlotTable};
 use crate::ExpertKey;
 
 /// Hits, misses and I/O waves of one replay.
@@ -30,8 +30,14 @@ pub(crate) struct SlabTally {
 }
 
 /// A slot table laid out for `layers` at `slots_per_layer`, `working` and `pins.len()`
-/// pinned slots, with the pins resident.
-pub(crate) fn table(layers: &[usize], slots_per_layer: usize, working: usize, pins: &[ExpertKey]) -> SlotTable {
+/// pinned slots, with the pins resident, evicting by `eviction`.
+pub(crate) fn table(
+    layers: &[usize],
+    slots_per_layer: usize,
+    working: usize,
+    pins: &[ExpertKey],
+    eviction: Eviction,
+) -> SlotTable {
     let working = working.max(1);
     let input = PlanInput {
         budget_bytes: u64::MAX,
@@ -51,6 +57,7 @@ pub(crate) fn table(layers: &[usize], slots_per_layer: usize, working: usize, pi
         headroom_bytes: 0,
     };
     let mut table = SlotTable::new(&plan, layers);
+    table.set_eviction(eviction);
     for &key in pins {
         if let Ok(slot) = table.pin(key) {
             if table.slot(slot).phase == SlotPhase::Loading {
@@ -74,6 +81,7 @@ pub(crate) fn lease_hits(
     sorted.sort_unstable();
     sorted.dedup();
     table.tick();
+    table.record_uses(layer, sorted.iter().copied());
     let mut hits = Vec::new();
     let mut misses = Vec::new();
     for e in sorted {

@@ -13,18 +13,18 @@ pub(super) fn single_rows(layer: usize, forwards: &[&[usize]]) -> Vec<TraceRecor
 }
 
 pub(super) fn cfg(slots_per_layer: usize, working: usize, pinned: usize) -> ReplayConfig {
-    ReplayConfig { slots_per_layer, working, pinned }
+    ReplayConfig::new(slots_per_layer, working, pinned)
 }
 
 fn hits(report: &ReplayReport) -> [u64; 5] {
-    ["LRU", "LFRU", "pinned+LRU", "Belady", "Belady-nobypass"].map(|n| report.policy(n).unwrap().hits)
+    ["LRU", "LFRU/turn", "pinned+LRU", "Belady", "Belady-nobypass"].map(|n| report.policy(n).unwrap().hits)
 }
 
 #[test]
 fn cyclic_trace_defeats_lru_but_not_belady() {
     let trace = single_rows(3, &[&[10], &[11], &[12], &[10], &[11], &[12]]);
     let r = replay(&trace, &cfg(2, 8, 1));
-    // LRU and LFRU always evict the expert about to return. pinned+LRU pins 3:10 (all
+    // LRU and LFRU/turn always evict the expert about to return. pinned+LRU pins 3:10 (all
     // tie at two selections; lowest key) and the rest fits. Belady keeps the two
     // soonest: 10 and 11 hit on their second use.
     // Belady without bypass must admit each miss: 12 evicts 11 (used later than 10),
@@ -61,8 +61,13 @@ fn batch_union_dedups_rows_and_protects_the_forwards_experts() {
 fn lfru_keeps_heavy_hitters_until_heat_decays() {
     let seq: &[&[usize]] = &[&[1], &[1], &[1], &[2], &[3], &[1]];
     let r = replay(&single_rows(3, seq), &cfg(2, 8, 0));
-    // LRU evicts 1 (oldest) for 3; LFRU evicts 2 (heat 1 < heat 3).
+    // LRU evicts 1 (oldest) for 3; LFRU/turn evicts 2 (heat 1 < heat 3), and so does
+    // the runtime's LFRU (decayed by half in 32 forwards: 1's three uses still weigh more).
     assert_eq!(hits(&r)[..4], [2, 3, 2, 3]);
+    assert_eq!(r.policy("LFRU").unwrap().hits, 3, "{r}");
+    // With a half-life of a tenth of a forward, the runtime's LFRU is LRU again.
+    let short = ReplayConfig { lfru_half_life: 0.1, ..cfg(2, 8, 0) };
+    assert_eq!(replay(&single_rows(3, seq), &short).policy("LFRU").unwrap().hits, 2);
     // Same routes, but two turn boundaries before 2: heat 3 -> 1 -> 0, so LFRU now
     // prefers the recent 2 and evicts 1 like LRU.
     let mut trace = single_rows(3, seq);
@@ -76,7 +81,7 @@ fn lfru_keeps_heavy_hitters_until_heat_decays() {
     trace.insert(3, TraceRecord { segment: 1, forward: 99, row: 0, layer: 4, experts: vec![7] });
     let r = replay(&trace, &cfg(2, 8, 0));
     assert_eq!(r.segments, 3);
-    assert_eq!(r.policy("LFRU").unwrap().hits, 2);
+    assert_eq!(r.policy("LFRU/turn").unwrap().hits, 2);
 }
 
 #[test]
@@ -120,7 +125,7 @@ fn report_renders_a_table_and_json() {
         assert!(table.contains(needle), "{needle:?} missing:\n{table}");
     }
     let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
-    assert_eq!(json["policies"][3]["name"], "Belady");
+    assert_eq!(json["policies"][4]["name"], "Belady");
     assert_eq!(json["policies"][0]["hits"], 1);
     assert_eq!(json["config"]["slots_per_layer"], 2);
 }
@@ -251,7 +256,7 @@ fn runtime_rows_match_a_direct_slot_table_drive() {
         let mut layers: Vec<usize> = trace.iter().map(|t| t.layer).collect();
         layers.sort_unstable();
         layers.dedup();
-        let mut table = slab::table(&layers, slots, working, &[]);
+        let mut table = slab::table(&layers, slots, working, &[], Eviction::Lru);
         let mut tally = slab::SlabTally::default();
         let mut i = 0;
         while i < trace.len() {

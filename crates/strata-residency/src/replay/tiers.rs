@@ -19,6 +19,9 @@
 //! Steps 2-4 interleave as in the engine: the host hands its batches up (hits, then each
 //! wave of reads) with their slots leased, and each batch goes into the GPU's slots then.
 //!
+//! Eviction: LRU in both tiers, or (the `lfru` row) LFRU on the GPU, which sees every
+//! use, over an LRU host tier, as the engine runs `--eviction lfru` under a GPU.
+//!
 //! Pins: the GPU tier pins the trace's `gpu.pinned` most selected keys, the host tier the
 //! next `host.pinned` (a key pinned on the GPU never reaches the host).
 
@@ -26,7 +29,7 @@ use serde::Serialize;
 
 use super::slab::{self, SlabTally};
 use super::{group, most_selected, ReplayConfig};
-use crate::slots::{Keep, SlotRole, SlotTable};
+use crate::slots::{Eviction, Keep, SlotRole, SlotTable};
 use crate::trace::TraceRecord;
 
 /// Where the accesses of a two-tier replay were served.
@@ -58,12 +61,13 @@ pub struct TiersResult {
 }
 
 /// LRU in both tiers, and the same with pins; exclusive tiers (the engine's default) and
-/// inclusive ones.
+/// inclusive ones; LFRU on the GPU over an exclusive LRU host tier.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TiersReport {
     pub gpu: ReplayConfig,
     pub host: ReplayConfig,
     pub lru: TiersResult,
+    pub lfru: TiersResult,
     pub pinned_lru: TiersResult,
     pub inclusive_lru: TiersResult,
     pub inclusive_pinned_lru: TiersResult,
@@ -73,11 +77,11 @@ pub struct TiersReport {
 /// `host`'s.
 pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayConfig) -> TiersReport {
     let g = group(records);
-    let run = |gpu_pins: usize, host_pins: usize, exclusive: bool| {
+    let run = |gpu_pins: usize, host_pins: usize, exclusive: bool, eviction: Eviction| {
         let ranked = most_selected(records, gpu_pins + host_pins);
         let (gp, hp) = ranked.split_at(gpu_pins.min(ranked.len()));
-        let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp);
-        let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp);
+        let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp, eviction);
+        let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp, Eviction::Lru);
         let mut gpu_tally = SlabTally::default();
         let mut host_tally = SlabTally::default();
         let mut demoted = Demoted::default();
@@ -118,10 +122,11 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
     TiersReport {
         gpu: *gpu,
         host: *host,
-        lru: run(0, 0, true),
-        pinned_lru: run(gpu.pinned, host.pinned, true),
-        inclusive_lru: run(0, 0, false),
-        inclusive_pinned_lru: run(gpu.pinned, host.pinned, false),
+        lru: run(0, 0, true, Eviction::Lru),
+        lfru: run(0, 0, true, Eviction::Lfru { half_life: gpu.lfru_half_life }),
+        pinned_lru: run(gpu.pinned, host.pinned, true, Eviction::Lru),
+        inclusive_lru: run(0, 0, false, Eviction::Lru),
+        inclusive_pinned_lru: run(gpu.pinned, host.pinned, false, Eviction::Lru),
     }
 }
 
@@ -218,6 +223,7 @@ impl std::fmt::Display for TiersReport {
         )?;
         for (name, r) in [
             ("LRU", &self.lru),
+            ("LFRU (GPU)", &self.lfru),
             ("pinned+LRU", &self.pinned_lru),
             ("LRU, inclusive", &self.inclusive_lru),
             ("pinned+LRU, incl.", &self.inclusive_pinned_lru),
@@ -309,7 +315,7 @@ mod tests {
             let host = cfg(1 + rng.below(10), 1 + rng.below(4), rng.below(5));
             let t = replay_tiers(&trace, &gpu, &host);
             let accesses = crate::replay(&trace, &gpu).accesses;
-            for r in [t.lru, t.pinned_lru, t.inclusive_lru, t.inclusive_pinned_lru] {
+            for r in [t.lru, t.lfru, t.pinned_lru, t.inclusive_lru, t.inclusive_pinned_lru] {
                 assert_eq!(r.accesses, accesses);
                 assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads, r.accesses, "{gpu:?} {host:?}");
                 // The layer mix accounts for every group, host hit and disk read.

@@ -96,6 +96,48 @@ fn a_cooled_expert_goes_first_and_a_touched_one_last() {
 }
 
 #[test]
+fn lfru_keeps_the_expert_used_most_and_evicts_the_one_used_once() {
+    // Layer 3 has 2 slots. Expert 10 is used in three forwards, 11 in one, then 12 comes.
+    let run = |eviction: Eviction| {
+        let mut t = table(0, 2);
+        t.set_eviction(eviction);
+        let forward = |t: &mut SlotTable, e: usize| {
+            t.tick();
+            t.record_uses(3, [e]);
+            match t.lookup((3, e)) {
+                Some(_) => None,
+                None => miss(t, (3, e)).1.evicted(),
+            }
+        };
+        for e in [10, 10, 10, 11] {
+            assert_eq!(forward(&mut t, e), None);
+        }
+        forward(&mut t, 12)
+    };
+    assert_eq!(run(Eviction::Lru), Some((3, 10)), "LRU: 10 was used longest ago");
+    assert_eq!(run(Eviction::Lfru { half_life: 4.0 }), Some((3, 11)), "LFRU: 11 is colder");
+    // With a half-life far below the gap, heat is recency again.
+    assert_eq!(run(Eviction::Lfru { half_life: 0.05 }), Some((3, 10)));
+}
+
+#[test]
+fn lfru_evicts_a_cooled_expert_before_a_colder_one() {
+    let mut t = table(0, 2);
+    t.set_eviction(Eviction::Lfru { half_life: 8.0 });
+    for e in [10, 10, 11] {
+        t.tick();
+        t.record_uses(3, [e]);
+        if t.lookup((3, e)).is_none() {
+            miss(&mut t, (3, e));
+        }
+    }
+    assert!(t.cool((3, 10)), "the hottest, handed up to a device");
+    t.tick();
+    assert_eq!(miss(&mut t, (3, 12)).1, Promotion::Evicted((3, 10)));
+    assert_eq!(t.eviction(), Eviction::Lfru { half_life: 8.0 });
+}
+
+#[test]
 fn lru_ties_go_to_the_lowest_slot_id() {
     let mut t = table(0, 2);
     // Same clock for both: the lower slot id is the victim.
@@ -359,6 +401,9 @@ fn random_operation_sequences_keep_the_invariants() {
         let pinned = rng.below(3);
         let per_layer = 1 + rng.below(4);
         let mut t = table(pinned, per_layer);
+        if seed % 2 == 1 {
+            t.set_eviction(Eviction::Lfru { half_life: 1.5 });
+        }
         let layers = [3usize, 5];
         let mut in_flight: Vec<(usize, u64, ExpertKey)> = Vec::new();
         let mut retired: Vec<(usize, u64)> = Vec::new();
@@ -366,7 +411,10 @@ fn random_operation_sequences_keep_the_invariants() {
         for _step in 0..400 {
             let key = (layers[rng.below(2)], rng.below(8));
             match rng.below(15) {
-                0 => t.tick(),
+                0 => {
+                    t.tick();
+                    t.record_uses(key.0, [key.1, rng.below(8)]);
+                }
                 1 => {
                     if let Some(slot) = t.lookup(key) {
                         assert_eq!(t.slot(slot).key, Some(key));

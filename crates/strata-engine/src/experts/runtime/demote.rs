@@ -14,7 +14,7 @@
 
 use super::StreamedExperts;
 use anyhow::{bail, Result};
-use strata_residency::{ExpertKey, Keep};
+use strata_residency::{Eviction, ExpertKey, Keep};
 
 /// Whether the host tier is kept exclusive of a device tier: `STRATA_HOST_TIER`'s value,
 /// unset or `exclusive` (the default), or `inclusive` (for comparison); else an error
@@ -46,6 +46,13 @@ impl StreamedExperts {
     /// Whether this tier sits under a device tier that demotes into it (exclusive tiers).
     pub(crate) fn set_below_device(&self, on: bool) {
         self.below_device.store(on, std::sync::atomic::Ordering::Relaxed);
+        // It sees only the device's misses: recency of those is all it can go by.
+        self.state.lock().unwrap().table.set_eviction(if on { Eviction::Lru } else { self.eviction });
+    }
+
+    /// The eviction the runtime was asked for (a device tier in front of it applies it).
+    pub fn eviction(&self) -> Eviction {
+        self.eviction
     }
 
     pub(crate) fn below_device(&self) -> bool {
