@@ -13,7 +13,8 @@
 # the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison;
 # a suffix -pagecache reads the misses through the (warmed) page cache, -prefetch reads
 # PILOT's next-layer predictions ahead (--pilot prefetch), -prefetchN only the first N
-# ranks of each (--pilot-ranks N): e.g. gpu30-host40-pagecache-prefetch2.
+# ranks of each (--pilot-ranks N), -lru evicts by LRU (--eviction lru; lfru is the default):
+# e.g. gpu30-host40-lru-pagecache-prefetch2.
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -57,7 +58,8 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
   for mode in ${MODES:-resident gpu30 gpu30-host40 gpu30-host40-inclusive}; do
     tier=()
-    base=${mode%%-pagecache*}
+    base=${mode%%-lru*}
+    base=${base%%-pagecache*}
     base=${base%%-prefetch*}
     case $base in
     resident) extra=() ;;
@@ -72,6 +74,7 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
       extra+=(--page-cache)
       cat "$dir"/experts/* >/dev/null
     fi
+    [[ $mode == *-lru* ]] && extra+=(--eviction lru)
     [[ $mode =~ -prefetch([1-9]?)$ ]] && extra+=(--pilot prefetch) && [ -n "${BASH_REMATCH[1]}" ] &&
       extra+=(--pilot-ranks "${BASH_REMATCH[1]}")
     for rep in 1 2; do

@@ -252,7 +252,8 @@ impl BudgetArgs {
                 (!self.pin.is_empty(), "--pin"),
                 (self.auto_pin, "--auto-pin"),
                 (self.live_repin, "--live-repin"),
-                (self.eviction.is_some(), "--eviction"),
+                // (A GPU slab of its own evicts too.)
+                (self.eviction.is_some() && gpu_budget.is_none(), "--eviction"),
             ]
             .into_iter()
             .filter_map(|(set, flag)| set.then_some(flag))

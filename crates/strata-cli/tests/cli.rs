@@ -460,6 +460,19 @@ fn replay_tiers_script_prices_the_committed_trace() {
         text.contains("| LRU in both tiers, exclusive | 263.2 (3.80) | 231.7 (4.32) | 153.9 (6.50) | 162.5 (6.15) |"),
         "{text}"
     );
+    // LFRU on the GPU (the default eviction): docs/performance.md, "LFRU eviction".
+    assert!(
+        text.contains(
+            "| LFRU (half-life 32) on the GPU, LRU host, exclusive | 342 | 346 | 64.6% | 19.4% | 15.9% | 16.2% |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "| LFRU (half-life 32) on the GPU, LRU host, exclusive | 246.1 (4.06) | 217.1 (4.61) | 147.5 (6.78) | 153.1 (6.53) |"
+        ),
+        "{text}"
+    );
     for bad in [["--prefetch-share", "1.5"], ["--moe-layers", "80"]] {
         let out = script(&bad).unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -194,18 +194,19 @@ fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
 fn cuda_two_tier_replay_matches_the_engine() {
     let Some(_g) = gpu() else { return };
     let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
-    for eviction in [Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE }, Eviction::Lru] {
-        two_tier_replay_matches(dir.path(), eviction);
+    // (GPU slots beyond the minimum: with 2 a layer keeps 1 slot and has no choice of victim.)
+    for (eviction, more) in [(Eviction::Lfru { half_life: 4.0 }, 8), (Eviction::Lru, 8), (Eviction::Lru, 2)] {
+        two_tier_replay_matches(dir.path(), eviction, more);
     }
 }
 
-fn two_tier_replay_matches(dir: &Path, eviction: Eviction) {
+fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more_gpu_slots: u64) {
     let (gmin, slot) = gpu_min(dir, 2);
     let hmin = host_min(dir, 2, slot);
-    let mut opts = options(Some(gmin + 2 * slot), Some(hmin + 4 * slot), 2);
+    let mut opts = options(Some(gmin + more_gpu_slots * slot), Some(hmin + 4 * slot), 2);
     opts.runtime.eviction = eviction;
     let m = open(dir, &opts);
-    let trace_path = dir.join(format!("tiers-{eviction}.trace"));
+    let trace_path = dir.join(format!("tiers-{eviction}-{more_gpu_slots}.trace"));
     let mut g = m.generator().unwrap();
     g.set_trace(strata_engine::generate::RouteTrace::create(&trace_path).unwrap());
     let prompt: Vec<u32> = (0..12).map(|i| (i * 71 % 440) as u32).collect();
@@ -217,8 +218,9 @@ fn two_tier_replay_matches(dir: &Path, eviction: Eviction) {
     let (gp, hp) = (tier.plan, report.plan);
     let records =
         strata_residency::read_trace(std::io::BufReader::new(std::fs::File::open(&trace_path).unwrap())).unwrap();
-    let cfg = |p: &strata_residency::ResidencyPlan| {
-        strata_residency::ReplayConfig::new(p.slots_per_layer, p.input.working_slots, 0)
+    let cfg = |p: &strata_residency::ResidencyPlan| strata_residency::ReplayConfig {
+        lfru_half_life: 4.0,
+        ..strata_residency::ReplayConfig::new(p.slots_per_layer, p.input.working_slots, 0)
     };
     let r = strata_residency::replay_tiers(&records, &cfg(&gp), &cfg(&hp));
     let r = if eviction == Eviction::Lru { r.lru } else { r.lfru };
