@@ -457,9 +457,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     if a.slots_per_layer == 0 {
         return Err(anyhow!("--slots-per-layer must be at least 1"));
     }
-    if !(a.lfru_half_life.is_finite() && a.lfru_half_life > 0.0) {
-        return Err(anyhow!("--lfru-half-life must be a positive number of forwards, got {}", a.lfru_half_life));
-    }
+    strata_residency::Eviction::lfru(a.lfru_half_life).map_err(|e| anyhow!("--lfru-half-life: {e}"))?;
     let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;

@@ -343,6 +343,10 @@ fn streaming_flags_and_their_errors() {
         &strata(&["replay", "--trace", "/nonexistent/t", "--slots-per-layer", "2"]),
         &["/nonexistent/t"],
     );
+    assert_one_line_error(
+        &strata(&["replay", "--trace", "/nonexistent/t", "--slots-per-layer", "2", "--lfru-half-life", "0"]),
+        &["--lfru-half-life", "got 0"],
+    );
 }
 
 #[test]

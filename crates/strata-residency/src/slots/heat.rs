@@ -31,16 +31,25 @@ impl Eviction {
     /// 8..128 on the committed 256-expert trace at full GLM-5.2's tier sizes.
     pub const DEFAULT_HALF_LIFE: f64 = 32.0;
 
-    /// `lru`, `lfru` or `lfru:HALF_LIFE` (forwards, a positive number).
+    /// Half-lives LFRU accepts, in forwards: beyond them the heat's arithmetic leaves f64.
+    pub const HALF_LIFE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=1e9;
+
+    /// LFRU at `half_life` forwards, refused outside [`Self::HALF_LIFE_RANGE`].
+    pub fn lfru(half_life: f64) -> Result<Self, String> {
+        match Self::HALF_LIFE_RANGE.contains(&half_life) {
+            true => Ok(Eviction::Lfru { half_life }),
+            false => Err(format!("an LFRU half-life must be 0.001 to 1e9 forwards, got {half_life}")),
+        }
+    }
+
+    /// `lru`, `lfru` or `lfru:HALF_LIFE` (forwards, 0.001 to 1e9).
     pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = || format!("invalid eviction {text:?}: expected lru, lfru or lfru:HALF_LIFE (forwards, > 0)");
+        let bad =
+            || format!("invalid eviction {text:?}: expected lru, lfru or lfru:HALF_LIFE (forwards, 0.001 to 1e9)");
         match text.split_once(':') {
             None if text == "lru" => Ok(Eviction::Lru),
             None if text == "lfru" => Ok(Eviction::Lfru { half_life: Self::DEFAULT_HALF_LIFE }),
-            Some(("lfru", h)) => match h.parse::<f64>() {
-                Ok(half_life) if half_life.is_finite() && half_life > 0.0 => Ok(Eviction::Lfru { half_life }),
-                _ => Err(bad()),
-            },
+            Some(("lfru", h)) => h.parse::<f64>().ok().and_then(|h| Self::lfru(h).ok()).ok_or_else(bad),
             _ => Err(bad()),
         }
     }
@@ -114,13 +123,15 @@ mod tests {
         assert_eq!(Eviction::parse("lru"), Ok(Eviction::Lru));
         assert_eq!(Eviction::parse("lfru"), Ok(Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE }));
         assert_eq!(Eviction::parse("lfru:8.5"), Ok(Eviction::Lfru { half_life: 8.5 }));
-        for bad in ["", "lfu", "lru:3", "lfru:", "lfru:0", "lfru:-2", "lfru:nan", "lfru:inf"] {
+        for bad in ["", "lfu", "lru:3", "lfru:", "lfru:0", "lfru:-2", "lfru:nan", "lfru:inf", "lfru:1e-300", "lfru:2e9"]
+        {
             let err = Eviction::parse(bad).unwrap_err();
             assert!(err.contains(&format!("{bad:?}")) && err.contains("lfru:HALF_LIFE"), "{bad}: {err}");
         }
-        for e in [Eviction::Lru, Eviction::Lfru { half_life: 12.5 }] {
+        for e in [Eviction::Lru, Eviction::Lfru { half_life: 12.5 }, Eviction::Lfru { half_life: 0.001 }] {
             assert_eq!(Eviction::parse(&e.to_string()), Ok(e));
         }
+        assert!(Eviction::lfru(1e9).is_ok() && Eviction::lfru(1e10).unwrap_err().contains("got 10000000000"));
     }
 
     #[test]
