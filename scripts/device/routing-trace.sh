@@ -10,7 +10,8 @@
 #    on one H200 (GPU slab 26.7% of them, host tier 27%, the rest read from disk), the host
 #    tier exclusive (the default) and inclusive (STRATA_HOST_TIER=inclusive): the engine's
 #    own hit rates on trained routing ($OUT/tiers-<mode>-<category>.json, --stats-json).
-# TESTS=1 runs the CUDA suite beside the training (the GPU has room for both).
+# TESTS=1 runs the CUDA suite beside the training (the GPU has room for both). QUALITY=1
+# (with TIERS=1) adds held-out perplexity, exact and approximate (see the end).
 # Needs in .devcarry: strata(.xz), cuda-tests(.xz) for TESTS=1, and route/ (the tokenised
 # corpus: training/corpus.py + training/tokenizer.py's tok/ folder, and strata-tiny's
 # tokenizer.json and tokenizer_config.json). Writes $OUT/train.log, $OUT/metrics.json,
@@ -70,13 +71,14 @@ experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
   echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
   # TIER_MODES: exclusive / inclusive host tier, each optionally -lru (--eviction lru; the
-  # default is lfru), then -prefetch (--pilot prefetch: next-layer predictions read into the
+  # default is lfru), -skipR (approximate decode, --skip-misses-from-rank R), then -prefetch (--pilot prefetch: next-layer predictions read into the
   # host tier while the current layer computes) or -prefetchN (only the first N ranks of
   # each prediction, --pilot-ranks N).
   for mode in ${TIER_MODES:-exclusive inclusive}; do
     pilot=(--pilot off)
     eviction=()
     [[ $mode == *-lru* ]] && eviction=(--eviction lru)
+    [[ $mode =~ -skip([0-9]+) ]] && eviction+=(--skip-misses-from-rank "${BASH_REMATCH[1]}")
     [[ $mode == *-prefetch ]] && pilot=(--pilot prefetch)
     [[ $mode =~ -prefetch([1-9])$ ]] && pilot=(--pilot prefetch --pilot-ranks "${BASH_REMATCH[1]}")
     for p in "${PROMPTS[@]:0:3}"; do
@@ -88,11 +90,28 @@ print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_byte
       python3 -c "
 import json; r = json.load(open('$OUT/tiers-$mode-$cat.json')); e = r['experts']; t = e['device_tier']['traffic']
 d = e['turn']['demand']; n = t['hits'] + t['misses']; p = e.get('pilot') or {}
-print('$mode $cat: GPU hits %.1f%%, host hits %.1f%%, disk %.1f%% of %d uses; %.1f tok/s; kept %d, copied down %d; '
+print('$mode $cat: GPU hits %.1f%%, host hits %.1f%%, disk %.1f%%, skipped %.1f%% of %d uses; %.1f tok/s; kept %d, copied down %d; '
   'wait %.1f ms; prefetches %s, used %s' % (
-  100 * t['hits'] / n, 100 * d['hits'] / n, 100 * d['misses'] / n, n, r['decode_tokens_per_s'],
+  100 * t['hits'] / n, 100 * d['hits'] / n, 100 * d['misses'] / n, 100 * d.get('skipped', 0) / n, n, r['decode_tokens_per_s'],
   t['demotions_kept'], t['demotions_copied'], 1e3 * d['foreground_wait']['total_s'], p.get('prefetches'),
   p.get('prefetch_hits')))" 2>&1 | tail -1
+    done
+  done
+fi
+# QUALITY=1: held-out perplexity ($R/heldout/<category>.txt, written by
+# training/heldout_text.py) a token a forward (--forward-rows 1, as decode runs) through the
+# same tiers, exact and with each rank of SKIP_RANKS left out on disk misses.
+if [ "${QUALITY:-0}" = 1 ] && [ "${TIERS:-1}" = 1 ]; then
+  since "quality"
+  for cat in fiction bible python; do
+    for r in "" ${SKIP_RANKS:-7 6}; do
+      skip=()
+      [ -n "$r" ] && skip=(--skip-misses-from-rank "$r")
+      timeout 200 $C/strata perplexity --model "$MODEL" --device cuda --text "$R/heldout/$cat.txt" --forward-rows 1 \
+        --limit-tokens "${PPL_TOKENS:-2048}" --context 512 --stride 512 --usage off --mtp off --working-slots 8 \
+        --gpu-budget "$gb" --budget "$hb" "${skip[@]}" --json >"$OUT/ppl-$cat-${r:-exact}.json" 2>>"$OUT/route.log" &&
+        python3 -c "import json; r = json.load(open('$OUT/ppl-$cat-${r:-exact}.json')); print('perplexity $cat skip=${r:-off}: %.4f over %d tokens (%.1f s)' % (r['perplexity'], r['scored'], r['seconds']))" ||
+        echo "perplexity $cat ${r:-exact} failed (see route.log)"
     done
   done
 fi

@@ -176,10 +176,11 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
         if report.stats {
             let d = &r.turn.demand;
             eprintln!(
-                "experts: {} hits, {} misses ({:.1}% hit), {} loads, {} read ops, {} read; wait p50 {:.2} ms p99 {:.2} ms; disk p50 {:.2} ms; layer p50 {:.2} ms",
+                "experts: {} hits, {} misses ({:.1}% hit){}, {} loads, {} read ops, {} read; wait p50 {:.2} ms p99 {:.2} ms; disk p50 {:.2} ms; layer p50 {:.2} ms",
                 d.hits,
                 d.misses,
                 d.hit_rate * 100.0,
+                if d.skipped > 0 { format!(", {} skipped (approximate: --skip-misses-from-rank)", d.skipped) } else { String::new() },
                 d.loads,
                 d.read_ops,
                 human_bytes(d.read_bytes),

@@ -5,7 +5,7 @@ use crate::residency::BudgetArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
-use strata_engine::perplexity::{compare, perplexity, PerplexityReport};
+use strata_engine::perplexity::{compare, perplexity_in_forwards_of, PerplexityReport};
 use strata_engine::{LoadOptions, LoadedModel};
 
 #[derive(Args)]
@@ -22,6 +22,10 @@ pub struct PerplexityArgs {
     /// Score only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0)]
     limit_tokens: usize,
+    /// Score in forwards of at most N tokens (default: the backend's prefill chunk; 1 runs
+    /// a token a forward, as decode does, which is what --skip-misses-from-rank acts on).
+    #[arg(long, value_name = "N")]
+    forward_rows: Option<usize>,
     /// Memory budget and device; --context is the window in tokens.
     #[command(flatten)]
     budget: BudgetArgs,
@@ -61,13 +65,16 @@ fn describe(r: &PerplexityReport) -> String {
 
 /// `strata perplexity`.
 pub fn run(a: PerplexityArgs) -> Result<()> {
+    if a.forward_rows == Some(0) {
+        bail!("--forward-rows must be at least 1");
+    }
     let opts = a.budget.load_options_for(&a.model)?;
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let context = m.context;
     let ids = text_ids(&m, &a.text, a.limit_tokens)?;
     let stride = a.stride.unwrap_or((context / 2).max(1));
     let bar = progress_bar();
-    let r = perplexity(m.model.as_ref(), &ids, context, stride, &mut |d, t| {
+    let r = perplexity_in_forwards_of(m.model.as_ref(), &ids, context, stride, a.forward_rows, &mut |d, t| {
         bar.set_length(t as u64);
         bar.set_position(d as u64);
     })?;

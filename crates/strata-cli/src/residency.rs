@@ -183,6 +183,12 @@ pub struct BudgetArgs {
     /// Under a GPU tier it applies there; the host tier, holding what the GPU evicts, is LRU.
     #[arg(long, value_name = "POLICY")]
     eviction: Option<String>,
+    /// Approximate decode (changes the output): in a one-row forward, routed experts of
+    /// rank R or lower (1-based, R >= 2) that would have to be read from disk are left out
+    /// of the token's mix (weight 0) instead of read. For a disk too slow for the model;
+    /// `--stats` counts them (skipped).
+    #[arg(long, value_name = "R")]
+    skip_misses_from_rank: Option<usize>,
     /// Warm start without ledger history: pin the experts an Expert Atlas (`strata atlas
     /// build`) expects the topic mix to use most, as much as auto-pin would (half the
     /// resident tier).
@@ -254,6 +260,8 @@ impl BudgetArgs {
                 (self.live_repin, "--live-repin"),
                 // (A GPU slab of its own evicts too.)
                 (self.eviction.is_some() && gpu_budget.is_none(), "--eviction"),
+                // (Without one nothing is read from disk.)
+                (self.skip_misses_from_rank.is_some(), "--skip-misses-from-rank"),
             ]
             .into_iter()
             .filter_map(|(set, flag)| set.then_some(flag))
@@ -303,6 +311,9 @@ impl BudgetArgs {
             Some(text) => strata_residency::Eviction::parse(text).map_err(|e| anyhow!("--eviction: {e}"))?,
             None => RuntimeOptions::default().eviction,
         };
+        if self.skip_misses_from_rank.is_some_and(|r| r < 2) {
+            return Err(anyhow!("--skip-misses-from-rank must be at least 2: a token's first expert is always read"));
+        }
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
@@ -332,6 +343,7 @@ impl BudgetArgs {
                 pilot,
                 pilot_ranks: self.pilot_ranks,
                 eviction,
+                skip_misses_from_rank: self.skip_misses_from_rank,
             },
         })
     }

@@ -260,6 +260,24 @@ fn perplexity_and_convert_report() {
         &strata(&["perplexity", "--model", &tiny(), "--text", "/nonexistent.txt"]),
         &["/nonexistent.txt", "cannot read text"],
     );
+    // A token a forward (as decode runs) scores the same text the same, to rounding.
+    let one = json(&strata(&[
+        "perplexity",
+        "--model",
+        &tiny(),
+        "--text",
+        path(&text),
+        "--context",
+        "64",
+        "--forward-rows",
+        "1",
+        "--json",
+    ]));
+    assert!((one["perplexity"].as_f64().unwrap() - ppl).abs() < 1e-3 * ppl, "{one} vs {p}");
+    assert_one_line_error(
+        &strata(&["perplexity", "--model", &tiny(), "--text", path(&text), "--forward-rows", "0"]),
+        &["--forward-rows must be at least 1"],
+    );
 
     let report = dir.path().join("report.json");
     let conv = dir.path().join("int8");

@@ -267,6 +267,12 @@ fn streaming_flags_and_their_errors() {
     );
     assert_one_line_error(&run(&["--budget", "200MiB", "--eviction", "lfru:0"]), &["--eviction", "\"lfru:0\""]);
     assert_one_line_error(&run(&["--eviction", "lru"]), &["--eviction needs --budget"]);
+    // --skip-misses-from-rank: approximate decode, refused where it could not act.
+    assert_one_line_error(&run(&["--skip-misses-from-rank", "2"]), &["--skip-misses-from-rank needs --budget"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--skip-misses-from-rank", "1"]), &["at least 2"]);
+    assert_one_line_error(&run(&["--budget", "200MiB", "--skip-misses-from-rank", "99"]), &["99", "routes"]);
+    let out = run(&["--budget", "200MiB", "--skip-misses-from-rank", "2", "--stats"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stats = d.path().join("stats.json");
     for (flag, policy) in [(None, "lfru"), (Some("lru"), "lru"), (Some("lfru:8"), "lfru")] {
         let mut a = vec!["--budget", "200MiB", "--stats-json", stats.to_str().unwrap()];

@@ -330,6 +330,12 @@ fn open_experts(
             Some(ledger)
         }
     };
+    if let Some(r) = rt.skip_misses_from_rank {
+        let top_k = arch.moe().map_or(0, |m| m.top_k);
+        if !(2..=top_k).contains(&r) {
+            bail!("--skip-misses-from-rank {r}: this model routes {top_k} experts a token; give 2 to {top_k}");
+        }
+    }
     let on_gpu = matches!(opts.device, Device::Cuda(_));
     let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
     fit_opts.draft = opts.mtp && arch.has_draft(store);

@@ -84,11 +84,16 @@ struct Runner<'m> {
 }
 
 impl<'m> Runner<'m> {
-    fn new(model: &'m dyn Model, context: usize) -> Result<Self> {
+    /// Forwards of `rows` tokens at most (default: the model's prefill chunk).
+    fn new(model: &'m dyn Model, context: usize, rows: Option<usize>) -> Result<Self> {
         if context > model.info().max_context {
             bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
         }
-        let mut session = model.new_session(SessionOptions::single(context, model.prefill_chunk().min(context)))?;
+        if rows == Some(0) {
+            bail!("forwards of 0 rows score nothing: give at least 1");
+        }
+        let chunk = rows.unwrap_or(model.prefill_chunk()).min(context);
+        let mut session = model.new_session(SessionOptions::single(context, chunk))?;
         session.record_routes(false);
         let seq = session.add_sequence()?;
         Ok(Self { session, seq, batch: Batch::new(), vocab: model.info().vocab_size })
@@ -198,10 +203,23 @@ pub fn perplexity(
     stride: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PerplexityReport> {
+    perplexity_in_forwards_of(model, ids, context, stride, None, progress)
+}
+
+/// [`perplexity`] in forwards of at most `rows` tokens (1: a token a forward, as decode
+/// runs: what approximate decode, `--skip-misses-from-rank`, acts on).
+pub fn perplexity_in_forwards_of(
+    model: &dyn Model,
+    ids: &[u32],
+    context: usize,
+    stride: usize,
+    rows: Option<usize>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<PerplexityReport> {
     let ws = windows(ids.len(), context, stride)?;
     check_ids(model, ids)?;
     let t0 = Instant::now();
-    let mut runners = [Runner::new(model, context)?];
+    let mut runners = [Runner::new(model, context, rows)?];
     let mut nll = 0f64;
     drive(&mut runners, ids, &ws, progress, &mut |t, rows| {
         nll += log_sum_exp(rows[0]) - rows[0][ids[t] as usize] as f64;
@@ -237,7 +255,7 @@ pub fn compare(
     let ws = windows(ids.len(), context, stride)?;
     check_ids(reference, ids)?;
     let t0 = Instant::now();
-    let mut runners = [Runner::new(reference, context)?, Runner::new(candidate, context)?];
+    let mut runners = [Runner::new(reference, context, None)?, Runner::new(candidate, context, None)?];
     let (mut nll_r, mut nll_c, mut kl_sum, mut kl_max, mut diff_max, mut agree) =
         (0f64, 0f64, 0f64, 0f64, 0f64, 0usize);
     drive(&mut runners, ids, &ws, progress, &mut |t, rows| {

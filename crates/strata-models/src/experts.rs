@@ -3,7 +3,8 @@
 //! from disk by the engine's runtime) and hands them to the model's compute in batches
 //! as they become ready, so resident work overlaps reads.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use std::sync::Arc;
 use strata_backend::Backend;
 
 /// Experts ready to compute, by index (no slice to build per call).
@@ -23,7 +24,8 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
 
     /// Makes `experts` (unique, ascending) of `layer` available and calls `compute` with
     /// batches of them as they are ready (hits first, then misses as their reads land);
-    /// every expert is handed over exactly once. `b`: the model's backend (a device tier
+    /// every expert is handed over exactly once (or not at all, under
+    /// [`ExpertProvider::drops_misses`]). `b`: the model's backend (a device tier
     /// copies into its memory on the backend's stream).
     fn run(
         &self,
@@ -32,6 +34,13 @@ pub trait ExpertProvider<B: Backend>: Send + Sync {
         experts: &[u32],
         compute: &mut dyn FnMut(&dyn ReadyExperts<B>) -> Result<()>,
     ) -> Result<()>;
+
+    /// Whether [`ExpertProvider::run`] may leave experts out (approximate decode: a
+    /// one-row forward's low-ranked experts that would be read from disk); the model then
+    /// gives the ones it was not handed a weight of 0. Otherwise every one must come.
+    fn drops_misses(&self) -> bool {
+        false
+    }
 
     /// Whether the model should predict the next layer's routing (PILOT) for
     /// [`ExpertProvider::predicted`].
@@ -133,6 +142,45 @@ pub struct Union {
 }
 
 impl Union {
+    /// After [`ExpertProvider::run`] handed over only `handed` of these experts: refused
+    /// unless the provider [`drops_misses`](ExpertProvider::drops_misses); else each
+    /// (row, rank) of `ids` whose expert was left out gets weight 0 and reads a computed
+    /// output row (finite: 0 times it adds nothing). Approximate decode only, so the
+    /// round trip of the weights to the host is acceptable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn drop_left_out<B: Backend>(
+        &self,
+        b: &B,
+        provider: Option<&Arc<dyn ExpertProvider<B>>>,
+        layer: usize,
+        ids: &[u32],
+        handed: &[u32],
+        weights: &mut B::Buf,
+        src: &mut B::Idx,
+    ) -> Result<()> {
+        let left_out = |e: &u32| !handed.contains(e);
+        let missing: Vec<u32> = self.experts.iter().copied().filter(left_out).collect();
+        if !provider.is_some_and(|p| p.drops_misses()) {
+            bail!("layer {layer}: the expert provider did not hand over experts {missing:?}");
+        }
+        let Some(computed) = ids.iter().position(|e| !left_out(e)) else {
+            bail!("layer {layer}: every routed expert was left out");
+        };
+        let mut w = vec![0f32; ids.len()];
+        b.read(weights, 0, &mut w);
+        let mut rows = self.src[..ids.len()].to_vec();
+        let safe = rows[computed];
+        for (i, e) in ids.iter().enumerate() {
+            if left_out(e) {
+                w[i] = 0.0;
+                rows[i] = safe;
+            }
+        }
+        b.write(weights, 0, &w);
+        b.write_idx(src, 0, &rows);
+        Ok(())
+    }
+
     /// From `ids` (`rows x top_k`, distinct within a row) over `n_experts` experts.
     pub fn build(&mut self, ids: &[u32], rows: usize, top_k: usize, n_experts: usize) {
         self.counts.clear();
@@ -244,6 +292,54 @@ impl Routes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_backend::cpu::CpuBackend;
+
+    /// Hands over what it is told to, and says whether it may leave experts out.
+    struct Partial(bool);
+
+    impl ExpertProvider<CpuBackend> for Partial {
+        fn run(
+            &self,
+            _b: &CpuBackend,
+            _layer: usize,
+            _experts: &[u32],
+            _compute: &mut dyn FnMut(&dyn ReadyExperts<CpuBackend>) -> Result<()>,
+        ) -> Result<()> {
+            Ok(())
+        }
+
+        fn drops_misses(&self) -> bool {
+            self.0
+        }
+    }
+
+    #[test]
+    fn experts_left_out_weigh_nothing_and_read_a_computed_row() {
+        let b = CpuBackend::new();
+        // Two rows of top-3: row 0 = [5, 2, 9], row 1 = [2, 7, 5]; 9 and 7 left out.
+        let ids = [5u32, 2, 9, 2, 7, 5];
+        let mut u = Union::default();
+        u.build(&ids, 2, 3, 10);
+        let mut weights = b.upload(&[0.5, 0.3, 0.2, 0.6, 0.3, 0.1]).unwrap();
+        let mut src = b.alloc_idx(6).unwrap();
+        b.write_idx(&mut src, 0, &u.src);
+        let handed = [2u32, 5];
+        let may: Arc<dyn ExpertProvider<CpuBackend>> = Arc::new(Partial(true));
+        u.drop_left_out(&b, Some(&may), 3, &ids, &handed, &mut weights, &mut src).unwrap();
+        let (mut w, mut s) = (vec![0f32; 6], vec![0u32; 6]);
+        b.read(&weights, 0, &mut w);
+        b.read_idx(&src, 0, &mut s);
+        assert_eq!(w, [0.5, 0.3, 0.0, 0.6, 0.0, 0.1]);
+        // The handed ranks keep their rows; the others read row 0's first (expert 5's).
+        let first = u.src[0];
+        assert_eq!(s, [u.src[0], u.src[1], first, u.src[3], first, u.src[5]]);
+        // A provider that may not leave experts out is refused, naming them.
+        let may_not: Arc<dyn ExpertProvider<CpuBackend>> = Arc::new(Partial(false));
+        let err = u.drop_left_out(&b, Some(&may_not), 3, &ids, &handed, &mut weights, &mut src).unwrap_err();
+        assert!(err.to_string().contains("layer 3") && err.to_string().contains("[7, 9]"), "{err}");
+        let err = u.drop_left_out(&b, Some(&may), 3, &ids, &[], &mut weights, &mut src).unwrap_err();
+        assert!(err.to_string().contains("every routed expert was left out"), "{err}");
+    }
 
     #[test]
     fn union_groups_rows_by_ascending_expert() {

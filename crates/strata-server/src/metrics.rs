@@ -80,6 +80,8 @@ pub struct ExpertTotals {
     pub turns: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Misses left out instead of read (approximate decode, `--skip-misses-from-rank`).
+    pub skipped: u64,
     /// [demand, policy]
     pub loads: [u64; 2],
     pub read_ops: [u64; 2],
@@ -181,10 +183,15 @@ impl Metrics {
 
     fn render_experts(&self, out: &mut String) {
         let Some(t) = self.experts.lock().unwrap().clone() else { return };
-        let counters: [(&str, &str, u64); 3] = [
+        let counters: [(&str, &str, u64); 4] = [
             ("strata_expert_turns_total", "Generations the expert runtime has ended.", t.turns),
             ("strata_expert_hits_total", "Routed experts found resident.", t.hits),
             ("strata_expert_misses_total", "Routed experts that had to be read.", t.misses),
+            (
+                "strata_expert_skipped_total",
+                "Routed experts left out instead of read (--skip-misses-from-rank).",
+                t.skipped,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -389,6 +396,7 @@ fn add_turn(totals: &Mutex<Option<ExpertTotals>>, r: &RuntimeReport) {
     t.turns += 1;
     t.hits += d.hits;
     t.misses += d.misses;
+    t.skipped += d.skipped;
     for (i, x) in [d, p].into_iter().enumerate() {
         t.loads[i] += x.loads;
         t.read_ops[i] += x.read_ops;

@@ -423,6 +423,10 @@ impl ExpertProvider<CudaBackend> for GpuExperts {
         self.run_layer(b, &mut st, layer, experts, compute).map_err(|e| anyhow!("GPU expert tier: {e:#}"))
     }
 
+    fn drops_misses(&self) -> bool {
+        ExpertProvider::<strata_backend::cpu::CpuBackend>::drops_misses(self.host.as_ref())
+    }
+
     fn wants_prediction(&self) -> bool {
         ExpertProvider::<strata_backend::cpu::CpuBackend>::wants_prediction(self.host.as_ref())
     }

@@ -86,6 +86,11 @@ pub struct RuntimeOptions {
     /// How each layer picks the expert it evicts. Under a device tier it applies there
     /// (the device sees every use); this tier, holding what the device evicts, is LRU.
     pub eviction: Eviction,
+    /// Approximate decode (off by default): in a one-row forward, routed experts ranked
+    /// this or lower (1-based) that would have to be read from disk are left out of the
+    /// token's mix instead (their weight counts as 0). Trades output fidelity for disk
+    /// reads where the disk is the bottleneck.
+    pub skip_misses_from_rank: Option<usize>,
 }
 
 impl Default for RuntimeOptions {
@@ -104,6 +109,7 @@ impl Default for RuntimeOptions {
             pilot_ranks: None,
             // Beats LRU on every trained-routing trace replayed (docs/performance.md).
             eviction: Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE },
+            skip_misses_from_rank: None,
         }
     }
 }
@@ -123,6 +129,10 @@ struct State {
     /// The next layer's predicted experts to prefetch, surest first: read once the current
     /// layer's own reads are under way, so that they never wait behind a guess.
     deferred: Vec<ExpertKey>,
+    /// The current one-row forward's layer and its experts ranked `skip_misses_from_rank`
+    /// or lower (set by `record`): misses among them are skipped, not read.
+    skip_layer: Option<usize>,
+    skip_ids: Vec<u32>,
 }
 
 /// The usage ledger, shared by the runtimes of one model (the main and the draft tier
@@ -142,6 +152,7 @@ pub struct StreamedExperts {
     pilot: PilotMode,
     pilot_ranks: Option<usize>,
     eviction: Eviction,
+    skip_from_rank: Option<usize>,
     source: Box<dyn ExpertSource>,
     io: IoPool,
     slab: AlignedBuf,
@@ -212,6 +223,8 @@ impl StreamedExperts {
             prefetch: Default::default(),
             landed: Default::default(),
             deferred: Vec::new(),
+            skip_layer: None,
+            skip_ids: Vec::new(),
         };
         let me = Self {
             ledger,
@@ -221,6 +234,7 @@ impl StreamedExperts {
             pilot: options.pilot,
             pilot_ranks: options.pilot_ranks,
             eviction: options.eviction,
+            skip_from_rank: options.skip_misses_from_rank,
             source,
             io,
             slab,
@@ -567,6 +581,11 @@ impl StreamedExperts {
                     },
                 }
             }
+            if st.skip_layer.take() == Some(layer) {
+                let before = misses.len();
+                misses.retain(|e| !st.skip_ids.contains(e));
+                st.demand.skipped += (before - misses.len()) as u64;
+            }
             st.demand.hits += (hits.len() + joined.len()) as u64;
             st.demand.misses += misses.len() as u64;
             if let Err(e) = self.submit_wave(&mut st, layer, &misses, &mut next, &mut later) {
@@ -684,6 +703,13 @@ impl StreamedExperts {
 impl ExpertProvider<CpuBackend> for StreamedExperts {
     fn record(&self, layer: usize, ids: &[u32], top_k: usize) {
         let mut st = self.state.lock().unwrap();
+        // (Ids come best first: a one-row forward's low ranks are the tail.)
+        st.skip_layer = None;
+        if let Some(r) = self.skip_from_rank.filter(|&r| ids.len() == top_k && (1..=top_k).contains(&r)) {
+            st.skip_layer = Some(layer);
+            st.skip_ids.clear();
+            st.skip_ids.extend_from_slice(&ids[r - 1..]);
+        }
         if let Some((when, predicted)) = st.pending.remove(&layer) {
             let rows = ids.len() / top_k.max(1);
             if predicted.len() == rows {
@@ -719,6 +745,10 @@ impl ExpertProvider<CpuBackend> for StreamedExperts {
 
     fn wants_prediction(&self) -> bool {
         self.pilot != PilotMode::Off
+    }
+
+    fn drops_misses(&self) -> bool {
+        self.skip_from_rank.is_some()
     }
 
     fn two_step_prediction(&self) -> bool {

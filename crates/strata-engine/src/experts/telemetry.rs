@@ -45,6 +45,8 @@ impl Latencies {
 pub struct Traffic {
     pub hits: u64,
     pub misses: u64,
+    /// Misses left out instead of read (`--skip-misses-from-rank`); not in `misses`.
+    pub skipped: u64,
     pub loads: u64,
     pub read_ops: u64,
     pub read_bytes: u64,
@@ -56,6 +58,8 @@ pub struct Traffic {
 pub struct TrafficReport {
     pub hits: u64,
     pub misses: u64,
+    /// Misses left out of their token's mix instead of read (`--skip-misses-from-rank`).
+    pub skipped: u64,
     pub hit_rate: f64,
     pub loads: u64,
     pub read_ops: u64,
@@ -79,6 +83,7 @@ impl Traffic {
         TrafficReport {
             hits: self.hits,
             misses: self.misses,
+            skipped: self.skipped,
             hit_rate: if total > 0 { self.hits as f64 / total as f64 } else { 0.0 },
             loads: self.loads,
             read_ops: self.read_ops,

@@ -68,6 +68,8 @@ pub struct MoeScratch<B: Backend> {
     y: B::Buf,
     host_ids: Vec<u32>,
     union: Union,
+    /// The experts a provider handed over this forward (checked against the union).
+    handed: Vec<u32>,
 }
 
 impl<B: Backend> MoeScratch<B> {
@@ -85,6 +87,7 @@ impl<B: Backend> MoeScratch<B> {
             y: b.alloc(rows * (top_k + 1) * hidden)?,
             host_ids: vec![0; rows * top_k],
             union: Union::default(),
+            handed: Vec::with_capacity(rows * top_k),
         })
     }
 
@@ -149,9 +152,12 @@ impl<B: Backend> MoeWeights<B> {
         let shared_row = s.union.total();
         let union = &s.union;
         let y = &mut s.y;
+        let handed = &mut s.handed;
+        handed.clear();
         let mut first = true;
         experts.run(b, self.layer, &union.experts, &mut |ready| {
             let count = ready.len();
+            handed.extend((0..count).map(|i| ready.get(i).0));
             let with_shared = std::mem::take(&mut first);
             let task = |i: usize| {
                 if i == count {
@@ -168,6 +174,10 @@ impl<B: Backend> MoeWeights<B> {
             // (No routed expert was handed over: the shared expert still runs.)
             let weights = self.shared_ref(b);
             b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
+        }
+        if s.handed.len() < s.union.experts.len() {
+            let ids = &s.host_ids[..n];
+            s.union.drop_left_out(b, experts.provider(), self.layer, ids, &s.handed, &mut s.weights, &mut s.src)?;
         }
         b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
         Ok(())

@@ -69,6 +69,8 @@ struct RouteScratch<B: Backend> {
     y: B::Buf,
     host_ids: Vec<u32>,
     union: Union,
+    /// The experts the provider handed over this forward.
+    handed: Vec<u32>,
 }
 
 impl<B: Backend> FfnScratch<B> {
@@ -85,6 +87,7 @@ impl<B: Backend> FfnScratch<B> {
                 y: b.alloc(rows * k * hidden)?,
                 host_ids: vec![0; rows * k],
                 union: Union::default(),
+                handed: Vec::with_capacity(rows * k),
             }),
         };
         Ok(Self { xn: b.alloc(rows * hidden)?, m: b.alloc(rows * hidden)?, e: b.alloc(rows * hidden)?, moe })
@@ -141,7 +144,10 @@ impl<B: Backend> Ffn<B> {
         b.write_idx(&mut rs.src, 0, &rs.union.src);
         b.rms_norm(rows, hidden, x, Some(&moe.pre_norm_2), eps, &mut s.xn);
         let (union, y, xn) = (&rs.union, &mut rs.y, &s.xn);
+        let handed = &mut rs.handed;
+        handed.clear();
         experts.run(b, moe.layer, &union.experts, &mut |ready| {
+            handed.extend((0..ready.len()).map(|i| ready.get(i).0));
             let task = |i: usize| {
                 let (e, weights) = ready.get(i);
                 let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
@@ -150,6 +156,10 @@ impl<B: Backend> Ffn<B> {
             b.gated_experts(GateAct::GeluTanh, xn, rows, ready.len(), &task, y);
             Ok(())
         })?;
+        if rs.handed.len() < rs.union.experts.len() {
+            let ids = &rs.host_ids[..n];
+            rs.union.drop_left_out(b, experts.provider(), moe.layer, ids, &rs.handed, &mut rs.weights, &mut rs.src)?;
+        }
         b.fill(rows * hidden, 0.0, &mut s.e);
         b.moe_combine(rows, hidden, k, &rs.ids, &rs.weights, &rs.src, &rs.y, None, &mut s.e);
         // m = post_1(mlp) + post_2(experts); x += post(m).
