@@ -71,8 +71,12 @@ def concat(paths, out):
     return len(layers), experts, top
 
 
+# Extra `strata replay` arguments for every run (--skip-misses-from-rank).
+EXTRA = []
+
+
 def replay(strata, trace, args):
-    r = subprocess.run([strata, "replay", "--trace", trace, "--json"] + [str(a) for a in args],
+    r = subprocess.run([strata, "replay", "--trace", trace, "--json"] + [str(a) for a in args + EXTRA],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"strata replay {' '.join(map(str, args))}: {r.stderr.strip()}")
@@ -114,6 +118,8 @@ def main():
     ap.add_argument("--experts", type=int, help="experts a layer (default: the largest id in the trace + 1)")
     ap.add_argument("--lfru-half-life", type=float, default=32.0,
                     help="half-life of the LFRU rows' heat, forwards (the engine's --eviction lfru:H)")
+    ap.add_argument("--skip-misses-from-rank", type=int, metavar="R",
+                    help="replay approximate decode (the engine's --skip-misses-from-rank R)")
     ap.add_argument("--json", action="store_true")
     m = ap.add_argument_group("pricing at full GLM-5.2's scale (int4-g64 experts, one H200, a 14 GB/s NVMe)")
     m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6)")
@@ -129,6 +135,10 @@ def main():
     a = ap.parse_args()
     if not a.lfru_half_life > 0:
         ap.error("--lfru-half-life must be positive")
+    if a.skip_misses_from_rank is not None:
+        if a.skip_misses_from_rank < 2:
+            ap.error("--skip-misses-from-rank must be at least 2")
+        EXTRA.extend(["--skip-misses-from-rank", a.skip_misses_from_rank])
     if not 0 <= a.prefetch_share < 1 or a.prefetch_waste < 0:
         ap.error("--prefetch-share must be in [0, 1) and --prefetch-waste at least 0")
     if min(a.expert_mb, a.link_gbs, a.disk_gbs) <= 0 or a.compute_ms < 0 or not 0 < a.moe_layers <= a.layers:
@@ -154,6 +164,7 @@ def main():
                 rows.append({"policy": name, "gpu_slots": tr["gpu_slots"],
                              "host_slots": tr["host_slots"], "gpu_hit": tr["gpu_hit_rate"],
                              "host_hit": tr["host_hit_rate"], "disk": tr["disk_rate"], "accesses": tr["accesses"],
+                             "skipped": tr["skip_rate"],
                              "copied_down": tr["demotions_copied"] / max(tr["accesses"], 1),
                              **price(tr["layer_mix"], a)})
 
@@ -178,9 +189,10 @@ def main():
                                       one - (one - w) // layers * layers, "--lfru-half-life", a.lfru_half_life])
         for name in ("LRU", "LFRU", "LFRU/turn", "Belady"):
             p = next(p for p in d["policies"] if p["name"] == name)
+            skipped = p["skipped"] / max(d["accesses"], 1)
             rows.append({"policy": f"one tier of both capacities, {name}", "gpu_slots": one, "host_slots": 0,
-                         "gpu_hit": p["hit_rate"], "host_hit": 0.0, "disk": 1 - p["hit_rate"],
-                         "accesses": d["accesses"]})
+                         "gpu_hit": p["hit_rate"], "host_hit": 0.0, "disk": 1 - p["hit_rate"] - skipped,
+                         "skipped": skipped, "accesses": d["accesses"]})
         summary = {"traces": a.trace, "layers": layers, "experts": experts, "top_k": top, "gpu_slots": gpu,
                    "host_slots": host, "accesses": rows[0]["accesses"], "rows": rows}
         if a.json:
@@ -188,14 +200,19 @@ def main():
             return
         print(f"{layers} MoE layers x {experts} experts, top-{top}; {rows[0]['accesses']} expert uses "
               f"(after each forward's union); GPU {gpu} slots ({a.gpu_frac:.1%}), host {host} ({a.host_frac:.1%})")
-        print("| policy | GPU slots | host slots | GPU hits | host hits | disk | copied down |")
-        print("|---|---|---|---|---|---|---|")
+        if EXTRA:
+            print(f"Approximate decode: one-row forwards leave out misses of rank {a.skip_misses_from_rank} or "
+                  "lower (skipped: read by no one, priced at nothing); the offline rows are exact.")
+        skip_head, skip_rule = (" skipped |", "---|") if EXTRA else ("", "")
+        print("| policy | GPU slots | host slots | GPU hits | host hits | disk | copied down |" + skip_head)
+        print("|---|---|---|---|---|---|---|" + skip_rule)
         for r in rows:
             host_cell = f"{r['host_slots']}" if r["host_slots"] else "-"
             hh = f"{r['host_hit']:.1%}" if r["host_slots"] else "-"
             down = f"{r['copied_down']:.1%}" if "copied_down" in r else "-"
+            sk = f" {r.get('skipped', 0.0):.1%} |" if EXTRA else ""
             print(f"| {r['policy']} | {r['gpu_slots']} | {host_cell} | {r['gpu_hit']:.1%} | {hh} | {r['disk']:.1%} "
-                  f"| {down} |")
+                  f"| {down} |" + sk)
         print()
         print(f"Priced at full GLM-5.2's scale ({a.moe_layers} of {a.layers} layers MoE, experts of "
               f"{a.expert_mb} MB, copies at {a.link_gbs} GB/s, disk at {a.disk_gbs} GB/s, {a.compute_ms} ms of "

@@ -460,6 +460,10 @@ pub struct ReplayArgs {
     /// Half-life of the LFRU rows' heat, in forwards (as `--eviction lfru:H`).
     #[arg(long, default_value_t = strata_residency::Eviction::DEFAULT_HALF_LIFE)]
     lfru_half_life: f64,
+    /// Replay approximate decode (`--skip-misses-from-rank R`): the runtime rows leave out
+    /// a one-row forward's misses of rank R or lower (two tiers: the host's misses).
+    #[arg(long, value_name = "R")]
+    skip_misses_from_rank: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -473,8 +477,12 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
+    if a.skip_misses_from_rank.is_some_and(|r| r < 2) {
+        return Err(anyhow!("--skip-misses-from-rank must be at least 2: a token's first expert is always read"));
+    }
     let gpu = strata_residency::ReplayConfig {
         lfru_half_life: a.lfru_half_life,
+        skip_misses_from_rank: a.skip_misses_from_rank,
         ..strata_residency::ReplayConfig::new(a.slots_per_layer, a.working, a.pinned)
     };
     let mut report = strata_residency::replay(&records, &gpu);

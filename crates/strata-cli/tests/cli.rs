@@ -483,7 +483,15 @@ fn replay_tiers_script_prices_the_committed_trace() {
         ),
         "{text}"
     );
-    for bad in [["--prefetch-share", "1.5"], ["--moe-layers", "80"]] {
+    // Approximate decode (docs/performance.md, "Approximate decode"): ranks 6-8 of one-row
+    // forwards' disk misses left out.
+    let out =
+        script(&["--prefetch-share", "0.38", "--prefetch-waste", "0.10", "--skip-misses-from-rank", "6"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = "| LFRU (half-life 32) on the GPU, LRU host, exclusive |";
+    assert!(text.contains(&format!("{row} 342 | 346 | 64.3% | 18.6% | 9.2% | 14.8% | 7.9% |")), "{text}");
+    assert!(text.contains(&format!("{row} 166.5 (6.01) | 145.7 (6.86) | 85.5 (11.69) | 107.6 (9.30) |")), "{text}");
+    for bad in [["--prefetch-share", "1.5"], ["--moe-layers", "80"], ["--skip-misses-from-rank", "1"]] {
         let out = script(&bad).unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(bad[0]), "{bad:?}: {err}");

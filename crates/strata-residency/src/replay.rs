@@ -56,12 +56,22 @@ pub struct ReplayConfig {
     pub pinned: usize,
     /// Half-life of the LFRU rows' heat, in forwards (the runtime's `--eviction lfru:H`).
     pub lfru_half_life: f64,
+    /// Approximate decode, as the runtime's `--skip-misses-from-rank R`: in one-row
+    /// forwards the runtime rows leave out misses of rank R or lower (in a two-tier replay,
+    /// the host's misses, i.e. disk reads; the GPU config's setting applies).
+    pub skip_misses_from_rank: Option<usize>,
 }
 
 impl ReplayConfig {
-    /// At a capacity, LFRU at its default half-life.
+    /// At a capacity, LFRU at its default half-life, nothing skipped.
     pub fn new(slots_per_layer: usize, working: usize, pinned: usize) -> Self {
-        ReplayConfig { slots_per_layer, working, pinned, lfru_half_life: Eviction::DEFAULT_HALF_LIFE }
+        ReplayConfig {
+            slots_per_layer,
+            working,
+            pinned,
+            lfru_half_life: Eviction::DEFAULT_HALF_LIFE,
+            skip_misses_from_rank: None,
+        }
     }
 
     fn lfru(&self) -> Eviction {
@@ -77,7 +87,9 @@ pub struct PolicyResult {
     pub slots: usize,
     pub hits: u64,
     pub misses: u64,
-    /// hits / (hits + misses); 0 for an empty trace.
+    /// Misses left out instead of read (`skip_misses_from_rank`; runtime rows only).
+    pub skipped: u64,
+    /// hits / (hits + misses + skipped); 0 for an empty trace.
     pub hit_rate: f64,
     pub waves: u64,
 }
@@ -161,8 +173,21 @@ struct Access {
     layer_pos: usize,
     /// Every selection, in row-major router order (LFRU heat).
     selections: Vec<usize>,
+    /// Rows (records) of the forward at this layer.
+    rows: u32,
     /// Deduplicated in stable first-selection order.
     experts: Vec<usize>,
+}
+
+impl Access {
+    /// The experts a miss leaves out under `--skip-misses-from-rank R`: in a one-row
+    /// forward, those the router ranked R or lower (a row lists them best first).
+    fn skippable(&self, from_rank: Option<usize>) -> &[usize] {
+        match from_rank {
+            Some(r) if self.rows == 1 && r >= 1 => &self.selections[(r - 1).min(self.selections.len())..],
+            _ => &[],
+        }
+    }
 }
 
 struct Grouped {
@@ -192,6 +217,7 @@ fn group(records: &[TraceRecord]) -> Grouped {
                 time,
                 layer_pos: layer_pos[&r.layer],
                 selections: Vec::new(),
+                rows: 0,
                 experts: Vec::new(),
             });
             accesses.len() - 1
@@ -200,6 +226,7 @@ fn group(records: &[TraceRecord]) -> Grouped {
             segments.push(r.segment);
         }
         let access = &mut accesses[index];
+        access.rows += 1;
         for &e in &r.experts {
             access.selections.push(e);
             if seen.insert((index, e)) {
@@ -216,6 +243,7 @@ fn group(records: &[TraceRecord]) -> Grouped {
 struct Tally {
     hits: u64,
     misses: u64,
+    skipped: u64,
     waves: u64,
 }
 
@@ -227,12 +255,13 @@ impl Tally {
     }
 
     fn result(self, name: &str, slots: usize) -> PolicyResult {
-        let total = self.hits + self.misses;
+        let total = self.hits + self.misses + self.skipped;
         PolicyResult {
             name: name.to_string(),
             slots,
             hits: self.hits,
             misses: self.misses,
+            skipped: self.skipped,
             hit_rate: if total == 0 { 0.0 } else { self.hits as f64 / total as f64 },
             waves: self.waves,
         }
@@ -284,9 +313,10 @@ fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey], eviction: Evicti
     let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins, eviction);
     let mut tally = slab::SlabTally::default();
     for a in &g.accesses {
-        slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, &mut tally, None, false);
+        let skip = a.skippable(cfg.skip_misses_from_rank);
+        slab::forward_layer(&mut table, g.layers[a.layer_pos], &a.experts, skip, &mut tally, None, false);
     }
-    Tally { hits: tally.hits, misses: tally.misses, waves: tally.waves }
+    Tally { hits: tally.hits, misses: tally.misses, skipped: tally.skipped, waves: tally.waves }
 }
 
 /// LFRU over per-layer slot banks (an offline comparison: no working bank).

@@ -27,6 +27,8 @@ pub(crate) struct SlabTally {
     /// Misses that found no free working slot at all (every one leased): the runtime
     /// fails that forward; replay counts them as misses that cache nothing.
     pub stalled: u64,
+    /// Misses left out instead of read (approximate decode); not in `misses`.
+    pub skipped: u64,
 }
 
 /// A slot table laid out for `layers` at `slots_per_layer`, `working` and `pins.len()`
@@ -110,15 +112,24 @@ pub(crate) type HandUp<'a> = dyn FnMut(&mut SlotTable, &[usize]) + 'a;
 /// one above: its hits are cooled (the layer's first victims) and its reads are not
 /// promoted (each stays in its working slot until the slot is reused, unless the tier
 /// above demotes it meanwhile).
+/// `skip`: experts a miss leaves out instead of reading (the runtime's
+/// `--skip-misses-from-rank`: a one-row forward's low ranks).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_layer(
     table: &mut SlotTable,
     layer: usize,
     experts: &[usize],
+    skip: &[usize],
     tally: &mut SlabTally,
     mut up: Option<&mut HandUp<'_>>,
     below_device: bool,
 ) {
-    let (hits, misses) = lease_hits(table, layer, experts, tally);
+    let (hits, mut misses) = lease_hits(table, layer, experts, tally);
+    let before = misses.len();
+    misses.retain(|e| !skip.contains(e));
+    let skipped = (before - misses.len()) as u64;
+    tally.skipped += skipped;
+    tally.misses -= skipped;
     let hit_keys: Vec<usize> = hits.iter().map(|&slot| table.slot(slot).key.expect("a hit holds its key").1).collect();
     let mut to_promote = Vec::new();
     for (&slot, &e) in hits.iter().zip(&hit_keys) {

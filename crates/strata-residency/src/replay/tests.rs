@@ -85,6 +85,37 @@ fn lfru_keeps_heavy_hitters_until_heat_decays() {
 }
 
 #[test]
+fn skipping_leaves_out_low_ranked_misses_of_one_row_forwards_only() {
+    // One row a forward, best first: 1 then 2; then a two-row forward of 5 and 6.
+    let mut trace = single_rows(3, &[&[1, 2], &[1, 2], &[4, 1]]);
+    let two_rows = |row| TraceRecord { segment: 0, forward: 9, row, layer: 3, experts: vec![5 + row as usize, 1] };
+    trace.extend([two_rows(0), two_rows(1)]);
+    let exact = replay(&trace, &cfg(4, 8, 0));
+    let skip = replay(&trace, &ReplayConfig { skip_misses_from_rank: Some(2), ..cfg(4, 8, 0) });
+    let lru = |r: &ReplayReport| {
+        let p = r.policy("LRU").unwrap();
+        (p.hits, p.misses, p.skipped)
+    };
+    assert_eq!(lru(&exact), (4, 5, 0));
+    // 2 (rank 2) is left out twice and never cached; 1 hits; 4 (rank 1) is read; the
+    // two-row forward reads 5 and 6 whatever their ranks.
+    assert_eq!(lru(&skip), (3, 4, 2));
+    assert_eq!(skip.policy("LFRU").unwrap().skipped, 2);
+    assert_eq!(skip.policy("Belady").unwrap().skipped, 0, "the offline rows are exact");
+    let p = skip.policy("LRU").unwrap();
+    assert!((p.hit_rate - 3.0 / 9.0).abs() < 1e-12);
+    // Two tiers: a low rank the host holds is a host hit, not skipped.
+    let t = replay_tiers(&trace, &ReplayConfig { skip_misses_from_rank: Some(2), ..cfg(1, 1, 0) }, &cfg(4, 2, 0));
+    for r in [&t.lru, &t.lfru] {
+        assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads + r.skipped, r.accesses);
+        assert!(r.skipped >= 1, "{r:?}");
+    }
+    let exact = replay_tiers(&trace, &cfg(1, 1, 0), &cfg(4, 2, 0));
+    assert_eq!(exact.lru.skipped, 0);
+    assert!(t.lru.disk_reads < exact.lru.disk_reads);
+}
+
+#[test]
 fn records_of_one_forward_and_layer_group_even_when_interleaved() {
     let rec = |forward, row, layer, experts: &[usize]| TraceRecord {
         segment: 0,
@@ -266,7 +297,7 @@ fn runtime_rows_match_a_direct_slot_table_drive() {
                 experts.extend(&trace[i].experts);
                 i += 1;
             }
-            slab::forward_layer(&mut table, l, &experts, &mut tally, None, false);
+            slab::forward_layer(&mut table, l, &experts, &[], &mut tally, None, false);
             table.check_invariants().unwrap();
         }
         let lru = r.policy("LRU").unwrap();

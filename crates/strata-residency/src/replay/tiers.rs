@@ -42,10 +42,14 @@ pub struct TiersResult {
     pub host_hits: u64,
     /// GPU misses read from disk (a disk read and a copy each).
     pub disk_reads: u64,
+    /// GPU misses the host would have read from disk, left out instead (approximate
+    /// decode, `skip_misses_from_rank`).
+    pub skipped: u64,
     /// Fractions of `accesses`.
     pub gpu_hit_rate: f64,
     pub host_hit_rate: f64,
     pub disk_rate: f64,
+    pub skip_rate: f64,
     /// GPU slots (working + pinned + layer slots) and host slots.
     pub gpu_slots: usize,
     pub host_slots: usize,
@@ -97,7 +101,8 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
                 let mut up = |host: &mut SlotTable, batch: &[usize]| {
                     gpu_bring_in(&mut gpu_table, layer, batch, exclusive.then_some(host), &mut demoted);
                 };
-                slab::forward_layer(&mut host_table, layer, &misses, &mut host_tally, Some(&mut up), exclusive);
+                let skip = a.skippable(gpu.skip_misses_from_rank);
+                slab::forward_layer(&mut host_table, layer, &misses, skip, &mut host_tally, Some(&mut up), exclusive);
             }
             *mix.entry((host_tally.hits - before.0, host_tally.misses - before.1)).or_default() += 1;
         }
@@ -112,6 +117,8 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
             gpu_hit_rate: rate(gpu_tally.hits),
             host_hit_rate: rate(host_tally.hits),
             disk_rate: rate(host_tally.misses),
+            skipped: host_tally.skipped,
+            skip_rate: rate(host_tally.skipped),
             gpu_slots: slots(gpu, gp.len()),
             host_slots: slots(host, hp.len()),
             demotions_kept: demoted.kept,
@@ -317,7 +324,7 @@ mod tests {
             let accesses = crate::replay(&trace, &gpu).accesses;
             for r in [t.lru, t.lfru, t.pinned_lru, t.inclusive_lru, t.inclusive_pinned_lru] {
                 assert_eq!(r.accesses, accesses);
-                assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads, r.accesses, "{gpu:?} {host:?}");
+                assert_eq!(r.gpu_hits + r.host_hits + r.disk_reads + r.skipped, r.accesses, "{gpu:?} {host:?}");
                 // The layer mix accounts for every group, host hit and disk read.
                 let sum = |i: usize| r.layer_mix.iter().map(|m| if i == 2 { m[2] } else { m[i] * m[2] }).sum::<u64>();
                 assert_eq!((sum(2), sum(0), sum(1)), (180, r.host_hits, r.disk_reads), "{gpu:?} {host:?}");
