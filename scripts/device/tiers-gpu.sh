@@ -13,8 +13,9 @@
 # the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison;
 # a suffix -pagecache reads the misses through the (warmed) page cache, -prefetch reads
 # PILOT's next-layer predictions ahead (--pilot prefetch), -prefetchN only the first N
-# ranks of each (--pilot-ranks N), -lru evicts by LRU (--eviction lru; lfru is the default):
-# e.g. gpu30-host40-lru-pagecache-prefetch2.
+# ranks of each (--pilot-ranks N), -lru evicts by LRU (--eviction lru; lfru is the default),
+# -skipR is approximate decode (--skip-misses-from-rank R): e.g.
+# gpu30-host40-skip6-lru-pagecache-prefetch2 (suffixes in that order).
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -58,7 +59,8 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
   for mode in ${MODES:-resident gpu30 gpu30-host40 gpu30-host40-inclusive}; do
     tier=()
-    base=${mode%%-lru*}
+    base=${mode%%-skip*}
+    base=${base%%-lru*}
     base=${base%%-pagecache*}
     base=${base%%-prefetch*}
     case $base in
@@ -75,13 +77,15 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
       cat "$dir"/experts/* >/dev/null
     fi
     [[ $mode == *-lru* ]] && extra+=(--eviction lru)
+    [[ $mode =~ -skip([0-9]+) ]] && extra+=(--skip-misses-from-rank "${BASH_REMATCH[1]}")
     [[ $mode =~ -prefetch([1-9]?)$ ]] && extra+=(--pilot prefetch) && [ -n "${BASH_REMATCH[1]}" ] &&
       extra+=(--pilot-ranks "${BASH_REMATCH[1]}")
     for rep in 1 2; do
       env "${tier[@]}" timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
         python3 -c "
 import json,sys; r=json.load(sys.stdin); r['slice']='$enc'; r['mode']='$mode'; r['rep']=$rep
-r.pop('experts', None); p=r.pop('pilot', None) or {}
+e=r.pop('experts', None) or {}; p=r.pop('pilot', None) or {}
+r['skipped']=(e.get('demand') or {}).get('skipped')
 r.update({'pilot_'+k: p[k] for k in ('recall', 'prefetches', 'prefetch_hits') if k in p}); print(json.dumps(r))" >>"$res" || echo "bench $enc $mode failed" | tee -a "$OUT/side.log"
       [[ "$mode" = gpu30-host40* ]] && break
     done
@@ -98,7 +102,7 @@ for l in open(sys.argv[1]):
               "gpu hit", r.get("gpu_tier_hit_rate"), "copy/token", r.get("gpu_tier_copy_bytes_per_token"),
               "copied down/token", r.get("gpu_tier_demotion_bytes_per_token"),
               "host hit", r.get("expert_hit_rate"), "read/token", r.get("decode_expert_read_bytes_per_token"),
-              "bytes/token", r.get("decode_bytes_read_per_token"),
+              "bytes/token", r.get("decode_bytes_read_per_token"), "skipped", r.get("skipped"),
               "read service GB/s", r.get("expert_read_gb_per_s_in_service"),
               *(["pilot recall", r["pilot_recall"], "prefetches", r.get("pilot_prefetches"), "used", r.get("pilot_prefetch_hits")]
                 if "pilot_recall" in r else []))

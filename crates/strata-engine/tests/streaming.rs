@@ -129,6 +129,24 @@ fn gemma4_moe_streamed_equals_resident_bit_for_bit() {
     assert!(a == b && ta == tb, "an f32 container streams the HF checkpoint's fused experts exactly");
 }
 
+/// Approximate decode through Gemma 4's MoE block (its own combine, no shared expert): the
+/// rank-2 experts a decode step would read are left out, the prompt is exact.
+#[test]
+fn gemma4_moe_skips_low_ranked_misses_in_decode_only() {
+    let dir = container("gemma4/moe", QuantKind::Int8Row);
+    let resident = run(dir.path(), &options(None, 64));
+    let mut opts = options(Some(min_budget(dir.path(), 2)), 2);
+    opts.runtime.skip_misses_from_rank = Some(2);
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
+    assert!(m.generator().unwrap().logits(&prompt, true).unwrap() == resident.0, "prompt forwards are exact");
+    let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
+    let out = m.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    assert!(!out.tokens.is_empty());
+    let demand = m.experts.as_ref().unwrap().end_turn().unwrap().turn.demand;
+    assert!(demand.skipped > 0, "{demand:?}");
+}
+
 #[test]
 fn container_matches_hf_model_when_experts_are_f32() {
     // f32 experts from the container's slab vs f32 experts held by the model: same function.
