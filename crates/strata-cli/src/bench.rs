@@ -436,8 +436,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             if let Some(r) = &experts {
                 let read_per_token = r.turn.demand.read_bytes as f64 / s.generated_tokens.max(1) as f64;
                 let disk_s = read_per_token / (io.0 * 1e9);
-                let mem_s = token_bytes as f64 / (gbs * 1e9);
-                let floor = 1.0 / disk_s.max(mem_s);
+                // (The memory bound as reported above, not recomputed: equal to the bit.)
+                let floor = (1.0 / disk_s.max(1e-300)).min(floor_tps);
                 report["decode_floor_tokens_per_s_disk_at_this_hit_rate"] = (1.0 / disk_s.max(1e-12)).into();
                 report["decode_floor_tokens_per_s"] = floor.into();
                 report["decode_fraction_of_floor"] = (s.decode_tokens_per_s / floor).into();
