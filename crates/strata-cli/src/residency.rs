@@ -30,6 +30,17 @@ pub struct ConvertArgs {
     quality: crate::quality::ReportArgs,
 }
 
+/// `--skip-misses-from-rank` (generate and replay alike): a token's first expert is never
+/// left out. (Its upper bound, the model's top-k, is checked where the model is opened.)
+fn check_skip_rank(rank: Option<usize>) -> Result<()> {
+    match rank {
+        Some(r) if r < 2 => {
+            Err(anyhow!("--skip-misses-from-rank must be at least 2: a token's first expert is always read"))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn encoding(name: &str, group: usize) -> Result<QuantKind> {
     match name {
         "int4" => {
@@ -311,9 +322,7 @@ impl BudgetArgs {
             Some(text) => strata_residency::Eviction::parse(text).map_err(|e| anyhow!("--eviction: {e}"))?,
             None => RuntimeOptions::default().eviction,
         };
-        if self.skip_misses_from_rank.is_some_and(|r| r < 2) {
-            return Err(anyhow!("--skip-misses-from-rank must be at least 2: a token's first expert is always read"));
-        }
+        check_skip_rank(self.skip_misses_from_rank)?;
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
         }
@@ -477,9 +486,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     let file = std::fs::File::open(&a.trace).map_err(|e| anyhow!("{}: cannot open trace: {e}", a.trace.display()))?;
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
-    if a.skip_misses_from_rank.is_some_and(|r| r < 2) {
-        return Err(anyhow!("--skip-misses-from-rank must be at least 2: a token's first expert is always read"));
-    }
+    check_skip_rank(a.skip_misses_from_rank)?;
     let gpu = strata_residency::ReplayConfig {
         lfru_half_life: a.lfru_half_life,
         skip_misses_from_rank: a.skip_misses_from_rank,

@@ -159,8 +159,8 @@ impl Union {
         src: &mut B::Idx,
     ) -> Result<()> {
         let left_out = |e: &u32| !handed.contains(e);
-        let missing: Vec<u32> = self.experts.iter().copied().filter(left_out).collect();
         if !provider.is_some_and(|p| p.drops_misses()) {
+            let missing: Vec<u32> = self.experts.iter().copied().filter(left_out).collect();
             bail!("layer {layer}: the expert provider did not hand over experts {missing:?}");
         }
         let Some(computed) = ids.iter().position(|e| !left_out(e)) else {

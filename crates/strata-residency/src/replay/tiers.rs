@@ -130,7 +130,7 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
         gpu: *gpu,
         host: *host,
         lru: run(0, 0, true, Eviction::Lru),
-        lfru: run(0, 0, true, Eviction::Lfru { half_life: gpu.lfru_half_life }),
+        lfru: run(0, 0, true, gpu.lfru()),
         pinned_lru: run(gpu.pinned, host.pinned, true, Eviction::Lru),
         inclusive_lru: run(0, 0, false, Eviction::Lru),
         inclusive_pinned_lru: run(gpu.pinned, host.pinned, false, Eviction::Lru),
