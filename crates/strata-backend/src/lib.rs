@@ -383,6 +383,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// (called when a session is made, so steps never grow it).
     fn reserve_workspace(&self, heads: usize, attended: usize, context: usize);
 
+    /// `len` zeros (the MoE scratch's zero row relies on it).
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn alloc_idx(&self, len: usize) -> Result<Self::Idx>;
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;

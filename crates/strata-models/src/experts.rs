@@ -144,40 +144,28 @@ pub struct Union {
 impl Union {
     /// After [`ExpertProvider::run`] handed over only `handed` of these experts: refused
     /// unless the provider [`drops_misses`](ExpertProvider::drops_misses); else each
-    /// (row, rank) of `ids` whose expert was left out gets weight 0 and reads a computed
-    /// output row (finite: 0 times it adds nothing). Approximate decode only, so the
-    /// round trip of the weights to the host is acceptable.
-    #[allow(clippy::too_many_arguments)]
+    /// (row, rank) of `ids` whose expert was left out reads `zero_row`, an output row no
+    /// expert writes (zero since allocation), so it adds `w * 0 = 0` to its row. Only the
+    /// host's `src` changes (it goes up with the forward's other indices): no read of the
+    /// weights, no sync, no allocation.
     pub fn drop_left_out<B: Backend>(
-        &self,
-        b: &B,
+        &mut self,
         provider: Option<&Arc<dyn ExpertProvider<B>>>,
         layer: usize,
         ids: &[u32],
         handed: &[u32],
-        weights: &mut B::Buf,
-        src: &mut B::Idx,
+        zero_row: u32,
     ) -> Result<()> {
         let left_out = |e: &u32| !handed.contains(e);
         if !provider.is_some_and(|p| p.drops_misses()) {
             let missing: Vec<u32> = self.experts.iter().copied().filter(left_out).collect();
             bail!("layer {layer}: the expert provider did not hand over experts {missing:?}");
         }
-        let Some(computed) = ids.iter().position(|e| !left_out(e)) else {
-            bail!("layer {layer}: every routed expert was left out");
-        };
-        let mut w = vec![0f32; ids.len()];
-        b.read(weights, 0, &mut w);
-        let mut rows = self.src[..ids.len()].to_vec();
-        let safe = rows[computed];
-        for (i, e) in ids.iter().enumerate() {
+        for (src, e) in self.src.iter_mut().zip(ids) {
             if left_out(e) {
-                w[i] = 0.0;
-                rows[i] = safe;
+                *src = zero_row;
             }
         }
-        b.write(weights, 0, &w);
-        b.write_idx(src, 0, &rows);
         Ok(())
     }
 
@@ -314,31 +302,77 @@ mod tests {
     }
 
     #[test]
-    fn experts_left_out_weigh_nothing_and_read_a_computed_row() {
-        let b = CpuBackend::new();
+    fn experts_left_out_read_the_zero_row() {
         // Two rows of top-3: row 0 = [5, 2, 9], row 1 = [2, 7, 5]; 9 and 7 left out.
         let ids = [5u32, 2, 9, 2, 7, 5];
         let mut u = Union::default();
         u.build(&ids, 2, 3, 10);
-        let mut weights = b.upload(&[0.5, 0.3, 0.2, 0.6, 0.3, 0.1]).unwrap();
-        let mut src = b.alloc_idx(6).unwrap();
-        b.write_idx(&mut src, 0, &u.src);
+        let before = u.src.clone();
         let handed = [2u32, 5];
         let may: Arc<dyn ExpertProvider<CpuBackend>> = Arc::new(Partial(true));
-        u.drop_left_out(&b, Some(&may), 3, &ids, &handed, &mut weights, &mut src).unwrap();
-        let (mut w, mut s) = (vec![0f32; 6], vec![0u32; 6]);
-        b.read(&weights, 0, &mut w);
-        b.read_idx(&src, 0, &mut s);
-        assert_eq!(w, [0.5, 0.3, 0.0, 0.6, 0.0, 0.1]);
-        // The handed ranks keep their rows; the others read row 0's first (expert 5's).
-        let first = u.src[0];
-        assert_eq!(s, [u.src[0], u.src[1], first, u.src[3], first, u.src[5]]);
-        // A provider that may not leave experts out is refused, naming them.
+        u.drop_left_out(Some(&may), 3, &ids, &handed, 99).unwrap();
+        // The handed ranks keep their rows; the others read the zero row.
+        assert_eq!(u.src, [before[0], before[1], 99, before[3], 99, before[5]]);
+        // A provider that may not leave experts out is refused, naming them; so is a
+        // model with resident experts (no provider).
         let may_not: Arc<dyn ExpertProvider<CpuBackend>> = Arc::new(Partial(false));
-        let err = u.drop_left_out(&b, Some(&may_not), 3, &ids, &handed, &mut weights, &mut src).unwrap_err();
+        let err = u.drop_left_out(Some(&may_not), 3, &ids, &handed, 99).unwrap_err();
         assert!(err.to_string().contains("layer 3") && err.to_string().contains("[7, 9]"), "{err}");
-        let err = u.drop_left_out(&b, Some(&may), 3, &ids, &[], &mut weights, &mut src).unwrap_err();
-        assert!(err.to_string().contains("every routed expert was left out"), "{err}");
+        assert!(u.drop_left_out::<CpuBackend>(None, 3, &ids, &handed, 99).is_err());
+    }
+
+    /// Combining with left-out ranks on the zero row equals combining with their weights
+    /// set to 0, bit for bit, on random values.
+    #[test]
+    fn the_zero_row_adds_what_a_zero_weight_adds() {
+        let b = CpuBackend::new();
+        let (rows, k, hidden) = (2usize, 3usize, 5usize);
+        let ids = [5u32, 2, 9, 2, 7, 5];
+        let mut u = Union::default();
+        u.build(&ids, rows, k, 10);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        // rows * k routed rows, `rows` shared rows, then the zero row.
+        let zero_row = (rows * (k + 1)) as u32;
+        let mut yv: Vec<f32> = (0..rows * (k + 1) * hidden).map(|_| next()).collect();
+        yv.extend(std::iter::repeat_n(0.0, hidden));
+        let wv: Vec<f32> = (0..rows * k).map(|_| next().abs()).collect();
+        let x0: Vec<f32> = (0..rows * hidden).map(|_| next()).collect();
+        let (y, dev_ids) = (b.upload(&yv).unwrap(), {
+            let mut i = b.alloc_idx(rows * k).unwrap();
+            b.write_idx(&mut i, 0, &ids);
+            i
+        });
+        let combine = |weights: &[f32], src: &[u32]| {
+            let w = b.upload(weights).unwrap();
+            let mut s = b.alloc_idx(rows * k).unwrap();
+            b.write_idx(&mut s, 0, src);
+            let mut x = b.upload(&x0).unwrap();
+            b.moe_combine(rows, hidden, k, &dev_ids, &w, &s, &y, Some(rows * k), &mut x);
+            let mut out = vec![0f32; rows * hidden];
+            b.read(&x, 0, &mut out);
+            out
+        };
+        let handed = [2u32, 5];
+        let zeroed: Vec<f32> = wv.iter().zip(&ids).map(|(&w, e)| if handed.contains(e) { w } else { 0.0 }).collect();
+        let want = combine(&zeroed, &u.src);
+        let may: Arc<dyn ExpertProvider<CpuBackend>> = Arc::new(Partial(true));
+        u.drop_left_out(Some(&may), 3, &ids, &handed, zero_row).unwrap();
+        let got = combine(&wv, &u.src);
+        assert_eq!(got, want);
+        assert_ne!(
+            got,
+            combine(&wv, &{
+                let mut full = Union::default();
+                full.build(&ids, rows, k, 10);
+                full.src
+            })
+        );
     }
 
     #[test]

@@ -64,8 +64,10 @@ pub struct MoeScratch<B: Backend> {
     src: B::Idx,
     /// `0..top_k`: one row's y rows in routed order (the by-id path).
     in_order: B::Idx,
-    /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`).
+    /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`), then
+    /// `zero_row`, which no expert writes: left-out experts read it (approximate decode).
     y: B::Buf,
+    zero_row: u32,
     host_ids: Vec<u32>,
     union: Union,
     /// The experts a provider handed over this forward (checked against the union).
@@ -84,7 +86,8 @@ impl<B: Backend> MoeScratch<B> {
                 b.write_idx(&mut i, 0, &(0..top_k as u32).collect::<Vec<_>>());
                 i
             },
-            y: b.alloc(rows * (top_k + 1) * hidden)?,
+            y: b.alloc((rows * (top_k + 1) + 1) * hidden)?,
+            zero_row: (rows * (top_k + 1)) as u32,
             host_ids: vec![0; rows * top_k],
             union: Union::default(),
             handed: Vec::with_capacity(rows * top_k),
@@ -92,7 +95,7 @@ impl<B: Backend> MoeScratch<B> {
     }
 
     pub fn bytes(rows: usize, hidden: usize, experts: usize, top_k: usize) -> u64 {
-        4 * (rows * experts + 3 * rows * top_k + rows * (top_k + 1) * hidden) as u64 * 2
+        4 * (rows * experts + 3 * rows * top_k + (rows * (top_k + 1) + 1) * hidden) as u64 * 2
     }
 }
 
@@ -148,7 +151,6 @@ impl<B: Backend> MoeWeights<B> {
             p.record(self.layer, &s.host_ids[..n], k);
         }
         s.union.build(&s.host_ids[..n], rows, k, self.experts);
-        b.write_idx(&mut s.src, 0, &s.union.src);
         let shared_row = s.union.total();
         let union = &s.union;
         let y = &mut s.y;
@@ -177,8 +179,9 @@ impl<B: Backend> MoeWeights<B> {
         }
         if s.handed.len() < s.union.experts.len() {
             let ids = &s.host_ids[..n];
-            s.union.drop_left_out(b, experts.provider(), self.layer, ids, &s.handed, &mut s.weights, &mut s.src)?;
+            s.union.drop_left_out(experts.provider(), self.layer, ids, &s.handed, s.zero_row)?;
         }
+        b.write_idx(&mut s.src, 0, &s.union.src);
         b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
         Ok(())
     }

@@ -65,8 +65,10 @@ struct RouteScratch<B: Backend> {
     ids: B::Idx,
     weights: B::Buf,
     src: B::Idx,
-    /// Routed outputs, `rows * top_k` rows.
+    /// Routed outputs, `rows * top_k` rows, then `zero_row`, which no expert writes:
+    /// left-out experts read it (approximate decode).
     y: B::Buf,
+    zero_row: u32,
     host_ids: Vec<u32>,
     union: Union,
     /// The experts the provider handed over this forward.
@@ -84,7 +86,8 @@ impl<B: Backend> FfnScratch<B> {
                 ids: b.alloc_idx(rows * k)?,
                 weights: b.alloc(rows * k)?,
                 src: b.alloc_idx(rows * k)?,
-                y: b.alloc(rows * k * hidden)?,
+                y: b.alloc((rows * k + 1) * hidden)?,
+                zero_row: (rows * k) as u32,
                 host_ids: vec![0; rows * k],
                 union: Union::default(),
                 handed: Vec::with_capacity(rows * k),
@@ -94,7 +97,7 @@ impl<B: Backend> FfnScratch<B> {
     }
 
     pub fn bytes(rows: usize, hidden: usize, moe: Option<(usize, usize)>) -> u64 {
-        let routed = moe.map_or(0, |(experts, k)| rows * (hidden + experts + 3 * k + k * hidden) * 2);
+        let routed = moe.map_or(0, |(experts, k)| (rows * (hidden + experts + 3 * k + k * hidden) + hidden) * 2);
         4 * (3 * rows * hidden + routed) as u64
     }
 }
@@ -141,7 +144,6 @@ impl<B: Backend> Ffn<B> {
             p.record(moe.layer, &rs.host_ids[..n], k);
         }
         rs.union.build(&rs.host_ids[..n], rows, k, moe.experts);
-        b.write_idx(&mut rs.src, 0, &rs.union.src);
         b.rms_norm(rows, hidden, x, Some(&moe.pre_norm_2), eps, &mut s.xn);
         let (union, y, xn) = (&rs.union, &mut rs.y, &s.xn);
         let handed = &mut rs.handed;
@@ -158,8 +160,9 @@ impl<B: Backend> Ffn<B> {
         })?;
         if rs.handed.len() < rs.union.experts.len() {
             let ids = &rs.host_ids[..n];
-            rs.union.drop_left_out(b, experts.provider(), moe.layer, ids, &rs.handed, &mut rs.weights, &mut rs.src)?;
+            rs.union.drop_left_out(experts.provider(), moe.layer, ids, &rs.handed, rs.zero_row)?;
         }
+        b.write_idx(&mut rs.src, 0, &rs.union.src);
         b.fill(rows * hidden, 0.0, &mut s.e);
         b.moe_combine(rows, hidden, k, &rs.ids, &rs.weights, &rs.src, &rs.y, None, &mut s.e);
         // m = post_1(mlp) + post_2(experts); x += post(m).
