@@ -17,10 +17,12 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod draw;
 mod graph_cache;
 pub mod profile;
 mod step;
 
+pub use draw::Draw;
 pub use step::{is_fed, Step, FED, NON_FINITE};
 
 use anyhow::Result;
@@ -405,10 +407,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// (`FED | i`) reads its id from `picks[i]` (the forward before's greedy picks), and
     /// one whose pick is flagged [`NON_FINITE`] is left as it was.
     fn embed(&self, step: &Step, picks: Option<&Self::Idx>, table: &Self::Mat, out: &mut Self::Buf) -> Result<()>;
-    /// Each row's greedy pick among `width` values of `x` (`[rows, width]`) into
-    /// `picks[..rows]`: the largest, ties to the lowest id (as the host sampler), or
-    /// `NON_FINITE | j` for the lowest `j` whose value is not finite.
-    fn argmax_rows(&self, rows: usize, width: usize, x: &Self::Buf, picks: &mut Self::Idx);
+    /// Each row's pick among `width` values of `x` (`[rows, width]`) into `picks[..rows]`:
+    /// row `r` as `step.draws`' `r`-th [`Draw`] says (a sample, [`draw::pick`]), or where
+    /// `step.draws` is empty or the draw greedy, the largest value, ties to the lowest id
+    /// (as the host sampler); `NON_FINITE | j` for the lowest `j` whose value is not finite.
+    fn pick_rows(&self, step: &Step, rows: usize, width: usize, x: &Self::Buf, picks: &mut Self::Idx);
     /// Starts copying `src[..len]` back (after everything queued so far) without waiting;
     /// [`Backend::finish_read_idx`] waits for it. A few may be in flight at once.
     fn start_read_idx(&self, src: &Self::Idx, len: usize) -> Self::IdxRead;

@@ -21,10 +21,13 @@ pub struct Step {
     /// the same forward: an image block attended bidirectionally); empty: every row sees
     /// up to its own position.
     pub visible_to: Vec<u32>,
+    /// Per logits row, how [`crate::Backend::pick_rows`] picks it ([`crate::Draw::words`],
+    /// [`crate::Draw::WORDS`] words a row); empty: every row greedy.
+    pub draws: Vec<u32>,
 }
 
 /// A token row `FED | i` takes its id on the device: the greedy pick of logits row `i` of
-/// the forward before ([`crate::Backend::argmax_rows`]). A decode step can then be queued
+/// the forward before ([`crate::Backend::pick_rows`]). A decode step can then be queued
 /// before the host has read the token it embeds.
 pub const FED: u32 = 0x8000_0000;
 /// A greedy pick with this bit set (`NON_FINITE | j`) met a non-finite logit at id `j`.
@@ -85,5 +88,6 @@ impl Step {
         self.positions.clear();
         self.seq.clear();
         self.visible_to.clear();
+        self.draws.clear();
     }
 }

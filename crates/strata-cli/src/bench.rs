@@ -118,6 +118,18 @@ pub struct DecodeArgs {
     /// host: a GPU), on, off. Tokens are the same.
     #[arg(long, value_enum, default_value_t = AutoOnOff::Auto)]
     fed_decoding: AutoOnOff,
+    /// Sample the decode at this temperature (0: greedy), with the cuts below; on a GPU
+    /// the draws are made on the device.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 /// A flag's auto / on / off: `None` leaves the choice to the engine.
@@ -256,6 +268,15 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let prompt: Vec<u32> =
         (0..a.prompt_tokens).map(|_| ((rng.next_f32() + 1.0) * 0.5 * (vocab - 1) as f32) as u32).collect();
     let fed = a.fed_decoding.forced();
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        seed: a.seed,
+        ..Default::default()
+    };
+    sampling.validate()?;
     if a.warmup {
         // The timed loop's path, three tokens long.
         let mut gen = m.generator()?;
@@ -266,10 +287,10 @@ fn decode(a: DecodeArgs) -> Result<()> {
         gen.prefill(&prompt)?;
         gen.decode_prefilled(&strata_engine::GenerateRequest {
             draft_tokens: a.draft_tokens,
-            ..strata_engine::GenerateRequest::new(prompt.clone(), 3, SamplingParams::default())
+            ..strata_engine::GenerateRequest::new(prompt.clone(), 3, sampling.clone())
         })?;
     }
-    // Prefill, then greedy decode steps (no EOS: the full length), timed separately;
+    // Prefill, then decode steps (greedy unless --temperature; no EOS: the full length), timed separately;
     // allocations counted over the decode steps.
     let mut gen = m.generator()?;
     if let Some(path) = &a.trace {
@@ -295,12 +316,12 @@ fn decode(a: DecodeArgs) -> Result<()> {
     #[cfg(feature = "cuda")]
     let launches0 = strata_backend::cuda::launch_totals();
     let t1 = Instant::now();
-    // The generation loop itself (prefix cached): speculative with a draft, greedy picks
+    // The generation loop itself (prefix cached): speculative with a draft, picks
     // fed on the device where the session keeps them there.
     let req = strata_engine::GenerateRequest {
         draft_tokens: a.draft_tokens,
         draft_policy,
-        ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, SamplingParams::default())
+        ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, sampling.clone())
     };
     let out = gen.decode_prefilled(&req)?;
     let mtp = out.stats.mtp;
@@ -367,6 +388,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         "allocations_per_decode_token": (allocs1 - allocs0) as f64 / steps,
         "mtp": mtp,
         "decode_fed": decode_fed,
+        "sampling": sampling,
         "allocated_bytes_per_decode_token": (bytes1 - bytes0) as f64 / steps,
         "resident_bytes_read_per_token": resident_bytes,
         "expert_bytes_used_per_token": expert_bytes_per_token,

@@ -8,6 +8,7 @@ use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 use anyhow::{bail, Result};
 use std::time::Instant;
+use strata_backend::Draw;
 use strata_models::{fed, Batch, Logits, Model, Routes, SeqId, Session, SessionOptions};
 
 #[derive(Clone, Debug)]
@@ -317,15 +318,18 @@ impl<'m> Generator<'m> {
 
     /// One forward over `ids` appended to the sequence.
     pub(crate) fn forward(&mut self, ids: &[u32], want: Logits) -> Result<()> {
-        self.forward_with(ids, want, false)
+        self.forward_with(ids, want, None)
     }
 
     /// [`Generator::forward`], the logits rows picked greedily on the device when `pick`.
-    fn forward_with(&mut self, ids: &[u32], want: Logits, pick: bool) -> Result<()> {
+    fn forward_with(&mut self, ids: &[u32], want: Logits, pick: Option<Draw>) -> Result<()> {
         self.batch.clear();
         self.batch.push(self.seq, ids, want);
-        if pick {
+        if let Some(d) = pick {
             self.batch.pick_greedy();
+            if !d.is_greedy() {
+                self.batch.draw_rows([d]);
+            }
         }
         self.session.forward(&self.batch)?;
         self.tokens.extend_from_slice(ids);
@@ -525,7 +529,7 @@ impl<'m> Generator<'m> {
                 return Ok(FinishReason::Length);
             }
             if fed {
-                return self.decode_fed(next, em);
+                return self.decode_fed(next, sampler, em);
             }
             self.step(next)?;
             if self.draft {
@@ -543,27 +547,28 @@ impl<'m> Generator<'m> {
     }
 
     /// Whether plain decoding with `sampler` feeds device picks (see
-    /// [`Generator::set_fed_decoding`]): plain greedy (no penalty), no draft layer fed, no
+    /// [`Generator::set_fed_decoding`]): greedy or sampled with no repetition penalty (the
+    /// device draws as the host would, [`Sampler::next_draw`]), no draft layer fed, no
     /// routing trace (a forward past the end would be traced).
     fn feeds_picks(&self, sampler: &Sampler) -> bool {
-        sampler.params().plain_greedy()
+        sampler.device_pickable()
             && !self.draft
             && self.trace.is_none()
             && self.fed_decoding.unwrap_or_else(|| self.session.picks_on_device())
     }
 
-    /// Greedy decoding from `first` (emitted, not yet in the cache) with each pick made on
-    /// the device: the forward fed pick t is queued before pick t is read. Stops as the
+    /// Decoding from `first` (emitted, not yet in the cache) with each pick (greedy or a
+    /// draw) made on the device: the forward fed pick t is queued before pick t is read. Stops as the
     /// plain loop does, with the cache holding the same tokens (a forward queued past the
     /// end is dropped).
-    fn decode_fed(&mut self, first: u32, em: &mut Emitter) -> Result<FinishReason> {
-        self.forward_with(&[first], Logits::Last, true)?;
+    fn decode_fed(&mut self, first: u32, sampler: &mut Sampler, em: &mut Emitter) -> Result<FinishReason> {
+        self.forward_with(&[first], Logits::Last, Some(sampler.next_draw()))?;
         loop {
             // The pick in flight is followed by a forward unless it is the last token
             // the request may emit or the cache is full (the plain loop's tests).
             let ahead = em.remaining() > 1 && self.tokens.len() < em.context;
             if ahead {
-                if let Err(e) = self.forward_with(&[fed(0)], Logits::Last, true) {
+                if let Err(e) = self.forward_with(&[fed(0)], Logits::Last, Some(sampler.next_draw())) {
                     // Leave no pick unread behind (a later take would get it).
                     let _ = self.session.take_picks(&mut self.picks);
                     return Err(e);

@@ -1,5 +1,7 @@
 //! Token sampling: repetition penalty, then temperature, top-k, top-p, min-p (the order
-//! of transformers' logits processors and warpers), with a seeded RNG.
+//! of transformers' logits processors and warpers), then a keyed draw
+//! ([`strata_backend::draw`]: the definition a device runs too, so a seed picks the same
+//! tokens on the host and where the logits are).
 //!
 //! Before a sample the serving engine may narrow the logits: a grammar's token mask
 //! ([`TokenMask`], from a [`TokenConstraint`]), a per-token bias ([`apply_logit_bias`]),
@@ -10,6 +12,8 @@ use anyhow::{bail, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+use strata_backend::draw::{self, draw_key, DrawScratch};
+use strata_backend::Draw;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -58,43 +62,71 @@ impl SamplingParams {
 
 pub struct Sampler {
     params: SamplingParams,
+    /// For speculative acceptance and [`Sampler::draw`] (a stream; samples are keyed).
     rng: StdRng,
+    /// Samples drawn so far: the next one's key is `draw_key(seed, draws)`.
+    draws: u64,
     // Reused buffers: sampling a token allocates nothing once they have grown.
     seen: Vec<bool>,
-    cand: Vec<(u32, f32)>,
-    probs: Vec<f64>,
+    scratch: DrawScratch,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = StdRng::seed_from_u64(params.seed);
-        Ok(Self { params, rng, seen: Vec::new(), cand: Vec::new(), probs: Vec::new() })
+        Ok(Self { params, rng, draws: 0, seen: Vec::new(), scratch: DrawScratch::default() })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Picks the next token from `logits`; `context` is every token so far (prompt and
-    /// generated), for the repetition penalty.
-    pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
-        if let Some(t) = self.prepare(logits, context) {
-            return t;
+    /// Whether a device can make this sampler's picks where the logits are
+    /// ([`Sampler::next_draw`]): anything but a repetition penalty, which needs the context.
+    pub fn device_pickable(&self) -> bool {
+        self.params.repetition_penalty == 1.0
+    }
+
+    /// The next sample as a device draws it ([`strata_backend::Backend::pick_rows`]): the
+    /// same token [`Sampler::sample`] would pick from the same logits (greedy: no draw is
+    /// consumed). Only where [`Sampler::device_pickable`].
+    pub fn next_draw(&mut self) -> Draw {
+        if self.params.temperature == 0.0 {
+            return Draw::GREEDY;
         }
-        self.draw_prepared()
+        let key = draw_key(self.params.seed, self.draws);
+        self.draws += 1;
+        Draw { key, ..self.peek_draw() }
+    }
+
+    /// Picks the next token from `logits`; `context` is every token so far (prompt and
+    /// generated), for the repetition penalty. The logits hold no NaN or +inf (-inf: a
+    /// token masked out).
+    pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        self.penalize(logits, context);
+        let d = self.next_draw();
+        draw::sample(logits, &d, &mut self.scratch)
     }
 
     /// The distribution [`Sampler::sample`] draws from, as (token, probability) pairs
     /// summing to 1 (greedy: the argmax with probability 1), into `out`.
     pub fn distribution(&mut self, logits: &mut [f32], context: &[u32], out: &mut Vec<(u32, f64)>) {
-        out.clear();
-        if let Some(t) = self.prepare(logits, context) {
-            out.push((t, 1.0));
-            return;
+        self.penalize(logits, context);
+        let d = Draw { key: 0, ..self.peek_draw() };
+        draw::distribution(logits, &d, &mut self.scratch, out);
+    }
+
+    /// The draw's settings (its key 0).
+    fn peek_draw(&self) -> Draw {
+        let p = &self.params;
+        Draw {
+            temperature: p.temperature,
+            top_k: p.top_k.min(u32::MAX as usize) as u32,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            key: 0,
         }
-        let total: f64 = self.probs.iter().sum();
-        out.extend(self.cand.iter().zip(&self.probs).map(|(c, q)| (c.0, q / total)));
     }
 
     /// A draw from `dist` (probabilities summing to about 1) with this sampler's RNG.
@@ -115,74 +147,23 @@ impl Sampler {
         self.rng.random::<f64>()
     }
 
-    /// Applies the penalty and, for greedy sampling, returns the token; otherwise leaves
-    /// the kept candidates and their unnormalised probabilities in `cand` / `probs`.
-    fn prepare(&mut self, logits: &mut [f32], context: &[u32]) -> Option<u32> {
+    /// Applies the repetition penalty to the context's tokens (each once).
+    fn penalize(&mut self, logits: &mut [f32], context: &[u32]) {
         let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            self.seen.clear();
-            self.seen.resize(logits.len(), false);
-            for &t in context {
-                if let Some(s) = self.seen.get_mut(t as usize) {
-                    if !*s {
-                        *s = true;
-                        let l = &mut logits[t as usize];
-                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
-                    }
+        if p.repetition_penalty == 1.0 {
+            return;
+        }
+        self.seen.clear();
+        self.seen.resize(logits.len(), false);
+        for &t in context {
+            if let Some(s) = self.seen.get_mut(t as usize) {
+                if !*s {
+                    *s = true;
+                    let l = &mut logits[t as usize];
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
                 }
             }
         }
-        if p.temperature == 0.0 {
-            return Some(argmax(logits));
-        }
-        // Candidates sorted by descending logit, ties to the lower id (an unstable sort
-        // with the id as tie-break: the same order, and no allocation).
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.truncate(p.top_k);
-        }
-        let max = cand[0].1;
-        let probs = &mut self.probs;
-        probs.clear();
-        probs.extend(cand.iter().map(|c| ((c.1 - max) as f64).exp()));
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
-        if p.top_p < 1.0 {
-            // Keep the smallest prefix whose mass reaches top_p (at least one token).
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            probs.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
-            probs.truncate(keep);
-        }
-        cand.truncate(probs.len());
-        None
-    }
-
-    /// A draw from the candidates `prepare` left.
-    fn draw_prepared(&mut self) -> u32 {
-        let total: f64 = self.probs.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, q) in self.probs.iter().enumerate() {
-            r -= q;
-            if r <= 0.0 {
-                return self.cand[i].0;
-            }
-        }
-        self.cand[self.probs.len() - 1].0
     }
 }
 

@@ -1,6 +1,6 @@
-//! Greedy decoding fed on the device (each token picked by the backend and fed to the
-//! next forward there, which is queued before the host reads the pick) gives what the
-//! plain loop gives: the same tokens, text and finish reason when the request ends on its
+//! Decoding fed on the device (each token picked by the backend, greedy or drawn, and fed
+//! to the next forward there, which is queued before the host reads the pick) gives what
+//! the plain loop gives: the same tokens, text and finish reason when the request ends on its
 //! token limit, on an EOS id met mid-way, on a stop string and on a full context; and the
 //! same cache afterwards (a second turn that reuses it continues identically).
 
@@ -70,12 +70,22 @@ fn cases(name: &str, m: &LoadedModel, prompt: Vec<u32>) {
     let full = GenerateRequest { max_tokens: 100, ..req.clone() };
     let filled = same(name, "full context", m, &full);
     assert!(filled.len() < 100, "{name}: the context ends it");
-    // Sampled decoding is not fed (the flag is only honoured for plain greedy).
+    // Sampled decoding is fed too (each draw keyed as the host's), with the same tokens:
+    // top-p and min-p; top-k with a higher temperature.
+    for (what, sampling) in [
+        ("sampled, top-p", SamplingParams { temperature: 0.7, top_p: 0.9, min_p: 0.02, seed: 1, ..Default::default() }),
+        ("sampled, top-k", SamplingParams { temperature: 1.3, top_k: 5, seed: 2, ..Default::default() }),
+    ] {
+        let sampled = GenerateRequest { sampling, ..req.clone() };
+        let toks = same(name, what, m, &sampled);
+        assert_ne!(toks, out, "{name}, {what}: a sample differs from the greedy output");
+    }
+    // A repetition penalty needs the context: not fed (the flag is honoured where it can be).
     let mut gen = m.generator().unwrap();
     gen.set_fed_decoding(Some(true));
-    let sampled =
-        GenerateRequest { sampling: SamplingParams { temperature: 0.7, seed: 1, ..Default::default() }, ..req };
-    assert!(!gen.generate(None, &sampled, &mut |_| true).unwrap().stats.decode_fed, "{name}: sampled");
+    let penalised = SamplingParams { temperature: 0.7, repetition_penalty: 1.2, seed: 1, ..Default::default() };
+    let penalised = GenerateRequest { sampling: penalised, ..req };
+    assert!(!gen.generate(None, &penalised, &mut |_| true).unwrap().stats.decode_fed, "{name}: penalised");
 }
 
 #[test]

@@ -204,10 +204,11 @@ fn serving_options_shape_the_output() {
     assert_eq!(c.kv_free_blocks + c.cache_blocks, c.kv_total_blocks);
 }
 
-/// Greedy samples picked on the device (forced here, on the CPU) answer exactly as
-/// samples from logits read back: a batch of greedy requests with chunked prompts; then
-/// with a sampled request beside them, and with a `min_tokens` ban in force for a while
-/// (the steps those sample in read the logits back).
+/// Samples picked on the device (forced here, on the CPU) answer exactly as samples from
+/// logits read back: a batch of greedy requests with chunked prompts; then with a sampled
+/// request beside them (drawn on the device too, with the same keyed draws); then with a
+/// repetition penalty, and with a `min_tokens` ban in force for a while (the steps those
+/// sample in read the logits back).
 #[test]
 fn device_picks_answer_as_the_logits_do() {
     let m = model();
@@ -217,12 +218,18 @@ fn device_picks_answer_as_the_logits_do() {
         stop_strings: vec!["zz".into()],
         ..GenerateRequest::new(ids, 20, SamplingParams::default())
     };
-    // The batch of a variant: 0 all greedy, 1 one sampled, 2 one with a `min_tokens` ban.
+    // The batch of a variant: 0 all greedy, 1 one sampled, 2 one with a `min_tokens` ban,
+    // 3 one sampled with a repetition penalty.
     let batch = |variant: usize| -> Vec<ServeRequest> {
         let mut reqs: Vec<ServeRequest> = ps.iter().map(|p| ServeRequest::new(greedy(p.clone()))).collect();
         match variant {
             1 => reqs[1] = ServeRequest::new(request(&m, ps[1].clone(), 3, 20)),
             2 => reqs[0].min_tokens = 6,
+            3 => {
+                let mut r = request(&m, ps[1].clone(), 3, 20);
+                r.sampling.repetition_penalty = 1.3;
+                reqs[1] = ServeRequest::new(r);
+            }
             _ => {}
         }
         reqs
@@ -235,16 +242,16 @@ fn device_picks_answer_as_the_logits_do() {
         (out, c.picked_steps, c.picked_samples)
     };
     let mut all_greedy_samples = 0;
-    for (variant, what) in ["all greedy", "one sampled", "one banned"].into_iter().enumerate() {
+    for (variant, what) in ["all greedy", "one sampled", "one banned", "one penalised"].into_iter().enumerate() {
         let (plain, none, none_samples) = run(variant, false);
         let (picked, n, samples) = run(variant, true);
         assert_eq!((none, none_samples), (0, 0), "{what}: picks off");
         assert!(n > 0 && samples > 0, "{what}: nothing picked on the device");
-        // Beside a sampled (or banned) request the device picks the greedy samples of the
+        // Beside a penalised (or banned) request the device picks the other samples of the
         // same steps and the others' logits come back: equal outputs say they were valid.
         match variant {
             0 => all_greedy_samples = samples,
-            1 => assert!(samples < all_greedy_samples, "{what}: {samples} picked, {all_greedy_samples} all greedy"),
+            3 => assert!(samples < all_greedy_samples, "{what}: {samples} picked, {all_greedy_samples} all greedy"),
             _ => {}
         }
         for (i, ((p, pt), (q, qt))) in plain.iter().zip(&picked).enumerate() {

@@ -60,6 +60,8 @@ pub struct Batch {
     /// Logits rows (in logits-row order) read back beside the picks
     /// ([`Batch::read_logits_rows`]).
     pub(crate) read: Vec<u32>,
+    /// How each logits row is picked ([`Batch::draw_rows`]); empty: greedily.
+    pub(crate) draws: Vec<strata_backend::Draw>,
 }
 
 impl Batch {
@@ -72,6 +74,7 @@ impl Batch {
         self.embeddings.clear();
         self.pick = false;
         self.read.clear();
+        self.draws.clear();
     }
 
     /// The rows that want logits get their greedy pick made on the device instead
@@ -79,6 +82,13 @@ impl Batch {
     /// feeds a pick with the token [`fed`]`(i)`.
     pub fn pick_greedy(&mut self) {
         self.pick = true;
+    }
+
+    /// With [`Batch::pick_greedy`]: the logits rows are picked as these draws say, one a
+    /// logits row in order (a sample where the temperature is above 0, else greedy), on
+    /// the device ([`strata_backend::Backend::pick_rows`]).
+    pub fn draw_rows(&mut self, draws: impl IntoIterator<Item = strata_backend::Draw>) {
+        self.draws.extend(draws);
     }
 
     /// With [`Batch::pick_greedy`]: these logits rows (indices in logits-row order, each

@@ -13,7 +13,7 @@ use strata_backend::{Backend, LinearOut, Step};
 pub(crate) struct Wants {
     pub hidden: Vec<u32>,
     pub logits: Vec<u32>,
-    /// The logits rows are picked greedily on the device, not read back...
+    /// The logits rows are picked on the device (greedily, or as the step's draws say), not read back...
     pub pick: bool,
     /// ...but for these (logits-row indices, ascending).
     pub read: Vec<u32>,
@@ -88,6 +88,15 @@ impl Rows {
         }
         step.check_tokens(vocab, picks)?;
         let nl = want.logits.len() as u32;
+        if !batch.draws.is_empty() {
+            ensure!(batch.pick, "draws given for a forward that does not pick its tokens");
+            ensure!(
+                batch.draws.len() == nl as usize,
+                "{} draws for {nl} rows with logits: one a row",
+                batch.draws.len()
+            );
+            step.draws.extend(batch.draws.iter().flat_map(|d| d.words()));
+        }
         if let Some(bad) =
             want.read.windows(2).find(|w| w[0] >= w[1]).map(|w| w[1]).or(want.read.last().copied().filter(|&r| r >= nl))
         {
@@ -220,7 +229,8 @@ impl<B: Backend> Outputs<B> {
     /// Hidden states of the wanted rows of `x`, and logits (through `norm`, `head`, and a
     /// final soft cap `c * tanh(l / c)` where the family has one) of the rows that want
     /// them.
-    pub fn compute(&mut self, b: &B, want: &Wants, x: &B::Buf, norm: &B::Buf, eps: f32, head: &B::Mat) -> Result<()> {
+    pub fn compute(&mut self, b: &B, rows: &Rows, x: &B::Buf, norm: &B::Buf, eps: f32, head: &B::Mat) -> Result<()> {
+        let want = &rows.want;
         let h = self.hidden_size;
         let (nh, nl) = (want.hidden.len(), want.logits.len());
         self.last_hidden = nh;
@@ -245,7 +255,7 @@ impl<B: Backend> Outputs<B> {
                 b.soft_cap(nl * self.vocab, cap, &mut self.logits);
             }
             if want.pick {
-                b.argmax_rows(nl, self.vocab, &self.logits, &mut self.picks);
+                b.pick_rows(&rows.step, nl, self.vocab, &self.logits, &mut self.picks);
                 self.reads.push_back(b.start_read_idx(&self.picks, nl));
                 self.picked = nl;
                 // The picks are the output, and the logits rows asked for beside them

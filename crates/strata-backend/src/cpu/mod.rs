@@ -34,7 +34,7 @@ mod tests_support {
 }
 
 use crate::profile::{Op, Timer};
-use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
+use crate::{Backend, Draw, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::{bail, Result};
 use std::sync::Mutex;
 use strata_kernels::pool::{self, Ctx, ThreadPool};
@@ -283,8 +283,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn argmax_rows(&self, rows: usize, width: usize, x: &Vec<f32>, picks: &mut Vec<u32>) {
-        elementwise::argmax_rows(rows, width, x, picks)
+    fn pick_rows(&self, step: &Step, rows: usize, width: usize, x: &Vec<f32>, picks: &mut Vec<u32>) {
+        if step.draws.is_empty() {
+            return elementwise::argmax_rows(rows, width, x, picks);
+        }
+        assert!(step.draws.len() >= rows * Draw::WORDS, "pick_rows: {} draw words for {rows} rows", step.draws.len());
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<crate::draw::DrawScratch> = Default::default();
+        }
+        SCRATCH.with_borrow_mut(|s| {
+            for (r, row) in x[..rows * width].chunks_exact(width).enumerate() {
+                let d = Draw::from_words(&step.draws[r * Draw::WORDS..]);
+                picks[r] = crate::draw::pick(row, &d, s);
+            }
+        });
     }
 
     fn start_read_idx(&self, src: &Vec<u32>, len: usize) -> Vec<u32> {

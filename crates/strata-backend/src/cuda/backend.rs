@@ -110,11 +110,24 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn argmax_rows(&self, rows: usize, width: usize, x: &DevBuf<f32>, picks: &mut DevBuf<u32>) {
-        assert!(x.len >= rows * width && picks.len >= rows, "argmax_rows: {rows} rows of {width}");
-        let _g = self.lock();
+    fn pick_rows(&self, step: &Step, rows: usize, width: usize, x: &DevBuf<f32>, picks: &mut DevBuf<u32>) {
+        assert!(x.len >= rows * width && picks.len >= rows, "pick_rows: {rows} rows of {width}");
         let (xp, w, pp) = (x.ptr, width as i32, picks.ptr);
-        self.launch(&self.f.argmax_rows, (rows as u32, 1, 1), super::row_threads(width), 0, &mut args![xp, w, pp]);
+        if step.draws.is_empty() {
+            let _g = self.lock();
+            self.launch(&self.f.argmax_rows, (rows as u32, 1, 1), super::row_threads(width), 0, &mut args![xp, w, pp]);
+        } else {
+            assert!(
+                step.draws.len() >= rows * crate::Draw::WORDS,
+                "pick_rows: {} draw words for {rows} rows",
+                step.draws.len()
+            );
+            let mut st = self.lock();
+            // The draws went up with the step's rows (uploaded once, at its embedding).
+            self.step_desc(&mut st, step);
+            let dp = st.step.draws_at;
+            self.launch(&self.f.pick_rows, (rows as u32, 1, 1), 1024, 0, &mut args![xp, w, dp, pp]);
+        }
         self.profiled();
     }
 

@@ -27,12 +27,15 @@ pub(super) struct StepCache {
     seq: Vec<u32>,
     blocks: Vec<u32>,
     visible: Vec<u32>,
+    draws: Vec<u32>,
     bs: usize,
     max_blocks: usize,
     valid: bool,
     packed: Vec<u32>,
     dev: Option<DevBuf<u32>>,
     desc: StepDesc,
+    /// Where the step's draws start on the device (0: none).
+    pub(super) draws_at: u64,
 }
 
 impl CudaBackend {
@@ -45,6 +48,7 @@ impl CudaBackend {
             && c.seq == step.seq
             && c.blocks == step.blocks
             && c.visible == step.visible_to
+            && c.draws == step.draws
             && c.bs == step.block_size
             && c.max_blocks == step.max_blocks;
         if same {
@@ -62,6 +66,7 @@ impl CudaBackend {
         c.seq.clone_from(&step.seq);
         c.blocks.clone_from(&step.blocks);
         c.visible.clone_from(&step.visible_to);
+        c.draws.clone_from(&step.draws);
         c.bs = step.block_size;
         c.max_blocks = step.max_blocks;
         c.packed.clear();
@@ -72,6 +77,8 @@ impl CudaBackend {
         c.packed.extend_from_slice(&step.seq);
         c.packed.extend_from_slice(&step.blocks);
         c.packed.extend_from_slice(&step.visible_to);
+        let draws_off = c.packed.len();
+        c.packed.extend_from_slice(&step.draws);
         c.packed.push(0);
         let need = c.packed.len();
         if c.dev.as_ref().is_none_or(|d| d.len < need) {
@@ -93,6 +100,7 @@ impl CudaBackend {
             bs: step.block_size.max(1) as i32,
             max_blocks: step.max_blocks as i32,
         };
+        c.draws_at = if step.draws.is_empty() { 0 } else { base + 4 * draws_off as u64 };
         c.valid = true;
         c.desc
     }

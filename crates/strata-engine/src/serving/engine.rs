@@ -12,6 +12,7 @@ use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
+use strata_backend::Draw;
 use strata_models::kv::{KvBlocks, BLOCK_SIZE};
 use strata_models::{Batch, Logits, Model, Session, SessionOptions};
 
@@ -396,7 +397,7 @@ impl<'m> BatchEngine<'m> {
         }
     }
 
-    /// Whether each plain greedy sample of a step ([`Active::picks_greedy`]) is picked on
+    /// Whether each sample of a step the device can make ([`Active::picks_on_device`]) is picked on
     /// the device, one id read back instead of its logits (the step's other samples read
     /// their own logits rows): `None` (the default) where the logits live off the host (a
     /// GPU), `Some(on)` either way. Outputs are the same.
@@ -461,11 +462,18 @@ impl<'m> BatchEngine<'m> {
         // verifications') logits rows come back beside the picks.
         let on = self.device_picks.unwrap_or_else(|| self.session.picks_on_device());
         let (mut takes, mut read, mut k) = (Vec::with_capacity(kinds.len()), Vec::new(), 0u32);
-        for ((a, &n), &kind) in self.running.iter().zip(&self.rows).zip(&kinds) {
+        // One draw a logits row: a taken sample's (greedy or keyed), greedy for the rest.
+        let mut draws = Vec::new();
+        for ((a, &n), &kind) in self.running.iter_mut().zip(&self.rows).zip(&kinds) {
             let lrows = if n == 0 { 0 } else { outputs(kind, n).0 as u32 };
-            let take = on && lrows > 0 && kind != Logits::All && a.picks_greedy();
-            if !take {
+            let take = on && lrows > 0 && kind != Logits::All && a.picks_on_device();
+            if take {
+                // A taken row is the request's last (Logits::Last or HiddenAll).
+                draws.extend((1..lrows).map(|_| Draw::GREEDY));
+                draws.push(a.next_draw());
+            } else {
                 read.extend(k..k + lrows);
+                draws.extend((0..lrows).map(|_| Draw::GREEDY));
             }
             takes.push(take);
             k += lrows;
@@ -474,6 +482,9 @@ impl<'m> BatchEngine<'m> {
         if pick {
             self.batch.pick_greedy();
             self.batch.read_logits_rows(read);
+            if draws.iter().any(|d| !d.is_greedy()) {
+                self.batch.draw_rows(draws);
+            }
         }
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;

@@ -205,13 +205,13 @@ impl Active {
         self.take(next, raw.as_deref(), tok, context)
     }
 
-    /// Whether this request's next sample is the plain argmax of the raw logits, which
-    /// the device can pick ([`Active::take_pick`]): greedy, no repetition penalty, no
-    /// grammar, bias, presence or frequency penalty, no `min_tokens` ban in force, no
-    /// log-probabilities, no draft layer.
-    pub fn picks_greedy(&self) -> bool {
+    /// Whether the device can make this request's next sample from the raw logits
+    /// ([`Active::next_draw`], [`Active::take_pick`]): greedy or sampled, no repetition
+    /// penalty, no grammar, bias, presence or frequency penalty, no `min_tokens` ban in
+    /// force, no log-probabilities, no draft layer.
+    pub fn picks_on_device(&self) -> bool {
         let r = &self.req;
-        self.sampler.params().plain_greedy()
+        self.sampler.device_pickable()
             && r.constraint.is_none()
             && r.logit_bias.is_empty()
             && r.presence_penalty == 0.0
@@ -221,7 +221,12 @@ impl Active {
             && self.spec.is_none()
     }
 
-    /// Follows the token the device picked for this request ([`Active::picks_greedy`]);
+    /// How the device makes this request's next sample (once a sample it takes).
+    pub fn next_draw(&mut self) -> strata_backend::Draw {
+        self.sampler.next_draw()
+    }
+
+    /// Follows the token the device picked for this request ([`Active::picks_on_device`]);
     /// a pick that met a non-finite logit fails the request, as [`Active::sample`] does.
     pub fn take_pick(
         &mut self,

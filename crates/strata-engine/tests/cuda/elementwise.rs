@@ -57,7 +57,7 @@ fn cuda_elementwise_ops_match_cpu() {
     }
 }
 
-/// Greedy picks (`argmax_rows`): the largest value, ties to the lowest id, the lowest
+/// Greedy picks (`pick_rows` with no draws): the largest value, ties to the lowest id, the lowest
 /// non-finite id flagged; two reads back in flight at once; and rows fed a pick embed it.
 pub(crate) fn cuda_greedy_picks_and_fed_rows_match_cpu_on<G: Backend>(g: &G) {
     use strata_backend::{FED, NON_FINITE};
@@ -99,7 +99,7 @@ pub(crate) fn cuda_greedy_picks_and_fed_rows_match_cpu_on<G: Backend>(g: &G) {
         let picks = |b: &G| {
             let xb = up(b, &x);
             let mut p = b.alloc_idx(rows).unwrap();
-            b.argmax_rows(rows, width, &xb, &mut p);
+            b.pick_rows(&Step::default(), rows, width, &xb, &mut p);
             let first = b.start_read_idx(&p, rows);
             // A second read in flight before the first is taken, of another buffer.
             let mut q = b.alloc_idx(rows).unwrap();
@@ -114,7 +114,7 @@ pub(crate) fn cuda_greedy_picks_and_fed_rows_match_cpu_on<G: Backend>(g: &G) {
         assert_eq!(picks(g), want, "argmax_rows {rows} x {width}");
         let cx = up(c, &x);
         let mut cp = c.alloc_idx(rows).unwrap();
-        c.argmax_rows(rows, width, &cx, &mut cp);
+        c.pick_rows(&Step::default(), rows, width, &cx, &mut cp);
         assert_eq!(cp, want, "the CPU backend's argmax_rows {rows} x {width}");
     }
     // Fed rows: FED | i embeds picks[i]; a flagged pick and an embedding row stay as they were.
@@ -154,5 +154,78 @@ pub(crate) fn cuda_greedy_picks_and_fed_rows_match_cpu_on<G: Backend>(g: &G) {
 fn cuda_greedy_picks_and_fed_rows_match_cpu() {
     if let Some(g) = gpu() {
         cuda_greedy_picks_and_fed_rows_match_cpu_on(g)
+    }
+}
+
+/// Sampled picks (`pick_rows` with draws): the device draws what `strata_backend::draw::pick`
+/// draws on the host for every row (mixed with greedy rows and a non-finite one), over the
+/// vocabularies of the slice and GLM-5, flat and peaked rows, each cut alone and together,
+/// with many keys.
+pub(crate) fn cuda_sampled_picks_match_the_host_draw_on<G: Backend>(g: &G) {
+    use strata_backend::draw::{draw_key, pick, DrawScratch};
+    use strata_backend::{Draw, NON_FINITE};
+    let mut rng = Rand::seed_from_u64(29);
+    let mut s = DrawScratch::default();
+    let cuts: [(u32, f32, f32); 6] =
+        [(0, 1.0, 0.0), (40, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05), (50, 0.95, 0.02), (1, 1.0, 0.0)];
+    let mut n_rows = 0;
+    for (rows, width, spread) in [(8usize, 16384usize, 12.0f32), (4, 154_880, 20.0), (8, 1001, 2.0), (3, 7, 1.0)] {
+        for (ci, &(top_k, top_p, min_p)) in cuts.iter().enumerate() {
+            let mut x = rvec(&mut rng, rows * width, spread);
+            let mut draws = Vec::new();
+            let mut want = Vec::new();
+            for r in 0..rows {
+                let row = &mut x[r * width..(r + 1) * width];
+                // A few rows peaked (one token far ahead), one greedy, one with a NaN.
+                if r % 4 == 1 {
+                    let j = rng.random_range(0..width);
+                    row[j] += 15.0;
+                }
+                let t = [0.7f32, 1.0, 1.6][r % 3];
+                let d = match r {
+                    2 => Draw::GREEDY,
+                    _ => Draw { temperature: t, top_k, top_p, min_p, key: draw_key(ci as u64, r as u64) },
+                };
+                if r == 3 && width > 7 {
+                    row[width / 2] = f32::NAN;
+                }
+                want.push(pick(row, &d, &mut s));
+                draws.extend(d.words());
+            }
+            if rows > 3 && width > 7 {
+                assert_eq!(want[3], NON_FINITE | (width / 2) as u32);
+            }
+            let step = Step { draws, ..Default::default() };
+            let xb = up(g, &x);
+            let mut p = g.alloc_idx(rows).unwrap();
+            g.pick_rows(&step, rows, width, &xb, &mut p);
+            let mut got = vec![0u32; rows];
+            g.read_idx(&p, 0, &mut got);
+            assert_eq!(got, want, "{rows} x {width}, top_k {top_k} top_p {top_p} min_p {min_p}");
+            n_rows += rows;
+        }
+    }
+    // Many keys on one row: every draw the same as the host's.
+    let width = 50_000;
+    let x = rvec(&mut rng, width, 6.0);
+    let xs: Vec<f32> = (0..64).flat_map(|_| x.iter().copied()).collect();
+    let d = |k: u64| Draw { temperature: 0.8, top_k: 0, top_p: 0.95, min_p: 0.0, key: draw_key(77, k) };
+    let step = Step { draws: (0..64).flat_map(|k| d(k).words()).collect(), ..Default::default() };
+    let xb = up(g, &xs);
+    let mut p = g.alloc_idx(64).unwrap();
+    g.pick_rows(&step, 64, width, &xb, &mut p);
+    let mut got = vec![0u32; 64];
+    g.read_idx(&p, 0, &mut got);
+    let want: Vec<u32> = (0..64).map(|k| pick(&x, &d(k), &mut s)).collect();
+    assert_eq!(got, want, "64 keys over one row");
+    let distinct: std::collections::BTreeSet<u32> = want.iter().copied().collect();
+    assert!(distinct.len() > 8, "the keys draw different tokens: {distinct:?}");
+    eprintln!("sampled picks: {} rows equal to the host's draws", n_rows + 64);
+}
+
+#[test]
+fn cuda_sampled_picks_match_the_host_draw() {
+    if let Some(g) = gpu() {
+        cuda_sampled_picks_match_the_host_draw_on(g)
     }
 }

@@ -175,18 +175,28 @@ fn cuda_fed_decoding_equals_plain() {
         let plain = run(&req, Some(false));
         assert_eq!(run(&req, None), plain, "{fixture}: fed (the CUDA default) against plain");
         let k = (4..plain.0.len()).find(|&k| !plain.0[..k].contains(&plain.0[k])).expect("a fresh token");
-        let eos = GenerateRequest { eos_token_ids: vec![plain.0[k]], ..req };
+        let eos = GenerateRequest { eos_token_ids: vec![plain.0[k]], ..req.clone() };
         let stopped = run(&eos, Some(false));
         assert_eq!(stopped.0, plain.0[..k], "{fixture}: the EOS ends it");
         assert_eq!(run(&eos, None), stopped, "{fixture}: fed against plain, stopped by an EOS id");
-        eprintln!("{fixture}: fed decoding equals plain (20 tokens; EOS after {k})");
+        // Sampled: the device draws each token as the host would (the same keyed draw over
+        // the same logits, read back in the plain loop): the same tokens, within the
+        // logits' CUDA-vs-CPU rounding, which can move a draw only where two candidates'
+        // scores or a cut's mass tie that closely.
+        let sampling = SamplingParams { temperature: 0.8, top_p: 0.95, min_p: 0.01, seed: 5, ..Default::default() };
+        let sampled = GenerateRequest { sampling, ..req.clone() };
+        let plain_s = run(&sampled, Some(false));
+        assert_eq!(run(&sampled, None), plain_s, "{fixture}: sampled, fed against plain");
+        assert_ne!(plain_s.0, plain.0, "{fixture}: a sample differs from the greedy output");
+        eprintln!("{fixture}: fed decoding equals plain (20 tokens; EOS after {k}; sampled)");
     }
 }
 
-/// The serving engine on CUDA: plain greedy samples are picked on the device (one id a
-/// request read back, not its logits), and every request answers as with the logits read:
-/// all greedy (prompts of different lengths, chunked prefill), and with a sampled request
-/// beside them (whose logits rows alone come back in the same steps).
+/// The serving engine on CUDA: samples are picked on the device (one id a request read
+/// back, not its logits), and every request answers as with the logits read: all greedy
+/// (prompts of different lengths, chunked prefill); with a sampled request beside them
+/// (drawn on the device as the host draws); with a penalised one (a repetition penalty
+/// needs the context: its logits rows alone come back in the same steps).
 #[test]
 fn cuda_serving_device_picks_answer_as_the_logits_do() {
     use std::collections::HashMap;
@@ -204,13 +214,16 @@ fn cuda_serving_device_picks_answer_as_the_logits_do() {
             .iter()
             .map(|&n| (0..n as u32).map(|i| (i * 37 + 5 + n as u32) % vocab).collect())
             .collect();
-        let batch = |sampled: bool| -> Vec<ServeRequest> {
+        // The batch of a variant: 0 all greedy, 1 one sampled, 2 one sampled with a penalty.
+        let batch = |variant: usize| -> Vec<ServeRequest> {
             prompts
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let sampling = match (sampled, i) {
-                        (true, 1) => SamplingParams { temperature: 1.0, top_p: 0.9, seed: 7, ..Default::default() },
+                    let drawn = SamplingParams { temperature: 1.0, top_p: 0.9, seed: 7, ..Default::default() };
+                    let sampling = match (variant, i) {
+                        (1, 1) => drawn,
+                        (2, 1) => SamplingParams { repetition_penalty: 1.2, ..drawn },
                         _ => SamplingParams::default(),
                     };
                     let mut r = ServeRequest::new(GenerateRequest::new(p.clone(), 16, sampling));
@@ -219,7 +232,7 @@ fn cuda_serving_device_picks_answer_as_the_logits_do() {
                 })
                 .collect()
         };
-        let run = |sampled: bool, picks: bool| -> (Vec<Vec<u32>>, u64, u64) {
+        let run = |variant: usize, picks: bool| -> (Vec<Vec<u32>>, u64, u64) {
             let opts = EngineOptions {
                 max_batch: 4,
                 kv_tokens: 512,
@@ -231,7 +244,7 @@ fn cuda_serving_device_picks_answer_as_the_logits_do() {
             };
             let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts).unwrap();
             engine.set_device_picks(Some(picks));
-            let ids: Vec<u64> = batch(sampled).into_iter().map(|r| engine.submit(r).unwrap()).collect();
+            let ids: Vec<u64> = batch(variant).into_iter().map(|r| engine.submit(r).unwrap()).collect();
             let mut done: HashMap<u64, Finished> = HashMap::new();
             let mut out = Vec::new();
             while !engine.is_idle() {
@@ -245,16 +258,16 @@ fn cuda_serving_device_picks_answer_as_the_logits_do() {
             let c = engine.counters();
             (ids.iter().map(|id| done.remove(id).unwrap().output.tokens).collect(), c.picked_samples, c.steps)
         };
-        // (ignore_eos: every request samples 16 tokens; beside the sampled one, its 16 are
-        // not picked.)
-        for (sampled, want_picked) in [(false, 48), (true, 32)] {
-            let (plain, none, _) = run(sampled, false);
-            let (picked, n, steps) = run(sampled, true);
+        // (ignore_eos: every request samples 16 tokens; beside the penalised one, its 16
+        // are not picked.)
+        for (variant, want_picked) in [(0, 48), (1, 48), (2, 32)] {
+            let (plain, none, _) = run(variant, false);
+            let (picked, n, steps) = run(variant, true);
             assert_eq!(none, 0, "{fixture}: picks off");
-            assert_eq!(n, want_picked, "{fixture} (sampled beside: {sampled}): samples picked on the device");
-            assert_eq!(picked, plain, "{fixture} (sampled beside: {sampled}): device picks against logits");
+            assert_eq!(n, want_picked, "{fixture} (variant {variant}): samples picked on the device");
+            assert_eq!(picked, plain, "{fixture} (variant {variant}): device picks against logits");
             eprintln!(
-                "{fixture}: {n} samples picked on the device in {steps} steps answer as the logits do (sampled beside: {sampled})"
+                "{fixture}: {n} samples picked on the device in {steps} steps answer as the logits do (variant {variant})"
             );
         }
     }

@@ -143,6 +143,7 @@ fn make_step(rng: &mut Rand, rows: &[(u32, u32)], vocab: u32) -> (Step, usize) {
         blocks: ids,
         max_blocks,
         visible_to: Vec::new(),
+        draws: Vec::new(),
     };
     (step, seqs * max_blocks * bs)
 }
@@ -174,4 +175,5 @@ fn op_tests_hold_on_the_cpu_backend() {
     moe::cuda_route_softmax_matches_cpu_on(c);
     elementwise::cuda_elementwise_ops_match_cpu_on(c);
     elementwise::cuda_greedy_picks_and_fed_rows_match_cpu_on(c);
+    elementwise::cuda_sampled_picks_match_the_host_draw_on(c);
 }

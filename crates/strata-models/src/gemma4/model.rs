@@ -279,7 +279,7 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
         for &(seq, _) in &self.rows.pending {
             self.ring.commit(seq.0 as usize, self.kv.len(seq));
         }
-        self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
+        self.out.compute(b, &self.rows, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
     fn logits(&self) -> &[f32] {

@@ -163,7 +163,7 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
             layer.ffn.forward_add(b, &m.experts, &s.xn, rows, h, bufs, &mut self.routes, &mut s.x)?;
         }
         self.rows.commit(&mut self.kv);
-        self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
+        self.out.compute(b, &self.rows, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
     fn logits(&self) -> &[f32] {

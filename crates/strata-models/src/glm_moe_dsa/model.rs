@@ -217,7 +217,7 @@ impl<B: Backend> Session for GlmSession<'_, B> {
             ffn_forward(m, layer, &m.experts, rows, s, &mut self.routes)?;
         }
         self.rows.commit(&mut self.kv);
-        self.out.compute(b, &self.rows.want, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
+        self.out.compute(b, &self.rows, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
     fn logits(&self) -> &[f32] {
@@ -296,7 +296,7 @@ impl<B: Backend> Session for GlmSession<'_, B> {
         ffn_forward(m, layer, &mtp.experts, rows, s, &mut self.routes)?;
         self.rows.commit(&mut draft.kv);
         let head = mtp.head.as_ref().or(m.lm_head.as_ref()).unwrap_or(&m.embed);
-        self.out.compute(b, &self.rows.want, &s.x, &mtp.head_norm, eps, head)
+        self.out.compute(b, &self.rows, &s.x, &mtp.head_norm, eps, head)
     }
 
     fn draft_len(&self, seq: SeqId) -> usize {

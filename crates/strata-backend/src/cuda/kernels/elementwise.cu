@@ -63,13 +63,11 @@ __device__ __forceinline__ void pick_max(float& v, int& i, float ov, int oi) {
     }
 }
 
-// Each row's greedy pick (Backend::argmax_rows): a block per row; a thread's columns
-// rise, so its first maximum is its lowest. NON_FINITE | j for the lowest non-finite j.
-extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x, int width, u32* picks) {
-    pdl_enter();
+// A row's greedy pick, in thread 0 (a block of up to 1024): a thread's columns rise, so its
+// first maximum is its lowest. NON_FINITE | j for the lowest non-finite j.
+__device__ __forceinline__ u32 greedy_pick(const float* xr, int width) {
     __shared__ float sv[32];
     __shared__ int si[32], sb[32];
-    const float* xr = x + (i64)blockIdx.x * width;
     float best = NEG_INF;
     int bi = 0x7fffffff, bad = 0x7fffffff;
     auto see = [&](float v, int c) {
@@ -93,8 +91,14 @@ extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x,
     int w = threadIdx.x / 32, nw = blockDim.x / 32;
     if ((threadIdx.x & 31) == 0) sv[w] = best, si[w] = bi, sb[w] = bad;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int k = 1; k < nw; k++) pick_max(best, bi, sv[k], si[k]), bad = min(bad, sb[k]);
-        picks[blockIdx.x] = bad != 0x7fffffff ? (0x80000000u | (u32)bad) : (u32)bi;
-    }
+    if (threadIdx.x != 0) return 0;
+    for (int k = 1; k < nw; k++) pick_max(best, bi, sv[k], si[k]), bad = min(bad, sb[k]);
+    return bad != 0x7fffffff ? (0x80000000u | (u32)bad) : (u32)bi;
+}
+
+// Each row's greedy pick (Backend::pick_rows with no draws): a block per row.
+extern "C" __global__ void __launch_bounds__(1024) k_argmax_rows(const float* x, int width, u32* picks) {
+    pdl_enter();
+    u32 p = greedy_pick(x + (i64)blockIdx.x * width, width);
+    if (threadIdx.x == 0) picks[blockIdx.x] = p;
 }

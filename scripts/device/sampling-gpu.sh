@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the GPU machine: sampled decoding with the draws made on the device against the host
+# path (logits read back, drawn on the host) and greedy, on the GLM-5-shaped slices
+# (SLICES: bf16, int4-g64, bf16-vocab154880), after the CUDA tests (TESTS=0 skips them).
+# MODES: greedy, drawn (device draws), host (--fed-decoding off: the host draws), each with
+# SAMPLING's flags (default: temperature 0.8, top-p 0.95). Writes $OUT/tests.log and
+# $OUT/sampling.jsonl; prints a summary.
+set -uo pipefail
+STALL_S=60
+. "$(dirname "$0")/env.sh"
+S=$C/strata
+res="$OUT/sampling.jsonl"
+touch "$res"
+[ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
+slice=/tmp/slice48
+since "slices"
+glm5_slice $slice
+SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
+[[ " $SLICES " == *"-vocab154880 "* ]] &&
+  { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
+    --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
+SAMPLING=${SAMPLING:---temperature 0.8 --top-p 0.95}
+MODES=${MODES:-greedy drawn host}
+for rep in $(seq 1 ${REPS:-2}); do
+  for mode in $MODES; do
+    since "decode $mode ($rep)"
+    case $mode in
+      greedy) flags=() ;;
+      drawn) flags=($SAMPLING) ;;
+      host) flags=($SAMPLING --fed-decoding off) ;;
+    esac
+    for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880"; do
+      set -- $d
+      [[ " $SLICES " == *" $2 "* ]] || continue
+      timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} --decode-tokens ${DECODE:-128} \
+        --warmup --usage off --mtp off --json "${flags[@]}" 2>>"$OUT/side.log" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print(json.dumps({'weights':'$2','mode':'$mode','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
+  'fed':r['decode_fed'],'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3),
+  'graphs_per_token':r.get('cuda_graph_launches_per_decode_token'),'kernels_per_token':r.get('cuda_kernels_in_graphs_per_decode_token'),
+  'allocs_per_token':r.get('allocations_per_decode_token')}))" >>"$res"
+    done
+  done
+done
+since "done"
+python3 - "$res" <<'PY'
+import json, sys, collections
+g = collections.defaultdict(list)
+for l in open(sys.argv[1]):
+    r = json.loads(l); g[(r['weights'], r['mode'])].append((r['decode_tps'], r['fed'], r['graphs_per_token']))
+for k, v in sorted(g.items()): print(k, v)
+PY
