@@ -159,15 +159,24 @@ fn cuda_greedy_picks_and_fed_rows_match_cpu() {
 
 /// Sampled picks (`pick_rows` with draws): the device draws what `strata_backend::draw::pick`
 /// draws on the host for every row (mixed with greedy rows and a non-finite one), over the
-/// vocabularies of the slice and GLM-5, flat and peaked rows, each cut alone and together,
-/// with many keys.
+/// vocabularies of the slice and GLM-5, flat, peaked and tied rows, each cut alone and
+/// together (a top-k past the first histogram's bins), with many keys.
 pub(crate) fn cuda_sampled_picks_match_the_host_draw_on<G: Backend>(g: &G) {
     use strata_backend::draw::{draw_key, pick, DrawScratch};
     use strata_backend::{Draw, NON_FINITE};
     let mut rng = Rand::seed_from_u64(29);
     let mut s = DrawScratch::default();
-    let cuts: [(u32, f32, f32); 6] =
-        [(0, 1.0, 0.0), (40, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05), (50, 0.95, 0.02), (1, 1.0, 0.0)];
+    let cuts: [(u32, f32, f32); 9] = [
+        (0, 1.0, 0.0),
+        (40, 1.0, 0.0),
+        (0, 0.9, 0.0),
+        (0, 1.0, 0.05),
+        (50, 0.95, 0.02),
+        (1, 1.0, 0.0),
+        (5000, 0.5, 0.0),
+        (0, 0.3, 0.1),
+        (16_000, 1.0, 0.0),
+    ];
     let mut n_rows = 0;
     for (rows, width, spread) in [(8usize, 16384usize, 12.0f32), (4, 154_880, 20.0), (8, 1001, 2.0), (3, 7, 1.0)] {
         for (ci, &(top_k, top_p, min_p)) in cuts.iter().enumerate() {
@@ -176,7 +185,11 @@ pub(crate) fn cuda_sampled_picks_match_the_host_draw_on<G: Backend>(g: &G) {
             let mut want = Vec::new();
             for r in 0..rows {
                 let row = &mut x[r * width..(r + 1) * width];
-                // A few rows peaked (one token far ahead), one greedy, one with a NaN.
+                // A few rows peaked (one token far ahead), some tied (values on a grid),
+                // one greedy, one with a NaN.
+                if r % 4 == 0 {
+                    row.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0);
+                }
                 if r % 4 == 1 {
                     let j = rng.random_range(0..width);
                     row[j] += 15.0;
