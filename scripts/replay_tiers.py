@@ -30,6 +30,18 @@ up with the host hits, the rest as pipelined; the disk also reads the W wasted, 
 token takes at least all its reads:
   max(compute + max((h + F d) copies, (1 - F) d reads) + (1 - F) d copies, all reads).
 
+With `--mtp-drafts K --mtp-acceptance P` it prices MTP speculative decoding instead of one
+token a forward: each segment's run of one-row (decode) forwards is regrouped into verify
+forwards of K + 1 rows (the last accepted token and K drafts), a draft accepted with
+probability P while the ones before it were (seeded by `--mtp-seed`), so a round emits the
+accepted drafts + 1 tokens and the next round starts after them. An accepted draft's row
+routes as the trace's token there; a rejected one's as a token half the run away (a wrong
+token's routing). Each verify forward is one access group (the union of its rows' experts),
+and its price adds, to one token's, the union's extra experts read from HBM
+(`--expert-hbm-gbs`) and K draft forwards of the MTP layer (`--draft-ms` each); every
+figure is then per generated token. The MTP layer's own experts are taken as resident:
+lower `--gpu-frac` by their share (256 / 19,200 = 1.3% at GLM-5.2's scale).
+
 Several traces are replayed as one, each a segment (a turn) in the given order, as a
 server taking those requests one after another would see them. A trace may be xz-compressed
 (docs/traces/routing-256-experts-top8.trace.xz: the one docs/performance.md replays).
@@ -71,6 +83,60 @@ def concat(paths, out):
     return len(layers), experts, top
 
 
+def mtp_regroup(src, out, drafts, acceptance, seed):
+    """The joined trace `src` with each segment's runs of one-row forwards regrouped into
+    MTP rounds (see the module comment), written to `out`; returns (rounds, tokens)."""
+    import random
+    rng = random.Random(seed)
+    fws = {}  # (segment, forward) -> {row: [(layer, ids)]}, in file order
+    with open(src) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            seg, fw, row, rest = line.split(maxsplit=3)
+            fws.setdefault((int(seg), int(fw)), {}).setdefault(int(row), []).append(rest.strip())
+    out.write("# strata route trace v1: segment forward row layer experts...\n")
+    rounds = tokens = 0
+    next_fw = 0
+    run = []  # one-row forwards of the current run: [(segment, [layer records])]
+
+    def emit(seg, rows):
+        nonlocal next_fw
+        for r, recs in enumerate(rows):
+            for rec in recs:
+                out.write(f"{seg} {next_fw} {r} {rec}\n")
+        next_fw += 1
+
+    def flush():
+        nonlocal rounds, tokens
+        n, i = len(run), 0
+        while i < n:
+            accepted = 0
+            while accepted < drafts and rng.random() < acceptance:
+                accepted += 1
+            rows = []
+            for j in range(i, min(i + drafts + 1, n)):
+                # Row 0 is the token the round starts from; rows past the accepted
+                # drafts carry a wrong token's routing.
+                rows.append(run[j][1] if j - i <= accepted else run[(j + n // 2) % n][1])
+            emit(run[i][0], rows)
+            step = min(accepted + 1, n - i)
+            rounds, tokens, i = rounds + 1, tokens + step, i + step
+        run.clear()
+
+    for (seg, _), rows in fws.items():
+        if len(rows) == 1 and (not run or run[-1][0] == seg):
+            run.append((seg, rows[0]))
+            continue
+        flush()
+        if len(rows) == 1:
+            run.append((seg, rows[0]))
+        else:
+            emit(seg, [rows[r] for r in sorted(rows)])
+    flush()
+    return rounds, tokens
+
+
 # Extra `strata replay` arguments for every run (--skip-misses-from-rank).
 EXTRA = []
 
@@ -83,9 +149,11 @@ def replay(strata, trace, args):
     return json.loads(r.stdout)
 
 
-def price(mix, a):
+def price(mix, a, accesses=0, top=0):
     """ms a token at full GLM-5.2's scale from a replay's layer mix ([host hits, disk reads,
-    groups]); see the module comment."""
+    groups]); see the module comment. With MTP (a.mtp_drafts), a group is a verify forward
+    of `accesses / groups` experts on average (of `top` a token), and the figures are per
+    generated token (a.tokens_per_round)."""
     groups = sum(n for _, _, n in mix)
     if not groups:
         return {}
@@ -94,6 +162,17 @@ def price(mix, a):
     tc = a.compute_ms / a.layers
     mean = lambda f: sum(n * f(h, d) for h, d, n in mix) / groups
     dense = (a.layers - a.moe_layers) * tc
+    if a.mtp_drafts:
+        dense += a.mtp_drafts * a.draft_ms
+        tc_moe = tc + max(accesses / groups - top, 0) * a.expert_mb / a.expert_hbm_gbs
+        out = price_layers(a, copy, read, tc_moe, dense, mean)
+        return {k: v / a.tokens_per_round for k, v in out.items()}
+    return price_layers(a, copy, read, tc, dense, mean)
+
+
+def price_layers(a, copy, read, tc, dense, mean):
+    """The timings of the module comment: `dense` the non-MoE layers' time, `tc` a MoE
+    layer's compute."""
     reads = a.moe_layers * mean(lambda h, d: d * read)
     rest = a.moe_layers * mean(lambda h, d: tc + (h + d) * copy)
     out = {
@@ -132,6 +211,14 @@ def main():
                    help="share of the disk reads PILOT prefetch read a layer ahead (engine telemetry)")
     m.add_argument("--prefetch-waste", type=float, default=0.0,
                    help="unused prefetches per used one (engine telemetry)")
+    t = ap.add_argument_group("MTP speculative decoding (see the module comment)")
+    t.add_argument("--mtp-drafts", type=int, default=0, metavar="K", help="drafts a round (0: off)")
+    t.add_argument("--mtp-acceptance", type=float, metavar="P", help="probability a draft is accepted")
+    t.add_argument("--mtp-seed", type=int, default=1)
+    t.add_argument("--draft-ms", type=float, default=0.75,
+                   help="one draft forward of the MTP layer, ms (a layer's compute + the LM head)")
+    t.add_argument("--expert-hbm-gbs", type=float, default=2400.0,
+                   help="a resident expert's read in a decode forward, GB/s")
     a = ap.parse_args()
     if not a.lfru_half_life > 0:
         ap.error("--lfru-half-life must be positive")
@@ -144,14 +231,26 @@ def main():
     if min(a.expert_mb, a.link_gbs, a.disk_gbs) <= 0 or a.compute_ms < 0 or not 0 < a.moe_layers <= a.layers:
         ap.error("--expert-mb, --link-gbs and --disk-gbs must be positive, --compute-ms at least 0, "
                  "and --moe-layers in 1..=--layers")
+    if a.mtp_drafts < 0 or (a.mtp_drafts > 0) != (a.mtp_acceptance is not None):
+        ap.error("--mtp-drafts K (K >= 1) and --mtp-acceptance P go together")
+    if a.mtp_drafts and (not 0 <= a.mtp_acceptance <= 1 or a.draft_ms < 0 or a.expert_hbm_gbs <= 0):
+        ap.error("--mtp-acceptance must be in [0, 1], --draft-ms at least 0, --expert-hbm-gbs positive")
+    if a.mtp_drafts and a.skip_misses_from_rank is not None:
+        ap.error("--skip-misses-from-rank applies to one-row forwards only: not with --mtp-drafts")
     with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as t:
         layers, seen, top = concat(a.trace, t)
+    if a.mtp_drafts:
+        with tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False) as g:
+            rounds, tokens = mtp_regroup(t.name, g, a.mtp_drafts, a.mtp_acceptance, a.mtp_seed)
+        os.replace(g.name, t.name)
+        a.tokens_per_round = tokens / max(rounds, 1)
     try:
         experts = a.experts or seen
         total = layers * experts
         gpu, host = round(total * a.gpu_frac), round(total * a.host_frac)
-        # A working bank of one forward's decode misses at most (top-k), as the plans give.
-        w = top
+        # A working bank of one forward's decode misses at most (top-k a row), as the plans
+        # give.
+        w = top * (a.mtp_drafts + 1)
         rows = []
 
         def tiers(label, g_args, h_args, lfru=False):
@@ -166,7 +265,7 @@ def main():
                              "host_hit": tr["host_hit_rate"], "disk": tr["disk_rate"], "accesses": tr["accesses"],
                              "skipped": tr["skip_rate"],
                              "copied_down": tr["demotions_copied"] / max(tr["accesses"], 1),
-                             **price(tr["layer_mix"], a)})
+                             **price(tr["layer_mix"], a, tr["accesses"], top)})
 
         per_g, per_h = (gpu - w) // layers, (host - w) // layers
         tiers("LRU in both tiers", ["--slots-per-layer", per_g, "--working", gpu - per_g * layers],
@@ -195,11 +294,18 @@ def main():
                          "skipped": skipped, "accesses": d["accesses"]})
         summary = {"traces": a.trace, "layers": layers, "experts": experts, "top_k": top, "gpu_slots": gpu,
                    "host_slots": host, "accesses": rows[0]["accesses"], "rows": rows}
+        if a.mtp_drafts:
+            summary["mtp"] = {"drafts": a.mtp_drafts, "acceptance": a.mtp_acceptance, "rounds": rounds,
+                              "tokens": tokens, "tokens_per_round": a.tokens_per_round}
         if a.json:
             print(json.dumps(summary, indent=1))
             return
         print(f"{layers} MoE layers x {experts} experts, top-{top}; {rows[0]['accesses']} expert uses "
               f"(after each forward's union); GPU {gpu} slots ({a.gpu_frac:.1%}), host {host} ({a.host_frac:.1%})")
+        if a.mtp_drafts:
+            print(f"MTP: {a.mtp_drafts} drafts a round, each accepted with probability {a.mtp_acceptance}: "
+                  f"{tokens} tokens in {rounds} verify forwards ({a.tokens_per_round:.2f} a round); "
+                  "hit rates are of the verify forwards' expert uses, prices per generated token.")
         if EXTRA:
             print(f"Approximate decode: one-row forwards leave out misses of rank {a.skip_misses_from_rank} or "
                   "lower (skipped: read by no one, priced at nothing); the offline rows are exact.")

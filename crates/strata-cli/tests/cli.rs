@@ -491,8 +491,25 @@ fn replay_tiers_script_prices_the_committed_trace() {
     let row = "| LFRU (half-life 32) on the GPU, LRU host, exclusive |";
     assert!(text.contains(&format!("{row} 342 | 346 | 64.3% | 18.6% | 9.2% | 14.8% | 7.9% |")), "{text}");
     assert!(text.contains(&format!("{row} 166.5 (6.01) | 145.7 (6.86) | 85.5 (11.69) | 107.6 (9.30) |")), "{text}");
-    for bad in [["--prefetch-share", "1.5"], ["--moe-layers", "80"], ["--skip-misses-from-rank", "1"]] {
-        let out = script(&bad).unwrap();
+    // MTP rounds (docs/performance.md, "MTP does not buy disk bytes"): K 1, P 0.9.
+    let mtp = ["--prefetch-share", "0.38", "--prefetch-waste", "0.10", "--gpu-frac", "0.296"];
+    let out = script(&[&mtp[..], &["--mtp-drafts", "1", "--mtp-acceptance", "0.9"]].concat()).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2503 tokens in 1317 verify forwards (1.90 a round)"), "{text}");
+    assert!(text.contains(&format!("{row} 240.6 (4.16) | 204.9 (4.88) | 147.3 (6.79) | 152.9 (6.54) |")), "{text}");
+    // Every draft accepted: two tokens a round, but where a run ends.
+    let out = script(&["--mtp-drafts", "1", "--mtp-acceptance", "1", "--json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (rounds, tokens) = (v["mtp"]["rounds"].as_u64().unwrap(), v["mtp"]["tokens"].as_u64().unwrap());
+    assert!(tokens == 2503 && rounds <= 1252 + 6, "{tokens} tokens in {rounds} rounds");
+    for bad in [
+        &["--prefetch-share", "1.5"][..],
+        &["--moe-layers", "80"],
+        &["--skip-misses-from-rank", "1"],
+        &["--mtp-drafts", "1"],
+        &["--mtp-acceptance", "1.5", "--mtp-drafts", "2"],
+    ] {
+        let out = script(bad).unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(bad[0]), "{bad:?}: {err}");
     }
