@@ -18,10 +18,7 @@ S=$C/strata
 res="$OUT/defines.jsonl"
 # (Appended to: a second run in the same call adds its variants; the slices are made once.)
 touch "$res"
-[ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
-slice=/tmp/slice48
-since "slices"
-glm5_slice $slice
+tests_then_slice
 # SLICES: which slices to time (labels as in defines.jsonl): bf16, int4-g64 (experts),
 # bf16-vocab154880 and int4-g64-vocab154880 (GLM-5's vocabulary), fp8 and fp8-int4-g64 (projections in FP8 e4m3,
 # 128 x 128 blocks, as GLM-5's FP8 checkpoints; experts FP8 or int4).

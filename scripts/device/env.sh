@@ -41,3 +41,11 @@ cuda_tests() {
   timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
     grep -E "${1:-^test .*FAILED|test result|panicked|STALL}"
 }
+# The CUDA tests (unless TESTS=0), then the GLM-5-shaped slice at $slice (/tmp/slice48)
+# and its int4 conversion.
+tests_then_slice() {
+  [ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
+  slice=/tmp/slice48
+  since "slices"
+  glm5_slice $slice
+}

@@ -13,14 +13,9 @@ S=$C/strata
 [ -n "${BIN:-}" ] && { S=$(carried_bin "$BIN") || exit 1; }
 res="$OUT/sampling.jsonl"
 touch "$res"
-[ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
-slice=/tmp/slice48
-since "slices"
-glm5_slice $slice
+tests_then_slice
 SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
-[[ " $SLICES " == *"-vocab154880 "* ]] &&
-  { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
-    --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
+[[ " $SLICES " == *"-vocab154880 "* ]] && glm5_slice $slice-v154k 154880
 IFS=';' read -ra SETS <<<"${SAMPLING:---temperature 0.8 --top-p 0.95}"
 MODES=${MODES:-greedy drawn host}
 runs=()
