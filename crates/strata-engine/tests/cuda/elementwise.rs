@@ -233,7 +233,19 @@ pub(crate) fn cuda_sampled_picks_match_the_host_draw_on<G: Backend>(g: &G) {
     assert_eq!(got, want, "64 keys over one row");
     let distinct: std::collections::BTreeSet<u32> = want.iter().copied().collect();
     assert!(distinct.len() > 8, "the keys draw different tokens: {distinct:?}");
-    eprintln!("sampled picks: {} rows equal to the host's draws", n_rows + 64);
+    // Nothing kept (a min-p above 1, which the sampler refuses): the argmax, as the host.
+    let x = rvec(&mut rng, 3000, 4.0);
+    let d = Draw { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 1.5, key: 5 };
+    let top = (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b }) as u32;
+    assert_eq!(pick(&x, &d, &mut s), top);
+    let step = Step { draws: d.words().to_vec(), ..Default::default() };
+    let xb = up(g, &x);
+    let mut p = g.alloc_idx(1).unwrap();
+    g.pick_rows(&step, 1, x.len(), &xb, &mut p);
+    let mut got = [0u32];
+    g.read_idx(&p, 0, &mut got);
+    assert_eq!(got[0], top, "nothing kept");
+    eprintln!("sampled picks: {} rows equal to the host's draws", n_rows + 65);
 }
 
 #[test]

@@ -212,7 +212,9 @@ __device__ u64 draw_select(const float* xr, int width, float t, float vmax, u64 
     return s.prefix;
 }
 
-__device__ u32 draw_row(const float* xr, int width, float vmax, DrawDev d, DrawShared& s) {
+// The draw from a row whose argmax is `top` (its value / t: vmax); where nothing is kept
+// (a min-p above 1), the argmax, as the host.
+__device__ u32 draw_row(const float* xr, int width, u32 top, float vmax, DrawDev d, DrawShared& s) {
     u64 cut = 0;
     if (d.top_k > 0 && (int)d.top_k < width) cut = draw_select(xr, width, d.t, vmax, 0, false, 1.f, d.top_k, s);
     if (d.top_p < 1.f) cut = draw_select(xr, width, d.t, vmax, cut, true, d.top_p, 1, s);
@@ -246,7 +248,7 @@ __device__ u32 draw_row(const float* xr, int width, float vmax, DrawDev d, DrawS
     best = s.reds[0], bi = s.redi[0];
     for (int k = 1; k < (int)(blockDim.x >> 5); k++)
         if (s.reds[k] > best || (s.reds[k] == best && s.redi[k] < bi)) best = s.reds[k], bi = s.redi[k];
-    return (u32)bi;
+    return bi == 0x7fffffff ? top : (u32)bi;
 }
 
 // Each row's pick (Backend::pick_rows with draws: 6 words a row, src/draw.rs): a draw of
@@ -264,6 +266,6 @@ extern "C" __global__ void __launch_bounds__(1024) k_pick_rows(const float* x, i
     __syncthreads();
     g = first;
     // Dividing by t > 0 keeps the order: the top scaled value is the argmax's.
-    u32 pick = d.t == 0.f || (g & 0x80000000u) ? g : draw_row(xr, width, xr[g] / d.t, d, s);
+    u32 pick = d.t == 0.f || (g & 0x80000000u) ? g : draw_row(xr, width, g, xr[g] / d.t, d, s);
     if (threadIdx.x == 0) picks[blockIdx.x] = pick;
 }
