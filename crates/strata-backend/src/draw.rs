@@ -15,8 +15,9 @@
 //!   with probability proportional to `exp(v)`. No sequential random stream: any order,
 //!   any device, the same token for the same key.
 //!
-//! [`pick`] is the reference the CPU backend and the host sampler ([`sample`]) run; the CUDA kernel
-//! (`k_pick_rows`) computes the same steps, with a radix select in place of the sort.
+//! [`pick`] is what the CPU backend and the host sampler ([`sample`]) run, the cuts found by
+//! quickselects; the CUDA kernel (`k_pick_rows`) computes the same steps with histograms and
+//! a radix select. The tests hold both to a plain sort.
 
 /// A logits row's pick: temperature 0 is greedy (the plain argmax).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -118,30 +119,48 @@ pub fn min_p_mass(min_p: f32) -> u64 {
     (min_p as f64 * MASS_ONE).ceil() as u64
 }
 
-/// Candidates (order key, id, mass) of a row after the cut, best first, into `kept`; the
-/// scaled values into `v`. `row` holds no NaN or +inf; -inf has no mass.
+/// Candidates (order key, id, mass) of a row after the cut, in no particular order, into
+/// `kept`; the scaled values into `v`. `row` holds no NaN or +inf; -inf has no mass. No
+/// sort: the cuts are selects (expected linear time).
 fn cut(row: &[f32], d: &Draw, v: &mut Vec<f32>, kept: &mut Vec<(u64, u32, u64)>) {
     v.clear();
     v.extend(row.iter().map(|&l| l / d.temperature));
     let vmax = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     kept.clear();
     kept.extend(v.iter().enumerate().map(|(i, &x)| (order_key(x, i as u32), i as u32, mass(x, vmax))));
-    kept.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
     if d.top_k > 0 && (d.top_k as usize) < kept.len() {
-        kept.truncate(d.top_k as usize);
+        let k = d.top_k as usize;
+        kept.select_nth_unstable_by_key(k - 1, |c| std::cmp::Reverse(c.0));
+        kept.truncate(k);
     }
     if d.top_p < 1.0 {
         let z: u64 = kept.iter().map(|c| c.2).sum();
-        let target = top_p_target(d.top_p, z);
-        let mut acc = 0u64;
-        let keep = kept.iter().position(|c| {
-            acc += c.2;
-            acc >= target
-        });
-        kept.truncate(keep.map_or(kept.len(), |k| k + 1));
+        let n = shortest_prefix_reaching(kept, top_p_target(d.top_p, z));
+        kept.truncate(n);
     }
     let floor = min_p_mass(d.min_p).max(1);
     kept.retain(|c| c.2 >= floor);
+}
+
+/// The fewest candidates, taken best first, whose masses reach `target` (all of them where
+/// the whole falls short); reorders `c` so that they come first. A quickselect on the
+/// summed mass: each round splits the undecided range at its middle key.
+fn shortest_prefix_reaching(c: &mut [(u64, u32, u64)], target: u64) -> usize {
+    // c[..lo] are the lo best, of mass `acc` < target; the answer is in lo + 1..=hi, and
+    // everything in c[hi..] ranks below everything before it.
+    let (mut lo, mut hi, mut acc) = (0usize, c.len(), 0u64);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo - 1) / 2;
+        c[lo..hi].select_nth_unstable_by_key(mid - lo, |x| std::cmp::Reverse(x.0));
+        let upper: u64 = c[lo..=mid].iter().map(|x| x.2).sum();
+        if acc + upper >= target {
+            hi = mid + 1;
+        } else {
+            acc += upper;
+            lo = mid + 1;
+        }
+    }
+    hi
 }
 
 /// Reusable buffers for [`pick`] and [`distribution`].
@@ -186,6 +205,7 @@ pub fn distribution(row: &[f32], d: &Draw, s: &mut DrawScratch, out: &mut Vec<(u
     out.clear();
     if !d.is_greedy() {
         cut(row, d, &mut s.v, &mut s.kept);
+        s.kept.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
     }
     let Some(first) = s.kept.first().filter(|_| !d.is_greedy()) else {
         out.push((strata_kernels::ops::argmax(row) as u32, 1.0));
@@ -243,15 +263,28 @@ mod tests {
         }
     }
 
-    /// The cuts on random rows against a plain implementation: sort, truncate, prefix by
-    /// mass, floor.
+    /// The cuts on random rows (some tied: values on a grid) against a plain
+    /// implementation: sort, truncate, prefix by mass, floor.
     #[test]
     fn cuts_match_a_plain_reference() {
         let mut s = DrawScratch::default();
-        for (n, seed) in [(10usize, 1u64), (1000, 2), (5000, 3)] {
-            let r = row(n, seed, 12.0);
-            for (top_k, top_p, min_p) in [(0, 1.0, 0.0), (7, 1.0, 0.0), (0, 0.5, 0.0), (0, 1.0, 0.3), (50, 0.95, 0.01)]
-            {
+        for (n, seed, grid) in
+            [(10usize, 1u64, false), (1000, 2, false), (5000, 3, false), (20_000, 4, true), (3, 5, true)]
+        {
+            let mut r = row(n, seed, 12.0);
+            if grid {
+                r.iter_mut().for_each(|x| *x = (*x * 2.0).round() / 2.0);
+            }
+            for (top_k, top_p, min_p) in [
+                (0, 1.0, 0.0),
+                (7, 1.0, 0.0),
+                (0, 0.5, 0.0),
+                (0, 0.05, 0.0),
+                (0, 0.999, 0.0),
+                (0, 1.0, 0.3),
+                (50, 0.95, 0.01),
+                (2000, 0.9, 0.0),
+            ] {
                 let d = Draw { temperature: 0.8, top_k, top_p, min_p, key: 0 };
                 let v: Vec<f32> = r.iter().map(|l| l / d.temperature).collect();
                 let mut ids: Vec<u32> = (0..n as u32).collect();
