@@ -214,11 +214,11 @@ def main():
     t = ap.add_argument_group("MTP speculative decoding (see the module comment)")
     t.add_argument("--mtp-drafts", type=int, default=0, metavar="K", help="drafts a round (0: off)")
     t.add_argument("--mtp-acceptance", type=float, metavar="P", help="probability a draft is accepted")
-    t.add_argument("--mtp-seed", type=int, default=1)
-    t.add_argument("--draft-ms", type=float, default=0.75,
-                   help="one draft forward of the MTP layer, ms (a layer's compute + the LM head)")
-    t.add_argument("--expert-hbm-gbs", type=float, default=2400.0,
-                   help="a resident expert's read in a decode forward, GB/s")
+    t.add_argument("--mtp-seed", type=int, help="the acceptance draws' seed (default 1)")
+    t.add_argument("--draft-ms", type=float,
+                   help="one draft forward of the MTP layer, ms (a layer's compute + the LM head; default 0.75)")
+    t.add_argument("--expert-hbm-gbs", type=float,
+                   help="a resident expert's read in a decode forward, GB/s (default 2400)")
     a = ap.parse_args()
     if not a.lfru_half_life > 0:
         ap.error("--lfru-half-life must be positive")
@@ -233,6 +233,12 @@ def main():
                  "and --moe-layers in 1..=--layers")
     if a.mtp_drafts < 0 or (a.mtp_drafts > 0) != (a.mtp_acceptance is not None):
         ap.error("--mtp-drafts K (K >= 1) and --mtp-acceptance P go together")
+    for name in ("mtp_seed", "draft_ms", "expert_hbm_gbs"):
+        if getattr(a, name) is not None and not a.mtp_drafts:
+            ap.error(f"--{name.replace('_', '-')} applies to MTP rounds only: give --mtp-drafts K too")
+    a.mtp_seed = 1 if a.mtp_seed is None else a.mtp_seed
+    a.draft_ms = 0.75 if a.draft_ms is None else a.draft_ms
+    a.expert_hbm_gbs = 2400.0 if a.expert_hbm_gbs is None else a.expert_hbm_gbs
     if a.mtp_drafts and (not 0 <= a.mtp_acceptance <= 1 or a.draft_ms < 0 or a.expert_hbm_gbs <= 0):
         ap.error("--mtp-acceptance must be in [0, 1], --draft-ms at least 0, --expert-hbm-gbs positive")
     if a.mtp_drafts and a.skip_misses_from_rank is not None:

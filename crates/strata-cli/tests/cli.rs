@@ -508,6 +508,7 @@ fn replay_tiers_script_prices_the_committed_trace() {
         &["--skip-misses-from-rank", "1"],
         &["--mtp-drafts", "1"],
         &["--mtp-acceptance", "1.5", "--mtp-drafts", "2"],
+        &["--draft-ms", "1"],
     ] {
         let out = script(bad).unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
