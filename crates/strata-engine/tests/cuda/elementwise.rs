@@ -236,7 +236,7 @@ pub(crate) fn cuda_sampled_picks_match_the_host_draw_on<G: Backend>(g: &G) {
     // Nothing kept (a min-p above 1, which the sampler refuses): the argmax, as the host.
     let x = rvec(&mut rng, 3000, 4.0);
     let d = Draw { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 1.5, key: 5 };
-    let top = (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b }) as u32;
+    let top = strata_kernels::ops::argmax(&x) as u32;
     assert_eq!(pick(&x, &d, &mut s), top);
     let step = Step { draws: d.words().to_vec(), ..Default::default() };
     let xb = up(g, &x);

@@ -38,8 +38,10 @@ __device__ __forceinline__ u64 order_key(float v, u32 id) {
 // exp(-28) * 2^40 < 1: a candidate this far below the top has no mass.
 #define MASSLESS 28.f
 
-__device__ __forceinline__ u64 mass_of(float v, float vmax) {
-    return (u64)(exp((double)(v - vmax)) * MASS_ONE);
+// The mass of a candidate `u` = vmax - v below the top. u is -(v - vmax) exactly (rounding
+// is symmetric), so this is the host's exp(v - vmax) in 2^-40 units.
+__device__ __forceinline__ u64 mass_below(float u) {
+    return (u64)(exp(-(double)u) * MASS_ONE);
 }
 
 // The select's first histogram bins a candidate `u` below the top 1/8 apart (the last bin
@@ -146,8 +148,7 @@ __device__ u64 draw_select(const float* xr, int width, float t, float vmax, u64 
         u = vmax - v, k = order_key(v, (u32)c);
         return k >= lo && !(by_mass && u >= MASSLESS);
     };
-    // u = vmax - v is -(v - vmax) exactly (rounding is symmetric): the candidate's mass.
-    auto weight = [&](float u) { return by_mass ? (u64)(exp(-(double)u) * MASS_ONE) : 1ull; };
+    auto weight = [&](float u) { return by_mass ? mass_below(u) : 1ull; };
     __syncthreads();  // every thread has read the select before's result
     if (threadIdx.x == 0) s.bin = 0, s.sub = 0, s.prefix = 0, s.state = 0, s.need = need;
     int level = 0;
@@ -161,7 +162,7 @@ __device__ u64 draw_select(const float* xr, int width, float t, float vmax, u64 
             u64 k;
             if (!in(c, u, k)) continue;
             int b = bucket_at(level, u, k, bin, sub, prefix);
-            if (b >= 0) hist_add(s, b, by_mass, by_mass ? weight(u) : 0);
+            if (b >= 0) hist_add(s, b, by_mass, weight(u));
         }
         __syncthreads();
         hist_merge(s);
@@ -227,7 +228,7 @@ __device__ u32 draw_row(const float* xr, int width, u32 top, float vmax, DrawDev
         v = xr[c] / d.t;
         if (order_key(v, (u32)c) < cut) return false;
         float dv = v - vmax;
-        return dv > above || (dv >= below && mass_of(v, vmax) >= floor_m);
+        return dv > above || (dv >= below && mass_below(-dv) >= floor_m);
     };
     double best = -1.0 / 0.0;
     int bi = 0x7fffffff;
