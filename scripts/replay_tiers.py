@@ -137,7 +137,7 @@ def mtp_regroup(src, out, drafts, acceptance, seed):
     return rounds, tokens
 
 
-# Extra `strata replay` arguments for every run (--skip-misses-from-rank).
+# Extra `strata replay` arguments for every run (--eviction-scope, --skip-misses-from-rank).
 EXTRA = []
 
 
@@ -199,6 +199,8 @@ def main():
                     help="half-life of the LFRU rows' heat, forwards (the engine's --eviction lfru:H)")
     ap.add_argument("--skip-misses-from-rank", type=int, metavar="R",
                     help="replay approximate decode (the engine's --skip-misses-from-rank R)")
+    ap.add_argument("--eviction-scope", choices=["layer", "global"], default="layer",
+                    help="where the runtime rows' tiers find a victim (the engine's --eviction-scope)")
     ap.add_argument("--json", action="store_true")
     m = ap.add_argument_group("pricing at full GLM-5.2's scale (int4-g64 experts, one H200, a 14 GB/s NVMe)")
     m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6)")
@@ -226,6 +228,7 @@ def main():
         if a.skip_misses_from_rank < 2:
             ap.error("--skip-misses-from-rank must be at least 2")
         EXTRA.extend(["--skip-misses-from-rank", a.skip_misses_from_rank])
+    EXTRA.extend(["--eviction-scope", a.eviction_scope])
     if not 0 <= a.prefetch_share < 1 or a.prefetch_waste < 0:
         ap.error("--prefetch-share must be in [0, 1) and --prefetch-waste at least 0")
     if min(a.expert_mb, a.link_gbs, a.disk_gbs) <= 0 or a.compute_ms < 0 or not 0 < a.moe_layers <= a.layers:

@@ -71,13 +71,15 @@ experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
   echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
   # TIER_MODES: exclusive / inclusive host tier, each optionally -lru (--eviction lru; the
-  # default is lfru), -skipR (approximate decode, --skip-misses-from-rank R), then -prefetch (--pilot prefetch: next-layer predictions read into the
+  # default is lfru), -global (--eviction-scope global: victims from any layer), -skipR
+  # (approximate decode, --skip-misses-from-rank R), then -prefetch (--pilot prefetch: next-layer predictions read into the
   # host tier while the current layer computes) or -prefetchN (only the first N ranks of
   # each prediction, --pilot-ranks N).
   for mode in ${TIER_MODES:-exclusive inclusive}; do
     pilot=(--pilot off)
     eviction=()
     [[ $mode == *-lru* ]] && eviction=(--eviction lru)
+    [[ $mode == *-global* ]] && eviction+=(--eviction-scope global)
     [[ $mode =~ -skip([0-9]+) ]] && eviction+=(--skip-misses-from-rank "${BASH_REMATCH[1]}")
     [[ $mode == *-prefetch ]] && pilot=(--pilot prefetch)
     [[ $mode =~ -prefetch([1-9])$ ]] && pilot=(--pilot prefetch --pilot-ranks "${BASH_REMATCH[1]}")

@@ -14,8 +14,8 @@
 # a suffix -pagecache reads the misses through the (warmed) page cache, -prefetch reads
 # PILOT's next-layer predictions ahead (--pilot prefetch), -prefetchN only the first N
 # ranks of each (--pilot-ranks N), -lru evicts by LRU (--eviction lru; lfru is the default),
-# -skipR is approximate decode (--skip-misses-from-rank R): e.g.
-# gpu30-host40-skip6-lru-pagecache-prefetch2 (suffixes in that order).
+# -global takes victims from any layer (--eviction-scope global), -skipR is approximate
+# decode (--skip-misses-from-rank R): e.g. gpu30-host40-skip6-lru-pagecache-prefetch2.
 # Writes under $OUT: machine.txt, tests.log, tiers.jsonl (one JSON object per
 # measurement), side.log.
 set -uo pipefail
@@ -61,6 +61,7 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
     tier=()
     base=${mode%%-skip*}
     base=${base%%-lru*}
+    base=${base%%-global*}
     base=${base%%-pagecache*}
     base=${base%%-prefetch*}
     case $base in
@@ -77,6 +78,7 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
       cat "$dir"/experts/* >/dev/null
     fi
     [[ $mode == *-lru* ]] && extra+=(--eviction lru)
+    [[ $mode == *-global* ]] && extra+=(--eviction-scope global)
     [[ $mode =~ -skip([0-9]+) ]] && extra+=(--skip-misses-from-rank "${BASH_REMATCH[1]}")
     [[ $mode =~ -prefetch([1-9]?)$ ]] && extra+=(--pilot prefetch) && [ -n "${BASH_REMATCH[1]}" ] &&
       extra+=(--pilot-ranks "${BASH_REMATCH[1]}")

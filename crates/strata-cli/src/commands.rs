@@ -191,7 +191,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             let s = &r.slots;
             eprintln!(
-                "slots: {} ({} working, {} layer, {} pinned, {} disabled); {} evictions ({}), {} pressure evictions, {} repin swaps; footprint {} of budget {}",
+                "slots: {} ({} working, {} layer, {} pinned, {} disabled); {} evictions ({}, {} scope), {} pressure evictions, {} repin swaps; footprint {} of budget {}",
                 s.total,
                 s.working,
                 s.layer,
@@ -199,6 +199,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                 s.disabled,
                 s.evictions,
                 r.eviction,
+                r.eviction_scope,
                 s.pressure_evictions,
                 s.repin_swaps,
                 human_bytes(r.footprint_bytes),
@@ -206,7 +207,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
             );
             if let Some(t) = &r.device_tier {
                 eprintln!(
-                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; evicted experts kept by the host tier: {} still there, {} copied back ({}); {} slots ({}), {} eviction",
+                    "gpu tier ({}): {} hits ({} dispatched by id on the device), {} misses ({:.1}% hit), {} copies host -> GPU ({}), {:.2} ms waiting on copies; evicted experts kept by the host tier: {} still there, {} copied back ({}); {} slots ({}), {} eviction, {} scope",
                     t.device,
                     t.traffic.hits,
                     t.traffic.by_id,
@@ -221,6 +222,7 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
                     t.slots.total,
                     human_bytes(t.plan.slab_bytes),
                     t.eviction,
+                    t.eviction_scope,
                 );
             }
         }

@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use strata_kernels::QuantKind;
 use strata_models::convert::{convert as convert_model, ConvertOptions};
+use strata_residency::EvictionScope;
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -194,6 +195,11 @@ pub struct BudgetArgs {
     /// Under a GPU tier it applies there; the host tier, holding what the GPU evicts, is LRU.
     #[arg(long, value_name = "POLICY")]
     eviction: Option<String>,
+    /// Where an incoming expert finds its slot: layer (default; its own layer's share of
+    /// the plan) or global (the coldest slot of any layer, so layers that reuse more hold
+    /// more; a layer keeps at least 3/4 of its share). Both tiers follow it.
+    #[arg(long, value_name = "SCOPE")]
+    eviction_scope: Option<String>,
     /// Approximate decode (changes the output): in a one-row forward, routed experts of
     /// rank R or lower (1-based, R >= 2) that would have to be read from disk are left out
     /// of the token's mix (weight 0) instead of read. For a disk too slow for the model;
@@ -271,6 +277,7 @@ impl BudgetArgs {
                 (self.live_repin, "--live-repin"),
                 // (A GPU slab of its own evicts too.)
                 (self.eviction.is_some() && gpu_budget.is_none(), "--eviction"),
+                (self.eviction_scope.is_some() && gpu_budget.is_none(), "--eviction-scope"),
                 // (Without one nothing is read from disk.)
                 (self.skip_misses_from_rank.is_some(), "--skip-misses-from-rank"),
             ]
@@ -322,6 +329,10 @@ impl BudgetArgs {
             Some(text) => strata_residency::Eviction::parse(text).map_err(|e| anyhow!("--eviction: {e}"))?,
             None => RuntimeOptions::default().eviction,
         };
+        let eviction_scope = match &self.eviction_scope {
+            Some(text) => EvictionScope::parse(text).map_err(|e| anyhow!("--eviction-scope: {e}"))?,
+            None => RuntimeOptions::default().eviction_scope,
+        };
         check_skip_rank(self.skip_misses_from_rank)?;
         if self.context == 0 {
             return Err(anyhow!("--context must be at least 1"));
@@ -352,6 +363,7 @@ impl BudgetArgs {
                 pilot,
                 pilot_ranks: self.pilot_ranks,
                 eviction,
+                eviction_scope,
                 skip_misses_from_rank: self.skip_misses_from_rank,
             },
         })
@@ -473,6 +485,9 @@ pub struct ReplayArgs {
     /// a one-row forward's misses of rank R or lower (two tiers: the host's misses).
     #[arg(long, value_name = "R")]
     skip_misses_from_rank: Option<usize>,
+    /// The runtime rows' eviction scope, both tiers (as `--eviction-scope`): global or layer.
+    #[arg(long, value_name = "SCOPE", default_value = "layer")]
+    eviction_scope: String,
     #[arg(long)]
     json: bool,
 }
@@ -487,9 +502,11 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     let records = strata_residency::read_trace(std::io::BufReader::new(file))
         .map_err(|e| anyhow!("{}: {e}", a.trace.display()))?;
     check_skip_rank(a.skip_misses_from_rank)?;
+    let scope = EvictionScope::parse(&a.eviction_scope).map_err(|e| anyhow!("--eviction-scope: {e}"))?;
     let gpu = strata_residency::ReplayConfig {
         lfru_half_life: a.lfru_half_life,
         skip_misses_from_rank: a.skip_misses_from_rank,
+        scope,
         ..strata_residency::ReplayConfig::new(a.slots_per_layer, a.working, a.pinned)
     };
     let mut report = strata_residency::replay(&records, &gpu);
@@ -497,7 +514,10 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
         if slots_per_layer == 0 {
             return Err(anyhow!("--host-slots-per-layer must be at least 1"));
         }
-        let host = strata_residency::ReplayConfig::new(slots_per_layer, a.host_working, a.host_pinned);
+        let host = strata_residency::ReplayConfig {
+            scope,
+            ..strata_residency::ReplayConfig::new(slots_per_layer, a.host_working, a.host_pinned)
+        };
         report.tiers = Some(strata_residency::replay_tiers(&records, &gpu, &host));
     }
     if a.json {

@@ -267,6 +267,12 @@ fn streaming_flags_and_their_errors() {
     );
     assert_one_line_error(&run(&["--budget", "200MiB", "--eviction", "lfru:0"]), &["--eviction", "\"lfru:0\""]);
     assert_one_line_error(&run(&["--eviction", "lru"]), &["--eviction needs --budget"]);
+    // --eviction-scope: layer by default, global on request, reported in the stats.
+    assert_one_line_error(
+        &run(&["--budget", "200MiB", "--eviction-scope", "model"]),
+        &["--eviction-scope", "\"model\"", "layer or global"],
+    );
+    assert_one_line_error(&run(&["--eviction-scope", "global"]), &["--eviction-scope needs --budget"]);
     // --skip-misses-from-rank: approximate decode, refused where it could not act.
     assert_one_line_error(&run(&["--skip-misses-from-rank", "2"]), &["--skip-misses-from-rank needs --budget"]);
     assert_one_line_error(&run(&["--budget", "200MiB", "--skip-misses-from-rank", "1"]), &["at least 2"]);
@@ -284,7 +290,13 @@ fn streaming_flags_and_their_errors() {
         if flag == Some("lfru:8") {
             assert_eq!(j["experts"]["eviction"]["half_life"], 8.0);
         }
+        assert_eq!(j["experts"]["eviction_scope"], "layer", "{}", j["experts"]);
     }
+    let a = ["--budget", "200MiB", "--stats-json", stats.to_str().unwrap(), "--eviction-scope", "global"];
+    let out = run(&a);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(j["experts"]["eviction_scope"], "global", "{}", j["experts"]);
     // A ledger another engine wrote is refused unless imported.
     let ledger = d.path().join(".coli_usage");
     let text = std::fs::read_to_string(&ledger).unwrap();
@@ -443,6 +455,12 @@ fn replay_two_tiers_from_a_generated_trace() {
     let text = String::from_utf8_lossy(&replay(&["--host-slots-per-layer", "2"]).stdout).to_string();
     assert!(text.contains("tiers: GPU") && text.contains("LRU, inclusive"), "{text}");
     assert_one_line_error(&replay(&["--host-slots-per-layer", "0"]), &["--host-slots-per-layer"]);
+    // --eviction-scope: the runtime rows' tables, named in the report; refused by name.
+    let v: serde_json::Value =
+        serde_json::from_slice(&replay(&["--eviction-scope", "global", "--json"]).stdout).unwrap();
+    assert_eq!(v["config"]["scope"], "global", "{v}");
+    assert_eq!(single["config"]["scope"], "layer", "{single}");
+    assert_one_line_error(&replay(&["--eviction-scope", "all"]), &["--eviction-scope", "\"all\""]);
 }
 
 /// `scripts/replay_tiers.py` on the committed 256-expert trace: the tiers table and its
@@ -491,6 +509,11 @@ fn replay_tiers_script_prices_the_committed_trace() {
     let row = "| LFRU (half-life 32) on the GPU, LRU host, exclusive |";
     assert!(text.contains(&format!("{row} 342 | 346 | 64.3% | 18.6% | 9.2% | 14.8% | 7.9% |")), "{text}");
     assert!(text.contains(&format!("{row} 166.5 (6.01) | 145.7 (6.86) | 85.5 (11.69) | 107.6 (9.30) |")), "{text}");
+    // One slab for all layers (docs/performance.md): victims from any layer, both tiers.
+    let out = script(&["--prefetch-share", "0.38", "--prefetch-waste", "0.10", "--eviction-scope", "global"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("{row} 342 | 346 | 64.3% | 20.5% | 15.2% | 17.4% |")), "{text}");
+    assert!(text.contains(&format!("{row} 239.6 (4.17) | 209.4 (4.78) | 140.3 (7.13) | 145.7 (6.86) |")), "{text}");
     // MTP rounds (docs/performance.md, "MTP does not buy disk bytes"): K 1, P 0.9.
     let mtp = ["--prefetch-share", "0.38", "--prefetch-waste", "0.10", "--gpu-frac", "0.296"];
     let out = script(&[&mtp[..], &["--mtp-drafts", "1", "--mtp-acceptance", "0.9"]].concat()).unwrap();
@@ -509,6 +532,7 @@ fn replay_tiers_script_prices_the_committed_trace() {
         &["--mtp-drafts", "1"],
         &["--mtp-acceptance", "1.5", "--mtp-drafts", "2"],
         &["--draft-ms", "1"],
+        &["--eviction-scope", "all"],
     ] {
         let out = script(bad).unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -2,7 +2,7 @@
 //! several capacities, its route trace replayed at the same capacity; the replay's LRU
 //! row (the runtime's slot table) must give the runtime's demand hit rate within one
 //! point (it drives the same `SlotTable` in the same order, so it is in fact exact), and
-//! its LFRU row the runtime's under `--eviction lfru`.
+//! its LFRU row the runtime's under `--eviction lfru`, in either `--eviction-scope`.
 
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
@@ -10,7 +10,7 @@ use strata_engine::generate::RouteTrace;
 use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
 use strata_models::convert::{convert, ConvertOptions};
-use strata_residency::{read_trace, replay, Eviction, ReplayConfig};
+use strata_residency::{read_trace, replay, Eviction, EvictionScope, ReplayConfig};
 
 #[test]
 fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
@@ -21,8 +21,22 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
     let working = 8;
     let lfru = Eviction::Lfru { half_life: 6.0 };
     // (Approximate decode too: a one-row forward's misses of rank 3 or 4 left out.)
-    let cases = [1usize, 2, 4, 8, 16].into_iter().flat_map(|n| [(n, Eviction::Lru, None), (n, lfru, None)]);
-    for (slots_per_layer, eviction, skip) in cases.chain([(4, lfru, Some(3)), (8, Eviction::Lru, Some(3))]) {
+    // (And each layer in its own slots, the plan's share: `--eviction-scope layer`.)
+    let (global, layer) = (EvictionScope::Global, EvictionScope::Layer);
+    let cases =
+        [1usize, 2, 4, 8, 16].into_iter().flat_map(|n| [(n, Eviction::Lru, None, global), (n, lfru, None, global)]);
+    let more = [
+        (4, lfru, Some(3), global),
+        (8, Eviction::Lru, Some(3), global),
+        (2, Eviction::Lru, None, layer),
+        (4, lfru, None, layer),
+        (4, lfru, Some(3), layer),
+        (1, Eviction::Lru, None, layer),
+        (2, lfru, None, layer),
+        (8, lfru, None, layer),
+        (16, Eviction::Lru, None, layer),
+    ];
+    for (slots_per_layer, eviction, skip, scope) in cases.chain(more) {
         let load = LoadOptions {
             device: strata_engine::Device::Cpu,
             budget: Some(u64::MAX / 4),
@@ -33,6 +47,7 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
                 max_slots_per_layer: Some(slots_per_layer),
                 usage: UsageSetting::Off,
                 eviction,
+                eviction_scope: scope,
                 skip_misses_from_rank: skip,
                 ..Default::default()
             },
@@ -60,13 +75,14 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
         let cfg = ReplayConfig {
             lfru_half_life: 6.0,
             skip_misses_from_rank: skip,
+            scope,
             ..ReplayConfig::new(slots_per_layer, working, 0)
         };
         let r = replay(&records, &cfg);
         let lru = r.policy(if eviction == Eviction::Lru { "LRU" } else { "LFRU" }).unwrap();
         let runtime_rate = demand.0 as f64 / (demand.0 + demand.1) as f64;
         eprintln!(
-            "{slots_per_layer} slots/layer, {eviction}, skip {skip:?}: runtime {}/{} hits ({:.2}%), replay {}/{} ({:.2}%), Belady {:.2}%",
+            "{slots_per_layer} slots/layer, {eviction}, {scope} scope, skip {skip:?}: runtime {}/{} hits ({:.2}%), replay {}/{} ({:.2}%), Belady {:.2}%",
             demand.0,
             demand.0 + demand.1,
             runtime_rate * 100.0,

@@ -59,7 +59,9 @@ pub use policy::{
     AUTO_PIN_MIN_BUDGET, AUTO_PIN_MIN_HISTORY, AUTO_PIN_SHARE, REPIN_MAX_SWAPS,
 };
 pub use replay::{replay, replay_tiers, PolicyResult, ReplayConfig, ReplayReport, TiersReport, TiersResult};
-pub use slots::{Eviction, Keep, Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable};
+pub use slots::{
+    Eviction, EvictionScope, Keep, Promotion, ResidencyEntry, SlotInfo, SlotPhase, SlotRole, SlotSnapshot, SlotTable,
+};
 pub use trace::{
     parse_trace, read_trace, write_trace, TraceError, TraceRecord, TraceWriter, GATED_TRACE_HEADER, TRACE_HEADER,
 };

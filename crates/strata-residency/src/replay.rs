@@ -42,7 +42,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::slots::Eviction;
+use crate::slots::{Eviction, EvictionScope};
 use crate::trace::TraceRecord;
 use crate::ExpertKey;
 
@@ -60,10 +60,13 @@ pub struct ReplayConfig {
     /// forwards the runtime rows leave out misses of rank R or lower (in a two-tier replay,
     /// the host's misses, i.e. disk reads; the GPU config's setting applies).
     pub skip_misses_from_rank: Option<usize>,
+    /// Where the runtime rows' slot tables find a victim (the runtime's `--eviction-scope`).
+    pub scope: EvictionScope,
 }
 
 impl ReplayConfig {
-    /// At a capacity, LFRU at its default half-life, nothing skipped.
+    /// At a capacity, LFRU at its default half-life, nothing skipped, the runtime's
+    /// default scope.
     pub fn new(slots_per_layer: usize, working: usize, pinned: usize) -> Self {
         ReplayConfig {
             slots_per_layer,
@@ -71,6 +74,7 @@ impl ReplayConfig {
             pinned,
             lfru_half_life: Eviction::DEFAULT_HALF_LIFE,
             skip_misses_from_rank: None,
+            scope: EvictionScope::default(),
         }
     }
 
@@ -138,8 +142,8 @@ impl fmt::Display for ReplayReport {
         )?;
         writeln!(
             f,
-            "capacity: {} slots per layer, {} working, {} pinned",
-            self.config.slots_per_layer, self.config.working, self.config.pinned
+            "capacity: {} slots per layer, {} working, {} pinned; runtime rows evict within the {} scope",
+            self.config.slots_per_layer, self.config.working, self.config.pinned, self.config.scope
         )?;
         writeln!(
             f,
@@ -310,7 +314,7 @@ impl Lfru {
 
 /// The runtime's slot table (LRU or LFRU; with `pins`, pinned) over the trace.
 fn runtime(g: &Grouped, cfg: &ReplayConfig, pins: &[ExpertKey], eviction: Eviction) -> Tally {
-    let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins, eviction);
+    let mut table = slab::table(&g.layers, cfg.slots_per_layer, cfg.working, pins, eviction, cfg.scope);
     let mut tally = slab::SlabTally::default();
     for a in &g.accesses {
         let skip = a.skippable(cfg.skip_misses_from_rank);

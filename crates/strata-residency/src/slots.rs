@@ -24,9 +24,11 @@
 //!    slots are Idle;
 //! 5. every sparse layer keeps at least one layer slot; the working and pinned banks
 //!    keep their planned sizes; layer + disabled slots = `sparse_layers * slots_per_layer`
-//!    (capacity only moves from Layer to Disabled);
+//!    (capacity only moves from Layer to Disabled, and between layers under
+//!    [`EvictionScope::Global`]);
 //! 6. generations never exceed the table's counter and differ between occupied slots;
-//!    last uses never exceed the clock.
+//!    last uses never exceed the clock;
+//! 7. a layer's victim kept for global choices is the one a scan of its bank finds.
 
 use std::collections::HashMap;
 
@@ -36,8 +38,10 @@ use crate::plan::ResidencyPlan;
 use crate::ExpertKey;
 
 mod heat;
+mod victims;
 pub use heat::Eviction;
 use heat::Heat;
+pub use victims::EvictionScope;
 
 /// What a slot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -171,6 +175,9 @@ pub struct SlotTable {
     counters: SlotSnapshot,
     eviction: Eviction,
     heat: Heat,
+    scope: EvictionScope,
+    /// Per layer position, its victim as last found (None: changed since; see victims.rs).
+    best: Vec<Option<Option<usize>>>,
 }
 
 impl SlotTable {
@@ -215,6 +222,8 @@ impl SlotTable {
             counters: SlotSnapshot::default(),
             eviction: Eviction::Lru,
             heat: Heat::default(),
+            scope: EvictionScope::Layer,
+            best: vec![None; sparse_layers.len()],
         }
     }
 
@@ -222,6 +231,7 @@ impl SlotTable {
     pub fn set_eviction(&mut self, eviction: Eviction) {
         self.eviction = eviction;
         self.heat = Heat::new(eviction, self.layers.len());
+        self.stale_all();
     }
 
     pub fn eviction(&self) -> Eviction {
@@ -233,7 +243,12 @@ impl SlotTable {
     /// prefetch is not one, and a tier below a device sees only the device's misses.
     pub fn record_uses(&mut self, layer: usize, experts: impl IntoIterator<Item = usize>) {
         if self.heat.enabled() {
-            experts.into_iter().for_each(|e| self.heat.add((layer, e), self.clock));
+            let mut rescaled = false;
+            experts.into_iter().for_each(|e| rescaled |= self.heat.add((layer, e), self.clock));
+            match rescaled {
+                true => self.stale_all(),
+                false => self.stale_layer(layer),
+            }
         }
     }
 
@@ -254,7 +269,8 @@ impl SlotTable {
         &self.layers
     }
 
-    /// Current LRU depth of a layer (shrinks under pressure), or None if not sparse.
+    /// Current slots of a layer (fewer under pressure; under the global scope, as many as
+    /// its demand won), or None if not sparse.
     pub fn layer_capacity(&self, layer: usize) -> Option<usize> {
         self.layer_pos.get(&layer).map(|&i| self.layer_slots[i].len())
     }
@@ -300,6 +316,7 @@ impl SlotTable {
         }
         s.last_use = self.clock;
         self.counters.hits += 1;
+        self.stale_slot(slot);
         Some(slot)
     }
 
@@ -333,6 +350,7 @@ impl SlotTable {
         s.phase = SlotPhase::Loading;
         s.generation = generation;
         self.index.insert(key, slot);
+        self.stale_slot(slot);
         generation
     }
 
@@ -356,6 +374,7 @@ impl SlotTable {
         }
         s.phase = SlotPhase::Ready;
         s.last_use = clock;
+        self.stale_slot(slot);
         true
     }
 
@@ -382,6 +401,7 @@ impl SlotTable {
         if let Some(k) = key {
             self.index.remove(&k);
         }
+        self.stale_slot(slot);
         key
     }
 
@@ -394,6 +414,7 @@ impl SlotTable {
         s.leases += 1;
         s.phase = SlotPhase::Leased;
         s.last_use = clock;
+        self.stale_slot(slot);
     }
 
     /// Ends one lease. Panics unless the slot is Leased.
@@ -404,35 +425,14 @@ impl SlotTable {
         if s.leases == 0 {
             s.phase = SlotPhase::Ready;
         }
+        self.stale_slot(slot);
     }
 
-    /// The layer's victim among slots not loading or leased: an empty slot first, else
-    /// under LRU the oldest last use, under LFRU a cooled slot (last use 0), then the
-    /// least heat, then the oldest last use; ties to the lowest slot id.
-    fn layer_victim(&self, pos: usize) -> Option<usize> {
-        let candidates = self.layer_slots[pos]
-            .iter()
-            .copied()
-            .filter(|&i| matches!(self.slots[i].phase, SlotPhase::Idle | SlotPhase::Ready));
-        let lru = |i: usize| (self.slots[i].phase != SlotPhase::Idle, self.slots[i].last_use, i);
-        if !self.heat.enabled() {
-            return candidates.min_by_key(|&i| lru(i));
-        }
-        let heat = |i: usize| self.slots[i].key.map_or(0.0, |k| self.heat.get(k));
-        candidates.min_by(|&a, &b| {
-            let (sa, sb) = (&self.slots[a], &self.slots[b]);
-            (sa.phase != SlotPhase::Idle, sa.last_use != 0)
-                .cmp(&(sb.phase != SlotPhase::Idle, sb.last_use != 0))
-                .then(heat(a).total_cmp(&heat(b)))
-                .then(lru(a).cmp(&lru(b)))
-        })
-    }
-
-    /// The slot [`Self::promote`] of `slot` would take from its expert's layer (and whose
-    /// expert it would evict), or None when it would find no victim. Changes nothing.
-    pub fn promotion_victim(&self, slot: usize) -> Option<usize> {
+    /// The slot [`Self::promote`] of `slot` would take (and whose expert it would evict),
+    /// or None when it would find no victim. Changes no slot.
+    pub fn promotion_victim(&mut self, slot: usize) -> Option<usize> {
         let layer = self.slots[slot].key?.0;
-        self.layer_victim(*self.layer_pos.get(&layer)?)
+        self.victim_for(layer)
     }
 
     /// A tier below a device keeps `key`, which the device has just evicted: held ready
@@ -465,9 +465,13 @@ impl SlotTable {
         if self.index.contains_key(&key) {
             return None;
         }
-        let slot = self.layer_victim(self.layer_pos[&key.0])?;
+        let slot = self.victim_for(key.0)?;
         if self.empty_slot(slot).is_some() {
             self.counters.evictions += 1;
+        }
+        if self.slots[slot].role != SlotRole::Layer(key.0) {
+            self.leave_bank(slot);
+            self.join_bank(slot, key.0);
         }
         Some((slot, self.start_loading(slot, key)))
     }
@@ -481,6 +485,7 @@ impl SlotTable {
             return false;
         }
         s.last_use = self.clock;
+        self.stale_slot(slot);
         true
     }
 
@@ -494,6 +499,7 @@ impl SlotTable {
             return false;
         }
         s.last_use = 0;
+        self.stale_slot(slot);
         true
     }
 
@@ -510,18 +516,17 @@ impl SlotTable {
             s.phase
         );
         let layer = s.key.expect("loaded slots hold a key").0;
-        let pos = self.layer_pos[&layer];
-        let Some(victim) = self.layer_victim(pos) else {
+        let Some(victim) = self.victim_for(layer) else {
             return Promotion::NoVictim;
         };
         let evicted = self.empty_slot(victim);
         if evicted.is_some() {
             self.counters.evictions += 1;
         }
+        self.leave_bank(victim);
         self.slots[victim].role = SlotRole::Working;
-        self.slots[slot].role = SlotRole::Layer(layer);
         self.slots[slot].last_use = self.clock;
-        self.replace_in_bank(SlotRole::Layer(layer), victim, slot);
+        self.join_bank(slot, layer);
         self.replace_in_bank(SlotRole::Working, slot, victim);
         match evicted {
             Some(key) => Promotion::Evicted(key),
@@ -573,6 +578,7 @@ impl SlotTable {
     /// pinned slot `pinned` takes its old role with a new generation.
     fn swap_roles(&mut self, occupied: usize, pinned: usize) {
         let role = self.slots[occupied].role;
+        self.stale_slot(occupied);
         self.slots[occupied].role = SlotRole::Pinned;
         self.empty_slot(pinned);
         self.slots[pinned].role = role;
@@ -629,11 +635,15 @@ impl SlotTable {
             _ => return Err(format!("cannot repin: hot expert {}:{} is not resident and ready", hot.0, hot.1)),
         };
         let role = self.slots[hot_slot].role;
+        self.stale_slot(hot_slot);
         self.slots[hot_slot].role = SlotRole::Pinned;
         self.slots[cold_slot].role = role;
         self.replace_in_bank(role, hot_slot, cold_slot);
         match role {
-            SlotRole::Layer(l) if l == cold.0 => self.slots[cold_slot].last_use = 0,
+            SlotRole::Layer(l) if l == cold.0 => {
+                self.slots[cold_slot].last_use = 0;
+                self.stale_layer(l);
+            }
             SlotRole::Working => self.slots[cold_slot].last_use = 0,
             _ => {
                 self.empty_slot(cold_slot);
@@ -662,7 +672,9 @@ impl SlotTable {
         self.counters.decommitted += 1;
         self.slots[victim].role = SlotRole::Disabled;
         if let SlotRole::Layer(l) = role {
-            self.layer_slots[self.layer_pos[&l]].retain(|&i| i != victim);
+            let pos = self.layer_pos[&l];
+            self.layer_slots[pos].retain(|&i| i != victim);
+            self.best[pos] = None;
         }
         Some(victim)
     }
@@ -772,7 +784,7 @@ impl SlotTable {
         if roles[2] + roles[3] != self.planned_layer_slots {
             return Err(format!("{} layer + {} disabled slots != {}", roles[2], roles[3], self.planned_layer_slots));
         }
-        Ok(())
+        self.check_victims()
     }
 }
 

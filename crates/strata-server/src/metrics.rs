@@ -480,6 +480,7 @@ mod tests {
             traffic,
             slots: Default::default(),
             eviction: strata_residency::Eviction::Lfru { half_life: 32.0 },
+            eviction_scope: strata_residency::EvictionScope::Layer,
             hit_rate: Some(0.75),
         };
         let report = RuntimeReport {
@@ -487,6 +488,7 @@ mod tests {
             turn: Default::default(),
             slots: Default::default(),
             eviction: strata_residency::Eviction::Lru,
+            eviction_scope: strata_residency::EvictionScope::Global,
             residency_map: Vec::new(),
             repins: Vec::new(),
             pilot: None,

@@ -97,6 +97,7 @@ impl GpuExperts {
         }
         let mut table = SlotTable::new(&plan, host.layers().0);
         table.set_eviction(host.eviction());
+        table.set_scope(host.eviction_scope());
         let state = State {
             table,
             device: None,
@@ -403,6 +404,7 @@ impl DeviceTier for GpuExperts {
             traffic,
             slots: st.table.snapshot(),
             eviction: st.table.eviction(),
+            eviction_scope: st.table.scope(),
         }
     }
 }

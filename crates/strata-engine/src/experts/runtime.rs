@@ -24,8 +24,8 @@ use strata_backend::cpu::{CpuBackend, CpuExpert};
 use strata_kernels::QMatrix;
 use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{
-    repin_candidate, select_repins, Eviction, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase, SlotRole,
-    SlotSnapshot, SlotTable, UsageLedger, REPIN_MAX_SWAPS,
+    repin_candidate, select_repins, Eviction, EvictionScope, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase,
+    SlotRole, SlotSnapshot, SlotTable, UsageLedger, REPIN_MAX_SWAPS,
 };
 use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
 
@@ -86,6 +86,9 @@ pub struct RuntimeOptions {
     /// How each layer picks the expert it evicts. Under a device tier it applies there
     /// (the device sees every use); this tier, holding what the device evicts, is LRU.
     pub eviction: Eviction,
+    /// Where a tier finds the slot an incoming expert takes: its own layer's slots (the
+    /// default), or any layer's (layers differ in how much they reuse). Both tiers follow it.
+    pub eviction_scope: EvictionScope,
     /// Approximate decode (off by default): in a one-row forward, routed experts ranked
     /// this or lower (1-based) that would have to be read from disk are left out of the
     /// token's mix instead (their weight counts as 0). Trades output fidelity for disk
@@ -109,6 +112,9 @@ impl Default for RuntimeOptions {
             pilot_ranks: None,
             // Beats LRU on every trained-routing trace replayed (docs/performance.md).
             eviction: Eviction::Lfru { half_life: Eviction::DEFAULT_HALF_LIFE },
+            // Global reads fewer experts from disk at GLM-5.2's proportions but more on
+            // strata-tiny's routing (docs/performance.md, "One slab for all layers").
+            eviction_scope: EvictionScope::Layer,
             skip_misses_from_rank: None,
         }
     }
@@ -175,6 +181,8 @@ pub struct RuntimeReport {
     pub slots: SlotSnapshot,
     /// How this tier's layers pick their victims (LRU under a device tier).
     pub eviction: Eviction,
+    /// Whether a victim comes from the incoming expert's layer or from any layer.
+    pub eviction_scope: EvictionScope,
     /// Every occupied slot: layer, expert, role, phase, last use.
     pub residency_map: Vec<ResidencyEntry>,
     /// This turn's live-repin swaps: (layer, cold expert, hot expert).
@@ -213,6 +221,7 @@ impl StreamedExperts {
         }
         let mut table = SlotTable::new(&plan, source.layers());
         table.set_eviction(options.eviction);
+        table.set_scope(options.eviction_scope);
         let state = State {
             table,
             demand: Traffic::default(),
@@ -419,6 +428,7 @@ impl StreamedExperts {
             },
             slots: st.table.snapshot(),
             eviction: st.table.eviction(),
+            eviction_scope: st.table.scope(),
             residency_map: st.table.residency_map(),
             repins,
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),

@@ -262,6 +262,8 @@ pub struct DeviceTierReport {
     pub slots: strata_residency::SlotSnapshot,
     /// How its layers pick their victims.
     pub eviction: strata_residency::Eviction,
+    /// Whether a victim comes from the incoming expert's layer or from any layer.
+    pub eviction_scope: strata_residency::EvictionScope,
     /// hits / (hits + misses) over this report's window.
     pub hit_rate: Option<f64>,
 }

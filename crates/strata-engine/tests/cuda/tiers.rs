@@ -5,7 +5,7 @@ use super::*;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::fit::{fit_dir, fit_gpu, FitOptions};
 use strata_models::convert::{convert, ConvertOptions};
-use strata_residency::Eviction;
+use strata_residency::{Eviction, EvictionScope};
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
@@ -189,24 +189,34 @@ fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
 /// `strata replay --host-slots-per-layer` replays the tiers as the engine serves them: a
 /// traced generation through a small GPU slab and host tier, replayed at the plans' sizes,
 /// gives the engine's GPU hits, host hits and disk reads (exclusive tiers, the default),
-/// under LFRU eviction on the GPU (the default) and LRU.
+/// under LFRU eviction on the GPU (the default) and LRU, with each layer in its own slots
+/// (the default) or victims from any layer (`--eviction-scope global`).
 #[test]
 fn cuda_two_tier_replay_matches_the_engine() {
     let Some(_g) = gpu() else { return };
     let dir = container("glm5/dsa-sparse", QuantKind::Int8Row);
     // (GPU slots beyond the minimum: with 2 a layer keeps 1 slot and has no choice of victim.)
-    for (eviction, more) in [(Eviction::Lfru { half_life: 4.0 }, 8), (Eviction::Lru, 8), (Eviction::Lru, 2)] {
-        two_tier_replay_matches(dir.path(), eviction, more);
+    let (layer, global) = (EvictionScope::Layer, EvictionScope::Global);
+    let lfru = Eviction::Lfru { half_life: 4.0 };
+    for (eviction, more, scope) in [
+        (lfru, 8, layer),
+        (Eviction::Lru, 8, layer),
+        (Eviction::Lru, 2, layer),
+        (lfru, 8, global),
+        (Eviction::Lru, 8, global),
+    ] {
+        two_tier_replay_matches(dir.path(), eviction, more, scope);
     }
 }
 
-fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more_gpu_slots: u64) {
+fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more_gpu_slots: u64, scope: EvictionScope) {
     let (gmin, slot) = gpu_min(dir, 2);
     let hmin = host_min(dir, 2, slot);
     let mut opts = options(Some(gmin + more_gpu_slots * slot), Some(hmin + 4 * slot), 2);
     opts.runtime.eviction = eviction;
+    opts.runtime.eviction_scope = scope;
     let m = open(dir, &opts);
-    let trace_path = dir.join(format!("tiers-{eviction}-{more_gpu_slots}.trace"));
+    let trace_path = dir.join(format!("tiers-{eviction}-{more_gpu_slots}-{scope}.trace"));
     let mut g = m.generator().unwrap();
     g.set_trace(strata_engine::generate::RouteTrace::create(&trace_path).unwrap());
     let prompt: Vec<u32> = (0..12).map(|i| (i * 71 % 440) as u32).collect();
@@ -220,6 +230,7 @@ fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more_gpu_slots: u64) 
         strata_residency::read_trace(std::io::BufReader::new(std::fs::File::open(&trace_path).unwrap())).unwrap();
     let cfg = |p: &strata_residency::ResidencyPlan| strata_residency::ReplayConfig {
         lfru_half_life: 4.0,
+        scope,
         ..strata_residency::ReplayConfig::new(p.slots_per_layer, p.input.working_slots, 0)
     };
     let r = strata_residency::replay_tiers(&records, &cfg(&gp), &cfg(&hp));
@@ -227,7 +238,7 @@ fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more_gpu_slots: u64) 
     let engine = (tier.traffic.hits, report.turn.demand.hits, report.turn.demand.misses);
     let replayed = (r.gpu_hits, r.host_hits, r.disk_reads);
     eprintln!(
-        "{eviction}: GPU {} + {} working slots, host {} + {}: engine (GPU hits, host hits, disk) {engine:?}, replay {replayed:?}; \
+        "{eviction}, {scope} scope: GPU {} + {} working slots, host {} + {}: engine (GPU hits, host hits, disk) {engine:?}, replay {replayed:?}; \
          demotions: engine {} kept + {} copied, replay {} + {}",
         gp.slots_per_layer * gp.input.sparse_layers,
         gp.input.working_slots,

@@ -15,7 +15,7 @@
 //! Pins are `pin`ned and loaded before the first access, as at start-up.
 
 use crate::plan::{PlanInput, ResidencyPlan};
-use crate::slots::{Eviction, SlotPhase, SlotRole, SlotTable};
+use crate::slots::{Eviction, EvictionScope, SlotPhase, SlotRole, SlotTable};
 use crate::ExpertKey;
 
 /// Hits, misses and I/O waves of one replay.
@@ -32,13 +32,14 @@ pub(crate) struct SlabTally {
 }
 
 /// A slot table laid out for `layers` at `slots_per_layer`, `working` and `pins.len()`
-/// pinned slots, with the pins resident, evicting by `eviction`.
+/// pinned slots, with the pins resident, evicting by `eviction` within `scope`.
 pub(crate) fn table(
     layers: &[usize],
     slots_per_layer: usize,
     working: usize,
     pins: &[ExpertKey],
     eviction: Eviction,
+    scope: EvictionScope,
 ) -> SlotTable {
     let working = working.max(1);
     let input = PlanInput {
@@ -60,6 +61,7 @@ pub(crate) fn table(
     };
     let mut table = SlotTable::new(&plan, layers);
     table.set_eviction(eviction);
+    table.set_scope(scope);
     for &key in pins {
         if let Ok(slot) = table.pin(key) {
             if table.slot(slot).phase == SlotPhase::Loading {

@@ -204,7 +204,7 @@ fn belady_bounds_every_online_policy_on_random_traces() {
 
 /// LRU replay equals driving the runtime's SlotTable with the same accesses (one
 /// expert per forward and layer, so there are no same-time LRU ties whose order would
-/// depend on slot numbering).
+/// depend on slot numbering), in either scope.
 #[test]
 fn lru_replay_matches_the_slot_table() {
     for seed in 0..100 {
@@ -218,7 +218,8 @@ fn lru_replay_matches_the_slot_table() {
                 trace.push(TraceRecord { segment: 0, forward, row: 0, layer, experts: vec![e] });
             }
         }
-        let report = replay(&trace, &cfg(slots_per_layer, 2, 0));
+        let scope = [EvictionScope::Layer, EvictionScope::Global][seed as usize % 2];
+        let report = replay(&trace, &ReplayConfig { scope, ..cfg(slots_per_layer, 2, 0) });
         let p = plan(PlanInput {
             budget_bytes: u64::MAX,
             fixed_bytes: 0,
@@ -230,11 +231,10 @@ fn lru_replay_matches_the_slot_table() {
         })
         .unwrap();
         let mut table = SlotTable::new(&p, &layers);
+        table.set_scope(scope);
         let mut table_hits = 0;
-        for (i, r) in trace.iter().enumerate() {
-            if i % layers.len() == 0 {
-                table.tick();
-            }
+        for r in &trace {
+            table.tick(); // once per MoE layer call, as the runtime
             let key = (r.layer, r.experts[0]);
             if table.lookup(key).is_some() {
                 table_hits += 1;
@@ -244,7 +244,7 @@ fn lru_replay_matches_the_slot_table() {
                 table.promote(slot);
             }
         }
-        assert_eq!(report.policy("LRU").unwrap().hits, table_hits, "seed {seed}");
+        assert_eq!(report.policy("LRU").unwrap().hits, table_hits, "seed {seed}, {scope} scope");
     }
 }
 
@@ -283,11 +283,12 @@ fn runtime_rows_match_a_direct_slot_table_drive() {
         let trace = random_trace(&mut rng);
         let slots = 1 + rng.below(4);
         let working = 1 + rng.below(4);
-        let r = replay(&trace, &cfg(slots, working, 0));
+        let scope = [EvictionScope::Layer, EvictionScope::Global][seed as usize % 2];
+        let r = replay(&trace, &ReplayConfig { scope, ..cfg(slots, working, 0) });
         let mut layers: Vec<usize> = trace.iter().map(|t| t.layer).collect();
         layers.sort_unstable();
         layers.dedup();
-        let mut table = slab::table(&layers, slots, working, &[], Eviction::Lru);
+        let mut table = slab::table(&layers, slots, working, &[], Eviction::Lru, scope);
         let mut tally = slab::SlabTally::default();
         let mut i = 0;
         while i < trace.len() {
@@ -301,6 +302,6 @@ fn runtime_rows_match_a_direct_slot_table_drive() {
             table.check_invariants().unwrap();
         }
         let lru = r.policy("LRU").unwrap();
-        assert_eq!((lru.hits, lru.misses, lru.waves), (tally.hits, tally.misses, tally.waves), "seed {seed}");
+        assert_eq!((lru.hits, lru.misses, lru.waves), (tally.hits, tally.misses, tally.waves), "seed {seed}, {scope}");
     }
 }

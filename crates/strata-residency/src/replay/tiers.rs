@@ -84,8 +84,8 @@ pub fn replay_tiers(records: &[TraceRecord], gpu: &ReplayConfig, host: &ReplayCo
     let run = |gpu_pins: usize, host_pins: usize, exclusive: bool, eviction: Eviction| {
         let ranked = most_selected(records, gpu_pins + host_pins);
         let (gp, hp) = ranked.split_at(gpu_pins.min(ranked.len()));
-        let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp, eviction);
-        let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp, Eviction::Lru);
+        let mut gpu_table = slab::table(&g.layers, gpu.slots_per_layer, gpu.working, gp, eviction, gpu.scope);
+        let mut host_table = slab::table(&g.layers, host.slots_per_layer, host.working, hp, Eviction::Lru, host.scope);
         let mut gpu_tally = SlabTally::default();
         let mut host_tally = SlabTally::default();
         let mut demoted = Demoted::default();

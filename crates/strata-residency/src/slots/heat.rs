@@ -92,13 +92,15 @@ impl Heat {
         self.rate > 0.0
     }
 
-    /// One use of `key` at `clock` (not before the last rescale's clock).
-    pub fn add(&mut self, key: ExpertKey, clock: u64) {
+    /// One use of `key` at `clock` (not before the last rescale's clock). True when it
+    /// rescaled every heat (the order of the rest may change: some are forgotten).
+    pub fn add(&mut self, key: ExpertKey, clock: u64) -> bool {
         if !self.enabled() {
-            return;
+            return false;
         }
         let mut weight = (clock.saturating_sub(self.base) as f64 * self.rate).exp();
-        if weight > RESCALE_AT {
+        let rescale = weight > RESCALE_AT;
+        if rescale {
             self.scaled.values_mut().for_each(|h| *h /= weight);
             // What has cooled to nothing against this use is forgotten (bounds the map).
             self.scaled.retain(|_, h| *h > 1e-12);
@@ -106,6 +108,7 @@ impl Heat {
             weight = 1.0;
         }
         *self.scaled.entry(key).or_default() += weight;
+        rescale
     }
 
     /// Comparable within one table at one time; 0 for an expert never used.

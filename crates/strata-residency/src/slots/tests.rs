@@ -138,6 +138,78 @@ fn lfru_evicts_a_cooled_expert_before_a_colder_one() {
 }
 
 #[test]
+fn a_global_scope_takes_the_oldest_slot_of_any_layer_and_leaves_each_layer_one() {
+    let mut t = table(0, 2);
+    t.set_scope(EvictionScope::Global);
+    for key in [(5, 1), (5, 2), (3, 1), (3, 2)] {
+        t.tick();
+        assert_eq!(miss(&mut t, key).1, Promotion::Filled);
+    }
+    // Layer 5's experts are the oldest: layer 3 takes their slots, one at a time.
+    t.tick();
+    assert_eq!(miss(&mut t, (3, 3)).1, Promotion::Evicted((5, 1)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(3), Some(1)));
+    // Layer 5 is down to one slot: layer 3 now evicts its own oldest, although (5, 2) is older.
+    t.tick();
+    assert_eq!(miss(&mut t, (3, 4)).1, Promotion::Evicted((3, 1)));
+    // A miss of layer 5 may take its own last slot: (5, 2) is the oldest of all.
+    t.tick();
+    assert_eq!(miss(&mut t, (5, 3)).1, Promotion::Evicted((5, 2)));
+    // The next wins a slot back from layer 3's oldest.
+    t.tick();
+    assert_eq!(miss(&mut t, (5, 4)).1, Promotion::Evicted((3, 2)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    // The layer scope never moves a slot.
+    let mut t = table(0, 2);
+    for key in [(5, 1), (5, 2), (3, 1), (3, 2), (3, 3)] {
+        t.tick();
+        miss(&mut t, key);
+    }
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    assert_eq!(t.peek((5, 1)).map(|s| t.slot(s).role), Some(SlotRole::Layer(5)));
+}
+
+#[test]
+fn a_global_lfru_scope_evicts_the_coldest_expert_of_any_layer() {
+    let mut t = table(0, 2);
+    t.set_eviction(Eviction::Lfru { half_life: 4.0 });
+    t.set_scope(EvictionScope::Global);
+    for key in [(3, 1), (3, 2), (5, 1), (5, 2)] {
+        t.tick();
+        t.record_uses(key.0, [key.1]);
+        miss(&mut t, key);
+    }
+    // (3, 1) is used three more times: (3, 2), the oldest used once, goes.
+    for _ in 0..3 {
+        t.tick();
+        t.record_uses(3, [1]);
+        assert!(t.lookup((3, 1)).is_some());
+    }
+    t.tick();
+    t.record_uses(5, [3]);
+    assert_eq!(miss(&mut t, (5, 3)).1, Promotion::Evicted((3, 2)));
+    // A demotion into layer 3 takes layer 5's coldest slot the same way.
+    t.tick();
+    let (slot, g) = t.begin_demotion((3, 9)).unwrap();
+    assert_eq!(t.slot(slot).role, SlotRole::Layer(3));
+    assert!(t.finish_load(slot, g));
+    assert_eq!(t.peek((5, 1)), None, "the coldest of layer 5 made room");
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn scopes_parse_and_refuse_by_name() {
+    assert_eq!(EvictionScope::parse("layer"), Ok(EvictionScope::Layer));
+    assert_eq!(EvictionScope::parse("global"), Ok(EvictionScope::Global));
+    let err = EvictionScope::parse("model").unwrap_err();
+    assert!(err.contains("\"model\"") && err.contains("layer or global"), "{err}");
+    for s in [EvictionScope::Layer, EvictionScope::Global] {
+        assert_eq!(EvictionScope::parse(&s.to_string()), Ok(s));
+    }
+}
+
+#[test]
 fn lru_ties_go_to_the_lowest_slot_id() {
     let mut t = table(0, 2);
     // Same clock for both: the lower slot id is the victim.
@@ -403,6 +475,9 @@ fn random_operation_sequences_keep_the_invariants() {
         let mut t = table(pinned, per_layer);
         if seed % 2 == 1 {
             t.set_eviction(Eviction::Lfru { half_life: 1.5 });
+        }
+        if seed % 4 >= 2 {
+            t.set_scope(EvictionScope::Global);
         }
         let layers = [3usize, 5];
         let mut in_flight: Vec<(usize, u64, ExpertKey)> = Vec::new();

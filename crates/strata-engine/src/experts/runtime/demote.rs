@@ -55,6 +55,11 @@ impl StreamedExperts {
         self.eviction
     }
 
+    /// The eviction scope, which both tiers follow.
+    pub fn eviction_scope(&self) -> strata_residency::EvictionScope {
+        self.state.lock().unwrap().table.scope()
+    }
+
     pub(crate) fn below_device(&self) -> bool {
         self.below_device.load(std::sync::atomic::Ordering::Relaxed)
     }
