@@ -20,9 +20,9 @@
 //! - **LFRU/turn** (offline comparison, no working bank): evict the lowest
 //!   `heat * 256 + max(0, 255 - age)`; heat counts every selection (before dedup) and
 //!   halves at each new segment (turn); age counts selections since the expert's last one.
-//! - **Belady** (offline optimum with bypass, `slots_per_layer` per layer, no working
-//!   bank): after each forward keep the experts whose next use is soonest; a miss may
-//!   skip caching. It bounds LFRU from above; the runtime rows may beat it thanks to the
+//! - **Belady** (offline optimum with bypass, `slots_per_layer` per layer, or all layers'
+//!   slots together under the global scope; no working bank): after each forward keep the
+//!   experts whose next use is soonest; a miss may skip caching. It bounds LFRU from above; the runtime rows may beat it thanks to the
 //!   working bank and pins.
 //! - **Belady-nobypass**: the same without bypass: every missed expert is admitted
 //!   (up to `slots_per_layer` per forward, soonest next use first), evicting the
@@ -370,13 +370,16 @@ fn lfru(g: &Grouped, cfg: &ReplayConfig) -> Tally {
     tally
 }
 
-/// Belady's optimum per layer. With `bypass`: after each access group keep the `cap`
-/// experts (of the resident set and the group) whose next use is soonest;
-/// never-used-again ones go. Without: the group's experts are admitted first (the `cap`
-/// soonest when there are more), then the residents used soonest fill what is left.
+/// Belady's optimum per layer, or over all layers' slots together under the global scope
+/// (no floor: a bound on what any global policy keeps). With `bypass`: after each access
+/// group keep the `cap` experts (of the resident set and the group) whose next use is
+/// soonest; never-used-again ones go. Without: the group's experts are admitted first (the
+/// `cap` soonest when there are more), then the residents used soonest fill what is left.
 fn belady(g: &Grouped, cfg: &ReplayConfig, bypass: bool) -> Tally {
     const NEVER: usize = usize::MAX;
-    let cap = cfg.slots_per_layer;
+    let global = cfg.scope == EvictionScope::Global;
+    let cap = cfg.slots_per_layer * if global { g.layers.len() } else { 1 };
+    let bank = |layer_pos: usize| if global { 0 } else { layer_pos };
     let working = cfg.working.max(1);
     // Next use of each (access, expert), as an access index, scanning backwards.
     let mut next_use: Vec<Vec<usize>> = vec![Vec::new(); g.accesses.len()];
@@ -388,16 +391,18 @@ fn belady(g: &Grouped, cfg: &ReplayConfig, bypass: bool) -> Tally {
             map.insert(e, i);
         }
     }
-    let mut resident: Vec<HashMap<usize, usize>> = vec![HashMap::new(); g.layers.len()];
+    // Resident (layer position, expert) -> next use, per bank.
+    let mut resident: Vec<HashMap<(usize, usize), usize>> = vec![HashMap::new(); g.layers.len()];
     let mut tally = Tally::default();
-    let mut pool: Vec<(usize, usize)> = Vec::new();
+    let mut pool: Vec<(usize, (usize, usize))> = Vec::new();
     for (i, a) in g.accesses.iter().enumerate() {
-        let cache = &mut resident[a.layer_pos];
-        let hits = a.experts.iter().filter(|e| cache.contains_key(e)).count();
+        let cache = &mut resident[bank(a.layer_pos)];
+        let key = |e: usize| (a.layer_pos, e);
+        let hits = a.experts.iter().filter(|&&e| cache.contains_key(&key(e))).count();
         tally.add(hits, a.experts.len() - hits, working);
         if bypass {
             for (&e, &next) in a.experts.iter().zip(&next_use[i]) {
-                cache.insert(e, next);
+                cache.insert(key(e), next);
             }
             pool.clear();
             pool.extend(cache.iter().map(|(&e, &next)| (next, e)).filter(|&(next, _)| next != NEVER));
@@ -406,12 +411,12 @@ fn belady(g: &Grouped, cfg: &ReplayConfig, bypass: bool) -> Tally {
             cache.clear();
             cache.extend(pool.iter().map(|&(next, e)| (e, next)));
         } else {
-            let mut admitted: Vec<(usize, usize)> =
-                next_use[i].iter().copied().zip(a.experts.iter().copied()).collect();
+            let mut admitted: Vec<(usize, (usize, usize))> =
+                next_use[i].iter().copied().zip(a.experts.iter().map(|&e| key(e))).collect();
             admitted.sort_unstable();
             admitted.truncate(cap);
-            for &(_, e) in &admitted {
-                cache.remove(&e);
+            for (_, k) in &admitted {
+                cache.remove(k);
             }
             pool.clear();
             pool.extend(cache.iter().map(|(&e, &next)| (next, e)));

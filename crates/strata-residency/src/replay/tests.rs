@@ -248,6 +248,29 @@ fn lru_replay_matches_the_slot_table() {
     }
 }
 
+/// The global scope's Belady keeps all layers' slots together: never fewer hits than the
+/// per-layer optimum, which is one of the ways to fill them.
+#[test]
+fn a_global_belady_bounds_the_per_layer_one() {
+    let mut wins = 0;
+    for seed in 0..40 {
+        let mut rng = TestRng::new(7000 + seed);
+        let trace = random_trace(&mut rng);
+        let c = cfg(1 + rng.below(4), 2, 0);
+        let per_layer = replay(&trace, &c);
+        let global = replay(&trace, &ReplayConfig { scope: EvictionScope::Global, ..c });
+        for name in ["Belady", "Belady-nobypass"] {
+            let (l, g) = (per_layer.policy(name).unwrap(), global.policy(name).unwrap());
+            assert_eq!(l.hits + l.misses, g.hits + g.misses, "seed {seed}");
+            if name == "Belady" {
+                assert!(g.hits >= l.hits, "seed {seed}: global {} < per layer {}", g.hits, l.hits);
+                wins += (g.hits > l.hits) as usize;
+            }
+        }
+    }
+    assert!(wins > 0, "the global optimum never found more hits");
+}
+
 /// A miss that finds every layer slot leased stays in the working bank (still a hit)
 /// until a later miss reuses that working slot: the runtime's behaviour that a plain
 /// per-layer LRU misses.

@@ -138,63 +138,73 @@ fn lfru_evicts_a_cooled_expert_before_a_colder_one() {
 }
 
 #[test]
-fn a_global_scope_takes_the_oldest_slot_of_any_layer_and_leaves_each_layer_one() {
-    let mut t = table(0, 2);
+fn a_global_scope_takes_the_oldest_slot_of_any_layer_down_to_three_quarters_of_a_share() {
+    let mut t = table(0, 4);
     t.set_scope(EvictionScope::Global);
-    for key in [(5, 1), (5, 2), (3, 1), (3, 2)] {
+    for key in [(5, 1), (5, 2), (5, 3), (5, 4), (3, 1), (3, 2), (3, 3), (3, 4)] {
         t.tick();
         assert_eq!(miss(&mut t, key).1, Promotion::Filled);
     }
-    // Layer 5's experts are the oldest: layer 3 takes their slots, one at a time.
+    // Layer 5's experts are the oldest: layer 3 takes the oldest one's slot.
     t.tick();
-    assert_eq!(miss(&mut t, (3, 3)).1, Promotion::Evicted((5, 1)));
-    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(3), Some(1)));
-    // Layer 5 is down to one slot: layer 3 now evicts its own oldest, although (5, 2) is older.
+    assert_eq!(miss(&mut t, (3, 5)).1, Promotion::Evicted((5, 1)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(5), Some(3)));
+    // Layer 5 is down to 3 of its 4: layer 3 now evicts its own oldest, although (5, 2) is
+    // older.
     t.tick();
-    assert_eq!(miss(&mut t, (3, 4)).1, Promotion::Evicted((3, 1)));
-    // A miss of layer 5 may take its own last slot: (5, 2) is the oldest of all.
+    assert_eq!(miss(&mut t, (3, 6)).1, Promotion::Evicted((3, 1)));
+    // Layer 5's experts used again, a miss of layer 5 wins a slot back from layer 3's oldest.
     t.tick();
-    assert_eq!(miss(&mut t, (5, 3)).1, Promotion::Evicted((5, 2)));
-    // The next wins a slot back from layer 3's oldest.
+    for e in [2, 3, 4] {
+        assert!(t.lookup((5, e)).is_some());
+    }
     t.tick();
-    assert_eq!(miss(&mut t, (5, 4)).1, Promotion::Evicted((3, 2)));
-    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    assert_eq!(miss(&mut t, (5, 5)).1, Promotion::Evicted((3, 2)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(4), Some(4)));
     // The layer scope never moves a slot.
-    let mut t = table(0, 2);
-    for key in [(5, 1), (5, 2), (3, 1), (3, 2), (3, 3)] {
+    let mut t = table(0, 4);
+    for key in [(5, 1), (5, 2), (5, 3), (5, 4), (3, 1), (3, 2), (3, 3), (3, 4), (3, 5)] {
         t.tick();
         miss(&mut t, key);
     }
-    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(4), Some(4)));
     assert_eq!(t.peek((5, 1)).map(|s| t.slot(s).role), Some(SlotRole::Layer(5)));
+    assert_eq!(t.peek((3, 1)), None);
 }
 
 #[test]
 fn a_global_lfru_scope_evicts_the_coldest_expert_of_any_layer() {
-    let mut t = table(0, 2);
+    let mut t = table(0, 4);
     t.set_eviction(Eviction::Lfru { half_life: 4.0 });
     t.set_scope(EvictionScope::Global);
-    for key in [(3, 1), (3, 2), (5, 1), (5, 2)] {
+    let mut use_now = |t: &mut SlotTable, key: ExpertKey| {
         t.tick();
         t.record_uses(key.0, [key.1]);
-        miss(&mut t, key);
+        if t.lookup(key).is_none() {
+            miss(t, key);
+        }
+    };
+    for key in [(3, 1), (3, 2), (3, 3), (3, 4), (5, 1), (5, 2), (5, 3), (5, 4)] {
+        use_now(&mut t, key);
     }
     // (3, 1) is used three more times: (3, 2), the oldest used once, goes.
     for _ in 0..3 {
-        t.tick();
-        t.record_uses(3, [1]);
-        assert!(t.lookup((3, 1)).is_some());
+        use_now(&mut t, (3, 1));
     }
     t.tick();
-    t.record_uses(5, [3]);
-    assert_eq!(miss(&mut t, (5, 3)).1, Promotion::Evicted((3, 2)));
-    // A demotion into layer 3 takes layer 5's coldest slot the same way.
+    t.record_uses(5, [5]);
+    assert_eq!(miss(&mut t, (5, 5)).1, Promotion::Evicted((3, 2)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(3), Some(5)));
+    // Layer 3's experts warm up; a demotion into layer 3 takes layer 5's coldest slot.
+    for key in [(3, 1), (3, 3), (3, 4), (3, 3), (3, 4)] {
+        use_now(&mut t, key);
+    }
     t.tick();
     let (slot, g) = t.begin_demotion((3, 9)).unwrap();
     assert_eq!(t.slot(slot).role, SlotRole::Layer(3));
     assert!(t.finish_load(slot, g));
     assert_eq!(t.peek((5, 1)), None, "the coldest of layer 5 made room");
-    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(2), Some(2)));
+    assert_eq!((t.layer_capacity(3), t.layer_capacity(5)), (Some(4), Some(4)));
     t.check_invariants().unwrap();
 }
 
