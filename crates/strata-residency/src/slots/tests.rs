@@ -177,7 +177,7 @@ fn a_global_lfru_scope_evicts_the_coldest_expert_of_any_layer() {
     let mut t = table(0, 4);
     t.set_eviction(Eviction::Lfru { half_life: 4.0 });
     t.set_scope(EvictionScope::Global);
-    let mut use_now = |t: &mut SlotTable, key: ExpertKey| {
+    let use_now = |t: &mut SlotTable, key: ExpertKey| {
         t.tick();
         t.record_uses(key.0, [key.1]);
         if t.lookup(key).is_none() {
