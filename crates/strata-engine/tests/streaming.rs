@@ -8,6 +8,7 @@ use strata_engine::fit::{fit_dir, FitOptions};
 use strata_engine::{GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::QuantKind;
 use strata_models::convert::{convert, ConvertOptions};
+use strata_residency::EvictionScope;
 use strata_storage::WeightStore;
 
 fn fixture(name: &str) -> PathBuf {
@@ -84,11 +85,22 @@ fn streamed_equals_resident_bit_for_bit() {
         let min = min_budget(dir.path(), 2);
         let slot = strata_engine::experts::ContainerSource::open(dir.path(), "main").unwrap();
         let slot = strata_engine::experts::ExpertSource::slot_bytes(&slot) as u64;
-        // The smallest plan (1 slot per layer, 2 working), a few in between, and roomy.
-        for (budget, working) in [(min, 2), (min + 3 * slot, 2), (min + 20 * slot, 4), (min + 400 * slot, 16)] {
-            let streamed = run(dir.path(), &options(Some(budget), working));
-            assert_eq!(streamed.1, resident.1, "{name}: tokens differ at budget {budget}");
-            assert!(streamed.0 == resident.0, "{name}: logits differ at budget {budget}");
+        // The smallest plan (1 slot per layer, 2 working), a few in between, and roomy; the
+        // middle ones also with victims from any layer (`--eviction-scope global`).
+        let (layer, global) = (EvictionScope::Layer, EvictionScope::Global);
+        for (budget, working, scope) in [
+            (min, 2, layer),
+            (min + 3 * slot, 2, layer),
+            (min + 20 * slot, 4, layer),
+            (min + 400 * slot, 16, layer),
+            (min + 3 * slot, 2, global),
+            (min + 20 * slot, 4, global),
+        ] {
+            let mut opts = options(Some(budget), working);
+            opts.runtime.eviction_scope = scope;
+            let streamed = run(dir.path(), &opts);
+            assert_eq!(streamed.1, resident.1, "{name}: tokens differ at budget {budget} ({scope} scope)");
+            assert!(streamed.0 == resident.0, "{name}: logits differ at budget {budget} ({scope} scope)");
         }
         let err = LoadedModel::open_with(dir.path(), &options(Some(min - 1), 2)).err().unwrap();
         let msg = format!("{err:#}");
