@@ -95,17 +95,23 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
         drop(all);
         let (gmin, slot) = gpu_min(dir.path(), 2);
         let hmin = host_min(dir.path(), 2, slot);
+        // (The last with victims from any layer, `--eviction-scope global`: slots move
+        // between layers in both tiers.)
+        let (layer, global) = (EvictionScope::Layer, EvictionScope::Global);
         let pairs = [
-            (Some(gmin), None, 2),
-            (Some(gmin), Some(hmin), 2),
-            (Some(gmin + 3 * slot), Some(hmin + 2 * slot), 2),
-            (Some(gmin + 20 * slot), Some(hmin + 40 * slot), 4),
-            (None, Some(hmin), 2),
+            (Some(gmin), None, 2, layer),
+            (Some(gmin), Some(hmin), 2, layer),
+            (Some(gmin + 3 * slot), Some(hmin + 2 * slot), 2, layer),
+            (Some(gmin + 20 * slot), Some(hmin + 40 * slot), 4, layer),
+            (None, Some(hmin), 2, layer),
+            (Some(gmin + 12 * slot), Some(hmin + 12 * slot), 2, global),
         ];
-        for (gpu, host, working) in pairs {
-            let m = open(dir.path(), &options(gpu, host, working));
+        for (gpu, host, working, scope) in pairs {
+            let mut opts = options(gpu, host, working);
+            opts.runtime.eviction_scope = scope;
+            let m = open(dir.path(), &opts);
             let streamed = run(&m);
-            let what = format!("{name}: --gpu-budget {gpu:?} --budget {host:?} (working {working})");
+            let what = format!("{name}: --gpu-budget {gpu:?} --budget {host:?} (working {working}, {scope} scope)");
             assert_eq!(streamed.1, resident.1, "{what}: greedy tokens differ from every expert on the GPU");
             assert!(streamed.0 == resident.0, "{what}: logits differ from every expert on the GPU");
             let report = m.experts.as_ref().unwrap().end_turn().unwrap();
