@@ -22,8 +22,8 @@
 //!   halves at each new segment (turn); age counts selections since the expert's last one.
 //! - **Belady** (offline optimum with bypass, `slots_per_layer` per layer, or all layers'
 //!   slots together under the global scope; no working bank): after each forward keep the
-//!   experts whose next use is soonest; a miss may skip caching. It bounds LFRU from above; the runtime rows may beat it thanks to the
-//!   working bank and pins.
+//!   experts whose next use is soonest; a miss may skip caching. It bounds LFRU from
+//!   above; the runtime rows may beat it thanks to the working bank and pins.
 //! - **Belady-nobypass**: the same without bypass: every missed expert is admitted
 //!   (up to `slots_per_layer` per forward, soonest next use first), evicting the
 //!   residents used farthest in the future.

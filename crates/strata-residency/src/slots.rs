@@ -665,17 +665,12 @@ impl SlotTable {
             .flat_map(|bank| bank.iter().copied())
             .filter(|&i| matches!(self.slots[i].phase, SlotPhase::Idle | SlotPhase::Ready))
             .min_by_key(|&i| (self.slots[i].phase != SlotPhase::Idle, self.slots[i].last_use, i))?;
-        let role = self.slots[victim].role;
         if self.empty_slot(victim).is_some() {
             self.counters.pressure_evictions += 1;
         }
         self.counters.decommitted += 1;
+        self.leave_bank(victim);
         self.slots[victim].role = SlotRole::Disabled;
-        if let SlotRole::Layer(l) = role {
-            let pos = self.layer_pos[&l];
-            self.layer_slots[pos].retain(|&i| i != victim);
-            self.best[pos] = None;
-        }
         Some(victim)
     }
 

@@ -87,7 +87,7 @@ impl SlotTable {
 
     /// The slot an incoming expert of `layer` takes, by the scope: None when every slot it
     /// may take is loading or leased. Under the global scope another layer gives up a slot
-    /// only while it has more than one.
+    /// only while it has more than its floor (`layer_floor`).
     pub(super) fn victim_for(&mut self, layer: usize) -> Option<usize> {
         let own = self.layer_pos[&layer];
         if self.scope == EvictionScope::Layer {
@@ -105,7 +105,8 @@ impl SlotTable {
             .min_by(|&a, &b| self.victim_order(a, b))
     }
 
-    /// Slots a layer keeps under the global scope: FLOOR_NUM/FLOOR_DEN of its planned share, at least one.
+    /// Slots a layer keeps under the global scope: FLOOR_NUM / FLOOR_DEN of its planned
+    /// share (rounded up), at least one.
     fn layer_floor(&self) -> usize {
         let share = self.planned_layer_slots / self.layers.len().max(1);
         (share * FLOOR_NUM).div_ceil(FLOOR_DEN).max(1)
