@@ -27,10 +27,13 @@ pub use step::{is_fed, Step, FED, NON_FINITE};
 
 use anyhow::Result;
 pub use strata_kernels::GateAct;
-use strata_kernels::QuantKind;
+use strata_kernels::{encode_scales, QMatrix, QuantKind, Scales};
 
 /// A matrix in host memory as it comes from a checkpoint, in its stored precision
 /// (bf16, f32, FP8 with block scales, int8-row, int4-group), `[rows = out, cols = in]`.
+/// `scales` hold f32 values; where `kind` stores its scales as bf16 each must be a bf16
+/// value ([`validate`](Self::validate)): the CPU computes with them as they are (the same
+/// numbers), a device stores them as `kind` says.
 #[derive(Clone, Debug)]
 pub struct HostMatrix {
     pub kind: QuantKind,
@@ -52,9 +55,27 @@ impl HostMatrix {
         }
     }
 
-    /// Bytes held: payload and scales.
+    /// Bytes held in `kind`'s encoding: payload and scales.
     pub fn bytes(&self) -> u64 {
-        (self.payload.len() + 4 * self.scales.len()) as u64
+        self.kind.stored_bytes(self.rows, self.cols) as u64
+    }
+
+    /// The matrix as the CPU kernels read it (bf16 scales as the f32 values they are).
+    pub fn view(&self) -> QMatrix<'_> {
+        QMatrix {
+            kind: self.kind.with_f32_scales(),
+            rows: self.rows,
+            cols: self.cols,
+            payload: &self.payload,
+            scales: Scales::F32(&self.scales),
+        }
+    }
+
+    /// Panics if the payload or scale count does not fit `kind` (a programming error);
+    /// an error if a scale that `kind` stores as bf16 is not a bf16 value.
+    pub fn validate(&self) -> Result<()> {
+        self.view().validate();
+        encode_scales(self.kind, &self.scales).map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     /// Splits the columns at `at`: `(W[:, ..at], W[:, at..])` (a projection of a
@@ -77,7 +98,7 @@ impl HostMatrix {
                     let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
                     (p, self.scales.clone())
                 }
-                QuantKind::Int4Group { group } => {
+                QuantKind::Int4Group { group, .. } => {
                     let half = cols.div_ceil(2);
                     let groups = cols.div_ceil(group);
                     let p = (0..rows)
@@ -102,7 +123,7 @@ impl HostMatrix {
             Self { kind, rows, cols: width, payload, scales }
         };
         let unit = match self.kind {
-            QuantKind::Int4Group { group } => group,
+            QuantKind::Int4Group { group, .. } => group,
             QuantKind::Fp8 { block_cols, .. } => block_cols,
             _ => 1,
         };

@@ -4,7 +4,7 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use strata_kernels::QuantKind;
+use strata_kernels::{QuantKind, ScaleType};
 use strata_models::convert::{convert as convert_model, ConvertOptions};
 use strata_residency::EvictionScope;
 
@@ -22,6 +22,11 @@ pub struct ConvertArgs {
     /// int4 scale group (inputs per scale; even, >= 2).
     #[arg(long, default_value_t = 64)]
     group: usize,
+    /// How int4 scales are stored: f32, or bf16 (half the scale bytes; with `--group 128`
+    /// an expert is 8% smaller than int4-g64 with f32 scales). Applies to every int4
+    /// encoding given by `--experts int4` / `--mtp-experts int4`.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    scales: String,
     /// MTP-layer expert encoding (int8: int4 drafts are known to be rejected).
     #[arg(long, default_value = "int8")]
     mtp_experts: String,
@@ -42,21 +47,29 @@ fn check_skip_rank(rank: Option<usize>) -> Result<()> {
     }
 }
 
-fn encoding(name: &str, group: usize) -> Result<QuantKind> {
+fn encoding(flag: &str, name: &str, group: usize, scales: ScaleType) -> Result<QuantKind> {
     match name {
         "int4" => {
             if group < 2 || !group.is_multiple_of(2) {
                 return Err(anyhow!("--group must be an even number >= 2, got {group}"));
             }
-            Ok(QuantKind::Int4Group { group })
+            Ok(QuantKind::Int4Group { group, scales })
         }
-        other => QuantKind::parse(other).map_err(|e| anyhow!("--experts: {e}")),
+        other => QuantKind::parse(other).map_err(|e| anyhow!("{flag}: {e}")),
     }
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
-    let experts = encoding(&a.experts, a.group)?;
-    let mtp_experts = encoding(&a.mtp_experts, a.group)?;
+    let scales = if a.scales == "bf16" { ScaleType::Bf16 } else { ScaleType::F32 };
+    if scales == ScaleType::Bf16 && a.experts != "int4" && a.mtp_experts != "int4" {
+        return Err(anyhow!(
+            "--scales bf16 applies to int4 experts, but --experts is {} and --mtp-experts {}",
+            a.experts,
+            a.mtp_experts
+        ));
+    }
+    let experts = encoding("--experts", &a.experts, a.group, scales)?;
+    let mtp_experts = encoding("--mtp-experts", &a.mtp_experts, a.group, scales)?;
     a.quality.check()?;
     let bar = ProgressBar::new(0);
     bar.set_style(

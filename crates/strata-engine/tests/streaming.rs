@@ -75,9 +75,10 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
 #[test]
 fn streamed_equals_resident_bit_for_bit() {
     for (name, kind) in [
-        ("glm5/dsa-sparse", QuantKind::Int4Group { group: 16 }),
+        ("glm5/dsa-sparse", QuantKind::int4(16)),
         ("glm5/dsa-shared", QuantKind::Int8Row),
-        ("glm4_moe/gqa-bias", QuantKind::Int4Group { group: 16 }),
+        // bf16 scales: read in place from the slot as the f32 ones are.
+        ("glm4_moe/gqa-bias", QuantKind::int4_bf16(16)),
         ("glm4_moe/bf16-mha", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
@@ -116,7 +117,7 @@ fn streamed_equals_resident_bit_for_bit() {
 fn gemma4_moe_streamed_equals_resident_bit_for_bit() {
     use strata_engine::experts::PilotMode;
     let name = "gemma4/moe";
-    for kind in [QuantKind::Int4Group { group: 16 }, QuantKind::Int8Row] {
+    for kind in [QuantKind::int4(16), QuantKind::Int8Row] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));
         let min = min_budget(dir.path(), 2);

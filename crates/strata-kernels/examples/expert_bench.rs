@@ -194,7 +194,7 @@ fn main() {
         "kind", "rows", "MB", "cold ms", "cold GB/s", "/floor", "hot ms", "hot GB/s", "floor ms"
     );
 
-    for kind in [QuantKind::Int4Group { group: 64 }, QuantKind::Int8Row, QuantKind::Bf16] {
+    for kind in [QuantKind::int4(64), QuantKind::Int8Row, QuantKind::Bf16] {
         if only_kind.is_some_and(|k| k != kind) {
             continue;
         }
@@ -278,7 +278,7 @@ fn main() {
 
     if args.iter().any(|a| a == "--scaling") {
         // Hot int4-g64 expert against the thread count.
-        let e = Expert::new(QuantKind::Int4Group { group: 64 }, 1);
+        let e = Expert::new(QuantKind::int4(64), 1);
         let max = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         println!("scaling, hot int4-g64 expert (ms per expert; speed-up over 1 thread):");
         let mut base = [0f64; 2];

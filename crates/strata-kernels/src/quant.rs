@@ -2,7 +2,9 @@
 //! - int8-row: `rows*cols` i8, one f32 scale per row: `w = q * s[r]`;
 //! - int4-group(gs): two values a byte (low nibble = even column, high = odd column),
 //!   `w = (nibble - 8) * s[r, c / gs]`, `rows * ceil(cols/gs)` scales (per-row int4 is
-//!   `gs == cols`);
+//!   `gs == cols`), stored as f32 (`int4-gN`) or bf16 (`int4-gN-bf16`: half the scale
+//!   bytes, which at g128 make an expert 3% smaller; the nibbles are chosen against the
+//!   rounded scale, so the rounding costs next to nothing);
 //! - bf16 / f32: plain little-endian values, no scales;
 //! - fp8 (e4m3, DeepSeek/GLM FP8 checkpoints): `rows*cols` bytes and one f32 scale per
 //!   block of `block_rows x block_cols`: `w = e4m3(q) * s[r / br, c / bc]`.
@@ -16,11 +18,65 @@ pub enum QuantKind {
     F32,
     Bf16,
     Int8Row,
-    Int4Group { group: usize },
+    Int4Group { group: usize, scales: ScaleType },
     Fp8 { block_rows: usize, block_cols: usize },
 }
 
+/// How an encoding's scales are stored (every kernel computes with them as f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ScaleType {
+    #[default]
+    F32,
+    /// The top half of an f32: exact to widen, 2 bytes a scale.
+    Bf16,
+}
+
+impl ScaleType {
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+        }
+    }
+}
+
 impl QuantKind {
+    /// int4 with groups of `group` inputs and f32 scales.
+    pub const fn int4(group: usize) -> Self {
+        Self::Int4Group { group, scales: ScaleType::F32 }
+    }
+
+    /// int4 with groups of `group` inputs and bf16 scales.
+    pub const fn int4_bf16(group: usize) -> Self {
+        Self::Int4Group { group, scales: ScaleType::Bf16 }
+    }
+
+    /// How the scales are stored (f32 for every encoding but `int4-gN-bf16`).
+    pub fn scale_type(self) -> ScaleType {
+        match self {
+            Self::Int4Group { scales, .. } => scales,
+            _ => ScaleType::F32,
+        }
+    }
+
+    /// The same encoding with f32 scales (same values: a bf16 scale widens exactly).
+    pub fn with_f32_scales(self) -> Self {
+        match self {
+            Self::Int4Group { group, .. } => Self::int4(group),
+            k => k,
+        }
+    }
+
+    /// Bytes of the stored scales.
+    pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
+        self.scale_count(rows, cols) * self.scale_type().bytes()
+    }
+
+    /// Bytes of payload and scales.
+    pub fn stored_bytes(self, rows: usize, cols: usize) -> usize {
+        self.payload_bytes(rows, cols) + self.scale_bytes(rows, cols)
+    }
+
     /// Bytes of the payload (without scales).
     pub fn payload_bytes(self, rows: usize, cols: usize) -> usize {
         match self {
@@ -32,12 +88,12 @@ impl QuantKind {
         }
     }
 
-    /// Number of f32 scales.
+    /// Number of scales.
     pub fn scale_count(self, rows: usize, cols: usize) -> usize {
         match self {
             Self::F32 | Self::Bf16 => 0,
             Self::Int8Row => rows,
-            Self::Int4Group { group } => rows * cols.div_ceil(group),
+            Self::Int4Group { group, .. } => rows * cols.div_ceil(group),
             Self::Fp8 { block_rows, block_cols } => rows.div_ceil(block_rows) * cols.div_ceil(block_cols),
         }
     }
@@ -47,12 +103,13 @@ impl QuantKind {
             Self::F32 => "f32".into(),
             Self::Bf16 => "bf16".into(),
             Self::Int8Row => "int8".into(),
-            Self::Int4Group { group } => format!("int4-g{group}"),
+            Self::Int4Group { group, scales: ScaleType::F32 } => format!("int4-g{group}"),
+            Self::Int4Group { group, scales: ScaleType::Bf16 } => format!("int4-g{group}-bf16"),
             Self::Fp8 { block_rows, block_cols } => format!("fp8-b{block_rows}x{block_cols}"),
         }
     }
 
-    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `fp8-bRxC`.
+    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `int4-gN-bf16`, `fp8-bRxC`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "f32" => Ok(Self::F32),
@@ -67,18 +124,25 @@ impl QuantKind {
                 }
             }
             _ => {
-                let g = s
+                let (rest, scales) = match s.strip_suffix("-bf16") {
+                    Some(rest) => (rest, ScaleType::Bf16),
+                    None => (s, ScaleType::F32),
+                };
+                let group = rest
                     .strip_prefix("int4-g")
                     .and_then(|g| g.parse::<usize>().ok())
                     .filter(|&g| g >= 2 && g % 2 == 0)
-                    .ok_or_else(|| format!("unknown expert encoding `{s}` (f32, bf16, int8, int4-gN with even N)"))?;
-                Ok(Self::Int4Group { group: g })
+                    .ok_or_else(|| {
+                        format!("unknown expert encoding `{s}` (f32, bf16, int8, int4-gN or int4-gN-bf16 with even N)")
+                    })?;
+                Ok(Self::Int4Group { group, scales })
             }
         }
     }
 }
 
-/// Encodes `w` (row-major `rows x cols`) as `kind`: (payload, scales). Large matrices are
+/// Encodes `w` (row-major `rows x cols`) as `kind`: (payload, scales as f32 values; with
+/// bf16 scales each is a bf16 value, stored by [`encode_scales`]). Large matrices are
 /// cut into bands of rows (whole FP8 blocks) encoded on every core; payload and scales are
 /// row-major, so the bands' outputs concatenate to the same bytes as one pass.
 pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
@@ -120,7 +184,7 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
             }
             (payload, scales)
         }
-        QuantKind::Int4Group { group } => {
+        QuantKind::Int4Group { group, scales: stype } => {
             let groups = cols.div_ceil(group);
             let mut payload = vec![0u8; rows * cols.div_ceil(2)];
             let mut scales = Vec::with_capacity(rows * groups);
@@ -128,7 +192,12 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
                 let dst = &mut payload[r * cols.div_ceil(2)..(r + 1) * cols.div_ceil(2)];
                 for (g, chunk) in row.chunks(group).enumerate() {
                     let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let s = if amax > 0.0 { amax / 7.0 } else { 1.0 };
+                    let mut s = amax / 7.0;
+                    if stype == ScaleType::Bf16 {
+                        // The nibbles below are chosen against the stored scale.
+                        s = bf16::from_f32(s).to_f32();
+                    }
+                    let s = if s > 0.0 && s.is_finite() { s } else { 1.0 };
                     scales.push(s);
                     for (j, v) in chunk.iter().enumerate() {
                         let c = g * group + j;
@@ -165,6 +234,36 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
     }
 }
 
+/// The stored bytes of `scales` (f32 values from [`quantize`]) in `kind`'s scale type,
+/// little-endian. A bf16 scale must be exact in bf16 (the nibbles were chosen against
+/// that value): otherwise an error names the first that is not.
+pub fn encode_scales(kind: QuantKind, scales: &[f32]) -> Result<Vec<u8>, String> {
+    match kind.scale_type() {
+        ScaleType::F32 => Ok(scales.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ScaleType::Bf16 => {
+            let mut out = Vec::with_capacity(scales.len() * 2);
+            for (i, &v) in scales.iter().enumerate() {
+                let b = bf16::from_f32(v);
+                if b.to_f32().to_bits() != v.to_bits() {
+                    return Err(format!("{}: scale {i} ({v:e}) is not a bf16 value", kind.name()));
+                }
+                out.extend_from_slice(&b.to_bits().to_le_bytes());
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// f32 values of stored scale bytes (the inverse of [`encode_scales`]).
+pub fn decode_scales(kind: QuantKind, bytes: &[u8]) -> Vec<f32> {
+    match kind.scale_type() {
+        ScaleType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        ScaleType::Bf16 => {
+            bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+        }
+    }
+}
+
 /// The plain reference decoder: f32 values of an encoded matrix.
 pub fn dequantize(kind: QuantKind, payload: &[u8], scales: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(payload.len(), kind.payload_bytes(rows, cols), "dequantize: payload size");
@@ -188,7 +287,7 @@ pub fn dequantize(kind: QuantKind, payload: &[u8], scales: &[f32], rows: usize, 
                 }
             }
         }
-        QuantKind::Int4Group { group } => {
+        QuantKind::Int4Group { group, .. } => {
             let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
             for r in 0..rows {
                 for c in 0..cols {
@@ -218,7 +317,7 @@ mod tests {
 
     #[test]
     fn sizes_names_and_parse() {
-        let k = QuantKind::Int4Group { group: 64 };
+        let k = QuantKind::int4(64);
         assert_eq!(k.payload_bytes(2048, 6144), 2048 * 3072);
         assert_eq!(k.scale_count(2048, 6144), 2048 * 96);
         assert_eq!(QuantKind::parse(&k.name()).unwrap(), k);
@@ -230,6 +329,14 @@ mod tests {
             assert_eq!(QuantKind::parse(s).unwrap().name(), s);
         }
         assert!(QuantKind::parse("int4-g3").is_err());
+        let b = QuantKind::int4_bf16(128);
+        assert_eq!(b.name(), "int4-g128-bf16");
+        assert_eq!(QuantKind::parse("int4-g128-bf16").unwrap(), b);
+        assert_eq!(b.scale_bytes(2048, 6144), 2048 * 48 * 2);
+        assert_eq!(b.stored_bytes(2048, 6144), 2048 * 3072 + 2048 * 48 * 2);
+        assert_eq!(b.with_f32_scales(), QuantKind::int4(128));
+        assert!(QuantKind::parse("int4-g3-bf16").is_err());
+        assert!(QuantKind::parse("int8-bf16").is_err());
         assert!(QuantKind::parse("q4").unwrap_err().contains("unknown expert encoding"));
     }
 
@@ -243,7 +350,7 @@ mod tests {
         for kind in [
             QuantKind::Bf16,
             QuantKind::Int8Row,
-            QuantKind::Int4Group { group: 64 },
+            QuantKind::int4(64),
             QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
             QuantKind::Fp8 { block_rows: 3, block_cols: 7 },
         ] {
@@ -256,14 +363,14 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let (rows, cols) = (7usize, 150usize);
         let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-        for kind in [QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 150 }] {
+        for kind in [QuantKind::Int8Row, QuantKind::int4(32), QuantKind::int4(150), QuantKind::int4_bf16(32)] {
             let (p, s) = quantize(kind, &w, rows, cols);
             let d = dequantize(kind, &p, &s, rows, cols);
             for r in 0..rows {
                 for c in 0..cols {
                     let scale = match kind {
                         QuantKind::Int8Row => s[r],
-                        QuantKind::Int4Group { group } => s[r * cols.div_ceil(group) + c / group],
+                        QuantKind::Int4Group { group, .. } => s[r * cols.div_ceil(group) + c / group],
                         _ => unreachable!(),
                     };
                     assert!((d[r * cols + c] - w[r * cols + c]).abs() <= scale * 0.5 + 1e-6, "{kind:?}");
@@ -276,9 +383,32 @@ mod tests {
     }
 
     #[test]
+    fn bf16_scales_are_bf16_values_and_round_trip() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let (rows, cols) = (9usize, 256usize);
+        // Magnitudes from 1e-30 to 1e30: bf16 keeps f32's range.
+        let w: Vec<f32> =
+            (0..rows * cols).map(|i| rng.random_range(-1.0f32..1.0) * 10f32.powi((i / cols) as i32 * 7 - 30)).collect();
+        let kind = QuantKind::int4_bf16(64);
+        let (p, s) = quantize(kind, &w, rows, cols);
+        let bytes = encode_scales(kind, &s).unwrap();
+        assert_eq!(bytes.len(), kind.scale_bytes(rows, cols));
+        assert_eq!(decode_scales(kind, &bytes), s);
+        // Chosen against the rounded scale, the nibbles stay within half a step of it.
+        let d = dequantize(kind, &p, &s, rows, cols);
+        for (i, (a, b)) in d.iter().zip(&w).enumerate() {
+            assert!((a - b).abs() <= s[(i / cols) * 4 + (i % cols) / 64] * 0.5 * (1.0 + 1e-6), "{i}: {a} {b}");
+        }
+        let f = QuantKind::int4(64);
+        assert_eq!(decode_scales(f, &encode_scales(f, &s).unwrap()), s);
+        let err = encode_scales(kind, &[1.0, 1.0 + 1.0 / 1024.0]).unwrap_err();
+        assert!(err.contains("int4-g64-bf16: scale 1 (1.0009766e0) is not a bf16 value"), "{err}");
+    }
+
+    #[test]
     fn int4_nibble_order() {
         // Column 0 in the low nibble, column 1 in the high nibble.
-        let (p, s) = quantize(QuantKind::Int4Group { group: 2 }, &[7.0, -7.0], 1, 2);
+        let (p, s) = quantize(QuantKind::int4(2), &[7.0, -7.0], 1, 2);
         assert_eq!(s, vec![1.0]);
         assert_eq!(p, vec![0x0f | (0x01 << 4)]);
     }

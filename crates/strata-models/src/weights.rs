@@ -322,7 +322,7 @@ fn held_bytes(store: &WeightStore, name: &str, shape: &[usize], role: Role) -> R
     let n: usize = shape.iter().product();
     Ok(match (kind, shape) {
         (QuantKind::F32, _) => 4 * n as u64,
-        (k, [rows, cols]) => (k.payload_bytes(*rows, *cols) + 4 * k.scale_count(*rows, *cols)) as u64,
+        (k, [rows, cols]) => k.stored_bytes(*rows, *cols) as u64,
         _ => 4 * n as u64,
     })
 }

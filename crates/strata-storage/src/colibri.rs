@@ -33,7 +33,7 @@ pub const QS_SUFFIX: &str = ".qs";
 /// `scale_count` f32 scales:
 /// - `rows*cols` bytes: int8, one scale per row (`rows` scales);
 /// - `rows*ceil(cols/2)` bytes: int4; `rows*n` scales give groups of
-///   `gs = ceil(cols/n)` inputs (`n == 1`: per-row, reported as `Int4Group { group: cols }`).
+///   `gs = ceil(cols/n)` inputs (`n == 1`: per-row, reported as `int4(cols)`).
 ///
 /// The error names the byte counts when the geometry matches no encoding.
 pub fn infer_quant_kind(
@@ -69,7 +69,7 @@ pub fn infer_quant_kind(
                 "payload of {payload_bytes} bytes is int4 for {shape}, but {per_row} scales per row fit no group size"
             ));
         }
-        return Ok(QuantKind::Int4Group { group });
+        return Ok(QuantKind::int4(group));
     }
     Err(format!(
         "payload of {payload_bytes} bytes with {scale_count} scales matches no encoding of {shape} \
@@ -447,12 +447,12 @@ pub(crate) mod tests {
     #[test]
     fn geometry_inference() {
         assert_eq!(infer_quant_kind(16, 64, 1024, 16), Ok(QuantKind::Int8Row));
-        assert_eq!(infer_quant_kind(16, 64, 512, 16), Ok(QuantKind::Int4Group { group: 64 }));
-        assert_eq!(infer_quant_kind(16, 64, 512, 64), Ok(QuantKind::Int4Group { group: 16 }));
-        assert_eq!(infer_quant_kind(2048, 6144, 2048 * 3072, 2048 * 96), Ok(QuantKind::Int4Group { group: 64 }));
-        assert_eq!(infer_quant_kind(6144, 2048, 6144 * 1024, 6144 * 16), Ok(QuantKind::Int4Group { group: 128 }));
+        assert_eq!(infer_quant_kind(16, 64, 512, 16), Ok(QuantKind::int4(64)));
+        assert_eq!(infer_quant_kind(16, 64, 512, 64), Ok(QuantKind::int4(16)));
+        assert_eq!(infer_quant_kind(2048, 6144, 2048 * 3072, 2048 * 96), Ok(QuantKind::int4(64)));
+        assert_eq!(infer_quant_kind(6144, 2048, 6144 * 1024, 6144 * 16), Ok(QuantKind::int4(128)));
         // Odd column count: ceil(I/2) bytes per row.
-        assert_eq!(infer_quant_kind(3, 7, 12, 3), Ok(QuantKind::Int4Group { group: 7 }));
+        assert_eq!(infer_quant_kind(3, 7, 12, 3), Ok(QuantKind::int4(7)));
         let err = infer_quant_kind(16, 64, 700, 16).unwrap_err();
         assert!(err.contains("700 bytes") && err.contains("int8 needs 1024 bytes, int4 needs 512"), "{err}");
         let err = infer_quant_kind(16, 64, 1024, 32).unwrap_err();
@@ -513,7 +513,7 @@ pub(crate) mod tests {
             }
             w.finish().unwrap();
         };
-        write(&dir.join("out-00000.safetensors"), &[1, 2], QuantKind::Int4Group { group: 8 }, true);
+        write(&dir.join("out-00000.safetensors"), &[1, 2], QuantKind::int4(8), true);
         write(&dir.join("out-mtp-00000.safetensors"), &[3], QuantKind::Int8Row, false);
         (dims, originals)
     }
@@ -527,7 +527,7 @@ pub(crate) mod tests {
         assert_eq!(c.files()[1].family, ColibriFamily::Mtp);
         let main = c.tier("main").unwrap();
         let mtp = c.tier("mtp").unwrap();
-        let g8 = QuantKind::Int4Group { group: 8 };
+        let g8 = QuantKind::int4(8);
         assert_eq!(main.uniform_kinds(), Some([g8, g8, g8]));
         assert_eq!(mtp.uniform_kinds(), Some([QuantKind::Int8Row; 3]));
         assert_eq!(main.slot_bytes % 4096, 0);
@@ -606,7 +606,7 @@ pub(crate) mod tests {
         assert!(c.tier("mtp").is_none());
         assert!(c.files().iter().any(|f| f.family == ColibriFamily::Indexer));
         let main = c.tier("main").unwrap();
-        let (g16, h, inter) = (QuantKind::Int4Group { group: 16 }, dims.hidden, dims.moe_inter);
+        let (g16, h, inter) = (QuantKind::int4(16), dims.hidden, dims.moe_inter);
         assert_eq!(main.uniform_kinds(), Some([g16, g16, g16]));
         assert_eq!(main.experts.len(), 4 * 16);
         assert_eq!(main.slot_bytes % 4096, 0);
@@ -651,7 +651,7 @@ pub(crate) mod tests {
                 let cm = cr.layout.matrices()[i];
                 let sm = sr.layout.matrices()[i];
                 assert_eq!(cm.payload(cslot.as_slice()).unwrap(), &q[i].0[..], "layer {l} expert {e} matrix {i}");
-                assert_eq!(cm.scales(cslot.as_slice()).unwrap(), &q[i].1[..]);
+                assert_eq!(cm.scales(cslot.as_slice()).unwrap().to_vec(), q[i].1);
                 assert_eq!(cm.dequantize(cslot.as_slice()).unwrap(), want);
                 assert_eq!(sm.dequantize(sslot.as_slice()).unwrap(), want);
             }
@@ -675,11 +675,7 @@ pub(crate) mod tests {
                 assert!(store.quant_kind(name, 1, 1).is_none(), "{name}");
                 w
             } else {
-                let kind = if name.contains(".mlp.experts.") {
-                    QuantKind::Int4Group { group: 16 }
-                } else {
-                    QuantKind::Int8Row
-                };
+                let kind = if name.contains(".mlp.experts.") { QuantKind::int4(16) } else { QuantKind::Int8Row };
                 assert_eq!(store.quant_kind(name, shape[0], shape[1]).unwrap().unwrap(), kind, "{name}");
                 let (p, s) = quantize(kind, &w, shape[0], shape[1]);
                 dequantize(kind, &p, &s, shape[0], shape[1])

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use strata_kernels::{dequantize, QuantKind};
+use strata_kernels::{decode_scales, dequantize, encode_scales, QuantKind, ScaleType, Scales};
 
 pub const MANIFEST_FILE: &str = "strata-experts.json";
 /// Folder of the expert files, relative to the model directory.
@@ -49,9 +49,9 @@ pub struct MatrixLayout {
     pub cols: usize,
     pub payload_offset: usize,
     pub payload_len: usize,
-    /// Byte offset of the f32 scales.
+    /// Byte offset of the scales (f32, or bf16 for `int4-gN-bf16`).
     pub scales_offset: usize,
-    /// Bytes of scales (4 per scale).
+    /// Bytes of scales (4 or 2 per scale).
     pub scales_len: usize,
 }
 
@@ -65,7 +65,7 @@ impl MatrixLayout {
             payload_offset,
             payload_len: kind.payload_bytes(rows, cols),
             scales_offset,
-            scales_len: 4 * kind.scale_count(rows, cols),
+            scales_len: kind.scale_bytes(rows, cols),
         }
     }
 
@@ -77,7 +77,7 @@ impl MatrixLayout {
     }
 
     pub fn scale_count(&self) -> usize {
-        self.scales_len / 4
+        self.scales_len / self.kind.scale_type().bytes()
     }
 
     /// The payload bytes inside a slot.
@@ -93,16 +93,22 @@ impl MatrixLayout {
     }
 
     /// The scales inside a slot, borrowed in place: the slot's address plus
-    /// `scales_offset` must be 4-byte aligned (always so in strata's container read into
-    /// an aligned buffer; see [`scales_vec`](Self::scales_vec) otherwise).
-    pub fn scales<'a>(&self, slot: &'a [u8]) -> Result<&'a [f32]> {
+    /// `scales_offset` must be aligned to the scale type (always so in strata's container
+    /// read into an aligned buffer; see [`scales_vec`](Self::scales_vec) otherwise).
+    pub fn scales<'a>(&self, slot: &'a [u8]) -> Result<Scales<'a>> {
         let bytes = self.scale_bytes(slot)?;
-        // SAFETY: every bit pattern is a valid f32; alignment is checked by align_to.
-        let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
-        if !head.is_empty() || !tail.is_empty() {
-            bail!("matrix scales at slot offset {} are not 4-byte aligned in memory", self.scales_offset);
+        let misaligned = || anyhow!("matrix scales at slot offset {} are not aligned in memory", self.scales_offset);
+        // SAFETY: every bit pattern is a valid f32 / u16; alignment is checked by align_to.
+        match self.kind.scale_type() {
+            ScaleType::F32 => match unsafe { bytes.align_to::<f32>() } {
+                ([], s, []) => Ok(Scales::F32(s)),
+                _ => Err(misaligned()),
+            },
+            ScaleType::Bf16 => match unsafe { bytes.align_to::<u16>() } {
+                ([], s, []) => Ok(Scales::Bf16(s)),
+                _ => Err(misaligned()),
+            },
         }
-        Ok(floats)
     }
 
     fn scale_bytes<'a>(&self, slot: &'a [u8]) -> Result<&'a [u8]> {
@@ -116,10 +122,9 @@ impl MatrixLayout {
         })
     }
 
-    /// The scales copied out (any alignment).
+    /// The scales as f32 values, copied out (any alignment).
     pub fn scales_vec(&self, slot: &[u8]) -> Result<Vec<f32>> {
-        let bytes = self.scale_bytes(slot)?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        Ok(decode_scales(self.kind, self.scale_bytes(slot)?))
     }
 
     /// The matrix as f32 values (reference decoder).
@@ -138,7 +143,7 @@ impl MatrixLayout {
                 self.cols
             ));
         }
-        let (p, s) = (self.kind.payload_bytes(self.rows, self.cols), 4 * self.kind.scale_count(self.rows, self.cols));
+        let (p, s) = (self.kind.payload_bytes(self.rows, self.cols), self.kind.scale_bytes(self.rows, self.cols));
         if self.payload_len != p || self.scales_len != s {
             return Err(format!(
                 "{} [{}, {}] needs {p} payload bytes and {s} scale bytes, the layout says {} and {}",
@@ -645,7 +650,7 @@ impl ContainerWriter {
         self.region.clear();
         self.region.resize(layout.slot_bytes, 0);
         for ((name, m), (payload, scales)) in ["gate", "up", "down"].iter().zip(layout.matrices()).zip(mats) {
-            if payload.len() != m.payload_len || scales.len() * 4 != m.scales_len {
+            if payload.len() != m.payload_len || scales.len() != m.scale_count() {
                 bail!(
                     "tier `{tier}` layer {layer} expert {expert} {name}: {} payload bytes and {} scales, the layout ({}) needs {} and {}",
                     payload.len(),
@@ -656,10 +661,9 @@ impl ContainerWriter {
                 );
             }
             self.region[m.payload_offset..m.payload_offset + m.payload_len].copy_from_slice(payload);
-            for (dst, s) in self.region[m.scales_offset..m.scales_offset + m.scales_len].chunks_exact_mut(4).zip(scales)
-            {
-                dst.copy_from_slice(&s.to_le_bytes());
-            }
+            let bytes = encode_scales(m.kind, scales)
+                .map_err(|e| anyhow!("tier `{tier}` layer {layer} expert {expert} {name}: {e}"))?;
+            self.region[m.scales_offset..m.scales_offset + m.scales_len].copy_from_slice(&bytes);
         }
         let slot = layout.slot_bytes as u64;
         if t.current.as_ref().is_some_and(|(_, _, written)| *written > 0 && written + slot > max_file) {

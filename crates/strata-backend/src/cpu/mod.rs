@@ -45,8 +45,7 @@ pub struct CpuMat(HostMatrix);
 
 impl CpuMat {
     pub fn q(&self) -> QMatrix<'_> {
-        let m = &self.0;
-        QMatrix { kind: m.kind, rows: m.rows, cols: m.cols, payload: &m.payload, scales: &m.scales }
+        self.0.view()
     }
 }
 
@@ -57,7 +56,7 @@ pub fn row_view<'a>(m: &QMatrix<'a>, r0: usize, r1: usize) -> QMatrix<'a> {
     let per_row_scales = match m.kind {
         QuantKind::F32 | QuantKind::Bf16 => 0,
         QuantKind::Int8Row => 1,
-        QuantKind::Int4Group { group } => m.cols.div_ceil(group),
+        QuantKind::Int4Group { group, .. } => m.cols.div_ceil(group),
         QuantKind::Fp8 { block_rows, block_cols } => {
             assert_eq!(block_rows, 1, "row views of FP8 need per-row scales");
             m.cols.div_ceil(block_cols)
@@ -68,7 +67,7 @@ pub fn row_view<'a>(m: &QMatrix<'a>, r0: usize, r1: usize) -> QMatrix<'a> {
         rows: r1 - r0,
         cols: m.cols,
         payload: &m.payload[r0 * pb..r1 * pb],
-        scales: &m.scales[r0 * per_row_scales..r1 * per_row_scales],
+        scales: m.scales.slice(r0 * per_row_scales..r1 * per_row_scales),
     }
 }
 
@@ -228,7 +227,7 @@ impl Backend for CpuBackend {
     }
 
     fn matrix(&self, m: HostMatrix) -> Result<CpuMat> {
-        QMatrix { kind: m.kind, rows: m.rows, cols: m.cols, payload: &m.payload, scales: &m.scales }.validate();
+        m.validate()?;
         Ok(CpuMat(m))
     }
 

@@ -6,7 +6,6 @@ use super::{args, experts, ops, CudaBackend, CudaExpert, CudaMat, DevBuf, MatDes
 use crate::profile::{Op, Timer};
 use crate::{Backend, ExpertTask, GateAct, HostMatrix, LinearOut, Step};
 use anyhow::Result;
-use strata_kernels::QMatrix;
 
 impl Backend for CudaBackend {
     type Buf = DevBuf<f32>;
@@ -51,12 +50,14 @@ impl Backend for CudaBackend {
     }
 
     fn matrix(&self, m: HostMatrix) -> Result<CudaMat> {
-        QMatrix { kind: m.kind, rows: m.rows, cols: m.cols, payload: &m.payload, scales: &m.scales }.validate();
+        m.validate()?;
+        // Scales go up as `kind` stores them (bf16 where it says so).
+        let scale_bytes = strata_kernels::encode_scales(m.kind, &m.scales).map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut st = self.lock();
         let payload = self.alloc_t::<u8>(m.payload.len())?;
         self.upload_bytes(&mut st.ring, payload.ptr, &m.payload);
-        let scales = self.alloc_t::<f32>(m.scales.len())?;
-        self.upload_t(&mut st.ring, scales.ptr, &m.scales);
+        let scales = self.alloc_t::<u8>(scale_bytes.len())?;
+        self.upload_bytes(&mut st.ring, scales.ptr, &scale_bytes);
         let desc = MatDesc::new(m.kind, m.rows, m.cols, payload.ptr, scales.ptr)?;
         Ok(CudaMat { desc, kind: m.kind, rows: m.rows, cols: m.cols, _payload: payload, _scales: scales })
     }

@@ -3,7 +3,7 @@
 //! tasks by id. A field added on one side must be added on the other in the same place.
 
 use anyhow::Result;
-use strata_kernels::QuantKind;
+use strata_kernels::{QuantKind, ScaleType};
 
 /// Elements in a 16-byte vector, by encoding code (`Vw` in `kernels/products.cu`).
 pub(super) const VEC_WIDTH: [usize; 5] = [4, 8, 16, 32, 16];
@@ -23,7 +23,8 @@ pub struct MatDesc {
     pub(super) ld: i32,
     pub(super) spr: i32,
     pub(super) vec: i32,
-    pub(super) pad: i32,
+    /// Scales stored as bf16 (`int4-gN-bf16`), else f32.
+    pub(super) sbf: i32,
 }
 
 impl MatDesc {
@@ -39,26 +40,27 @@ impl MatDesc {
     }
 
     /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
-    /// address `w` and its f32 scales at `s`.
+    /// address `w` and its scales (stored as `kind` says) at `s`.
     pub(super) fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
         let ld = kind.payload_bytes(1, cols);
         let (group, brow, bcol, spr, width) = match kind {
             QuantKind::F32 => (1, 1, 1, 0, VEC_WIDTH[0]),
             QuantKind::Bf16 => (1, 1, 1, 0, VEC_WIDTH[1]),
             QuantKind::Int8Row => (1, 1, 1, 1, VEC_WIDTH[2]),
-            QuantKind::Int4Group { group } => (group, 1, 1, cols.div_ceil(group), VEC_WIDTH[3]),
+            QuantKind::Int4Group { group, .. } => (group, 1, 1, cols.div_ceil(group), VEC_WIDTH[3]),
             QuantKind::Fp8 { block_rows, block_cols } => {
                 (1, block_rows, block_cols, cols.div_ceil(block_cols), VEC_WIDTH[4])
             }
         };
         let one_scale_per_vector = match kind {
-            QuantKind::Int4Group { group } => group % 32 == 0,
+            QuantKind::Int4Group { group, .. } => group % 32 == 0,
             QuantKind::Fp8 { block_cols, .. } => block_cols % 16 == 0,
             _ => true,
         };
         let vec = w.is_multiple_of(16) && ld.is_multiple_of(16) && cols.is_multiple_of(width) && one_scale_per_vector;
         anyhow::ensure!(rows <= i32::MAX as usize && cols <= i32::MAX as usize, "matrix {rows}x{cols} too large");
-        anyhow::ensure!(s.is_multiple_of(4), "matrix scales at a misaligned address");
+        let sbf = kind.scale_type() == ScaleType::Bf16;
+        anyhow::ensure!(s.is_multiple_of(if sbf { 2 } else { 4 }), "matrix scales at a misaligned address");
         Ok(MatDesc {
             w,
             s,
@@ -71,7 +73,7 @@ impl MatDesc {
             ld: ld as i32,
             spr: spr as i32,
             vec: vec as i32,
-            pad: 0,
+            sbf: sbf as i32,
         })
     }
 }

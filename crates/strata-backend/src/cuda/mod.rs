@@ -91,7 +91,7 @@ pub struct CudaMat {
     rows: usize,
     cols: usize,
     _payload: DevBuf<u8>,
-    _scales: DevBuf<f32>,
+    _scales: DevBuf<u8>,
 }
 
 impl CudaMat {
@@ -101,7 +101,7 @@ impl CudaMat {
 
     /// Device bytes held: payload and scales.
     pub fn bytes_held(&self) -> u64 {
-        (self._payload.len + 4 * self._scales.len) as u64
+        (self._payload.len + self._scales.len) as u64
     }
 }
 

@@ -72,7 +72,7 @@ pub(crate) fn cuda_mla_absorb_and_attend_match_cpu_on<G: Backend>(g: &G) {
     let wide = MlaDims { heads: 20, nope: 16, rope: 8, v: 24, kv_lora: 64, scale: 0.1 };
     let cases = [
         (small, vec![QuantKind::F32, QuantKind::Bf16, fp8(8), QuantKind::Int8Row], 2e-6),
-        (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }], 2e-5),
+        (large, vec![QuantKind::Bf16, fp8(16), QuantKind::Int8Row, QuantKind::int4(32)], 2e-5),
         (wide, vec![QuantKind::Bf16], 2e-6),
     ];
     for (d, kind, atol) in cases.iter().flat_map(|(d, kinds, atol)| kinds.iter().map(move |k| (*d, *k, *atol))) {

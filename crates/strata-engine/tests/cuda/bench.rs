@@ -12,7 +12,9 @@ fn cuda_kernel_bandwidth() {
     for kind in [
         QuantKind::Bf16,
         QuantKind::Int8Row,
-        QuantKind::Int4Group { group: 64 },
+        QuantKind::int4(64),
+        QuantKind::int4(128),
+        QuantKind::int4_bf16(128),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
     ] {
         // `experts` experts in distinct device memory (bigger than L2 together). One random

@@ -16,7 +16,7 @@ fn run_chain(b: &CudaBackend, steps: usize) -> Vec<(Vec<f32>, LaunchStats)> {
         b.matrix(hostmat(rng, kind, rows, cols, 0.5).0).unwrap()
     };
     let wq = mat(&mut rng, QuantKind::Bf16, hidden, hidden);
-    let wk = mat(&mut rng, QuantKind::Int4Group { group: 32 }, hidden, hidden);
+    let wk = mat(&mut rng, QuantKind::int4(32), hidden, hidden);
     let gate = mat(&mut rng, QuantKind::F32, experts, hidden);
     let table: Vec<[_; 3]> = (0..experts)
         .map(|_| {

@@ -166,7 +166,7 @@ pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(31);
     let (hidden, inter, rows) = (416, 224, 48);
-    let int4 = |group| QuantKind::Int4Group { group };
+    let int4 = QuantKind::int4;
     let fp8 = |block_rows, block_cols| QuantKind::Fp8 { block_rows, block_cols };
     let specs: Vec<ExpertSpec> = vec![
         (QuantKind::Bf16, QuantKind::Bf16, Some(some_rows(&mut rng, rows, 31))),
@@ -205,14 +205,10 @@ fn cuda_prompt_expert_rows_sum_alone() {
     let Some(g) = gpu() else { return };
     let mut rng = Rand::seed_from_u64(32);
     let (hidden, inter, rows) = (256, 192, 80);
-    for (kind, all) in [
-        QuantKind::Bf16,
-        QuantKind::Int8Row,
-        QuantKind::Int4Group { group: 64 },
-        QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
-    ]
-    .into_iter()
-    .flat_map(|k| [(k, (4..33).collect::<Vec<u32>>()), (k, (4..77).collect())])
+    for (kind, all) in
+        [QuantKind::Bf16, QuantKind::Int8Row, QuantKind::int4(64), QuantKind::Fp8 { block_rows: 128, block_cols: 128 }]
+            .into_iter()
+            .flat_map(|k| [(k, (4..33).collect::<Vec<u32>>()), (k, (4..77).collect())])
     {
         let parts = [vec![7u32], vec![12, 30], (20..28).collect::<Vec<u32>>()];
         let whole: Vec<ExpertSpec> = vec![(kind, kind, Some(all.clone()))];
@@ -238,16 +234,12 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
     let rows_of = |rng: &mut Rand, n: usize| some_rows(rng, rows, n);
     let specs: Vec<ExpertSpec> = vec![
         (QuantKind::Bf16, QuantKind::Bf16, Some(rows_of(&mut rng, 1))),
-        (QuantKind::Int4Group { group: 32 }, QuantKind::Int4Group { group: 64 }, Some(rows_of(&mut rng, 3))),
+        (QuantKind::int4(32), QuantKind::int4(64), Some(rows_of(&mut rng, 3))),
         (QuantKind::Int8Row, QuantKind::Int8Row, Some(rows_of(&mut rng, 8))),
         (QuantKind::Fp8 { block_rows: 128, block_cols: 128 }, QuantKind::F32, Some(rows_of(&mut rng, 9))),
         (QuantKind::F32, QuantKind::Bf16, Some(rows_of(&mut rng, 35))),
-        (
-            QuantKind::Int4Group { group: 6 },
-            QuantKind::Fp8 { block_rows: 16, block_cols: 24 },
-            Some(rows_of(&mut rng, 2)),
-        ),
-        (QuantKind::Bf16, QuantKind::Int4Group { group: 64 }, None),
+        (QuantKind::int4(6), QuantKind::Fp8 { block_rows: 16, block_cols: 24 }, Some(rows_of(&mut rng, 2))),
+        (QuantKind::Bf16, QuantKind::int4(64), None),
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
@@ -368,8 +360,9 @@ fn cuda_experts_by_id_equal_the_host_path() {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(21);
     let fp8 = QuantKind::Fp8 { block_rows: 16, block_cols: 32 };
-    let int4 = QuantKind::Int4Group { group: 32 };
-    let tiled = vec![QuantKind::Int4Group { group: 64 }, int4, QuantKind::Int4Group { group: 128 }];
+    let int4 = QuantKind::int4(32);
+    // (bf16 scales too: the same kernels, read as stored.)
+    let tiled = vec![QuantKind::int4(64), int4, QuantKind::int4(128), QuantKind::int4_bf16(64)];
     // x scale: the tiles carry x in f16 scaled per 128 columns, so x far beyond f16's range
     // (1e5: the down input reaches ~1e11) or below it must come out as on the CPU.
     for (hidden, inter, kinds, top_k, x_scale) in [
@@ -379,7 +372,7 @@ fn cuda_experts_by_id_equal_the_host_path() {
         // some warps of a block have none), rows not a multiple of 16 and groups of 32,
         // 64, 128 and 96 (not a power of two).
         (640, 376, tiled.clone(), 3, 1.0),
-        (384, 384, vec![QuantKind::Int4Group { group: 96 }, int4, QuantKind::Bf16], 2, 1e5),
+        (384, 384, vec![QuantKind::int4(96), int4, QuantKind::Bf16, QuantKind::int4_bf16(96)], 2, 1e5),
         (640, 384, tiled, 3, 1e-4),
     ] {
         let n = kinds.len() * 2;

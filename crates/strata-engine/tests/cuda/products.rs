@@ -7,8 +7,9 @@ pub(crate) fn kinds() -> Vec<QuantKind> {
         QuantKind::F32,
         QuantKind::Bf16,
         QuantKind::Int8Row,
-        QuantKind::Int4Group { group: 32 },
-        QuantKind::Int4Group { group: 64 },
+        QuantKind::int4(32),
+        QuantKind::int4(64),
+        QuantKind::int4_bf16(64),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
         QuantKind::Fp8 { block_rows: 1, block_cols: 32 },
     ]
@@ -99,8 +100,8 @@ pub(crate) fn cuda_linears_match_reference_for_every_encoding_on<G: Backend>(g: 
         (QuantKind::F32, 37),
         (QuantKind::Bf16, 61),
         (QuantKind::Int8Row, 45),
-        (QuantKind::Int4Group { group: 6 }, 96),
-        (QuantKind::Int4Group { group: 2 }, 33),
+        (QuantKind::int4(6), 96),
+        (QuantKind::int4(2), 33),
         (QuantKind::Fp8 { block_rows: 16, block_cols: 24 }, 100),
     ] {
         for rows in [1, 4, 12, 33] {
@@ -203,8 +204,8 @@ fn cuda_embed_norm_add_gather_match_cpu() {
 pub(crate) fn cuda_norm_linears_match_reference_on<G: Backend>(g: &G) {
     let mut rng = Rand::seed_from_u64(31);
     let eps = 1e-5f32;
-    for kind in kinds().into_iter().chain([QuantKind::Int4Group { group: 6 }]) {
-        let cols = if matches!(kind, QuantKind::Int4Group { group: 6 }) { 96 } else { 256 };
+    for kind in kinds().into_iter().chain([QuantKind::int4(6)]) {
+        let cols = if matches!(kind, QuantKind::Int4Group { group: 6, .. }) { 96 } else { 256 };
         for rows in [1, 3] {
             // (outputs, add, bias)
             let shapes = [(4300, false, true), (2200, true, false), (70, false, false), (3, true, true)];

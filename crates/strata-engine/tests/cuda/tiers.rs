@@ -77,10 +77,12 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
     // orders, so a prompt's expert batches, which differ between budgets, must not pick
     // the kernel.)
     for (name, kind) in [
-        ("glm5/dsa-sparse", QuantKind::Int4Group { group: 16 }),
+        ("glm5/dsa-sparse", QuantKind::int4(16)),
         ("glm5/dsa-sparse", QuantKind::Bf16),
         ("glm4_moe/gqa-bias", QuantKind::Int8Row),
-        ("gemma4/moe", QuantKind::Int4Group { group: 16 }),
+        ("gemma4/moe", QuantKind::int4(16)),
+        // bf16 scales, read by the kernels from the slots as stored.
+        ("glm5/dsa-sparse", QuantKind::int4_bf16(16)),
     ] {
         let dir = container(name, kind);
         // Every expert in a GPU slot (no budgets): the reference. With no usage ledger and

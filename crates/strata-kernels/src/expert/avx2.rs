@@ -15,7 +15,7 @@
 //! For int4, `a` holds a chunk's even columns and `b` its odd columns (x is
 //! pre-permuted to match, see `I4Dec`); otherwise `a` = columns 0..8 and `b` = 8..16.
 
-use super::{Out, Product, QuantKind};
+use super::{Bf16Scales, Out, Product, QuantKind, ScaleRead, Scales};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -188,9 +188,9 @@ unsafe fn fp8x8(p: *const u8) -> __m256 {
 /// with `acc = fma(g, scale[o, s], acc)`; after the horizontal sum the output subtracts
 /// `sum_s scale[o, s] * xg[r, s]` (`xg` = 8 times the group sums of x, see `int4_xg`),
 /// so the `- 8` offset and the scale cost nothing per weight.
-struct I4Dec<'a> {
+struct I4Dec<'a, S> {
     p: &'a [u8],
-    scales: &'a [f32],
+    scales: S,
     xg: &'a [f32],
     cols: usize,
     half: usize,
@@ -198,7 +198,7 @@ struct I4Dec<'a> {
     groups: usize,
     nfull: usize,
 }
-impl Decode for I4Dec<'_> {
+impl<S: ScaleRead> Decode for I4Dec<'_, S> {
     const CHUNK_BYTES: usize = 8;
     #[inline(always)]
     fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
@@ -219,19 +219,19 @@ impl Decode for I4Dec<'_> {
     #[inline(always)]
     unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m256, acc: __m256) -> __m256 {
         let _ = r;
-        _mm256_fmadd_ps(g, _mm256_broadcast_ss(self.scales.get_unchecked(o * self.groups + s)), acc)
+        _mm256_fmadd_ps(g, _mm256_set1_ps(self.scales.at(o * self.groups + s)), acc)
     }
     #[inline(always)]
     unsafe fn corr(&self, o: usize, r: usize) -> f32 {
-        let (sp, xp) = (self.scales.as_ptr().add(o * self.groups), self.xg.as_ptr().add(r * self.groups));
+        let (s0, xp) = (o * self.groups, self.xg.as_ptr().add(r * self.groups));
         let n8 = self.groups / 8 * 8;
         let mut v = _mm256_setzero_ps();
         for i in (0..n8).step_by(8) {
-            v = _mm256_fmadd_ps(_mm256_loadu_ps(sp.add(i)), _mm256_loadu_ps(xp.add(i)), v);
+            v = _mm256_fmadd_ps(self.scales.load8(s0 + i), _mm256_loadu_ps(xp.add(i)), v);
         }
         let mut c = hsum(v);
         for i in n8..self.groups {
-            c += *sp.add(i) * *xp.add(i);
+            c += self.scales.at(s0 + i) * *xp.add(i);
         }
         c
     }
@@ -241,16 +241,16 @@ impl Decode for I4Dec<'_> {
 }
 
 /// int4 with any even group: per-lane scales gathered in scalar (slow, uncommon).
-struct I4AnyDec<'a> {
+struct I4AnyDec<'a, S> {
     p: &'a [u8],
-    scales: &'a [f32],
+    scales: S,
     cols: usize,
     half: usize,
     group: usize,
     groups: usize,
     nfull: usize,
 }
-impl Decode for I4AnyDec<'_> {
+impl<S: ScaleRead> Decode for I4AnyDec<'_, S> {
     const CHUNK_BYTES: usize = 8;
     #[inline(always)]
     fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
@@ -260,12 +260,12 @@ impl Decode for I4AnyDec<'_> {
     unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
         let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
         let row = &self.p[o * self.half..];
-        let sc = &self.scales[o * self.groups..];
+        let s0 = o * self.groups;
         for j in 0..8 {
             let c = k * 16 + 2 * j;
             let byte = row[c / 2];
-            a[j] = ((byte & 0x0f) as i32 - 8) as f32 * sc[c / self.group];
-            b[j] = ((byte >> 4) as i32 - 8) as f32 * sc[(c + 1) / self.group];
+            a[j] = ((byte & 0x0f) as i32 - 8) as f32 * self.scales.at(s0 + c / self.group);
+            b[j] = ((byte >> 4) as i32 - 8) as f32 * self.scales.at(s0 + (c + 1) / self.group);
         }
         (_mm256_loadu_ps(a.as_ptr()), _mm256_loadu_ps(b.as_ptr()))
     }
@@ -276,9 +276,9 @@ impl Decode for I4AnyDec<'_> {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn i4_tail(
+fn i4_tail<S: ScaleRead>(
     p: &[u8],
-    scales: &[f32],
+    scales: S,
     half: usize,
     group: usize,
     groups: usize,
@@ -292,7 +292,8 @@ fn i4_tail(
     for c in nfull * 16..cols {
         let byte = p[o * half + c / 2];
         let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
-        s += (nib as i32 - 8) as f32 * scales[o * groups + c / group] * x[c];
+        // SAFETY: the matrix was validated, so every group of row o has its scale.
+        s += (nib as i32 - 8) as f32 * unsafe { scales.at(o * groups + c / group) } * x[c];
     }
     s
 }
@@ -328,25 +329,32 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
         }
         QuantKind::Fp8 { block_rows, block_cols } => {
             let ncb = cols.div_ceil(block_cols);
-            let d = Fp8Dec { p: w.payload, scales: w.scales, cols, nfull, block_rows, block_cols, ncb };
+            let d = Fp8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull, block_rows, block_cols, ncb };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int8Row => {
-            let d = I8Dec { p: w.payload, scales: w.scales, cols, nfull };
+            let d = I8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
-        QuantKind::Int4Group { group } => {
-            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
-            let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
-            if group % 16 == 0 {
-                let (p, scales, xg) = (w.payload, w.scales, job.xg);
-                let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
-                rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
-            } else {
-                let d = I4AnyDec { p: w.payload, scales: w.scales, cols, half, group, groups, nfull };
-                rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
-            }
-        }
+        QuantKind::Int4Group { group, .. } => match w.scales {
+            Scales::F32(s) => int4_block(job, s, group, o0, o1, out),
+            Scales::Bf16(s) => int4_block(job, Bf16Scales(s), group, o0, o1, out),
+        },
+    }
+}
+
+/// # Safety
+/// As [`block`], for an int4 matrix whose scales `scales` reads.
+unsafe fn int4_block<S: ScaleRead>(job: &Product, scales: S, group: usize, o0: usize, o1: usize, out: &Out) {
+    let (p, cols, nfull) = (job.w.payload, job.w.cols, job.w.cols / 16);
+    let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+    let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
+    if group.is_multiple_of(16) {
+        let d = I4Dec { p, scales, xg: job.xg, cols, half, group, groups, nfull };
+        rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+    } else {
+        let d = I4AnyDec { p, scales, cols, half, group, groups, nfull };
+        rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
     }
 }
 

@@ -6,7 +6,7 @@
 //! runs the AVX2 code instead (see `MatJob::new`). Same determinism argument: a pair's
 //! arithmetic does not depend on the tile shape, the column blocks or the other rows.
 
-use super::{Out, Product, QuantKind};
+use super::{Bf16Scales, Out, Product, QuantKind, ScaleRead, Scales};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -176,9 +176,9 @@ unsafe fn fp8x16(p: *const u8) -> __m512 {
 }
 
 /// int4 with `group % 32 == 0`: 16 bytes a chunk, otherwise as `avx2::I4Dec`.
-struct I4Dec<'a> {
+struct I4Dec<'a, S> {
     p: &'a [u8],
-    scales: &'a [f32],
+    scales: S,
     xg: &'a [f32],
     cols: usize,
     half: usize,
@@ -186,7 +186,7 @@ struct I4Dec<'a> {
     groups: usize,
     nfull: usize,
 }
-impl Decode for I4Dec<'_> {
+impl<S: ScaleRead> Decode for I4Dec<'_, S> {
     const CHUNK_BYTES: usize = 16;
     #[inline(always)]
     fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
@@ -209,19 +209,19 @@ impl Decode for I4Dec<'_> {
     #[inline(always)]
     unsafe fn seg_end(&self, o: usize, s: usize, r: usize, g: __m512, acc: __m512) -> __m512 {
         let _ = r;
-        _mm512_fmadd_ps(g, _mm512_set1_ps(*self.scales.get_unchecked(o * self.groups + s)), acc)
+        _mm512_fmadd_ps(g, _mm512_set1_ps(self.scales.at(o * self.groups + s)), acc)
     }
     #[inline(always)]
     unsafe fn corr(&self, o: usize, r: usize) -> f32 {
-        let (sp, xp) = (self.scales.as_ptr().add(o * self.groups), self.xg.as_ptr().add(r * self.groups));
+        let (s0, xp) = (o * self.groups, self.xg.as_ptr().add(r * self.groups));
         let n16 = self.groups / 16 * 16;
         let mut v = _mm512_setzero_ps();
         for i in (0..n16).step_by(16) {
-            v = _mm512_fmadd_ps(_mm512_loadu_ps(sp.add(i)), _mm512_loadu_ps(xp.add(i)), v);
+            v = _mm512_fmadd_ps(self.scales.load16(s0 + i), _mm512_loadu_ps(xp.add(i)), v);
         }
         let mut c = hsum(v);
         for i in n16..self.groups {
-            c += *sp.add(i) * *xp.add(i);
+            c += self.scales.at(s0 + i) * *xp.add(i);
         }
         c
     }
@@ -232,9 +232,9 @@ impl Decode for I4Dec<'_> {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn i4_tail(
+fn i4_tail<S: ScaleRead>(
     p: &[u8],
-    scales: &[f32],
+    scales: S,
     half: usize,
     group: usize,
     groups: usize,
@@ -248,7 +248,8 @@ fn i4_tail(
     for c in nfull * 32..cols {
         let byte = p[o * half + c / 2];
         let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
-        s += (nib as i32 - 8) as f32 * scales[o * groups + c / group] * x[c];
+        // SAFETY: the matrix was validated, so every group of row o has its scale.
+        s += (nib as i32 - 8) as f32 * unsafe { scales.at(o * groups + c / group) } * x[c];
     }
     s
 }
@@ -284,22 +285,29 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
         }
         QuantKind::Fp8 { block_rows, block_cols } => {
             let ncb = cols.div_ceil(block_cols);
-            let d = Fp8Dec { p: w.payload, scales: w.scales, cols, nfull, block_rows, block_cols, ncb };
+            let d = Fp8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull, block_rows, block_cols, ncb };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int8Row => {
-            let d = I8Dec { p: w.payload, scales: w.scales, cols, nfull };
+            let d = I8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
-        QuantKind::Int4Group { group } => {
-            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
-            let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
-            debug_assert_eq!(group % 32, 0, "int4 groups not a multiple of 32 run on the AVX2 code");
-            let (p, scales, xg) = (w.payload, w.scales, job.xg);
-            let d = I4Dec { p, scales, xg, cols, half, group, groups, nfull };
-            rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
-        }
+        QuantKind::Int4Group { group, .. } => match w.scales {
+            Scales::F32(s) => int4_block(job, s, group, o0, o1, out),
+            Scales::Bf16(s) => int4_block(job, Bf16Scales(s), group, o0, o1, out),
+        },
     }
+}
+
+/// # Safety
+/// As [`block`], for an int4 matrix whose scales `scales` reads.
+unsafe fn int4_block<S: ScaleRead>(job: &Product, scales: S, group: usize, o0: usize, o1: usize, out: &Out) {
+    let (p, cols, nfull) = (job.w.payload, job.w.cols, job.w.cols / 32);
+    let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
+    let xs = XRows { ptr: job.xs.as_ptr(), stride: job.xstride };
+    debug_assert_eq!(group % 32, 0, "int4 groups not a multiple of 32 run on the AVX2 code");
+    let d = I4Dec { p, scales, xg: job.xg, cols, half, group, groups, nfull };
+    rows_block(&Ctx { d, xs, x: job.x, cols, nfull }, job.rows, o0, o1, out)
 }
 
 /// Row tiles of up to 8 rows; within a tile, output groups of OT and column blocks

@@ -35,7 +35,147 @@ pub use runner::{ExpertJob, ExpertRunner, GateAct};
 pub use transposed::matmul_t;
 
 use crate::pool::{global, split_range};
-use crate::quant::QuantKind;
+use crate::quant::{QuantKind, ScaleType};
+
+/// A matrix's scales as stored, borrowed (see [`ScaleType`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Scales<'a> {
+    F32(&'a [f32]),
+    /// bf16 bit patterns.
+    Bf16(&'a [u16]),
+}
+
+impl<'a> Scales<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(s) => s.len(),
+            Self::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn scale_type(&self) -> ScaleType {
+        match self {
+            Self::F32(_) => ScaleType::F32,
+            Self::Bf16(_) => ScaleType::Bf16,
+        }
+    }
+
+    /// Scale `i` as f32 (panics out of bounds).
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Self::F32(s) => s[i],
+            Self::Bf16(s) => bf16_to_f32(s[i]),
+        }
+    }
+
+    /// The f32 scales of an encoding that has no other kind (int8, FP8).
+    pub(crate) fn f32(&self) -> &'a [f32] {
+        match *self {
+            Self::F32(s) => s,
+            Self::Bf16(_) => unreachable!("only int4 scales are stored as bf16 (validated)"),
+        }
+    }
+
+    /// Scales `range` (for row views).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Scales<'a> {
+        match *self {
+            Self::F32(s) => Self::F32(&s[range]),
+            Self::Bf16(s) => Self::Bf16(&s[range]),
+        }
+    }
+
+    /// All scales widened to f32.
+    pub fn to_vec(&self) -> Vec<f32> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
+impl<'a> From<&'a [f32]> for Scales<'a> {
+    fn from(s: &'a [f32]) -> Self {
+        Self::F32(s)
+    }
+}
+impl<'a> From<&'a Vec<f32>> for Scales<'a> {
+    fn from(s: &'a Vec<f32>) -> Self {
+        Self::F32(s)
+    }
+}
+impl<'a, const N: usize> From<&'a [f32; N]> for Scales<'a> {
+    fn from(s: &'a [f32; N]) -> Self {
+        Self::F32(s)
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// Scales as the int4 SIMD decoders read them: one implementation per [`ScaleType`], so
+/// the f32 and bf16 paths are separate monomorphised loops that do the same arithmetic
+/// on the same f32 values (a bf16 matrix computes bit for bit what its f32 twin does).
+pub(crate) trait ScaleRead: Copy {
+    /// # Safety
+    /// `i` in bounds.
+    unsafe fn at(self, i: usize) -> f32;
+    /// Scales `i..i + 8`.
+    /// # Safety
+    /// In bounds; AVX2 available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256;
+    /// Scales `i..i + 16`.
+    /// # Safety
+    /// In bounds; AVX-512F available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512;
+}
+
+impl ScaleRead for &[f32] {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        *self.get_unchecked(i)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(self.as_ptr().add(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(self.as_ptr().add(i))
+    }
+}
+
+/// bf16 scales (bit patterns) for [`ScaleRead`].
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16Scales<'a>(pub(crate) &'a [u16]);
+
+impl ScaleRead for Bf16Scales<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        bf16_to_f32(*self.0.get_unchecked(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(self.0.as_ptr().add(i) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(self.0.as_ptr().add(i) as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+    }
+}
 
 /// A matrix `W[rows = out, cols = in]` in a stored encoding, borrowed.
 #[derive(Clone, Copy, Debug)]
@@ -44,22 +184,30 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub payload: &'a [u8],
-    pub scales: &'a [f32],
+    pub scales: Scales<'a>,
 }
 
 impl<'a> QMatrix<'a> {
     /// Builds and [validates](Self::validate) a matrix view.
-    pub fn new(kind: QuantKind, rows: usize, cols: usize, payload: &'a [u8], scales: &'a [f32]) -> Self {
-        let m = Self { kind, rows, cols, payload, scales };
+    pub fn new(kind: QuantKind, rows: usize, cols: usize, payload: &'a [u8], scales: impl Into<Scales<'a>>) -> Self {
+        let m = Self { kind, rows, cols, payload, scales: scales.into() };
         m.validate();
         m
     }
 
-    /// Panics unless the payload and scale lengths match `kind` at `rows x cols`, an int4
-    /// group is even and non-zero, and FP8 blocks are non-empty.
+    /// Panics unless the payload and scale lengths match `kind` at `rows x cols`, the
+    /// scales are stored as `kind` says, an int4 group is even and non-zero, and FP8
+    /// blocks are non-empty.
     pub fn validate(&self) {
+        assert_eq!(
+            self.scales.scale_type(),
+            self.kind.scale_type(),
+            "QMatrix {}: scales stored as {:?}",
+            self.kind.name(),
+            self.scales.scale_type()
+        );
         match self.kind {
-            QuantKind::Int4Group { group } => {
+            QuantKind::Int4Group { group, .. } => {
                 assert!(group >= 2 && group % 2 == 0, "QMatrix: int4 group must be even and >= 2, got {group}")
             }
             QuantKind::Fp8 { block_rows, block_cols } => {
@@ -91,7 +239,7 @@ impl<'a> QMatrix<'a> {
 
     /// Bytes a product reads from this matrix: payload plus scales.
     pub fn weight_bytes(&self) -> usize {
-        self.payload.len() + 4 * self.scales.len()
+        self.payload.len() + self.scales.len() * self.kind.scale_type().bytes()
     }
 }
 
@@ -137,7 +285,7 @@ impl KernelPath {
     fn chunk_width(self, kind: QuantKind) -> usize {
         match (self, kind) {
             (Self::Scalar, _) => 0,
-            (Self::Avx512, QuantKind::Int4Group { group }) if group % 32 != 0 => 16,
+            (Self::Avx512, QuantKind::Int4Group { group, .. }) if group % 32 != 0 => 16,
             (_, QuantKind::Fp8 { block_cols, .. }) if block_cols % 16 != 0 => 0,
             (Self::Avx512, QuantKind::Fp8 { block_cols, .. }) if block_cols % 32 != 0 => 16,
             (Self::Avx512, _) => 32,
@@ -168,7 +316,7 @@ impl Staging {
     pub fn prepare(&mut self, path: KernelPath, x: &[f32], rows: usize, kind: QuantKind, cols: usize) {
         let cw = path.chunk_width(kind);
         self.key = Some((kind, cw, rows, cols));
-        let QuantKind::Int4Group { group } = kind else { return };
+        let QuantKind::Int4Group { group, .. } = kind else { return };
         let Some(nfull) = cols.checked_div(cw) else { return };
         self.xstride = nfull * cw + cw;
         let need = rows * self.xstride;
@@ -483,22 +631,22 @@ pub fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
         }
         QuantKind::Fp8 { block_rows, block_cols } => {
             let ncb = cols.div_ceil(block_cols);
-            let sc = &w.scales[(o / block_rows) * ncb..(o / block_rows + 1) * ncb];
+            let sc = &w.scales.f32()[(o / block_rows) * ncb..(o / block_rows + 1) * ncb];
             for (c, (d, &q)) in dst.iter_mut().zip(&w.payload[o * cols..(o + 1) * cols]).enumerate() {
                 *d = crate::fp8::fp8_e4m3_to_f32(q) * sc[c / block_cols];
             }
         }
         QuantKind::Int8Row => {
-            let s = w.scales[o];
+            let s = w.scales.get(o);
             for (d, &q) in dst.iter_mut().zip(&w.payload[o * cols..(o + 1) * cols]) {
                 *d = q as i8 as f32 * s;
             }
         }
-        QuantKind::Int4Group { group } => {
+        QuantKind::Int4Group { group, .. } => {
             let (half, groups) = (cols.div_ceil(2), cols.div_ceil(group));
             let src = &w.payload[o * half..(o + 1) * half];
-            let sc = &w.scales[o * groups..(o + 1) * groups];
-            for (g, (dchunk, s)) in dst.chunks_mut(group).zip(sc).enumerate() {
+            for (g, dchunk) in dst.chunks_mut(group).enumerate() {
+                let s = w.scales.get(o * groups + g);
                 let c0 = g * group; // even, so each group starts on a byte
                 for (j, d) in dchunk.iter_mut().enumerate() {
                     let byte = src[(c0 + j) / 2];
@@ -523,14 +671,14 @@ pub(crate) fn weight_at(w: &QMatrix, r: usize, c: usize) -> f32 {
             f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
         }
         QuantKind::Fp8 { block_rows, block_cols } => {
-            let s = w.scales[(r / block_rows) * cols.div_ceil(block_cols) + c / block_cols];
+            let s = w.scales.get((r / block_rows) * cols.div_ceil(block_cols) + c / block_cols);
             crate::fp8::fp8_e4m3_to_f32(w.payload[r * cols + c]) * s
         }
-        QuantKind::Int8Row => w.payload[r * cols + c] as i8 as f32 * w.scales[r],
-        QuantKind::Int4Group { group } => {
+        QuantKind::Int8Row => w.payload[r * cols + c] as i8 as f32 * w.scales.get(r),
+        QuantKind::Int4Group { group, .. } => {
             let byte = w.payload[r * cols.div_ceil(2) + c / 2];
             let nib = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
-            (nib as i32 - 8) as f32 * w.scales[r * cols.div_ceil(group) + c / group]
+            (nib as i32 - 8) as f32 * w.scales.get(r * cols.div_ceil(group) + c / group)
         }
     }
 }

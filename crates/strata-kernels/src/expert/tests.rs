@@ -1,5 +1,5 @@
 use super::*;
-use crate::quant::{dequantize, quantize};
+use crate::quant::{dequantize, quantize, ScaleType};
 use rand::{Rng, SeedableRng};
 
 fn paths() -> Vec<KernelPath> {
@@ -26,16 +26,34 @@ struct Owned {
     cols: usize,
     payload: Vec<u8>,
     scales: Vec<f32>,
+    /// The scales' bf16 bit patterns where `kind` stores them so.
+    bf16: Vec<u16>,
 }
 impl Owned {
     fn new(kind: QuantKind, rows: usize, cols: usize, seed: u64) -> Self {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let w = nonzero(&mut rng, rows * cols);
         let (payload, scales) = quantize(kind, &w, rows, cols);
-        Self { kind, rows, cols, payload, scales }
+        let bf16 = match kind.scale_type() {
+            ScaleType::Bf16 => crate::quant::encode_scales(kind, &scales)
+                .unwrap()
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+            ScaleType::F32 => Vec::new(),
+        };
+        Self { kind, rows, cols, payload, scales, bf16 }
     }
     fn q(&self) -> QMatrix<'_> {
-        QMatrix::new(self.kind, self.rows, self.cols, &self.payload, &self.scales)
+        let scales = match self.kind.scale_type() {
+            ScaleType::F32 => Scales::F32(&self.scales),
+            ScaleType::Bf16 => Scales::Bf16(&self.bf16),
+        };
+        QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
+    }
+    /// The same values with the scales stored as f32.
+    fn f32_twin(&self) -> QMatrix<'_> {
+        QMatrix::new(self.kind.with_f32_scales(), self.rows, self.cols, &self.payload, &self.scales)
     }
     fn dense(&self) -> Vec<f32> {
         dequantize(self.kind, &self.payload, &self.scales, self.rows, self.cols)
@@ -60,7 +78,10 @@ fn reference(w: &[f32], out: usize, cols: usize, x: &[f32], rows: usize) -> (Vec
 fn kinds(cols: usize) -> Vec<QuantKind> {
     let mut k = vec![QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row];
     for g in [16, 32, 64, 128, 2, 6, 10, cols + cols % 2] {
-        k.push(QuantKind::Int4Group { group: g });
+        k.push(QuantKind::int4(g));
+    }
+    for g in [32, 128, 6] {
+        k.push(QuantKind::int4_bf16(g));
     }
     for (br, bc) in [(128, 128), (1, 16), (3, 32), (2, 5), (4, 48)] {
         k.push(QuantKind::Fp8 { block_rows: br, block_cols: bc });
@@ -100,6 +121,38 @@ fn qmatmul_matches_f64_reference() {
     }
 }
 
+/// int4 with bf16 scales computes exactly what the same values with f32 scales do, on
+/// every path, for one row and many, groups that fill SIMD chunks and groups that do not.
+#[test]
+fn bf16_scales_equal_their_f32_twin_bit_for_bit() {
+    for (si, &(out, cols)) in [(37usize, 150usize), (16, 64), (24, 2100), (9, 384)].iter().enumerate() {
+        for g in [16, 32, 64, 128, 6, cols + cols % 2] {
+            let m = Owned::new(QuantKind::int4_bf16(g), out, cols, 300 + si as u64);
+            assert!(m.scales.iter().all(|s| half::bf16::from_f32(*s).to_f32() == *s));
+            for rows in [1usize, 3, 8, 11] {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(9 + rows as u64);
+                let x = nonzero(&mut rng, rows * cols);
+                for path in paths() {
+                    let (mut a, mut b) = (vec![f32::NAN; rows * out], vec![f32::NAN; rows * out]);
+                    qmatmul_with(path, &x, rows, &m.q(), &mut a);
+                    qmatmul_with(path, &x, rows, &m.f32_twin(), &mut b);
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "int4-g{g}-bf16 {path:?} {out}x{cols} rows={rows}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "scales stored as F32")]
+fn bf16_kind_with_f32_scales_panics() {
+    let m = Owned::new(QuantKind::int4_bf16(32), 4, 64, 1);
+    QMatrix::new(m.kind, 4, 64, &m.payload, &m.scales);
+}
+
 /// Wide rows: several column blocks per tile (blocks are 1024 columns at 8 rows, 8192
 /// at one row), groups larger than a block, and a tail.
 #[test]
@@ -109,10 +162,10 @@ fn long_rows_with_column_blocks() {
             QuantKind::F32,
             QuantKind::Bf16,
             QuantKind::Int8Row,
-            QuantKind::Int4Group { group: 16 },
-            QuantKind::Int4Group { group: 64 },
-            QuantKind::Int4Group { group: 2048 },
-            QuantKind::Int4Group { group: cols },
+            QuantKind::int4(16),
+            QuantKind::int4(64),
+            QuantKind::int4(2048),
+            QuantKind::int4(cols),
         ] {
             let m = Owned::new(kind, out, cols, 17);
             let dense = m.dense();
@@ -192,7 +245,7 @@ fn thread_count_and_repetition_do_not_change_results() {
         QuantKind::F32,
         QuantKind::Bf16,
         QuantKind::Int8Row,
-        QuantKind::Int4Group { group: 64 },
+        QuantKind::int4(64),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
     ] {
         let m = Owned::new(kind, out, cols, 5);
@@ -271,12 +324,12 @@ fn swiglu_matches_reference_and_composition() {
         QuantKind::F32,
         QuantKind::Bf16,
         QuantKind::Int8Row,
-        QuantKind::Int4Group { group: 32 },
-        QuantKind::Int4Group { group: 6 },
-        QuantKind::Int4Group { group: 150 },
+        QuantKind::int4(32),
+        QuantKind::int4(6),
+        QuantKind::int4(150),
     ] {
         let down_kind = match kind {
-            QuantKind::Int4Group { group: 150 } => QuantKind::Int4Group { group: 72 },
+            QuantKind::Int4Group { group: 150, .. } => QuantKind::int4(72),
             k => k,
         };
         let g = Owned::new(kind, inter, hidden, 1);
@@ -329,13 +382,12 @@ fn swiglu_matches_reference_and_composition() {
 #[test]
 fn batched_experts_equal_single_calls_bit_for_bit() {
     let (hidden, inter) = (150usize, 72usize);
-    let kinds =
-        [QuantKind::Int4Group { group: 32 }, QuantKind::Int8Row, QuantKind::Bf16, QuantKind::Int4Group { group: 6 }];
+    let kinds = [QuantKind::int4(32), QuantKind::Int8Row, QuantKind::Bf16, QuantKind::int4(6)];
     let experts: Vec<(Owned, Owned, Owned)> = kinds
         .iter()
         .enumerate()
         .map(|(i, &k)| {
-            let dk = if matches!(k, QuantKind::Int4Group { .. }) { QuantKind::Int4Group { group: 24 } } else { k };
+            let dk = if matches!(k, QuantKind::Int4Group { .. }) { QuantKind::int4(24) } else { k };
             let s = 10 * i as u64;
             (Owned::new(k, inter, hidden, s), Owned::new(k, inter, hidden, s + 1), Owned::new(dk, hidden, inter, s + 2))
         })
@@ -393,7 +445,7 @@ fn empty_shapes_are_fine() {
     qmatmul(&[], 0, &m.q(), &mut y);
     let z = QMatrix::new(QuantKind::F32, 0, 10, &[], &[]);
     qmatmul(&[1.0; 10], 1, &z, &mut y);
-    let e = QMatrix::new(QuantKind::Int4Group { group: 8 }, 3, 0, &[], &[]);
+    let e = QMatrix::new(QuantKind::int4(8), 3, 0, &[], &[]);
     let mut y = vec![f32::NAN; 6];
     qmatmul(&[], 2, &e, &mut y);
     assert_eq!(y, vec![0.0; 6]);
@@ -447,7 +499,7 @@ fn gelu64(g: f64) -> f64 {
 #[test]
 fn gelu_gated_experts_match_reference_and_composition() {
     let (hidden, inter) = (96usize, 40usize);
-    for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::Int4Group { group: 32 }] {
+    for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::int4(32)] {
         let g = Owned::new(kind, inter, hidden, 11);
         let u = Owned::new(kind, inter, hidden, 12);
         let d = Owned::new(kind, hidden, inter, 13);

@@ -72,7 +72,7 @@ mod x86 {
                 let f = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(f32::from_bits(0x7B80_0000)));
                 let sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
                 let q = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
-                let s = *w.scales.get_unchecked((k / block_rows) * n.div_ceil(block_cols) + c / block_cols);
+                let s = *w.scales.f32().get_unchecked((k / block_rows) * n.div_ceil(block_cols) + c / block_cols);
                 _mm512_mul_ps(q, _mm512_set1_ps(s))
             }
             _ => unreachable!("matmul_t: no SIMD decode for {:?}", w.kind),
@@ -151,7 +151,7 @@ mod tests {
             QuantKind::Fp8 { block_rows: 8, block_cols: 32 },
             QuantKind::Fp8 { block_rows: 3, block_cols: 5 },
             QuantKind::Int8Row,
-            QuantKind::Int4Group { group: 10 },
+            QuantKind::int4(10),
         ] {
             let (p, sc) = quantize(kind, &wf, k_dim, n);
             let dense = dequantize(kind, &p, &sc, k_dim, n);

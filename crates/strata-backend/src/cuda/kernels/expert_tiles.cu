@@ -126,10 +126,10 @@ template <int KIND> __device__ __forceinline__ void xt_split(float4 a, float4 b,
 
 // Where the scales of row r's 32-column runs start (int4 groups and FP8 blocks hold whole
 // runs), and the shift from a column to its scale (-1: a division by `div`).
-template <int KIND> __device__ __forceinline__ const float* xt_scales(const Mat& m, int r, int& shift, int& div) {
+template <int KIND> __device__ __forceinline__ const u8* xt_scales(const Mat& m, int r, int& shift, int& div) {
     div = KIND == 3 ? m.group : m.bcol;
     shift = (div & (div - 1)) == 0 ? __ffs(div) - 1 : -1;
-    return KIND == 3 ? m.s + (size_t)r * m.spr : m.s + (size_t)(r / m.brow) * m.spr;
+    return KIND == 3 ? sat(m, (size_t)r * m.spr) : sat(m, (size_t)(r / m.brow) * m.spr);
 }
 
 // The block's loop over K: this warp's tiles, rows ra.. of ma and rb.. of mb (16 each; past
@@ -138,14 +138,15 @@ template <int KIND> __device__ __forceinline__ const float* xt_scales(const Mat&
 // holds the C fragment of matrix s and n-tile n: (row g, x row 8n + 2t), (g, 8n + 2t + 1),
 // (g + 8, 8n + 2t), (g + 8, 8n + 2t + 1). Every warp of the block takes part in the
 // staging and its barriers; an inactive one computes nothing.
-template <int KIND>
+// SBF: int4 scales stored as bf16 (a parameter, as in i4_tile).
+template <int KIND, bool SBF = false>
 __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, int rb, bool active, const float* xrow,
                                          int K, int nt, XtBuf& xs, float (*acc)[XT_NT][4]) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat* m[2] = {&ma, &mb};
     int row[2][2], shift[2], div[2];
     const u8* wr[2][2];
-    const float* sr[2][2];
+    const u8* sr[2][2];
 #pragma unroll
     for (int s = 0; s < 2; s++)
 #pragma unroll
@@ -166,7 +167,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
     // (Loading quantized weights more chunks ahead gained nothing once the registers
     // allowed it: seventh session, call 3.)
     uint4 w[2][2][2][2];
-    float sc[2][2][2][2];
+    u32 sc[2][2][2][2];  // raw (sraw)
     float4 xa[2], xb[2];
     auto load = [&](int c, int d) {
         int c0 = c * XT_KC;
@@ -185,7 +186,8 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     w[d][s][h][r] = xt_load<KIND>(wr[s][h], col);
-                    if (KIND >= 3) sc[d][s][h][r] = __ldg(sr[s][h] + (shift[s] >= 0 ? col >> shift[s] : col / div[s]));
+                    if (KIND >= 3)
+                        sc[d][s][h][r] = sraw(sr[s][h], shift[s] >= 0 ? col >> shift[s] : col / div[s], SBF);
                 }
         }
     };
@@ -229,10 +231,10 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
                     if (KIND >= 3) {
 #pragma unroll
                         for (int s = 0; s < 2; s++) {
-                            acc[s][n][0] = fmaf(run[s][0], sc[0][s][0][r], acc[s][n][0]);
-                            acc[s][n][1] = fmaf(run[s][1], sc[0][s][0][r], acc[s][n][1]);
-                            acc[s][n][2] = fmaf(run[s][2], sc[0][s][1][r], acc[s][n][2]);
-                            acc[s][n][3] = fmaf(run[s][3], sc[0][s][1][r], acc[s][n][3]);
+                            acc[s][n][0] = fmaf(run[s][0], sval(sc[0][s][0][r], SBF), acc[s][n][0]);
+                            acc[s][n][1] = fmaf(run[s][1], sval(sc[0][s][0][r], SBF), acc[s][n][1]);
+                            acc[s][n][2] = fmaf(run[s][2], sval(sc[0][s][1][r], SBF), acc[s][n][2]);
+                            acc[s][n][3] = fmaf(run[s][3], sval(sc[0][s][1][r], SBF), acc[s][n][3]);
                         }
                     }
                 }
@@ -272,13 +274,16 @@ __device__ __forceinline__ int xt_out(int s, int i, int g) { return 16 * s + g +
 __device__ __forceinline__ int xt_xrow(int n, int i, int t) { return 8 * n + 2 * t + (i & 1); }
 
 // xt_tiles for the matrices' encoding (the host sends only bf16, int8, int4 and FP8 here;
-// gate and up share theirs).
+// gate and up share theirs, scale type included).
 __device__ __forceinline__ void xt_any(const Mat& ma, int ra, const Mat& mb, int rb, bool active, const float* xrow,
                                        int K, int nt, XtBuf& xs, float (*acc)[XT_NT][4]) {
     switch (ma.kind) {
     case 1: xt_tiles<1>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
     case 2: xt_tiles<2>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
-    case 3: xt_tiles<3>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
+    case 3:
+        if (ma.sbf) xt_tiles<3, true>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
+        else xt_tiles<3, false>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
+        break;
     default: xt_tiles<4>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
     }
 }

@@ -179,10 +179,11 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     // its first loads' latency, remains; the block's, its task and launch, is shared).
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
 #if TILE_MMA
-    if (i4_tiles(T.g) && i4_tiles(T.u)) {
+    if (i4_tiles(T.g) && i4_tiles(T.u) && T.g.sbf == T.u.sbf) {
         for (int r = 0; r < rounds; r++) {
             if (r) __syncthreads();  // the last round's sums have been read
-            i4_up_block(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
+            if (T.g.sbf) i4_up_block<true>(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
+            else i4_up_block<false>(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
         }
         return;
     }
@@ -204,8 +205,14 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
 #if TILE_MMA
     if (i4_tiles(T.d)) {
         __shared__ I4Shared sm;
-        if (rounds == 2) i4_down_block<2>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
-        else i4_down_block<1>(T.d, b0, h + T.h_off, y + (i64)T.out_row * hidden, sm, pre);
+        float* yo = y + (i64)T.out_row * hidden;
+        if (T.d.sbf) {
+            if (rounds == 2) i4_down_block<2, true>(T.d, b0, h + T.h_off, yo, sm, pre);
+            else i4_down_block<1, true>(T.d, b0, h + T.h_off, yo, sm, pre);
+        } else {
+            if (rounds == 2) i4_down_block<2, false>(T.d, b0, h + T.h_off, yo, sm, pre);
+            else i4_down_block<1, false>(T.d, b0, h + T.h_off, yo, sm, pre);
+        }
         return;
     }
 #endif

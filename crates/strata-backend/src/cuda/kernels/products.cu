@@ -96,7 +96,7 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
 // never straddles a scale group (Mat::vec).
 template <int KIND> __device__ __forceinline__ float vec_scale(const Mat& m, int row, int c) {
     if (KIND == 2) return m.s[row];
-    if (KIND == 3) return m.s[(size_t)row * m.spr + c / m.group];
+    if (KIND == 3) return mscale(m, (size_t)row * m.spr + c / m.group);
     if (KIND == 4) return m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
     return 1.f;
 }
@@ -561,7 +561,7 @@ template <int KIND> __device__ __forceinline__ float melem_k(const Mat& m, int r
     if (KIND == 3) {
         u32 b = row[c >> 1];
         u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
-        return (float)((int)nib - 8) * m.s[(size_t)r * m.spr + c / m.group];
+        return (float)((int)nib - 8) * mscale(m, (size_t)r * m.spr + c / m.group);
     }
     return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
 }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine: int4 experts with f32 scales against bf16 scales. The CUDA tests
+# (TESTS=0 skips them; strata-tiny left out unless TINY=1), the expert-bandwidth test
+# (BANDWIDTH=0 skips it), then decode of the GLM-5-shaped slice (vocabulary 16384) with its
+# experts converted three ways: int4-g64 (f32 scales, the default), int4-g128 (f32) and
+# int4-g128-bf16, alternated REPS times (2). Writes $OUT/tests.log, $OUT/bandwidth.log,
+# $OUT/scales.jsonl, $OUT/side.log. PROMPT / DECODE: tokens of the prompt and the decode.
+set -uo pipefail
+STALL_S=60
+TINY=${TINY:-0}
+. "$(dirname "$0")/env.sh"
+S=$C/strata
+res="$OUT/scales.jsonl"
+touch "$res"
+tests_then_slice
+for v in "g128 --group 128" "g128-bf16 --group 128 --scales bf16"; do
+  set -- $v
+  name=$1
+  shift
+  [ -d "$slice-$name" ] || timeout 200 $S convert --model "$slice" --out "$slice-$name" --experts int4 "$@" \
+    >>"$OUT/side.log" 2>&1 || echo "convert $name failed (see side.log)"
+done
+if [ "${BANDWIDTH:-1}" = 1 ]; then
+  since "bandwidth"
+  timeout 150 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" >"$OUT/bandwidth.log"
+  cat "$OUT/bandwidth.log"
+fi
+for rep in $(seq 1 ${REPS:-2}); do
+  for d in "$slice-int4 int4-g64" "$slice-g128 int4-g128" "$slice-g128-bf16 int4-g128-bf16"; do
+    set -- $d
+    since "decode $2 ($rep)"
+    timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} \
+      --decode-tokens ${DECODE:-128} --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print(json.dumps({'experts':'$2','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),
+  'bytes_per_token':r['decode_bytes_read_per_token'],
+  'of_floor':round(r['decode_bytes_read_per_token']/4.3e12*r['decode_tokens_per_s'],3)}))" >>"$res"
+  done
+done
+since "done"
+python3 - "$res" <<'PY'
+import json, sys, collections
+g = collections.defaultdict(list)
+for l in open(sys.argv[1]):
+    r = json.loads(l); g[r['experts']].append((r['decode_tps'], r['of_floor'], r['bytes_per_token']))
+for k, v in sorted(g.items()): print(k, v)
+PY
