@@ -257,6 +257,52 @@ fn colibri_container_streams_in_place() {
     assert!(worst < 1e-4, "Colibri path differs from its dequantized weights by {worst}");
 }
 
+/// The public container's int4 experts converted at their own group
+/// (`strata convert --experts int4 --group 16 [--scales bf16]`) keep every nibble: with f32
+/// scales the container is the same model (logits equal up to accumulation order); with
+/// bf16 scales each scale is rounded, so a weight moves by at most 2^-8 of itself.
+#[test]
+fn colibri_int4_converts_keeping_every_nibble() {
+    use strata_storage::{AlignedBuf, ExpertManifest, IoPool};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/colibri/dsa-sparse-int4");
+    let store = WeightStore::open_dir(&dir).unwrap();
+    let was = run(&dir, &options(None, 64)).0;
+    let spread = was.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    for (kind, bound) in [(QuantKind::int4(16), 0.0f32), (QuantKind::int4_bf16(16), 1.0 / 256.0)] {
+        let out = tempfile::tempdir().unwrap();
+        let opts = ConvertOptions { experts: kind, mtp_experts: QuantKind::Int8Row };
+        convert(&dir, out.path(), &opts, &mut |_, _| {}).unwrap();
+        let manifest = ExpertManifest::read(out.path()).unwrap();
+        let pool = IoPool::open(&manifest.file_paths(out.path()), 1, false).unwrap();
+        let tier = manifest.tier("main").unwrap();
+        let mut checked = 0;
+        for &layer in &tier.layers {
+            for e in 0..tier.experts_per_layer {
+                let read = manifest.expert_read("main", layer, e).unwrap();
+                let mut slot = AlignedBuf::new(read.layout.slot_bytes).unwrap();
+                pool.read(read.segments.clone(), slot.as_mut_slice()).unwrap();
+                for (m, name) in read.layout.matrices().into_iter().zip(["gate_proj", "up_proj", "down_proj"]) {
+                    assert_eq!(m.kind, kind);
+                    let name = format!("model.layers.{layer}.mlp.experts.{e}.{name}.weight");
+                    let before = store.load_f32(&name, &[m.rows, m.cols], None).unwrap();
+                    let after = m.dequantize(slot.as_slice()).unwrap();
+                    for (a, b) in before.iter().zip(&after) {
+                        assert!((a - b).abs() <= a.abs() * bound, "{}: {name}: {a} became {b}", kind.name());
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 3 * tier.layers.len() * tier.experts_per_layer);
+        // The prompt's logits.
+        let now = run(out.path(), &options(None, 64)).0;
+        let worst = was.iter().flatten().zip(now.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("Colibri int4 -> {}: {checked} matrices, logits within {worst:.2e} of {spread:.2}", kind.name());
+        let limit = if bound == 0.0 { 1e-4 } else { 0.05 * spread };
+        assert!(worst < limit, "{}: logits moved by {worst} (largest {spread})", kind.name());
+    }
+}
+
 /// Pins, the usage ledger and live repin through the runtime: after a turn, the ledger
 /// file holds the routing counts, and a hot unpinned expert replaces a cold pin.
 #[test]

@@ -234,6 +234,14 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
     }
 }
 
+/// Rounds scales to `kind`'s scale type (to nearest bf16 for `int4-gN-bf16`; f32 scales
+/// are left as they are).
+pub fn round_scales(kind: QuantKind, scales: &mut [f32]) {
+    if kind.scale_type() == ScaleType::Bf16 {
+        scales.iter_mut().for_each(|s| *s = bf16::from_f32(*s).to_f32());
+    }
+}
+
 /// The stored bytes of `scales` (f32 values from [`quantize`]) in `kind`'s scale type,
 /// little-endian. A bf16 scale must be exact in bf16 (the nibbles were chosen against
 /// that value): otherwise an error names the first that is not.

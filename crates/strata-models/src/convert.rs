@@ -1,6 +1,7 @@
 //! HF checkpoint -> strata expert container: resident tensors copied as stored into
 //! `model.safetensors`; routed experts re-encoded (int4 / int8 / bf16 / f32) into
-//! aligned regions, one per expert, described by `strata-experts.json`. The MTP layer's
+//! aligned regions, one per expert, described by `strata-experts.json`. Experts already
+//! stored in the asked encoding (the public container's) keep their payloads. The MTP layer's
 //! experts form their own tier, int8 by default (int4 drafts are known to fail).
 
 use crate::registry::read_arch;
@@ -10,7 +11,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
-use strata_kernels::{decode_to_f32, quantize, ElementType, QuantKind};
+use strata_kernels::{decode_to_f32, quantize, round_scales, ElementType, QuantKind};
 use strata_storage::{ContainerWriter, ExpertLayout, SafetensorsWriter, TensorSpec, TierSpec, WeightStore};
 
 /// Files copied verbatim next to the weights.
@@ -54,6 +55,40 @@ impl<'a> ExpertNames<'a> {
     fn is_expert(&self, map: &WeightMap, name: &str) -> bool {
         map.is_routed_expert(name)
     }
+}
+
+/// A matrix encoded: payload and scales (f32 values, as [`quantize`] gives them).
+type Encoded = (Vec<u8>, Vec<f32>);
+
+/// One expert's (gate, up, down) as the source stores them, when that is `kind` up to how
+/// the scales are stored (the public container's int4 and int8 experts): payloads kept,
+/// scales rounded to `kind`'s scale type. Keeping the nibbles is what re-quantizing would
+/// choose against the rounded scale (a bf16 scale moves by at most 2^-8 of itself, so no
+/// nibble's product moves by half a step), and it avoids a second rounding of the weights
+/// on another grid. `None` when any matrix is stored otherwise.
+fn expert_as_stored(
+    store: &WeightStore,
+    names: &ExpertNames,
+    layer: usize,
+    e: usize,
+    hidden: usize,
+    inter: usize,
+    kind: QuantKind,
+) -> Result<Option<[Encoded; 3]>> {
+    let shapes =
+        [(ExpertMatrix::Gate, inter, hidden), (ExpertMatrix::Up, inter, hidden), (ExpertMatrix::Down, hidden, inter)];
+    let mut out = Vec::with_capacity(3);
+    for (m, rows, cols) in shapes {
+        let Some(name) = names.get(layer, e, m).filter(|n| store.contains(n)) else { return Ok(None) };
+        let Some(stored) = store.load_quantized(name, rows, cols) else { return Ok(None) };
+        let mut m = stored?;
+        if m.kind != kind.with_f32_scales() {
+            return Ok(None);
+        }
+        round_scales(kind, &mut m.scales);
+        out.push((m.payload, m.scales));
+    }
+    Ok(out.try_into().ok())
 }
 
 /// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
@@ -178,10 +213,13 @@ pub fn convert(
     for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
         for &layer in layers {
             for e in 0..n {
-                let [g, u, d] = expert_f32(&store, &map, &names, layer, e, h, inter, arch.fp8_block())?;
-                let (gq, gs) = quantize(kind, &g, inter, h);
-                let (uq, us) = quantize(kind, &u, inter, h);
-                let (dq, ds) = quantize(kind, &d, h, inter);
+                let [(gq, gs), (uq, us), (dq, ds)] = match expert_as_stored(&store, &names, layer, e, h, inter, kind)? {
+                    Some(stored) => stored,
+                    None => {
+                        let [g, u, d] = expert_f32(&store, &map, &names, layer, e, h, inter, arch.fp8_block())?;
+                        [quantize(kind, &g, inter, h), quantize(kind, &u, inter, h), quantize(kind, &d, h, inter)]
+                    }
+                };
                 writer.add_expert(tier, layer, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
                 done += 1;
                 progress(done, total);

@@ -22,6 +22,6 @@ pub use container::{
 };
 pub use io::{AlignedBuf, IoPool, ReadSegment, ReadStats, ReadTicket};
 pub use safetensors_file::{SafetensorsFile, TensorRef};
-pub use store::WeightStore;
+pub use store::{StoredMatrix, WeightStore};
 pub use strata_kernels::ElementType;
 pub use writer::{SafetensorsWriter, TensorSpec};

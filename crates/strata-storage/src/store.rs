@@ -9,6 +9,13 @@ use strata_kernels::{decode_to_f32, dequantize, dequantize_fp8_blocks, ElementTy
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
+/// A quantized matrix as a checkpoint stores it: its encoding, payload and f32 scales.
+pub struct StoredMatrix {
+    pub kind: QuantKind,
+    pub payload: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
 pub struct WeightStore {
     files: Vec<SafetensorsFile>,
     /// Tensor name -> index into `files`.
@@ -136,6 +143,23 @@ impl WeightStore {
         decode_to_f32(ElementType::F32, qfile.bytes(q)?, &mut scales)
             .map_err(|e| anyhow!("{}: tensor `{qs_name}`: {e}", qfile.path().display()))?;
         Ok(dequantize(kind, file.bytes(t)?, &scales, rows, cols))
+    }
+
+    /// A Colibri-layout tensor as stored, for the expected `[rows, cols]`; `None` when
+    /// `name` is not such a tensor.
+    pub fn load_quantized(&self, name: &str, rows: usize, cols: usize) -> Option<Result<StoredMatrix>> {
+        let kind = self.quant_kind(name, rows, cols)?;
+        Some(kind.and_then(|kind| {
+            let qs_name = format!("{name}{QS_SUFFIX}");
+            let ((file, t), (qfile, q)) = (self.require(name)?, self.require(&qs_name)?);
+            if q.dtype != ElementType::F32 {
+                bail!("{}: scale tensor `{qs_name}` is {:?}, expected F32", qfile.path().display(), q.dtype);
+            }
+            let mut scales = vec![0f32; q.numel()];
+            decode_to_f32(ElementType::F32, qfile.bytes(q)?, &mut scales)
+                .map_err(|e| anyhow!("{}: tensor `{qs_name}`: {e}", qfile.path().display()))?;
+            Ok(StoredMatrix { kind, payload: file.bytes(t)?.to_vec(), scales })
+        }))
     }
 
     /// The encoding of a Colibri-layout tensor (`name` + `name.qs`) for the expected
