@@ -1,0 +1,144 @@
+//! A matrix's scales as stored (f32, or bf16 for `int4-gN-bf16`), and how the SIMD int4
+//! decoders read them.
+
+use crate::quant::ScaleType;
+
+/// A matrix's scales as stored, borrowed (see [`ScaleType`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Scales<'a> {
+    F32(&'a [f32]),
+    /// bf16 bit patterns.
+    Bf16(&'a [u16]),
+}
+
+impl<'a> Scales<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(s) => s.len(),
+            Self::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn scale_type(&self) -> ScaleType {
+        match self {
+            Self::F32(_) => ScaleType::F32,
+            Self::Bf16(_) => ScaleType::Bf16,
+        }
+    }
+
+    /// Scale `i` as f32 (panics out of bounds).
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Self::F32(s) => s[i],
+            Self::Bf16(s) => bf16_to_f32(s[i]),
+        }
+    }
+
+    /// The f32 scales of an encoding that has no other kind (int8, FP8).
+    pub(crate) fn f32(&self) -> &'a [f32] {
+        match *self {
+            Self::F32(s) => s,
+            Self::Bf16(_) => unreachable!("only int4 scales are stored as bf16 (validated)"),
+        }
+    }
+
+    /// Scales `range` (for row views).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Scales<'a> {
+        match *self {
+            Self::F32(s) => Self::F32(&s[range]),
+            Self::Bf16(s) => Self::Bf16(&s[range]),
+        }
+    }
+
+    /// All scales widened to f32.
+    pub fn to_vec(&self) -> Vec<f32> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
+impl<'a> From<&'a [f32]> for Scales<'a> {
+    fn from(s: &'a [f32]) -> Self {
+        Self::F32(s)
+    }
+}
+impl<'a> From<&'a Vec<f32>> for Scales<'a> {
+    fn from(s: &'a Vec<f32>) -> Self {
+        Self::F32(s)
+    }
+}
+impl<'a, const N: usize> From<&'a [f32; N]> for Scales<'a> {
+    fn from(s: &'a [f32; N]) -> Self {
+        Self::F32(s)
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// Scales as the int4 SIMD decoders read them: one implementation per [`ScaleType`], so
+/// the f32 and bf16 paths are separate monomorphised loops that do the same arithmetic
+/// on the same f32 values (a bf16 matrix computes bit for bit what its f32 twin does).
+pub(crate) trait ScaleRead: Copy {
+    /// # Safety
+    /// `i` in bounds.
+    unsafe fn at(self, i: usize) -> f32;
+    /// Scales `i..i + 8`.
+    /// # Safety
+    /// In bounds; AVX2 available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256;
+    /// Scales `i..i + 16`.
+    /// # Safety
+    /// In bounds; AVX-512F available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512;
+}
+
+impl ScaleRead for &[f32] {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        *self.get_unchecked(i)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(self.as_ptr().add(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(self.as_ptr().add(i))
+    }
+}
+
+/// bf16 scales (bit patterns) for [`ScaleRead`].
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16Scales<'a>(pub(crate) &'a [u16]);
+
+impl ScaleRead for Bf16Scales<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        bf16_to_f32(*self.0.get_unchecked(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(self.0.as_ptr().add(i) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(self.0.as_ptr().add(i) as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+    }
+}
