@@ -33,7 +33,7 @@ SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
   { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
     --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
 [[ " $SLICES " == *" int4-g64-vocab154880 "* ]] &&
-  { [ -d $slice-v154k-int4 ] || timeout 200 $S convert --model $slice-v154k --out $slice-v154k-int4 --experts int4 \
+  { [ -d $slice-v154k-int4 ] || timeout 200 $S convert --model $slice-v154k --out $slice-v154k-int4 --experts int4 --scales f32 \
     >>"$OUT/side.log" 2>&1; }
 VARIANTS=${VARIANTS:-ROW_UNROLL=1 ROW_UNROLL=2 ROW_UNROLL=4}
 setenv=()

@@ -18,7 +18,7 @@ done
 glm5_slice() {
   [ -d "$1" ] || timeout 200 $C/strata bench synth --out "$1" --preset glm5 --layers 2 --dense-layers 1 \
     --experts "${3:-48}" --vocab "${2:-16384}" >>"$OUT/side.log" 2>&1
-  [ -d "$1-int4" ] || timeout 200 $C/strata convert --model "$1" --out "$1-int4" --experts int4 >>"$OUT/side.log" 2>&1
+  [ -d "$1-int4" ] || timeout 200 $C/strata convert --model "$1" --out "$1-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1
 }
 # The path of another carried binary, .devcarry/$1 (unpacked from $1.xz), for A/B variants
 # (BIN=NAME); an error line naming it when it is not carried.

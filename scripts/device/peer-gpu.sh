@@ -41,12 +41,12 @@ L=/tmp/llama-cuda
   cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice/"
   timeout 300 bash "$PEER" convert "$C/llama-src.tar.xz" "$slice" /tmp/slice.gguf bf16 >>"$OUT/side.log" 2>&1 ||
     echo "convert to GGUF failed" >>"$OUT/side.log"
-  timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 >>"$OUT/side.log" 2>&1 ||
+  timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1 ||
     echo "strata convert int4 failed" >>"$OUT/side.log"
   if [ "${FULL_VOCAB:-0}" = 1 ]; then
     timeout 200 $S bench synth --out "$slice-v154k" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
       --vocab 154880 >>"$OUT/side.log" 2>&1
-    timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 >>"$OUT/side.log" 2>&1
+    timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice-v154k/"
     timeout 300 bash "$PEER" convert "$C/llama-src.tar.xz" "$slice-v154k" /tmp/slice-v154k.gguf bf16 >>"$OUT/side.log" 2>&1 ||
       echo "convert of the GLM-5-vocabulary slice to GGUF failed" >>"$OUT/side.log"

@@ -2,8 +2,8 @@
 # On the GPU machine: int4 experts with f32 scales against bf16 scales. The CUDA tests
 # (TESTS=0 skips them; strata-tiny left out unless TINY=1), the expert-bandwidth test
 # (BANDWIDTH=0 skips it), then decode of the GLM-5-shaped slice (vocabulary 16384) with its
-# experts converted three ways: int4-g64 (f32 scales, the default), int4-g128 (f32) and
-# int4-g128-bf16, alternated REPS times (2). Writes $OUT/tests.log, $OUT/bandwidth.log,
+# experts converted four ways: int4-g64 (f32 scales, as the public container), int4-g64-bf16,
+# int4-g128 (f32) and int4-g128-bf16, alternated REPS times (2). Writes $OUT/tests.log, $OUT/bandwidth.log,
 # $OUT/scales.jsonl, $OUT/side.log. PROMPT / DECODE: tokens of the prompt and the decode.
 set -uo pipefail
 STALL_S=60
@@ -13,7 +13,7 @@ S=$C/strata
 res="$OUT/scales.jsonl"
 touch "$res"
 tests_then_slice
-for v in "g128 --group 128" "g128-bf16 --group 128 --scales bf16"; do
+for v in "g64-bf16 --scales bf16" "g128 --group 128 --scales f32" "g128-bf16 --group 128 --scales bf16"; do
   set -- $v
   name=$1
   shift
@@ -26,7 +26,8 @@ if [ "${BANDWIDTH:-1}" = 1 ]; then
   cat "$OUT/bandwidth.log"
 fi
 for rep in $(seq 1 ${REPS:-2}); do
-  for d in "$slice-int4 int4-g64" "$slice-g128 int4-g128" "$slice-g128-bf16 int4-g128-bf16"; do
+  for d in "$slice-int4 int4-g64" "$slice-g64-bf16 int4-g64-bf16" "$slice-g128 int4-g128" \
+    "$slice-g128-bf16 int4-g128-bf16"; do
     set -- $d
     since "decode $2 ($rep)"
     timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} \

@@ -21,11 +21,13 @@ import sys
 FORMATS = [
     ("bf16", None),
     ("int8", ["--experts", "int8"]),
-    ("int4 g32", ["--experts", "int4", "--group", "32"]),
-    ("int4 g64", ["--experts", "int4", "--group", "64"]),
-    ("int4 g128", ["--experts", "int4", "--group", "128"]),
+    ("int4 g32", ["--experts", "int4", "--group", "32", "--scales", "f32"]),
+    ("int4 g64", ["--experts", "int4", "--group", "64", "--scales", "f32"]),
+    ("int4 g64, bf16 scales", ["--experts", "int4", "--group", "64", "--scales", "bf16"]),
+    ("int4 g128", ["--experts", "int4", "--group", "128", "--scales", "f32"]),
+    ("int4 g128, bf16 scales", ["--experts", "int4", "--group", "128", "--scales", "bf16"]),
     # A group at least as wide as every expert row (gate/up 256, down 64): one scale a row.
-    ("int4 per row", ["--experts", "int4", "--group", "256"]),
+    ("int4 per row", ["--experts", "int4", "--group", "256", "--scales", "f32"]),
 ]
 
 

@@ -342,11 +342,12 @@ fn streaming_flags_and_their_errors() {
         "--json",
     ]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    // bf16 scales: refused where no encoding is int4; otherwise a smaller slot that runs.
+    // int4 scales are bf16 unless `--scales f32`; `--scales` is refused where no encoding is
+    // int4; f32 scales take twice the bytes.
     let o16 = out_dir.path().join("c16");
     let bad =
-        strata(&["convert", "--model", m, "--out", o16.to_str().unwrap(), "--experts", "int8", "--scales", "bf16"]);
-    assert_one_line_error(&bad, &["--scales bf16 applies to int4 experts", "--experts is int8"]);
+        strata(&["convert", "--model", m, "--out", o16.to_str().unwrap(), "--experts", "int8", "--scales", "f32"]);
+    assert_one_line_error(&bad, &["--scales f32 applies to int4 experts", "--experts is int8"]);
     let ok16 = strata(&[
         "convert",
         "--model",
@@ -358,7 +359,7 @@ fn streaming_flags_and_their_errors() {
         "--group",
         "16",
         "--scales",
-        "bf16",
+        "f32",
         "--json",
     ]);
     assert!(ok16.status.success(), "{}", String::from_utf8_lossy(&ok16.stderr));
@@ -368,9 +369,9 @@ fn streaming_flags_and_their_errors() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("strata-experts.json")).unwrap()).unwrap();
         v["tiers"][0]["layout"]["gate"].clone()
     };
-    let (g32, g16) = (gate(&o), gate(&o16));
-    assert_eq!(g16["kind"], "int4-g16-bf16", "{g16}");
-    assert_eq!(2 * g16["scales_len"].as_u64().unwrap(), g32["scales_len"].as_u64().unwrap(), "{g16} {g32}");
+    let (bf, f) = (gate(&o), gate(&o16));
+    assert_eq!((bf["kind"].as_str(), f["kind"].as_str()), (Some("int4-g16-bf16"), Some("int4-g16")), "{bf} {f}");
+    assert_eq!(2 * bf["scales_len"].as_u64().unwrap(), f["scales_len"].as_u64().unwrap(), "{bf} {f}");
     let gen = strata(&["generate", "--model", o16.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
     // The container holds the same parameters as the checkpoint it came from.

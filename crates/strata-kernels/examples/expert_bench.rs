@@ -1,5 +1,6 @@
 //! Micro benchmark: one GLM-5 routed expert (gate/up [2048, 6144], down [6144, 2048]) per
-//! call of `swiglu_expert`, for int4-g64, int8 and bf16, rows = 1 (decode) and 8 (prefill
+//! call of `swiglu_expert`, for int4-g64 (f32 and bf16 scales), int4-g128-bf16, int8 and
+//! bf16, rows = 1 (decode) and 8 (prefill
 //! chunk / verify), next to this machine's memory read bandwidth measured by a plain
 //! multi-threaded read loop.
 //!
@@ -9,12 +10,14 @@
 //!
 //! cargo run --release -p strata-kernels --example expert_bench -- [--mib N] [--iters N]
 //!     [--path scalar|avx2|avx512]
-//!     [--kind int4-g64|int8|bf16] [--rows N]
+//!     [--kind int4-g64|int4-g64-bf16|int4-g128-bf16|int8|bf16] [--rows N]
 
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use strata_kernels::{swiglu_expert_with, swiglu_experts_with, ExpertCall, KernelPath, QMatrix, QuantKind};
+use strata_kernels::{
+    swiglu_expert_with, swiglu_experts_with, ExpertCall, KernelPath, QMatrix, QuantKind, ScaleType, Scales,
+};
 
 const HIDDEN: usize = 6144;
 const INTER: usize = 2048;
@@ -25,6 +28,8 @@ struct Matrix {
     cols: usize,
     payload: Vec<u8>,
     scales: Vec<f32>,
+    /// The scales as bf16 bits, for kinds that store them so.
+    bf16: Vec<u16>,
 }
 
 impl Matrix {
@@ -53,11 +58,16 @@ impl Matrix {
             }
         });
         let scales = vec![0.01f32; kind.scale_count(rows, cols)];
-        Self { kind, rows, cols, payload, scales }
+        let bf16 = vec![half::bf16::from_f32(0.01).to_bits(); kind.scale_count(rows, cols)];
+        Self { kind, rows, cols, payload, scales, bf16 }
     }
 
     fn q(&self) -> QMatrix<'_> {
-        QMatrix::new(self.kind, self.rows, self.cols, &self.payload, &self.scales)
+        let scales = match self.kind.scale_type() {
+            ScaleType::F32 => Scales::F32(&self.scales),
+            ScaleType::Bf16 => Scales::Bf16(&self.bf16),
+        };
+        QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
     }
 }
 
@@ -194,7 +204,9 @@ fn main() {
         "kind", "rows", "MB", "cold ms", "cold GB/s", "/floor", "hot ms", "hot GB/s", "floor ms"
     );
 
-    for kind in [QuantKind::int4(64), QuantKind::Int8Row, QuantKind::Bf16] {
+    for kind in
+        [QuantKind::int4(64), QuantKind::int4_bf16(64), QuantKind::int4_bf16(128), QuantKind::Int8Row, QuantKind::Bf16]
+    {
         if only_kind.is_some_and(|k| k != kind) {
             continue;
         }

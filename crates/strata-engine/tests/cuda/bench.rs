@@ -13,6 +13,7 @@ fn cuda_kernel_bandwidth() {
         QuantKind::Bf16,
         QuantKind::Int8Row,
         QuantKind::int4(64),
+        QuantKind::int4_bf16(64),
         QuantKind::int4(128),
         QuantKind::int4_bf16(128),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
