@@ -429,12 +429,11 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         }
         summary = strata_models::weights::summarize_groups(summary.groups, per_token, count);
     }
+    let experts = expert_tiers(&a.model)?;
     let architecture = arch.describe();
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "architecture": architecture, "weights": summary }))?
-        );
+        let out = serde_json::json!({ "architecture": architecture, "weights": summary, "expert_tiers": experts });
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!("{}  ({})", a.model.display(), arch.model_type());
@@ -449,7 +448,64 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     println!("  {:<16} {:>8} {:>16} {:>14}", "total", "", summary.total_parameters, human_bytes(summary.total_bytes));
     println!("  active parameters per token: {}", summary.active_parameters);
     println!("  bytes per routed expert:     {}", human_bytes(summary.bytes_per_expert));
+    for t in &experts {
+        let [g, u, d] = &t.encodings;
+        let enc = if g == u && u == d { g.clone() } else { format!("gate {g}, up {u}, down {d}") };
+        println!(
+            "  expert tier `{}` ({}): {} experts, {enc}, {} a slot",
+            t.tier,
+            t.format,
+            t.experts,
+            human_bytes(t.slot_bytes as u64)
+        );
+    }
     Ok(())
+}
+
+/// One expert tier of a container, as `inspect` reports it.
+#[derive(serde::Serialize)]
+struct ExpertTier {
+    /// `strata` (strata's container) or `colibri` (the public container, read in place).
+    format: &'static str,
+    tier: String,
+    experts: usize,
+    /// gate, up, down (`mixed` where the tier's experts differ).
+    encodings: [String; 3],
+    slot_bytes: usize,
+}
+
+/// The expert tiers of the container in `dir`, if it is one (headers only).
+fn expert_tiers(dir: &std::path::Path) -> Result<Vec<ExpertTier>> {
+    if strata_storage::ExpertManifest::exists(dir) {
+        let manifest = strata_storage::ExpertManifest::read(dir)?;
+        return Ok(manifest
+            .tiers
+            .iter()
+            .map(|t| ExpertTier {
+                format: "strata",
+                tier: t.name.clone(),
+                experts: t.expert_count(),
+                encodings: t.layout.matrices().map(|m| m.kind.name()),
+                slot_bytes: t.slot_bytes(),
+            })
+            .collect());
+    }
+    if !strata_storage::ColibriContainer::detect(dir) {
+        return Ok(Vec::new());
+    }
+    let c = strata_storage::ColibriContainer::open(dir, &strata_storage::GlmDims::from_dir(dir)?)?;
+    Ok(c.tiers()
+        .iter()
+        .map(|t| ExpertTier {
+            format: "colibri",
+            tier: t.name.clone(),
+            experts: t.experts.len(),
+            encodings: t
+                .uniform_kinds()
+                .map_or_else(|| std::array::from_fn(|_| "mixed".into()), |k| k.map(|k| k.name())),
+            slot_bytes: t.slot_bytes,
+        })
+        .collect())
 }
 
 /// Prints a line to stdout; a reader that went away (`| head`) is not an error.

@@ -381,6 +381,20 @@ fn streaming_flags_and_their_errors() {
         v["weights"]["total_parameters"].as_u64().unwrap()
     };
     assert_eq!(total(o.to_str().unwrap()), total(m));
+    // inspect names each expert tier's encoding.
+    let v: serde_json::Value =
+        serde_json::from_slice(&strata(&["inspect", "--model", o.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let main = &v["expert_tiers"][0];
+    assert_eq!((main["format"].as_str(), main["tier"].as_str()), (Some("strata"), Some("main")), "{v}");
+    assert_eq!(main["encodings"][2].as_str(), Some("int4-g16-bf16"), "{v}");
+    assert!(main["slot_bytes"].as_u64().unwrap() > 0, "{v}");
+    let text = String::from_utf8_lossy(&strata(&["inspect", "--model", o16.to_str().unwrap()]).stdout).to_string();
+    assert!(text.contains("expert tier `main` (strata):") && text.contains(", int4-g16, "), "{text}");
+    let colibri = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/colibri/dsa-sparse-int4");
+    let v: serde_json::Value =
+        serde_json::from_slice(&strata(&["inspect", "--model", colibri.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(v["expert_tiers"][0]["format"].as_str(), Some("colibri"), "{v}");
+    assert_eq!(v["expert_tiers"][0]["encodings"][0].as_str(), Some("int4-g16"), "{v}");
     let fit: serde_json::Value = serde_json::from_slice(
         &strata(&["fit", "--model", o.to_str().unwrap(), "--budget", "200MiB", "--context", "256", "--json"]).stdout,
     )
