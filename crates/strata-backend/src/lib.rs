@@ -74,8 +74,13 @@ impl HostMatrix {
     /// Panics if the payload or scale count does not fit `kind` (a programming error);
     /// an error if a scale that `kind` stores as bf16 is not a bf16 value.
     pub fn validate(&self) -> Result<()> {
+        self.stored_scales().map(|_| ())
+    }
+
+    /// The scales' bytes as `kind` stores them, after [`validate`](Self::validate)'s checks.
+    pub fn stored_scales(&self) -> Result<Vec<u8>> {
         self.view().validate();
-        encode_scales(self.kind, &self.scales).map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
+        encode_scales(self.kind, &self.scales).map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     /// Splits the columns at `at`: `(W[:, ..at], W[:, at..])` (a projection of a

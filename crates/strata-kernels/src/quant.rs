@@ -38,6 +38,14 @@ impl ScaleType {
             Self::Bf16 => 2,
         }
     }
+
+    /// `s` as this type stores it (to nearest bf16; f32 as it is).
+    pub fn round(self, s: f32) -> f32 {
+        match self {
+            Self::F32 => s,
+            Self::Bf16 => bf16::from_f32(s).to_f32(),
+        }
+    }
 }
 
 impl QuantKind {
@@ -192,11 +200,8 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
                 let dst = &mut payload[r * cols.div_ceil(2)..(r + 1) * cols.div_ceil(2)];
                 for (g, chunk) in row.chunks(group).enumerate() {
                     let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let mut s = amax / 7.0;
-                    if stype == ScaleType::Bf16 {
-                        // The nibbles below are chosen against the stored scale.
-                        s = bf16::from_f32(s).to_f32();
-                    }
+                    // The nibbles below are chosen against the scale as stored.
+                    let s = stype.round(amax / 7.0);
                     let s = if s > 0.0 && s.is_finite() { s } else { 1.0 };
                     scales.push(s);
                     for (j, v) in chunk.iter().enumerate() {
@@ -237,9 +242,8 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
 /// Rounds scales to `kind`'s scale type (to nearest bf16 for `int4-gN-bf16`; f32 scales
 /// are left as they are).
 pub fn round_scales(kind: QuantKind, scales: &mut [f32]) {
-    if kind.scale_type() == ScaleType::Bf16 {
-        scales.iter_mut().for_each(|s| *s = bf16::from_f32(*s).to_f32());
-    }
+    let t = kind.scale_type();
+    scales.iter_mut().for_each(|s| *s = t.round(*s));
 }
 
 /// The stored bytes of `scales` (f32 values from [`quantize`]) in `kind`'s scale type,

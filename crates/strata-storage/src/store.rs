@@ -126,14 +126,31 @@ impl WeightStore {
     /// A Colibri-layout tensor: U8 payload `name` plus F32 scales `qs_name`, the encoding
     /// inferred from the byte counts against the expected `[rows, cols]`.
     fn load_qs(&self, name: &str, qs_name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (file, t) = self.require(name)?;
-        let (qfile, q) = self.require(qs_name)?;
         let &[rows, cols] = shape else {
             bail!(
                 "{}: tensor `{name}` is a quantized payload (with `{qs_name}`) but the config implies shape {shape:?}, not a 2-D matrix",
-                file.path().display()
+                self.require(name)?.0.path().display()
             );
         };
+        let (kind, payload, scales) = self.qs_parts(name, qs_name, rows, cols)?;
+        Ok(dequantize(kind, payload, &scales, rows, cols))
+    }
+
+    /// A Colibri-layout tensor as stored, for the expected `[rows, cols]`; `None` when
+    /// `name` is not such a tensor.
+    pub fn load_quantized(&self, name: &str, rows: usize, cols: usize) -> Option<Result<StoredMatrix>> {
+        let qs_name = format!("{name}{QS_SUFFIX}");
+        (self.contains(name) && self.contains(&qs_name)).then(|| {
+            let (kind, payload, scales) = self.qs_parts(name, &qs_name, rows, cols)?;
+            Ok(StoredMatrix { kind, payload: payload.to_vec(), scales })
+        })
+    }
+
+    /// A Colibri-layout tensor's encoding (from the byte counts against `[rows, cols]`),
+    /// payload bytes and f32 scales.
+    fn qs_parts(&self, name: &str, qs_name: &str, rows: usize, cols: usize) -> Result<(QuantKind, &[u8], Vec<f32>)> {
+        let (file, t) = self.require(name)?;
+        let (qfile, q) = self.require(qs_name)?;
         if q.dtype != ElementType::F32 {
             bail!("{}: scale tensor `{qs_name}` is {:?}, expected F32", qfile.path().display(), q.dtype);
         }
@@ -142,24 +159,7 @@ impl WeightStore {
         let mut scales = vec![0f32; q.numel()];
         decode_to_f32(ElementType::F32, qfile.bytes(q)?, &mut scales)
             .map_err(|e| anyhow!("{}: tensor `{qs_name}`: {e}", qfile.path().display()))?;
-        Ok(dequantize(kind, file.bytes(t)?, &scales, rows, cols))
-    }
-
-    /// A Colibri-layout tensor as stored, for the expected `[rows, cols]`; `None` when
-    /// `name` is not such a tensor.
-    pub fn load_quantized(&self, name: &str, rows: usize, cols: usize) -> Option<Result<StoredMatrix>> {
-        let kind = self.quant_kind(name, rows, cols)?;
-        Some(kind.and_then(|kind| {
-            let qs_name = format!("{name}{QS_SUFFIX}");
-            let ((file, t), (qfile, q)) = (self.require(name)?, self.require(&qs_name)?);
-            if q.dtype != ElementType::F32 {
-                bail!("{}: scale tensor `{qs_name}` is {:?}, expected F32", qfile.path().display(), q.dtype);
-            }
-            let mut scales = vec![0f32; q.numel()];
-            decode_to_f32(ElementType::F32, qfile.bytes(q)?, &mut scales)
-                .map_err(|e| anyhow!("{}: tensor `{qs_name}`: {e}", qfile.path().display()))?;
-            Ok(StoredMatrix { kind, payload: file.bytes(t)?.to_vec(), scales })
-        }))
+        Ok((kind, file.bytes(t)?, scales))
     }
 
     /// The encoding of a Colibri-layout tensor (`name` + `name.qs`) for the expected

@@ -50,9 +50,8 @@ impl Backend for CudaBackend {
     }
 
     fn matrix(&self, m: HostMatrix) -> Result<CudaMat> {
-        m.validate()?;
         // Scales go up as `kind` stores them (bf16 where it says so).
-        let scale_bytes = strata_kernels::encode_scales(m.kind, &m.scales).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let scale_bytes = m.stored_scales()?;
         let mut st = self.lock();
         let payload = self.alloc_t::<u8>(m.payload.len())?;
         self.upload_bytes(&mut st.ring, payload.ptr, &m.payload);
