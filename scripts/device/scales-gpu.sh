@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU machine: int4 experts with f32 scales against bf16 scales. The CUDA tests
-# (TESTS=0 skips them; strata-tiny left out unless TINY=1), the expert-bandwidth test
-# (BANDWIDTH=0 skips it), then decode of the GLM-5-shaped slice (vocabulary 16384) with its
-# experts converted four ways: int4-g64 (f32 scales, as the public container), int4-g64-bf16,
-# int4-g128 (f32) and int4-g128-bf16, alternated REPS times (2). Writes $OUT/tests.log, $OUT/bandwidth.log,
-# $OUT/scales.jsonl, $OUT/side.log. PROMPT / DECODE: tokens of the prompt and the decode.
+# On the GPU machine: int4 experts by scale type and group. The CUDA tests (TESTS=0 skips
+# them; strata-tiny left out unless TINY=1), the expert-bandwidth test (BANDWIDTH=0 skips
+# it), then decode of the GLM-5-shaped slice (vocabulary 16384) with its experts as int4-g64
+# (f32 scales, as the public container) and converted as each of VARIANTS (gN-TYPE: group N,
+# TYPE scales; default "g64-bf16 g64-e4m3 g128-bf16"), alternated REPS times (2). Writes
+# $OUT/tests.log, $OUT/bandwidth.log, $OUT/scales.jsonl, $OUT/side.log. PROMPT / DECODE:
+# tokens of the prompt and the decode.
 set -uo pipefail
 STALL_S=60
 TINY=${TINY:-0}
@@ -13,12 +14,13 @@ S=$C/strata
 res="$OUT/scales.jsonl"
 touch "$res"
 tests_then_slice
-for v in "g64-bf16 --scales bf16" "g128 --group 128 --scales f32" "g128-bf16 --group 128 --scales bf16"; do
-  set -- $v
-  name=$1
-  shift
-  [ -d "$slice-$name" ] || timeout 200 $S convert --model "$slice" --out "$slice-$name" --experts int4 "$@" \
-    >>"$OUT/side.log" 2>&1 || echo "convert $name failed (see side.log)"
+VARIANTS=${VARIANTS:-"g64-bf16 g64-e4m3 g128-bf16"}
+for name in $VARIANTS; do
+  g=${name%%-*}
+  t=${name#*-}
+  [ "$t" = "$name" ] && t=f32
+  [ -d "$slice-$name" ] || timeout 200 $S convert --model "$slice" --out "$slice-$name" --experts int4 \
+    --group "${g#g}" --scales "$t" >>"$OUT/side.log" 2>&1 || echo "convert $name failed (see side.log)"
 done
 if [ "${BANDWIDTH:-1}" = 1 ]; then
   since "bandwidth"
@@ -26,9 +28,8 @@ if [ "${BANDWIDTH:-1}" = 1 ]; then
   cat "$OUT/bandwidth.log"
 fi
 for rep in $(seq 1 ${REPS:-2}); do
-  for d in "$slice-int4 int4-g64" "$slice-g64-bf16 int4-g64-bf16" "$slice-g128 int4-g128" \
-    "$slice-g128-bf16 int4-g128-bf16"; do
-    set -- $d
+  for d in "$slice-int4 int4-g64" $(for n in $VARIANTS; do echo "$slice-$n:int4-$n"; done); do
+    set -- ${d/:/ }
     since "decode $2 ($rep)"
     timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} \
       --decode-tokens ${DECODE:-128} --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "

@@ -26,6 +26,8 @@ FORMATS = [
     ("int4 g64, bf16 scales", ["--experts", "int4", "--group", "64", "--scales", "bf16"]),
     ("int4 g128", ["--experts", "int4", "--group", "128", "--scales", "f32"]),
     ("int4 g128, bf16 scales", ["--experts", "int4", "--group", "128", "--scales", "bf16"]),
+    ("int4 g64, e4m3 scales", ["--experts", "int4", "--group", "64", "--scales", "e4m3"]),
+    ("int4 g32, e4m3 scales", ["--experts", "int4", "--group", "32", "--scales", "e4m3"]),
     # A group at least as wide as every expert row (gate/up 256, down 64): one scale a row.
     ("int4 per row", ["--experts", "int4", "--group", "256", "--scales", "f32"]),
 ]

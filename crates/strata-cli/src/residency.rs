@@ -23,10 +23,11 @@ pub struct ConvertArgs {
     #[arg(long, default_value_t = 64)]
     group: usize,
     /// How int4 scales are stored: bf16 (the default: half the scale bytes, no measurable
-    /// quality cost, faster on CPU and GPU) or f32 (the public container's format). Applies
-    /// to every int4 encoding given by `--experts int4` / `--mtp-experts int4`; given
-    /// explicitly, it needs one of them.
-    #[arg(long, value_parser = ["f32", "bf16"])]
+    /// quality cost, faster on CPU and GPU), e4m3 (one byte a scale and a power of two a
+    /// matrix: g64 at the size of g128-bf16) or f32 (the public container's format).
+    /// Applies to every int4 encoding given by `--experts int4` / `--mtp-experts int4`;
+    /// given explicitly, it needs one of them.
+    #[arg(long, value_parser = ["f32", "bf16", "e4m3"])]
     scales: Option<String>,
     /// MTP-layer expert encoding (int8: int4 drafts are known to be rejected).
     #[arg(long, default_value = "int8")]
@@ -70,7 +71,10 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
             ));
         }
     }
-    let scales = if a.scales.as_deref() == Some("f32") { ScaleType::F32 } else { ScaleType::Bf16 };
+    let scales = match &a.scales {
+        Some(s) => ScaleType::parse(s).map_err(|e| anyhow!("--scales: {e}"))?,
+        None => ScaleType::Bf16,
+    };
     let experts = encoding("--experts", &a.experts, a.group, scales)?;
     let mtp_experts = encoding("--mtp-experts", &a.mtp_experts, a.group, scales)?;
     a.quality.check()?;

@@ -374,6 +374,30 @@ fn streaming_flags_and_their_errors() {
     assert_eq!(2 * bf["scales_len"].as_u64().unwrap(), f["scales_len"].as_u64().unwrap(), "{bf} {f}");
     let gen = strata(&["generate", "--model", o16.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    // e4m3 scales: the matrix factor, then a byte a scale; a model that generates.
+    let o8 = out_dir.path().join("c8");
+    let ok8 = strata(&[
+        "convert",
+        "--model",
+        m,
+        "--out",
+        o8.to_str().unwrap(),
+        "--experts",
+        "int4",
+        "--group",
+        "16",
+        "--scales",
+        "e4m3",
+        "--json",
+    ]);
+    assert!(ok8.status.success(), "{}", String::from_utf8_lossy(&ok8.stderr));
+    let e = gate(&o8);
+    assert_eq!(e["kind"].as_str(), Some("int4-g16-e4m3"), "{e}");
+    assert_eq!(4 * (e["scales_len"].as_u64().unwrap() - 4), f["scales_len"].as_u64().unwrap(), "{e} {f}");
+    let gen = strata(&["generate", "--model", o8.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let bad = strata(&["convert", "--model", m, "--out", o8.to_str().unwrap(), "--scales", "e5m2"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("e5m2"));
     // The container holds the same parameters as the checkpoint it came from.
     let total = |dir: &str| -> u64 {
         let v: serde_json::Value =

@@ -1,5 +1,5 @@
 //! Micro benchmark: one GLM-5 routed expert (gate/up [2048, 6144], down [6144, 2048]) per
-//! call of `swiglu_expert`, for int4-g64 (f32 and bf16 scales), int4-g128-bf16, int8 and
+//! call of `swiglu_expert`, for int4-g64 (f32, bf16 and e4m3 scales), int4-g128-bf16, int8 and
 //! bf16, rows = 1 (decode) and 8 (prefill
 //! chunk / verify), next to this machine's memory read bandwidth measured by a plain
 //! multi-threaded read loop.
@@ -10,7 +10,7 @@
 //!
 //! cargo run --release -p strata-kernels --example expert_bench -- [--mib N] [--iters N]
 //!     [--path scalar|avx2|avx512]
-//!     [--kind int4-g64|int4-g64-bf16|int4-g128-bf16|int8|bf16] [--rows N]
+//!     [--kind int4-g64|int4-g64-bf16|int4-g64-e4m3|int4-g128-bf16|int8|bf16] [--rows N]
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ struct Matrix {
     scales: Vec<f32>,
     /// The scales as bf16 bits, for kinds that store them so.
     bf16: Vec<u16>,
+    /// The stored e4m3 region (factor, codes), for kinds that store them so.
+    e4m3: Vec<u8>,
 }
 
 impl Matrix {
@@ -57,15 +59,22 @@ impl Matrix {
                 }
             }
         });
-        let scales = vec![0.01f32; kind.scale_count(rows, cols)];
-        let bf16 = vec![half::bf16::from_f32(0.01).to_bits(); kind.scale_count(rows, cols)];
-        Self { kind, rows, cols, payload, scales, bf16 }
+        // 0.01 in each type (0.00999... as bf16 or e4m3), so every kind multiplies the same.
+        let mut scales = vec![0.01f32; kind.scale_count(rows, cols)];
+        strata_kernels::round_scales(kind, &mut scales);
+        let bf16 = scales.iter().map(|&s| half::bf16::from_f32(s).to_bits()).collect();
+        let e4m3 = match kind.scale_type() {
+            ScaleType::E4m3 => strata_kernels::encode_scales(kind, &scales).expect("rounded e4m3 scales encode"),
+            _ => Vec::new(),
+        };
+        Self { kind, rows, cols, payload, scales, bf16, e4m3 }
     }
 
     fn q(&self) -> QMatrix<'_> {
         let scales = match self.kind.scale_type() {
             ScaleType::F32 => Scales::F32(&self.scales),
             ScaleType::Bf16 => Scales::Bf16(&self.bf16),
+            ScaleType::E4m3 => Scales::e4m3(&self.e4m3).expect("an e4m3 region has its factor"),
         };
         QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
     }
@@ -204,9 +213,14 @@ fn main() {
         "kind", "rows", "MB", "cold ms", "cold GB/s", "/floor", "hot ms", "hot GB/s", "floor ms"
     );
 
-    for kind in
-        [QuantKind::int4(64), QuantKind::int4_bf16(64), QuantKind::int4_bf16(128), QuantKind::Int8Row, QuantKind::Bf16]
-    {
+    for kind in [
+        QuantKind::int4(64),
+        QuantKind::int4_bf16(64),
+        QuantKind::int4_e4m3(64),
+        QuantKind::int4_bf16(128),
+        QuantKind::Int8Row,
+        QuantKind::Bf16,
+    ] {
         if only_kind.is_some_and(|k| k != kind) {
             continue;
         }

@@ -33,15 +33,7 @@ fn decode_e4m3(byte: u8) -> f32 {
 /// The e4m3 byte nearest to `v` (saturating at +-448; ties to the even code).
 pub fn f32_to_e4m3(v: f32) -> u8 {
     let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
-    let a = v.abs().min(448.0);
-    let mut best = 0u8;
-    for code in 0u8..0x7f {
-        let (d_best, d) = ((E4M3_TABLE[best as usize] - a).abs(), (E4M3_TABLE[code as usize] - a).abs());
-        if d < d_best || (d == d_best && code % 2 == 0 && best % 2 == 1) {
-            best = code;
-        }
-    }
-    sign | best
+    sign | crate::quant::e4m3_code(v.abs().min(448.0), 1.0)
 }
 
 /// Decodes one FP8 e4m3 byte.

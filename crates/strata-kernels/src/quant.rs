@@ -2,14 +2,17 @@
 //! - int8-row: `rows*cols` i8, one f32 scale per row: `w = q * s[r]`;
 //! - int4-group(gs): two values a byte (low nibble = even column, high = odd column),
 //!   `w = (nibble - 8) * s[r, c / gs]`, `rows * ceil(cols/gs)` scales (per-row int4 is
-//!   `gs == cols`), stored as f32 (`int4-gN`) or bf16 (`int4-gN-bf16`: half the scale
-//!   bytes, which at g128 make an expert 3% smaller; the nibbles are chosen against the
-//!   rounded scale, so the rounding costs next to nothing);
+//!   `gs == cols`), stored as f32 (`int4-gN`), bf16 (`int4-gN-bf16`: half the scale
+//!   bytes, which at g128 make an expert 3% smaller) or e4m3 times one power of two a
+//!   matrix (`int4-gN-e4m3`: a quarter, so g64 is the size of g128-bf16); the nibbles are
+//!   chosen against the rounded scale, so the rounding costs next to nothing;
 //! - bf16 / f32: plain little-endian values, no scales;
 //! - fp8 (e4m3, DeepSeek/GLM FP8 checkpoints): `rows*cols` bytes and one f32 scale per
 //!   block of `block_rows x block_cols`: `w = e4m3(q) * s[r / br, c / bc]`.
 //!
-//! Quantization is symmetric absmax (int8: s = amax/127; int4: s = amax/7, q in [-8, 7]).
+//! Quantization is symmetric absmax (int8: s = amax/127; int4: s = amax/7, q in [-8, 7];
+//! with e4m3 scales, the e4m3 value near amax/7 that leaves the group the least squared
+//! error, see `e4m3_search`).
 
 use half::bf16;
 
@@ -29,21 +32,177 @@ pub enum ScaleType {
     F32,
     /// The top half of an f32: exact to widen, 2 bytes a scale.
     Bf16,
+    /// One e4m3 byte a scale (sign clear, never NaN) times `2^k`, one `k` a matrix, stored
+    /// as an f32 ahead of the bytes (the region's first 4 bytes). `k` is the least with
+    /// every scale at most `448 * 2^k`, so the largest lands in e4m3's top binade and the
+    /// rest keep its 4 significant bits down to `2^(k-6)` (a range of 2^15, far more than
+    /// one matrix's groups span). Exact to widen: `f32(code << 20) * 2^120 * 2^k`.
+    E4m3,
 }
 
+/// Bytes ahead of an e4m3 matrix's scale codes: its factor `2^k` as f32.
+pub const E4M3_HEADER: usize = 4;
+
 impl ScaleType {
+    /// Bytes of one scale (not counting an e4m3 matrix's header).
     pub fn bytes(self) -> usize {
         match self {
             Self::F32 => 4,
             Self::Bf16 => 2,
+            Self::E4m3 => 1,
         }
     }
 
-    /// `s` as this type stores it (to nearest bf16; f32 as it is).
-    pub fn round(self, s: f32) -> f32 {
+    /// Bytes of a matrix's `count` scales as stored.
+    pub fn region_bytes(self, count: usize) -> usize {
+        count * self.bytes() + if self == Self::E4m3 { E4M3_HEADER } else { 0 }
+    }
+
+    /// Scales in a stored region of `len` bytes (the inverse of `region_bytes`).
+    pub fn count(self, len: usize) -> usize {
+        len.saturating_sub(if self == Self::E4m3 { E4M3_HEADER } else { 0 }) / self.bytes()
+    }
+
+    /// The name `--scales` takes and an encoding's suffix carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::E4m3 => "e4m3",
+        }
+    }
+
+    /// Parses `f32`, `bf16` or `e4m3`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        [Self::F32, Self::Bf16, Self::E4m3]
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown scale type `{s}` (f32, bf16 or e4m3)"))
+    }
+
+    /// A matrix's scales as this type stores them: to nearest bf16; to nearest e4m3 times
+    /// the matrix's factor (from their largest, see [`e4m3_factor`]); f32 as they are.
+    pub fn round_all(self, scales: &mut [f32]) {
+        let factor = self.factor(scales.iter().fold(0f32, |a, &s| a.max(s)));
+        scales.iter_mut().for_each(|s| *s = self.round(*s, factor));
+    }
+
+    /// The matrix factor for a largest scale of `max` (1 but for e4m3).
+    fn factor(self, max: f32) -> f32 {
+        if self == Self::E4m3 {
+            e4m3_factor(max)
+        } else {
+            1.0
+        }
+    }
+
+    /// One scale as stored, in a matrix of factor `factor` (see `factor`).
+    fn round(self, s: f32, factor: f32) -> f32 {
         match self {
             Self::F32 => s,
             Self::Bf16 => bf16::from_f32(s).to_f32(),
+            Self::E4m3 => e4m3_round(s, factor),
+        }
+    }
+}
+
+/// The factor `2^k` of an e4m3-scaled matrix whose largest scale is `max`: the least `k`
+/// with `max <= 448 * 2^k` (1 for no positive scale).
+pub fn e4m3_factor(max: f32) -> f32 {
+    if !(max > 0.0 && max.is_finite()) {
+        return 1.0;
+    }
+    // f32 powers of two run from 2^-149 to 2^127: k stays inside (448 * 2^-149 is above
+    // every subnormal max, f32::MAX / 448 below 2^120).
+    let mut k = (max / 448.0).log2().ceil() as i32;
+    while k > -149 && max <= 448.0 * pow2(k - 1) {
+        k -= 1;
+    }
+    while max > 448.0 * pow2(k) {
+        k += 1;
+    }
+    pow2(k)
+}
+
+/// `2^k` as f32 for `k` in -149..=127 (subnormal below -126).
+fn pow2(k: i32) -> f32 {
+    if k >= -126 {
+        f32::from_bits(((k + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1u32 << (k + 149))
+    }
+}
+
+/// The value of e4m3 scale `code` in a matrix of factor `factor`, as every kernel widens it.
+#[inline(always)]
+pub fn e4m3_scale(code: u8, factor: f32) -> f32 {
+    f32::from_bits((code as u32) << 20) * E4M3_WIDEN * factor
+}
+
+/// `2^120`: an e4m3 byte shifted into an f32's exponent and mantissa fields is its value
+/// times `2^-120` (subnormals included).
+pub const E4M3_WIDEN: f32 = f32::from_bits((120 + 127) << 23);
+
+/// `s` to the nearest e4m3 multiple of `factor` (ties to the even code; at most 448
+/// times it). A negative or non-finite `s` is returned as it is, for the encoder to refuse.
+pub fn e4m3_round(s: f32, factor: f32) -> f32 {
+    if !(s >= 0.0 && s.is_finite()) {
+        return s;
+    }
+    e4m3_scale(e4m3_code(s, factor), factor)
+}
+
+/// The e4m3 scale for a group `chunk` whose absmax scale is `s0`: of the codes from two
+/// below the nearest to one above, the one whose nibbles leave the least squared error.
+/// A step of e4m3 is 6-12%, so absmax / 7 rounded is often not the best value on its grid,
+/// and a smaller one that clips the largest weight a little often beats it. On
+/// strata-tiny (docs/performance.md, twentieth session) this search takes g64's mean KL
+/// from 0.0261 (nearest) to 0.0210, below int4-g64-bf16's 0.0253.
+fn e4m3_search(chunk: &[f32], s0: f32, factor: f32) -> f32 {
+    let err = |s: f32| -> f64 {
+        chunk
+            .iter()
+            .map(|v| {
+                let d = (v - (v / s).round().clamp(-8.0, 7.0) * s) as f64;
+                d * d
+            })
+            .sum()
+    };
+    let near = e4m3_code(s0, factor);
+    let mut best = (err(e4m3_scale(near, factor)), near);
+    for c in [near as i32 - 2, near as i32 - 1, near as i32 + 1] {
+        if (1..=0x7e).contains(&c) {
+            let e = err(e4m3_scale(c as u8, factor));
+            if e < best.0 {
+                best = (e, c as u8);
+            }
+        }
+    }
+    e4m3_scale(best.1, factor)
+}
+
+/// The e4m3 code nearest `s` in a matrix of factor `factor` (see [`e4m3_round`]).
+pub(crate) fn e4m3_code(s: f32, factor: f32) -> u8 {
+    // Codes 0..=0x7e increase with their values: find the first at or above `s`.
+    let (mut lo, mut hi) = (0u8, 0x7fu8);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if e4m3_scale(mid, factor) < s {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    match lo {
+        0 => 0,
+        0x7f => 0x7e,
+        c => {
+            let (below, above) = (s - e4m3_scale(c - 1, factor), e4m3_scale(c, factor) - s);
+            if below < above || (below == above && (c - 1) % 2 == 0) {
+                c - 1
+            } else {
+                c
+            }
         }
     }
 }
@@ -59,7 +218,13 @@ impl QuantKind {
         Self::Int4Group { group, scales: ScaleType::Bf16 }
     }
 
-    /// How the scales are stored (f32 for every encoding but `int4-gN-bf16`).
+    /// int4 with groups of `group` inputs and e4m3 scales (one power of two a matrix).
+    pub const fn int4_e4m3(group: usize) -> Self {
+        Self::Int4Group { group, scales: ScaleType::E4m3 }
+    }
+
+    /// How the scales are stored (f32 for every encoding but `int4-gN-bf16` and
+    /// `int4-gN-e4m3`).
     pub fn scale_type(self) -> ScaleType {
         match self {
             Self::Int4Group { scales, .. } => scales,
@@ -67,7 +232,7 @@ impl QuantKind {
         }
     }
 
-    /// The same encoding with f32 scales (same values: a bf16 scale widens exactly).
+    /// The same encoding with f32 scales (same values: bf16 and e4m3 scales widen exactly).
     pub fn with_f32_scales(self) -> Self {
         match self {
             Self::Int4Group { group, .. } => Self::int4(group),
@@ -77,7 +242,7 @@ impl QuantKind {
 
     /// Bytes of the stored scales.
     pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
-        self.scale_count(rows, cols) * self.scale_type().bytes()
+        self.scale_type().region_bytes(self.scale_count(rows, cols))
     }
 
     /// Bytes of payload and scales.
@@ -112,12 +277,12 @@ impl QuantKind {
             Self::Bf16 => "bf16".into(),
             Self::Int8Row => "int8".into(),
             Self::Int4Group { group, scales: ScaleType::F32 } => format!("int4-g{group}"),
-            Self::Int4Group { group, scales: ScaleType::Bf16 } => format!("int4-g{group}-bf16"),
+            Self::Int4Group { group, scales } => format!("int4-g{group}-{}", scales.name()),
             Self::Fp8 { block_rows, block_cols } => format!("fp8-b{block_rows}x{block_cols}"),
         }
     }
 
-    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `int4-gN-bf16`, `fp8-bRxC`.
+    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `int4-gN-bf16`, `int4-gN-e4m3`, `fp8-bRxC`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "f32" => Ok(Self::F32),
@@ -132,16 +297,18 @@ impl QuantKind {
                 }
             }
             _ => {
-                let (rest, scales) = match s.strip_suffix("-bf16") {
-                    Some(rest) => (rest, ScaleType::Bf16),
-                    None => (s, ScaleType::F32),
-                };
+                let (rest, scales) = [ScaleType::Bf16, ScaleType::E4m3]
+                    .into_iter()
+                    .find_map(|t| Some((s.strip_suffix(&format!("-{}", t.name()))?, t)))
+                    .unwrap_or((s, ScaleType::F32));
                 let group = rest
                     .strip_prefix("int4-g")
                     .and_then(|g| g.parse::<usize>().ok())
                     .filter(|&g| g >= 2 && g % 2 == 0)
                     .ok_or_else(|| {
-                        format!("unknown expert encoding `{s}` (f32, bf16, int8, int4-gN or int4-gN-bf16 with even N)")
+                        format!(
+                            "unknown expert encoding `{s}` (f32, bf16, int8, int4-gN, int4-gN-bf16 or int4-gN-e4m3 with even N)"
+                        )
                     })?;
                 Ok(Self::Int4Group { group, scales })
             }
@@ -161,12 +328,15 @@ pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8
         _ => 1,
     };
     let band = rows.div_ceil(threads).div_ceil(unit) * unit;
+    let factor = quantize_factor(kind, w);
     if threads == 1 || rows * cols < 1 << 20 || band >= rows {
-        return quantize_band(kind, w, rows, cols);
+        return quantize_band(kind, w, rows, cols, factor);
     }
     let parts: Vec<(Vec<u8>, Vec<f32>)> = std::thread::scope(|s| {
-        let handles: Vec<_> =
-            w.chunks(band * cols).map(|b| s.spawn(move || quantize_band(kind, b, b.len() / cols, cols))).collect();
+        let handles: Vec<_> = w
+            .chunks(band * cols)
+            .map(|b| s.spawn(move || quantize_band(kind, b, b.len() / cols, cols, factor)))
+            .collect();
         handles.into_iter().map(|h| h.join().expect("a quantize band panicked")).collect()
     });
     let (mut payload, mut scales) = (Vec::with_capacity(kind.payload_bytes(rows, cols)), Vec::new());
@@ -177,7 +347,13 @@ pub fn quantize(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8
     (payload, scales)
 }
 
-fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+/// An e4m3-scaled matrix's one factor, from its largest scale (absmax / 7), for every
+/// band (1 for other encodings).
+fn quantize_factor(kind: QuantKind, w: &[f32]) -> f32 {
+    kind.scale_type().factor(w.iter().fold(0f32, |a, v| a.max(v.abs())) / 7.0)
+}
+
+fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize, factor: f32) -> (Vec<u8>, Vec<f32>) {
     match kind {
         QuantKind::F32 => (w.iter().flat_map(|v| v.to_le_bytes()).collect(), vec![]),
         QuantKind::Bf16 => (w.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect(), vec![]),
@@ -201,8 +377,16 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
                 for (g, chunk) in row.chunks(group).enumerate() {
                     let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
                     // The nibbles below are chosen against the scale as stored.
-                    let s = stype.round(amax / 7.0);
-                    let s = if s > 0.0 && s.is_finite() { s } else { 1.0 };
+                    let s = match stype {
+                        ScaleType::E4m3 if amax > 0.0 => e4m3_search(chunk, amax / 7.0, factor),
+                        t => t.round(amax / 7.0, factor),
+                    };
+                    // A zero group (or one below e4m3's least step) takes any stored scale.
+                    let s = match stype {
+                        _ if s > 0.0 && s.is_finite() => s,
+                        ScaleType::E4m3 => e4m3_scale(1, factor),
+                        _ => 1.0,
+                    };
                     scales.push(s);
                     for (j, v) in chunk.iter().enumerate() {
                         let c = g * group + j;
@@ -239,40 +423,57 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> (Vec<u
     }
 }
 
-/// Rounds scales to `kind`'s scale type (to nearest bf16 for `int4-gN-bf16`; f32 scales
-/// are left as they are).
+/// Rounds a matrix's scales to `kind`'s scale type (see [`ScaleType::round_all`]).
 pub fn round_scales(kind: QuantKind, scales: &mut [f32]) {
-    let t = kind.scale_type();
-    scales.iter_mut().for_each(|s| *s = t.round(*s));
+    kind.scale_type().round_all(scales);
 }
 
-/// The stored bytes of `scales` (f32 values from [`quantize`]) in `kind`'s scale type,
-/// little-endian. A bf16 scale must be exact in bf16 (the nibbles were chosen against
-/// that value): otherwise an error names the first that is not.
+/// The stored bytes of a matrix's `scales` (f32 values from [`quantize`]) in `kind`'s
+/// scale type, little-endian (e4m3: the matrix factor, then a byte a scale). A bf16 or
+/// e4m3 scale must be exact in its type (the nibbles were chosen against that value):
+/// otherwise an error names the first that is not.
 pub fn encode_scales(kind: QuantKind, scales: &[f32]) -> Result<Vec<u8>, String> {
-    match kind.scale_type() {
-        ScaleType::F32 => Ok(scales.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    let t = kind.scale_type();
+    let mut out = Vec::with_capacity(t.region_bytes(scales.len()));
+    let not = |i: usize, v: f32, what: &str| format!("{}: scale {i} ({v:e}) is not {what}", kind.name());
+    match t {
+        ScaleType::F32 => scales.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         ScaleType::Bf16 => {
-            let mut out = Vec::with_capacity(scales.len() * 2);
             for (i, &v) in scales.iter().enumerate() {
                 let b = bf16::from_f32(v);
                 if b.to_f32().to_bits() != v.to_bits() {
-                    return Err(format!("{}: scale {i} ({v:e}) is not a bf16 value", kind.name()));
+                    return Err(not(i, v, "a bf16 value"));
                 }
                 out.extend_from_slice(&b.to_bits().to_le_bytes());
             }
-            Ok(out)
+        }
+        ScaleType::E4m3 => {
+            let factor = t.factor(scales.iter().fold(0f32, |a, &s| a.max(s)));
+            out.extend_from_slice(&factor.to_le_bytes());
+            for (i, &v) in scales.iter().enumerate() {
+                let c = e4m3_code(v, factor);
+                if e4m3_scale(c, factor).to_bits() != v.to_bits() {
+                    return Err(not(i, v, &format!("an e4m3 value times the matrix factor {factor:e}")));
+                }
+                out.push(c);
+            }
         }
     }
+    Ok(out)
 }
 
-/// f32 values of stored scale bytes (the inverse of [`encode_scales`]).
+/// f32 values of stored scale bytes (the inverse of [`encode_scales`]; a region too short
+/// for an e4m3 header has no scales).
 pub fn decode_scales(kind: QuantKind, bytes: &[u8]) -> Vec<f32> {
     match kind.scale_type() {
         ScaleType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         ScaleType::Bf16 => {
             bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
         }
+        ScaleType::E4m3 => match bytes.split_first_chunk::<E4M3_HEADER>() {
+            Some((f, codes)) => codes.iter().map(|&c| e4m3_scale(c, f32::from_le_bytes(*f))).collect(),
+            None => Vec::new(),
+        },
     }
 }
 
@@ -363,10 +564,16 @@ mod tests {
             QuantKind::Bf16,
             QuantKind::Int8Row,
             QuantKind::int4(64),
+            QuantKind::int4_e4m3(64),
             QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
             QuantKind::Fp8 { block_rows: 3, block_cols: 7 },
         ] {
-            assert_eq!(quantize(kind, &w, rows, cols), quantize_band(kind, &w, rows, cols), "{}", kind.name());
+            assert_eq!(
+                quantize(kind, &w, rows, cols),
+                quantize_band(kind, &w, rows, cols, quantize_factor(kind, &w)),
+                "{}",
+                kind.name()
+            );
         }
     }
 
@@ -375,7 +582,13 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let (rows, cols) = (7usize, 150usize);
         let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-        for kind in [QuantKind::Int8Row, QuantKind::int4(32), QuantKind::int4(150), QuantKind::int4_bf16(32)] {
+        for kind in [
+            QuantKind::Int8Row,
+            QuantKind::int4(32),
+            QuantKind::int4(150),
+            QuantKind::int4_bf16(32),
+            // (e4m3 scales may clip the largest weight: see the e4m3 test for their bound.)
+        ] {
             let (p, s) = quantize(kind, &w, rows, cols);
             let d = dequantize(kind, &p, &s, rows, cols);
             for r in 0..rows {
@@ -415,6 +628,78 @@ mod tests {
         assert_eq!(decode_scales(f, &encode_scales(f, &s).unwrap()), s);
         let err = encode_scales(kind, &[1.0, 1.0 + 1.0 / 1024.0]).unwrap_err();
         assert!(err.contains("int4-g64-bf16: scale 1 (1.0009766e0) is not a bf16 value"), "{err}");
+    }
+
+    #[test]
+    fn e4m3_scales_round_to_nearest_and_round_trip() {
+        // The kernels' widening is the e4m3 table; rounding is to the nearest code.
+        for c in 0u8..0x7f {
+            assert_eq!(e4m3_scale(c, 1.0), crate::fp8::fp8_e4m3_to_f32(c), "code {c:#x}");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        for _ in 0..2000 {
+            let f = pow2(rng.random_range(-30..10));
+            let s = rng.random_range(0.0f32..460.0) * f;
+            let r = e4m3_round(s, f);
+            let best = (0u8..0x7f).map(|c| (e4m3_scale(c, f) - s).abs()).fold(f32::INFINITY, f32::min);
+            assert_eq!((r - s).abs(), best, "{s:e} at factor {f:e}");
+        }
+        assert_eq!(e4m3_round(-1.0, 1.0), -1.0, "a negative scale is left for the encoder to refuse");
+        // The factor puts the largest scale in the top binade: 2^k * 224 < max <= 2^k * 448.
+        for max in [1e-30f32, 3e-3, 0.07, 1.0, 448.0, 449.0, 1e30, f32::MIN_POSITIVE / 4.0] {
+            let f = e4m3_factor(max);
+            assert!(max <= 448.0 * f && (f < 2f32.powi(-140) || max > 224.0 * f), "{max:e}: {f:e}");
+        }
+        assert_eq!(e4m3_factor(0.0), 1.0);
+
+        let (rows, cols) = (9usize, 256usize);
+        let kind = QuantKind::int4_e4m3(64);
+        assert_eq!(kind.name(), "int4-g64-e4m3");
+        assert_eq!(QuantKind::parse("int4-g64-e4m3").unwrap(), kind);
+        assert_eq!(kind.scale_bytes(2048, 6144), 4 + 2048 * 96);
+        assert_eq!(kind.stored_bytes(6144, 2048), QuantKind::int4_bf16(128).stored_bytes(6144, 2048) + 4);
+        assert_eq!(ScaleType::E4m3.count(kind.scale_bytes(rows, cols)), rows * 4);
+        // Magnitudes over 2^12 within the matrix, and a zero group.
+        let mut w: Vec<f32> = (0..rows * cols)
+            .map(|i| rng.random_range(-1.0f32..1.0) * 2f32.powi((i / cols) as i32 + (i % 7) as i32 - 4))
+            .collect();
+        w[64..128].fill(0.0);
+        let (p, s) = quantize(kind, &w, rows, cols);
+        let bytes = encode_scales(kind, &s).unwrap();
+        assert_eq!(bytes.len(), kind.scale_bytes(rows, cols));
+        assert_eq!(decode_scales(kind, &bytes), s);
+        // The searched scale leaves each group no more squared error than absmax / 7
+        // rounded to the nearest e4m3, and sometimes less.
+        let d = dequantize(kind, &p, &s, rows, cols);
+        let factor = e4m3_factor(s.iter().fold(0f32, |a, &v| a.max(v)));
+        let (mut better, mut groups) = (0, 0);
+        for (gw, gd) in w.chunks(64).zip(d.chunks(64)) {
+            let amax = gw.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if amax == 0.0 {
+                assert!(gd.iter().all(|v| *v == 0.0));
+                continue;
+            }
+            let near = e4m3_round(amax / 7.0, factor);
+            let sq =
+                |d: &mut dyn Iterator<Item = f32>| -> f64 { d.zip(gw).map(|(a, b)| ((a - b) as f64).powi(2)).sum() };
+            let got = sq(&mut gd.iter().copied());
+            let plain = sq(&mut gw.iter().map(|v| (v / near).round().clamp(-8.0, 7.0) * near));
+            assert!(got <= plain, "group {groups}: {got} > {plain}");
+            better += (got < plain) as usize;
+            groups += 1;
+        }
+        assert!(better > 0, "the search never found a better scale in {groups} groups");
+        let mut again = s.clone();
+        round_scales(kind, &mut again);
+        assert_eq!(again, s, "rounding e4m3 scales is idempotent");
+        let err = encode_scales(kind, &[1.0, 1.0 + 1.0 / 64.0]).unwrap_err();
+        assert!(
+            err.contains("int4-g64-e4m3: scale 1 (1.015625e0) is not an e4m3 value times the matrix factor"),
+            "{err}"
+        );
+        assert!(encode_scales(kind, &[1.0, -1.0]).unwrap_err().contains("scale 1 (-1e0)"));
+        assert!(encode_scales(kind, &[1.0, f32::NAN]).is_err());
+        assert!(QuantKind::parse("int4-g64-e5m2").unwrap_err().contains("unknown expert encoding"));
     }
 
     #[test]

@@ -49,9 +49,10 @@ pub struct MatrixLayout {
     pub cols: usize,
     pub payload_offset: usize,
     pub payload_len: usize,
-    /// Byte offset of the scales (f32, or bf16 for `int4-gN-bf16`).
+    /// Byte offset of the scales (f32; bf16 for `int4-gN-bf16`; for `int4-gN-e4m3` an
+    /// f32 factor, then a byte a scale).
     pub scales_offset: usize,
-    /// Bytes of scales (4 or 2 per scale).
+    /// Bytes of scales (see [`ScaleType::region_bytes`]).
     pub scales_len: usize,
 }
 
@@ -77,7 +78,7 @@ impl MatrixLayout {
     }
 
     pub fn scale_count(&self) -> usize {
-        self.scales_len / self.kind.scale_type().bytes()
+        self.kind.scale_type().count(self.scales_len)
     }
 
     /// The payload bytes inside a slot.
@@ -108,6 +109,8 @@ impl MatrixLayout {
                 ([], s, []) => Ok(Scales::Bf16(s)),
                 _ => Err(misaligned()),
             },
+            // Bytes at any address; the factor is read as little-endian bytes.
+            ScaleType::E4m3 => Scales::e4m3(bytes).ok_or_else(|| anyhow!("e4m3 scales shorter than their factor")),
         }
     }
 

@@ -18,9 +18,9 @@ fn as_refs(m: &Mats) -> [(&[u8], &[f32]); 3] {
 }
 
 fn build(dir: &Path) -> (ExpertManifest, Written) {
-    // down with bf16 scales: both scale types in one region.
+    // down with bf16 scales: both scale types in one region; e4m3 scales in the other tier.
     let main = ExpertLayout::new(QuantKind::int4(32), QuantKind::int4_bf16(8), 96, 40);
-    let mtp = ExpertLayout::new(QuantKind::Int8Row, QuantKind::Int8Row, 96, 40);
+    let mtp = ExpertLayout::new(QuantKind::int4_e4m3(16), QuantKind::Int8Row, 96, 40);
     let mut w = ContainerWriter::create(
         dir,
         vec![
@@ -77,6 +77,19 @@ fn bf16_scales_halve_the_scale_bytes() {
 }
 
 #[test]
+fn e4m3_scales_quarter_the_scale_bytes() {
+    let e = ExpertLayout::new(QuantKind::int4_e4m3(64), QuantKind::int4_e4m3(64), 6144, 2048);
+    e.check_packed().unwrap();
+    // The factor, then a byte a scale.
+    assert_eq!(e.gate.scales_len, 4 + 2048 * 96);
+    assert_eq!(e.gate.scale_count(), 2048 * 96);
+    assert_eq!(e.down.scales_len, 4 + 6144 * 32);
+    // GLM-5's expert at g64: int4-g128-bf16's 19,464,192 bytes and one 4 KiB page (the
+    // factors take the scales past a page boundary).
+    assert_eq!(e.slot_bytes, 19_464_192 + 4096);
+}
+
+#[test]
 fn a_scale_that_is_not_bf16_is_refused_by_the_writer() {
     let dir = tempfile::tempdir().unwrap();
     let l = ExpertLayout::new(QuantKind::int4_bf16(8), QuantKind::int4_bf16(8), 16, 8);
@@ -89,6 +102,17 @@ fn a_scale_that_is_not_bf16_is_refused_by_the_writer() {
     m[2].1[3] = 1.0 + 1.0 / 1024.0;
     let err = w.add_expert("main", 1, 0, as_refs(&m)).unwrap_err().to_string();
     assert!(err.contains("layer 1 expert 0 down: int4-g8-bf16: scale 3") && err.contains("not a bf16 value"), "{err}");
+
+    let l = ExpertLayout::new(QuantKind::int4_e4m3(8), QuantKind::int4_e4m3(8), 16, 8);
+    let mut w = ContainerWriter::create(
+        dir.path().join("e4m3").as_path(),
+        vec![TierSpec { name: "main".into(), layout: l, layers: vec![1], experts_per_layer: 1 }],
+    )
+    .unwrap();
+    let mut m = expert_mats(&l, 1);
+    m[0].1[2] *= 1.01;
+    let err = w.add_expert("main", 1, 0, as_refs(&m)).unwrap_err().to_string();
+    assert!(err.contains("layer 1 expert 0 gate: int4-g8-e4m3: scale 2") && err.contains("not an e4m3 value"), "{err}");
 }
 
 #[test]

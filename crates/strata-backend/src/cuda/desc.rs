@@ -23,8 +23,9 @@ pub struct MatDesc {
     pub(super) ld: i32,
     pub(super) spr: i32,
     pub(super) vec: i32,
-    /// Scales stored as bf16 (`int4-gN-bf16`), else f32.
-    pub(super) sbf: i32,
+    /// How the scales are stored: 0 f32, 1 bf16 (`int4-gN-bf16`), 2 e4m3 (`int4-gN-e4m3`:
+    /// the f32 factor, then a byte a scale).
+    pub(super) st: i32,
 }
 
 impl MatDesc {
@@ -59,8 +60,13 @@ impl MatDesc {
         };
         let vec = w.is_multiple_of(16) && ld.is_multiple_of(16) && cols.is_multiple_of(width) && one_scale_per_vector;
         anyhow::ensure!(rows <= i32::MAX as usize && cols <= i32::MAX as usize, "matrix {rows}x{cols} too large");
-        let sbf = kind.scale_type() == ScaleType::Bf16;
-        anyhow::ensure!(s.is_multiple_of(if sbf { 2 } else { 4 }), "matrix scales at a misaligned address");
+        let st = match kind.scale_type() {
+            ScaleType::F32 => 0,
+            ScaleType::Bf16 => 1,
+            ScaleType::E4m3 => 2,
+        };
+        // e4m3's region starts with its f32 factor.
+        anyhow::ensure!(s.is_multiple_of(if st == 1 { 2 } else { 4 }), "matrix scales at a misaligned address");
         Ok(MatDesc {
             w,
             s,
@@ -73,7 +79,7 @@ impl MatDesc {
             ld: ld as i32,
             spr: spr as i32,
             vec: vec as i32,
-            sbf: sbf as i32,
+            st,
         })
     }
 }

@@ -146,7 +146,7 @@ pub(crate) fn experts<'a>(
         // By the matrices only (for quantized ones never by the task's rows, so a row sums
         // the same whatever task it comes in).
         let tiles1 =
-            mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && (g.desc.kind, g.desc.sbf) == (u.desc.kind, u.desc.sbf);
+            mma_tiles(b, &g.desc) && mma_tiles(b, &u.desc) && (g.desc.kind, g.desc.st) == (u.desc.kind, u.desc.st);
         let tiles2 = mma_tiles(b, &d.desc);
         // Many rows of quantized weights go through the tiles too, TILE_ROWS at a
         // time (the many-rows products decode them on the CUDA cores); bf16 up to

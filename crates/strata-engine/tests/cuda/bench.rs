@@ -14,6 +14,7 @@ fn cuda_kernel_bandwidth() {
         QuantKind::Int8Row,
         QuantKind::int4(64),
         QuantKind::int4_bf16(64),
+        QuantKind::int4_e4m3(64),
         QuantKind::int4(128),
         QuantKind::int4_bf16(128),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },

@@ -361,8 +361,9 @@ fn cuda_experts_by_id_equal_the_host_path() {
     let mut rng = Rand::seed_from_u64(21);
     let fp8 = QuantKind::Fp8 { block_rows: 16, block_cols: 32 };
     let int4 = QuantKind::int4(32);
-    // (bf16 scales too: the same kernels, read as stored.)
-    let tiled = vec![QuantKind::int4(64), int4, QuantKind::int4(128), QuantKind::int4_bf16(64)];
+    // (bf16 and e4m3 scales too: the same kernels, read as stored.)
+    let tiled =
+        vec![QuantKind::int4(64), int4, QuantKind::int4(128), QuantKind::int4_bf16(64), QuantKind::int4_e4m3(64)];
     // x scale: the tiles carry x in f16 scaled per 128 columns, so x far beyond f16's range
     // (1e5: the down input reaches ~1e11) or below it must come out as on the CPU.
     for (hidden, inter, kinds, top_k, x_scale) in [
@@ -372,7 +373,13 @@ fn cuda_experts_by_id_equal_the_host_path() {
         // some warps of a block have none), rows not a multiple of 16 and groups of 32,
         // 64, 128 and 96 (not a power of two).
         (640, 376, tiled.clone(), 3, 1.0),
-        (384, 384, vec![QuantKind::int4(96), int4, QuantKind::Bf16, QuantKind::int4_bf16(96)], 2, 1e5),
+        (
+            384,
+            384,
+            vec![QuantKind::int4(96), int4, QuantKind::Bf16, QuantKind::int4_bf16(96), QuantKind::int4_e4m3(96)],
+            2,
+            1e5,
+        ),
         (640, 384, tiled, 3, 1e-4),
     ] {
         let n = kinds.len() * 2;

@@ -10,6 +10,7 @@ pub(crate) fn kinds() -> Vec<QuantKind> {
         QuantKind::int4(32),
         QuantKind::int4(64),
         QuantKind::int4_bf16(64),
+        QuantKind::int4_e4m3(64),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
         QuantKind::Fp8 { block_rows: 1, block_cols: 32 },
     ]

@@ -34,7 +34,7 @@ mod transposed;
 
 pub use runner::{ExpertJob, ExpertRunner, GateAct};
 pub use scales::Scales;
-pub(crate) use scales::{Bf16Scales, ScaleRead};
+pub(crate) use scales::{Bf16Scales, E4m3Scales, ScaleRead};
 pub use transposed::matmul_t;
 
 use crate::pool::{global, split_range};
@@ -102,7 +102,7 @@ impl<'a> QMatrix<'a> {
 
     /// Bytes a product reads from this matrix: payload plus scales.
     pub fn weight_bytes(&self) -> usize {
-        self.payload.len() + self.scales.len() * self.kind.scale_type().bytes()
+        self.payload.len() + self.kind.scale_type().region_bytes(self.scales.len())
     }
 }
 

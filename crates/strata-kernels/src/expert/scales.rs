@@ -1,7 +1,7 @@
-//! A matrix's scales as stored (f32, or bf16 for `int4-gN-bf16`), and how the SIMD int4
-//! decoders read them.
+//! A matrix's scales as stored (f32; bf16 for `int4-gN-bf16`; e4m3 codes and a factor for
+//! `int4-gN-e4m3`), and how the SIMD int4 decoders read them.
 
-use crate::quant::ScaleType;
+use crate::quant::{e4m3_scale, ScaleType, E4M3_HEADER, E4M3_WIDEN};
 
 /// A matrix's scales as stored, borrowed (see [`ScaleType`]).
 #[derive(Clone, Copy, Debug)]
@@ -9,6 +9,11 @@ pub enum Scales<'a> {
     F32(&'a [f32]),
     /// bf16 bit patterns.
     Bf16(&'a [u16]),
+    /// e4m3 codes and the matrix factor they multiply (see [`ScaleType::E4m3`]).
+    E4m3 {
+        factor: f32,
+        codes: &'a [u8],
+    },
 }
 
 impl<'a> Scales<'a> {
@@ -16,7 +21,15 @@ impl<'a> Scales<'a> {
         match self {
             Self::F32(s) => s.len(),
             Self::Bf16(s) => s.len(),
+            Self::E4m3 { codes, .. } => codes.len(),
         }
+    }
+
+    /// An e4m3 matrix's stored region (factor, then codes); `None` if shorter than the
+    /// factor.
+    pub fn e4m3(region: &'a [u8]) -> Option<Self> {
+        let (f, codes) = region.split_first_chunk::<E4M3_HEADER>()?;
+        Some(Self::E4m3 { factor: f32::from_le_bytes(*f), codes })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -27,6 +40,7 @@ impl<'a> Scales<'a> {
         match self {
             Self::F32(_) => ScaleType::F32,
             Self::Bf16(_) => ScaleType::Bf16,
+            Self::E4m3 { .. } => ScaleType::E4m3,
         }
     }
 
@@ -36,6 +50,7 @@ impl<'a> Scales<'a> {
         match self {
             Self::F32(s) => s[i],
             Self::Bf16(s) => bf16_to_f32(s[i]),
+            Self::E4m3 { factor, codes } => e4m3_scale(codes[i], *factor),
         }
     }
 
@@ -43,7 +58,9 @@ impl<'a> Scales<'a> {
     pub(crate) fn f32(&self) -> &'a [f32] {
         match *self {
             Self::F32(s) => s,
-            Self::Bf16(_) => unreachable!("only int4 scales are stored as bf16 (validated)"),
+            Self::Bf16(_) | Self::E4m3 { .. } => {
+                unreachable!("only int4 scales are stored as bf16 or e4m3 (validated)")
+            }
         }
     }
 
@@ -52,6 +69,7 @@ impl<'a> Scales<'a> {
         match *self {
             Self::F32(s) => Self::F32(&s[range]),
             Self::Bf16(s) => Self::Bf16(&s[range]),
+            Self::E4m3 { factor, codes } => Self::E4m3 { factor, codes: &codes[range] },
         }
     }
 
@@ -140,5 +158,36 @@ impl ScaleRead for Bf16Scales<'_> {
         use std::arch::x86_64::*;
         let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(self.0.as_ptr().add(i) as *const __m256i));
         _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+    }
+}
+
+/// e4m3 scales (codes and the matrix factor) for [`ScaleRead`]: widened as
+/// [`e4m3_scale`] does, code bits into an f32 and two exact products.
+#[derive(Clone, Copy)]
+pub(crate) struct E4m3Scales<'a> {
+    pub(crate) factor: f32,
+    pub(crate) codes: &'a [u8],
+}
+
+impl ScaleRead for E4m3Scales<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        e4m3_scale(*self.codes.get_unchecked(i), self.factor)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(self.codes.as_ptr().add(i) as *const __m128i));
+        let v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 20)), _mm256_set1_ps(E4M3_WIDEN));
+        _mm256_mul_ps(v, _mm256_set1_ps(self.factor))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.codes.as_ptr().add(i) as *const __m128i));
+        let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 20)), _mm512_set1_ps(E4M3_WIDEN));
+        _mm512_mul_ps(v, _mm512_set1_ps(self.factor))
     }
 }

@@ -28,26 +28,28 @@ struct Owned {
     scales: Vec<f32>,
     /// The scales' bf16 bit patterns where `kind` stores them so.
     bf16: Vec<u16>,
+    /// The stored region (factor, codes) where `kind` stores e4m3 scales.
+    e4m3: Vec<u8>,
 }
 impl Owned {
     fn new(kind: QuantKind, rows: usize, cols: usize, seed: u64) -> Self {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let w = nonzero(&mut rng, rows * cols);
         let (payload, scales) = quantize(kind, &w, rows, cols);
-        let bf16 = match kind.scale_type() {
-            ScaleType::Bf16 => crate::quant::encode_scales(kind, &scales)
-                .unwrap()
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-            ScaleType::F32 => Vec::new(),
-        };
-        Self { kind, rows, cols, payload, scales, bf16 }
+        let stored = crate::quant::encode_scales(kind, &scales).unwrap();
+        let (mut bf16, mut e4m3) = (Vec::new(), Vec::new());
+        match kind.scale_type() {
+            ScaleType::Bf16 => bf16 = stored.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
+            ScaleType::E4m3 => e4m3 = stored,
+            ScaleType::F32 => {}
+        }
+        Self { kind, rows, cols, payload, scales, bf16, e4m3 }
     }
     fn q(&self) -> QMatrix<'_> {
         let scales = match self.kind.scale_type() {
             ScaleType::F32 => Scales::F32(&self.scales),
             ScaleType::Bf16 => Scales::Bf16(&self.bf16),
+            ScaleType::E4m3 => Scales::e4m3(&self.e4m3).unwrap(),
         };
         QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
     }
@@ -82,6 +84,7 @@ fn kinds(cols: usize) -> Vec<QuantKind> {
     }
     for g in [32, 128, 6] {
         k.push(QuantKind::int4_bf16(g));
+        k.push(QuantKind::int4_e4m3(g));
     }
     for (br, bc) in [(128, 128), (1, 16), (3, 32), (2, 5), (4, 48)] {
         k.push(QuantKind::Fp8 { block_rows: br, block_cols: bc });
@@ -121,25 +124,31 @@ fn qmatmul_matches_f64_reference() {
     }
 }
 
-/// int4 with bf16 scales computes exactly what the same values with f32 scales do, on
-/// every path, for one row and many, groups that fill SIMD chunks and groups that do not.
+/// int4 with bf16 or e4m3 scales computes exactly what the same values with f32 scales
+/// do, on every path, for one row and many, groups that fill SIMD chunks and groups that
+/// do not.
 #[test]
-fn bf16_scales_equal_their_f32_twin_bit_for_bit() {
+fn bf16_and_e4m3_scales_equal_their_f32_twin_bit_for_bit() {
     for (si, &(out, cols)) in [(37usize, 150usize), (16, 64), (24, 2100), (9, 384)].iter().enumerate() {
         for g in [16, 32, 64, 128, 6, cols + cols % 2] {
-            let m = Owned::new(QuantKind::int4_bf16(g), out, cols, 300 + si as u64);
-            assert!(m.scales.iter().all(|s| half::bf16::from_f32(*s).to_f32() == *s));
-            for rows in [1usize, 3, 8, 11] {
-                let mut rng = rand::rngs::StdRng::seed_from_u64(9 + rows as u64);
-                let x = nonzero(&mut rng, rows * cols);
-                for path in paths() {
-                    let (mut a, mut b) = (vec![f32::NAN; rows * out], vec![f32::NAN; rows * out]);
-                    qmatmul_with(path, &x, rows, &m.q(), &mut a);
-                    qmatmul_with(path, &x, rows, &m.f32_twin(), &mut b);
-                    assert!(
-                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
-                        "int4-g{g}-bf16 {path:?} {out}x{cols} rows={rows}"
-                    );
+            for kind in [QuantKind::int4_bf16(g), QuantKind::int4_e4m3(g)] {
+                let m = Owned::new(kind, out, cols, 300 + si as u64);
+                let mut rounded = m.scales.clone();
+                crate::quant::round_scales(kind, &mut rounded);
+                assert_eq!(rounded, m.scales, "{}: the scales are values of their type", kind.name());
+                for rows in [1usize, 3, 8, 11] {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(9 + rows as u64);
+                    let x = nonzero(&mut rng, rows * cols);
+                    for path in paths() {
+                        let (mut a, mut b) = (vec![f32::NAN; rows * out], vec![f32::NAN; rows * out]);
+                        qmatmul_with(path, &x, rows, &m.q(), &mut a);
+                        qmatmul_with(path, &x, rows, &m.f32_twin(), &mut b);
+                        assert!(
+                            a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                            "{} {path:?} {out}x{cols} rows={rows}",
+                            kind.name()
+                        );
+                    }
                 }
             }
         }

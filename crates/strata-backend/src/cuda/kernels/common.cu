@@ -18,12 +18,13 @@ typedef long long i64;
 // (group scales, column 2i in the low nibble), 4 FP8 e4m3 (block scales).
 struct Mat {
     const u8* w;
-    const float* s;  // f32 scales, or bf16 ones where sbf (read them through sraw / mscale)
+    const float* s;  // f32 scales; bf16 or e4m3 ones as st says (read them through sat / sraw / sval / mscale)
     int kind, rows, cols, group, brow, bcol;
     int ld;   // payload bytes per row
     int spr;  // scales per row (int4: groups; FP8: column blocks)
     int vec;  // 16-byte vector loads allowed (aligned rows, whole vectors, one scale per vector)
-    int sbf;  // scales stored as bf16 (int4-gN-bf16)
+    int st;   // int4 scales stored as 0 f32, 1 bf16 (int4-gN-bf16), 2 e4m3 (int4-gN-e4m3: an f32
+              // factor, then a byte a scale)
 };
 
 // One forward's rows on the device.
@@ -82,23 +83,33 @@ __device__ __forceinline__ float e4m3f(u32 b) {
     return (b & 0x80u) ? -v : v;
 }
 
-// Scale i from p as raw bits (a bf16 zero-extended, or an f32's), and those bits as the
-// scale (a bf16 widens to f32 exactly). Rings of loads in flight hold the raw bits, so that
-// widening a bf16 waits for its load only where the scale is used; the bf16 is loaded
-// straight into a 32-bit register (PTX zero-extends), since `__ldg` of a u16 fills a 16-bit
-// one whose widening waited on the load at once (Nsight Compute: the prompt tiles stalled
-// on loads 4x as often as with f32 scales, 35% slower).
-__device__ __forceinline__ u32 sraw(const u8* p, size_t i, int bf) {
-    if (!bf) return __float_as_uint(__ldg((const float*)p + i));
+// Scale i from p as raw bits (a bf16 or e4m3 byte zero-extended, or an f32's), and those
+// bits as the scale (bf16 and e4m3 widen to f32 exactly; e4m3 is its bits placed in an f32's
+// exponent and mantissa times 2^120, then times the matrix factor `fac`). Rings of loads in
+// flight hold the raw bits, so that widening waits for its load only where the scale is
+// used; a bf16 or byte is loaded straight into a 32-bit register (PTX zero-extends), since
+// `__ldg` of a u16 fills a 16-bit one whose widening waited on the load at once (Nsight
+// Compute: the prompt tiles stalled on loads 4x as often as with f32 scales, 35% slower).
+__device__ __forceinline__ u32 sraw(const u8* p, size_t i, int st) {
     u32 v;
-    asm("ld.global.nc.u16 %0, [%1];" : "=r"(v) : "l"((const u16*)p + i));
+    if (st == 0) return __float_as_uint(__ldg((const float*)p + i));
+    if (st == 1) asm("ld.global.nc.u16 %0, [%1];" : "=r"(v) : "l"((const u16*)p + i));
+    else asm("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(p + i));
     return v;
 }
-__device__ __forceinline__ float sval(u32 raw, int bf) { return __uint_as_float(bf ? raw << 16 : raw); }
+__device__ __forceinline__ float sval(u32 raw, int st, float fac) {
+    if (st == 2) return __uint_as_float(raw << 20) * 0x1p120f * fac;
+    return __uint_as_float(st ? raw << 16 : raw);
+}
 // Where scale i of m lies (for rows of scales read by sraw).
-__device__ __forceinline__ const u8* sat(const Mat& m, size_t i) { return (const u8*)m.s + (i << (m.sbf ? 1 : 2)); }
+__device__ __forceinline__ const u8* sat(const Mat& m, size_t i) {
+    const u8* s = (const u8*)m.s;
+    return m.st == 2 ? s + 4 + i : s + (i << (m.st ? 1 : 2));
+}
+// The factor m's e4m3 scales multiply (1 for the other types).
+__device__ __forceinline__ float sfac(const Mat& m) { return m.st == 2 ? __ldg(m.s) : 1.f; }
 // Scale i of m.
-__device__ __forceinline__ float mscale(const Mat& m, size_t i) { return sval(sraw((const u8*)m.s, i, m.sbf), m.sbf); }
+__device__ __forceinline__ float mscale(const Mat& m, size_t i) { return sval(sraw(sat(m, 0), i, m.st), m.st, sfac(m)); }
 
 __device__ __forceinline__ float melem(const Mat& m, int r, int c) {
     const u8* row = m.w + (size_t)r * m.ld;

@@ -138,13 +138,14 @@ template <int KIND> __device__ __forceinline__ const u8* xt_scales(const Mat& m,
 // holds the C fragment of matrix s and n-tile n: (row g, x row 8n + 2t), (g, 8n + 2t + 1),
 // (g + 8, 8n + 2t), (g + 8, 8n + 2t + 1). Every warp of the block takes part in the
 // staging and its barriers; an inactive one computes nothing.
-// SBF: int4 scales stored as bf16 (a parameter, as in i4_tile).
-template <int KIND, bool SBF = false>
+// ST: how int4 scales are stored (a parameter, as in i4_tile).
+template <int KIND, int ST = 0>
 __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, int rb, bool active, const float* xrow,
                                          int K, int nt, XtBuf& xs, float (*acc)[XT_NT][4]) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const Mat* m[2] = {&ma, &mb};
     int row[2][2], shift[2], div[2];
+    float fac[2] = {1.f, 1.f};  // e4m3's matrix factors
     const u8* wr[2][2];
     const u8* sr[2][2];
 #pragma unroll
@@ -154,6 +155,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
             row[s][h] = min((s ? rb : ra) + g + 8 * h, m[s]->rows - 1);
             wr[s][h] = m[s]->w + (size_t)row[s][h] * m[s]->ld;
             if (KIND >= 3) sr[s][h] = xt_scales<KIND>(*m[s], row[s][h], shift[s], div[s]);
+            if (ST == 2) fac[s] = __ldg(m[s]->s);
         }
 #pragma unroll
     for (int s = 0; s < 2; s++)
@@ -187,7 +189,7 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
                 for (int h = 0; h < 2; h++) {
                     w[d][s][h][r] = xt_load<KIND>(wr[s][h], col);
                     if (KIND >= 3)
-                        sc[d][s][h][r] = sraw(sr[s][h], shift[s] >= 0 ? col >> shift[s] : col / div[s], SBF);
+                        sc[d][s][h][r] = sraw(sr[s][h], shift[s] >= 0 ? col >> shift[s] : col / div[s], ST);
                 }
         }
     };
@@ -231,10 +233,10 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
                     if (KIND >= 3) {
 #pragma unroll
                         for (int s = 0; s < 2; s++) {
-                            acc[s][n][0] = fmaf(run[s][0], sval(sc[0][s][0][r], SBF), acc[s][n][0]);
-                            acc[s][n][1] = fmaf(run[s][1], sval(sc[0][s][0][r], SBF), acc[s][n][1]);
-                            acc[s][n][2] = fmaf(run[s][2], sval(sc[0][s][1][r], SBF), acc[s][n][2]);
-                            acc[s][n][3] = fmaf(run[s][3], sval(sc[0][s][1][r], SBF), acc[s][n][3]);
+                            acc[s][n][0] = fmaf(run[s][0], sval(sc[0][s][0][r], ST, fac[s]), acc[s][n][0]);
+                            acc[s][n][1] = fmaf(run[s][1], sval(sc[0][s][0][r], ST, fac[s]), acc[s][n][1]);
+                            acc[s][n][2] = fmaf(run[s][2], sval(sc[0][s][1][r], ST, fac[s]), acc[s][n][2]);
+                            acc[s][n][3] = fmaf(run[s][3], sval(sc[0][s][1][r], ST, fac[s]), acc[s][n][3]);
                         }
                     }
                 }
@@ -281,8 +283,9 @@ __device__ __forceinline__ void xt_any(const Mat& ma, int ra, const Mat& mb, int
     case 1: xt_tiles<1>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
     case 2: xt_tiles<2>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
     case 3:
-        if (ma.sbf) xt_tiles<3, true>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
-        else xt_tiles<3, false>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
+        if (ma.st == 1) xt_tiles<3, 1>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
+        else if (ma.st == 2) xt_tiles<3, 2>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
+        else xt_tiles<3, 0>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc);
         break;
     default: xt_tiles<4>(ma, ra, mb, rb, active, xrow, K, nt, xs, acc); break;
     }

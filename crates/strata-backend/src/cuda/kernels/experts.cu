@@ -179,11 +179,14 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     // its first loads' latency, remains; the block's, its task and launch, is shared).
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
 #if TILE_MMA
-    if (i4_tiles(T.g) && i4_tiles(T.u) && T.g.sbf == T.u.sbf) {
+    if (i4_tiles(T.g) && i4_tiles(T.u) && T.g.st == T.u.st) {
         for (int r = 0; r < rounds; r++) {
             if (r) __syncthreads();  // the last round's sums have been read
-            if (T.g.sbf) i4_up_block<true>(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
-            else i4_up_block<false>(T.g, T.u, b0 + r * 8 * UP_OUTS, x, T.act, h + T.h_off, pre && r == 0);
+            int o0 = b0 + r * 8 * UP_OUTS;
+            bool p = pre && r == 0;
+            if (T.g.st == 1) i4_up_block<1>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
+            else if (T.g.st == 2) i4_up_block<2>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
+            else i4_up_block<0>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
         }
         return;
     }
@@ -206,12 +209,16 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
     if (i4_tiles(T.d)) {
         __shared__ I4Shared sm;
         float* yo = y + (i64)T.out_row * hidden;
-        if (T.d.sbf) {
-            if (rounds == 2) i4_down_block<2, true>(T.d, b0, h + T.h_off, yo, sm, pre);
-            else i4_down_block<1, true>(T.d, b0, h + T.h_off, yo, sm, pre);
+        const float* hh = h + T.h_off;
+        if (T.d.st == 1) {
+            if (rounds == 2) i4_down_block<2, 1>(T.d, b0, hh, yo, sm, pre);
+            else i4_down_block<1, 1>(T.d, b0, hh, yo, sm, pre);
+        } else if (T.d.st == 2) {
+            if (rounds == 2) i4_down_block<2, 2>(T.d, b0, hh, yo, sm, pre);
+            else i4_down_block<1, 2>(T.d, b0, hh, yo, sm, pre);
         } else {
-            if (rounds == 2) i4_down_block<2, false>(T.d, b0, h + T.h_off, yo, sm, pre);
-            else i4_down_block<1, false>(T.d, b0, h + T.h_off, yo, sm, pre);
+            if (rounds == 2) i4_down_block<2, 0>(T.d, b0, hh, yo, sm, pre);
+            else i4_down_block<1, 0>(T.d, b0, hh, yo, sm, pre);
         }
         return;
     }

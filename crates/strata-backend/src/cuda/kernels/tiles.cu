@@ -124,9 +124,9 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
 // pre: the caller has not waited on the kernel before; i4_tile does, after its first
 // chunk's weight loads (weights never depend on that kernel).
-// SBF: the scales are stored as bf16 (Mat::sbf), a parameter so that neither kind of
-// scale pays for a choice per load.
-template <int NM, bool SBF>
+// ST: how the scales are stored (Mat::st), a parameter so that no type of scale pays for a
+// choice per load.
+template <int NM, int ST>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int nout, const float* x, int cb, int ce,
                                         u32* xs, float* xsc, int lane, float (*acc)[2], bool pre) {
     int g = lane >> 2, t = lane & 3;
@@ -135,8 +135,10 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
     const u8* sa_row[NM];
     const u8* sb_row[NM];
     int gshift[NM];
+    float fac[NM];  // e4m3's matrix factor
 #pragma unroll
     for (int n = 0; n < NM; n++) {
+        fac[n] = ST == 2 ? __ldg(m[n]->s) : 1.f;
         int ra = min(o0[n] + g, nout - 1), rb = min(o0[n] + g + 8, nout - 1);
         wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
         wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
@@ -165,8 +167,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             qb[d][n] = __ldg(wb[n] + 4 * c);
             int run = 4 * c + t;
             int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
-            sa[d][n] = sraw(sa_row[n], grp, SBF);
-            sb[d][n] = sraw(sb_row[n], grp, SBF);
+            sa[d][n] = sraw(sa_row[n], grp, ST);
+            sb[d][n] = sraw(sb_row[n], grp, ST);
         }
     };
     // One chunk: its staged x (words xc, scale isx) against the ring's first entry.
@@ -187,8 +189,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
                 mma_16816(cc, ha[0], hb[0], ha[1], hb[1], bw[i].x, bw[i].y);
                 mma_16816(cc, ha[2], hb[2], ha[3], hb[3], bw[i].z, bw[i].w);
             }
-            acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], SBF) * isx, acc[n][0]);
-            acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], SBF) * isx, acc[n][1]);
+            acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], ST, fac[n]) * isx, acc[n][0]);
+            acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], ST, fac[n]) * isx, acc[n][1]);
         }
 #pragma unroll
         for (int d = 0; d + 1 < I4_DEPTH; d++) {
@@ -264,7 +266,7 @@ struct __align__(16) I4Shared {
 
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
-template <bool SBF>
+template <int ST>
 __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h,
                                             bool pre) {
     __shared__ I4Shared sm;
@@ -276,7 +278,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     const Mat* m[2] = {&gm, &um};
     const int rows0[2] = {o0, o0};
     float acc[2][2];
-    i4_tile<2, SBF>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre);
+    i4_tile<2, ST>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -301,7 +303,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
 // 8), each two tiles of 16, four warps a tile, each a quarter of the columns; a warp's
 // rounds share its loop (one ring of loads), so a block's start-up (its task, the first
 // loads' latency) is spread over R x 32 outputs.
-template <int R, bool SBF>
+template <int R, int ST>
 __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm, bool pre) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
@@ -317,7 +319,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
         rows0[r] = o0 + 32 * r + 16 * tile;
     }
     float acc[R][2];
-    i4_tile<R, SBF>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc, pre);
+    i4_tile<R, ST>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc, pre);
     if ((lane & 3) == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
