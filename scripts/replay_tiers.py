@@ -203,7 +203,7 @@ def main():
                     help="where the runtime rows' tiers find a victim (the engine's --eviction-scope)")
     ap.add_argument("--json", action="store_true")
     m = ap.add_argument_group("pricing at full GLM-5.2's scale (int4-g64 experts, one H200, a 14 GB/s NVMe)")
-    m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6): 21.23 int4-g64, 20.05 int4-g128 or int4-g64-bf16, 19.46 int4-g128-bf16")
+    m.add_argument("--expert-mb", type=float, default=21.23, help="bytes of one expert, MB (1e6): 21.23 int4-g64, 20.05 int4-g128 or int4-g64-bf16, 19.46 int4-g128-bf16, 19.47 int4-g64-e4m3, 20.06 int4-g32-e4m3")
     m.add_argument("--link-gbs", type=float, default=55.5, help="host -> GPU copies, GB/s (pinned, measured)")
     m.add_argument("--disk-gbs", type=float, default=14.0, help="disk reads, GB/s")
     m.add_argument("--compute-ms", type=float, default=16.0, help="a token's resident compute, ms")

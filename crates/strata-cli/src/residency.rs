@@ -22,11 +22,13 @@ pub struct ConvertArgs {
     /// int4 scale group (inputs per scale; even, >= 2).
     #[arg(long, default_value_t = 64)]
     group: usize,
-    /// How int4 scales are stored: bf16 (the default: half the scale bytes, no measurable
-    /// quality cost, faster on CPU and GPU), e4m3 (one byte a scale and a power of two a
-    /// matrix: g64 at the size of g128-bf16) or f32 (the public container's format).
-    /// Applies to every int4 encoding given by `--experts int4` / `--mtp-experts int4`;
-    /// given explicitly, it needs one of them.
+    /// How int4 scales are stored: e4m3 (the default: one byte a scale and a power of two
+    /// a matrix, each scale searched for the least error; at g64 the size of g128-bf16 and
+    /// closer to the source than g64 with f32 scales), bf16 (two bytes; the default where
+    /// the source's experts are int4 at this group already, as the public container's:
+    /// their nibbles are kept, and e4m3 would round each of their scales by up to 3%) or
+    /// f32 (the public container's format). Applies to every int4 encoding given by
+    /// `--experts int4` / `--mtp-experts int4`; given explicitly, it needs one of them.
     #[arg(long, value_parser = ["f32", "bf16", "e4m3"])]
     scales: Option<String>,
     /// MTP-layer expert encoding (int8: int4 drafts are known to be rejected).
@@ -61,6 +63,23 @@ fn encoding(flag: &str, name: &str, group: usize, scales: ScaleType) -> Result<Q
     }
 }
 
+/// `--scales` when not given: e4m3, but bf16 where the source's experts are int4 at the
+/// asked group already (their nibbles are kept, and bf16 rounds their scales by at most
+/// 2^-8 where e4m3 would by up to 2^-4).
+fn default_scales(a: &ConvertArgs) -> Result<ScaleType> {
+    let int4 = a.experts == "int4" || a.mtp_experts == "int4";
+    match strata_models::convert::stored_expert_kind(&a.model)? {
+        Some(QuantKind::Int4Group { group, .. }) if int4 && group == a.group => {
+            eprintln!(
+                "note: the source's experts are int4-g{group} already: their nibbles are kept with bf16 scales \
+                 (--scales e4m3 makes them 3% smaller, rounding each scale by up to 3%)"
+            );
+            Ok(ScaleType::Bf16)
+        }
+        _ => Ok(ScaleType::E4m3),
+    }
+}
+
 pub fn convert(a: ConvertArgs) -> Result<()> {
     if let Some(given) = &a.scales {
         if a.experts != "int4" && a.mtp_experts != "int4" {
@@ -73,7 +92,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     }
     let scales = match &a.scales {
         Some(s) => ScaleType::parse(s).map_err(|e| anyhow!("--scales: {e}"))?,
-        None => ScaleType::Bf16,
+        None => default_scales(&a)?,
     };
     let experts = encoding("--experts", &a.experts, a.group, scales)?;
     let mtp_experts = encoding("--mtp-experts", &a.mtp_experts, a.group, scales)?;

@@ -342,8 +342,8 @@ fn streaming_flags_and_their_errors() {
         "--json",
     ]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    // int4 scales are bf16 unless `--scales f32`; `--scales` is refused where no encoding is
-    // int4; f32 scales take twice the bytes.
+    // int4 scales are e4m3 unless `--scales`; `--scales` is refused where no encoding is
+    // int4; f32 scales take four times the bytes (and the factor), bf16 twice.
     let o16 = out_dir.path().join("c16");
     let bad =
         strata(&["convert", "--model", m, "--out", o16.to_str().unwrap(), "--experts", "int8", "--scales", "f32"]);
@@ -369,12 +369,12 @@ fn streaming_flags_and_their_errors() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("strata-experts.json")).unwrap()).unwrap();
         v["tiers"][0]["layout"]["gate"].clone()
     };
-    let (bf, f) = (gate(&o), gate(&o16));
-    assert_eq!((bf["kind"].as_str(), f["kind"].as_str()), (Some("int4-g16-bf16"), Some("int4-g16")), "{bf} {f}");
-    assert_eq!(2 * bf["scales_len"].as_u64().unwrap(), f["scales_len"].as_u64().unwrap(), "{bf} {f}");
+    let (e, f) = (gate(&o), gate(&o16));
+    assert_eq!((e["kind"].as_str(), f["kind"].as_str()), (Some("int4-g16-e4m3"), Some("int4-g16")), "{e} {f}");
+    assert_eq!(4 * (e["scales_len"].as_u64().unwrap() - 4), f["scales_len"].as_u64().unwrap(), "{e} {f}");
     let gen = strata(&["generate", "--model", o16.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
-    // e4m3 scales: the matrix factor, then a byte a scale; a model that generates.
+    // bf16 scales: half of f32's bytes; a model that generates.
     let o8 = out_dir.path().join("c8");
     let ok8 = strata(&[
         "convert",
@@ -387,13 +387,13 @@ fn streaming_flags_and_their_errors() {
         "--group",
         "16",
         "--scales",
-        "e4m3",
+        "bf16",
         "--json",
     ]);
     assert!(ok8.status.success(), "{}", String::from_utf8_lossy(&ok8.stderr));
-    let e = gate(&o8);
-    assert_eq!(e["kind"].as_str(), Some("int4-g16-e4m3"), "{e}");
-    assert_eq!(4 * (e["scales_len"].as_u64().unwrap() - 4), f["scales_len"].as_u64().unwrap(), "{e} {f}");
+    let bf = gate(&o8);
+    assert_eq!(bf["kind"].as_str(), Some("int4-g16-bf16"), "{bf}");
+    assert_eq!(2 * bf["scales_len"].as_u64().unwrap(), f["scales_len"].as_u64().unwrap(), "{bf} {f}");
     let gen = strata(&["generate", "--model", o8.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
     let bad = strata(&["convert", "--model", m, "--out", o8.to_str().unwrap(), "--scales", "e5m2"]);
@@ -410,7 +410,7 @@ fn streaming_flags_and_their_errors() {
         serde_json::from_slice(&strata(&["inspect", "--model", o.to_str().unwrap(), "--json"]).stdout).unwrap();
     let main = &v["expert_tiers"][0];
     assert_eq!((main["format"].as_str(), main["tier"].as_str()), (Some("strata"), Some("main")), "{v}");
-    assert_eq!(main["encodings"][2].as_str(), Some("int4-g16-bf16"), "{v}");
+    assert_eq!(main["encodings"][2].as_str(), Some("int4-g16-e4m3"), "{v}");
     assert!(main["slot_bytes"].as_u64().unwrap() > 0, "{v}");
     let text = String::from_utf8_lossy(&strata(&["inspect", "--model", o16.to_str().unwrap()]).stdout).to_string();
     assert!(text.contains("expert tier `main` (strata):") && text.contains(", int4-g16, "), "{text}");
@@ -419,6 +419,17 @@ fn streaming_flags_and_their_errors() {
         serde_json::from_slice(&strata(&["inspect", "--model", colibri.to_str().unwrap(), "--json"]).stdout).unwrap();
     assert_eq!(v["expert_tiers"][0]["format"].as_str(), Some("colibri"), "{v}");
     assert_eq!(v["expert_tiers"][0]["encodings"][0].as_str(), Some("int4-g16"), "{v}");
+    // From int4 at the asked group the default keeps the nibbles with bf16 scales, and says
+    // so; at another group the experts are quantized anew, with e4m3 scales.
+    for (group, want, note) in [("16", "int4-g16-bf16", true), ("32", "int4-g32-e4m3", false)] {
+        let oc = out_dir.path().join(format!("colibri-g{group}"));
+        let c = colibri.to_str().unwrap();
+        let done = strata(&["convert", "--model", c, "--out", oc.to_str().unwrap(), "--group", group, "--json"]);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+        assert_eq!(gate(&oc)["kind"].as_str(), Some(want));
+        let said = String::from_utf8_lossy(&done.stderr).contains("their nibbles are kept with bf16 scales");
+        assert_eq!(said, note, "{}", String::from_utf8_lossy(&done.stderr));
+    }
     let fit: serde_json::Value = serde_json::from_slice(
         &strata(&["fit", "--model", o.to_str().unwrap(), "--budget", "200MiB", "--context", "256", "--json"]).stdout,
     )

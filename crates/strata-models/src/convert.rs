@@ -63,9 +63,10 @@ type Encoded = (Vec<u8>, Vec<f32>);
 /// One expert's (gate, up, down) as the source stores them, when that is `kind` up to how
 /// the scales are stored (the public container's int4 and int8 experts): payloads kept,
 /// scales rounded to `kind`'s scale type. Keeping the nibbles is what re-quantizing would
-/// choose against the rounded scale (a bf16 scale moves by at most 2^-8 of itself, so no
-/// nibble's product moves by half a step), and it avoids a second rounding of the weights
-/// on another grid. `None` when any matrix is stored otherwise.
+/// choose against the rounded scale (a bf16 scale moves by at most 2^-8 of itself, an e4m3
+/// one by 2^-4, so no nibble in -8..7 moves past half a step; -8 clamps), and it avoids a
+/// second rounding of the weights on another grid. `None` when any matrix is stored
+/// otherwise.
 fn expert_as_stored(
     store: &WeightStore,
     names: &ExpertNames,
@@ -144,6 +145,19 @@ fn mtp_layers(candidates: &[usize], map: &WeightMap, names: &ExpertNames, store:
                 || store.contains(&map.fused_names(l).0)
         })
         .collect()
+}
+
+/// How the source stores its first routed expert's gate (`None`: not quantized, as an HF
+/// checkpoint's bf16 or FP8 experts; `Some`: the public container's int4 or int8), so that a
+/// caller can pick defaults that keep those payloads well.
+pub fn stored_expert_kind(src: &Path) -> Result<Option<QuantKind>> {
+    let arch = read_arch(src)?;
+    let Some(moe) = arch.moe() else { return Ok(None) };
+    let store = WeightStore::open_dir(src)?;
+    let map = arch.weight_map();
+    let names = ExpertNames::new(&map);
+    let Some(name) = moe.layers.first().and_then(|&l| names.get(l, 0, ExpertMatrix::Gate)) else { return Ok(None) };
+    store.quant_kind(name, moe.inter, moe.hidden).transpose()
 }
 
 pub fn convert(
