@@ -41,11 +41,13 @@ cuda_tests() {
   timeout 300 $C/cuda-tests --test-threads=1 --nocapture "${skip[@]}" 2>&1 | tee "$OUT/tests.log" |
     grep -E "${1:-^test .*FAILED|test result|panicked|STALL}"
 }
-# The CUDA tests (unless TESTS=0), then the GLM-5-shaped slice at $slice (/tmp/slice48)
-# and its int4 conversion.
+# The CUDA tests (unless TESTS=0), then the GLM-5-shaped slice at $slice (/tmp/slice48;
+# with VOCAB=N other than 16384, /tmp/slice48-vN of that vocabulary) and its int4 conversion.
 tests_then_slice() {
   [ "${TESTS:-1}" = 1 ] && cuda_tests | head -20
+  local v=${VOCAB:-16384}
   slice=/tmp/slice48
+  [ "$v" = 16384 ] || slice=/tmp/slice48-v$v
   since "slices"
-  glm5_slice $slice
+  glm5_slice $slice "$v"
 }

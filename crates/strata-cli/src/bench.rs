@@ -64,8 +64,8 @@ pub struct SynthArgs {
     /// Vocabulary size (GLM-5 has 154880; smaller keeps the slice about experts).
     #[arg(long, default_value_t = 16384)]
     vocab: usize,
-    /// Write an expert container with this encoding (int4-g64, int8, bf16, f32) instead
-    /// of an HF bf16 checkpoint.
+    /// Write an expert container with this encoding (int4-gN, int4-gN-bf16, int4-gN-e4m3,
+    /// int8, bf16, f32) instead of an HF bf16 checkpoint.
     #[arg(long)]
     container: Option<String>,
     /// Add an MTP (draft) layer (`num_nextn_predict_layers` 1), int8 experts in a container.
