@@ -329,40 +329,22 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&bad, &["--experts", "unknown expert encoding `int3`"]);
     let bad = strata(&["convert", "--model", m, "--out", o.to_str().unwrap(), "--experts", "int4", "--group", "3"]);
     assert_one_line_error(&bad, &["--group must be an even number"]);
-    let ok = strata(&[
-        "convert",
-        "--model",
-        m,
-        "--out",
-        o.to_str().unwrap(),
-        "--experts",
-        "int4",
-        "--group",
-        "16",
-        "--json",
-    ]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    // int4 at group 16 into `out`, with `scales` (none: the default), succeeding.
+    let int4_g16 = |out: &std::path::Path, scales: Option<&str>| {
+        let mut args = vec!["convert", "--model", m, "--out", out.to_str().unwrap()];
+        args.extend(["--experts", "int4", "--group", "16", "--json"]);
+        args.extend(scales.map(|s| ["--scales", s]).into_iter().flatten());
+        let done = strata(&args);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    };
+    int4_g16(&o, None);
     // int4 scales are e4m3 unless `--scales`; `--scales` is refused where no encoding is
     // int4; f32 scales take four times the bytes (and the factor), bf16 twice.
     let o16 = out_dir.path().join("c16");
     let bad =
         strata(&["convert", "--model", m, "--out", o16.to_str().unwrap(), "--experts", "int8", "--scales", "f32"]);
     assert_one_line_error(&bad, &["--scales f32 applies to int4 experts", "--experts is int8"]);
-    let ok16 = strata(&[
-        "convert",
-        "--model",
-        m,
-        "--out",
-        o16.to_str().unwrap(),
-        "--experts",
-        "int4",
-        "--group",
-        "16",
-        "--scales",
-        "f32",
-        "--json",
-    ]);
-    assert!(ok16.status.success(), "{}", String::from_utf8_lossy(&ok16.stderr));
+    int4_g16(&o16, Some("f32"));
     // (This fixture's experts fit one 4 KiB region either way: compare the scales.)
     let gate = |dir: &std::path::Path| -> serde_json::Value {
         let v: serde_json::Value =
@@ -372,30 +354,16 @@ fn streaming_flags_and_their_errors() {
     let (e, f) = (gate(&o), gate(&o16));
     assert_eq!((e["kind"].as_str(), f["kind"].as_str()), (Some("int4-g16-e4m3"), Some("int4-g16")), "{e} {f}");
     assert_eq!(4 * (e["scales_len"].as_u64().unwrap() - 4), f["scales_len"].as_u64().unwrap(), "{e} {f}");
-    let gen = strata(&["generate", "--model", o16.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
-    // bf16 scales: half of f32's bytes; a model that generates.
+    // bf16 scales: half of f32's bytes. Each of the three is a model that generates.
     let o8 = out_dir.path().join("c8");
-    let ok8 = strata(&[
-        "convert",
-        "--model",
-        m,
-        "--out",
-        o8.to_str().unwrap(),
-        "--experts",
-        "int4",
-        "--group",
-        "16",
-        "--scales",
-        "bf16",
-        "--json",
-    ]);
-    assert!(ok8.status.success(), "{}", String::from_utf8_lossy(&ok8.stderr));
+    int4_g16(&o8, Some("bf16"));
     let bf = gate(&o8);
     assert_eq!(bf["kind"].as_str(), Some("int4-g16-bf16"), "{bf}");
     assert_eq!(2 * bf["scales_len"].as_u64().unwrap(), f["scales_len"].as_u64().unwrap(), "{bf} {f}");
-    let gen = strata(&["generate", "--model", o8.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    for dir in [&o, &o16, &o8] {
+        let gen = strata(&["generate", "--model", dir.to_str().unwrap(), "--prompt", "a b", "--max-tokens", "3"]);
+        assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    }
     let bad = strata(&["convert", "--model", m, "--out", o8.to_str().unwrap(), "--scales", "e5m2"]);
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("e5m2"));
     // The container holds the same parameters as the checkpoint it came from.
