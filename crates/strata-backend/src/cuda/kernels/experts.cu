@@ -180,13 +180,14 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
     int rounds = T.rounds1, b0 = (blockIdx.x - T.blk1) * rounds * 8 * UP_OUTS;
 #if TILE_MMA
     if (i4_tiles(T.g) && i4_tiles(T.u) && T.g.st == T.u.st) {
+        __shared__ I4Shared sm;
         for (int r = 0; r < rounds; r++) {
             if (r) __syncthreads();  // the last round's sums have been read
             int o0 = b0 + r * 8 * UP_OUTS;
             bool p = pre && r == 0;
-            if (T.g.st == 1) i4_up_block<1>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
-            else if (T.g.st == 2) i4_up_block<2>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
-            else i4_up_block<0>(T.g, T.u, o0, x, T.act, h + T.h_off, p);
+            if (T.g.st == 1) i4_up_block<1>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
+            else if (T.g.st == 2) i4_up_block<2>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
+            else i4_up_block<0>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
         }
         return;
     }

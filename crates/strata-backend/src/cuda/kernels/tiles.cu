@@ -114,6 +114,13 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 #define I4_STAGE 8
 #endif
 #define I4_XS (I4_STAGE > 0 ? I4_STAGE : 1)
+// A gate/up block's later rounds reuse the x its warps staged in the first (their columns
+// are the same); 0: each round stages it again (for comparison). H200, 24 GLM-5 experts
+// of one row: int4-g64 247.5 -> 240.8 us, bf16 scales 240.8 -> 234.0, but e4m3 scales
+// 236.0 -> 255.9 (cause not found), so e4m3 blocks stage again (i4_up_block).
+#ifndef I4_KEEP_X
+#define I4_KEEP_X 1
+#endif
 // x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
 
@@ -124,21 +131,23 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
 // pre: the caller has not waited on the kernel before; i4_tile does, after its first
 // chunk's weight loads (weights never depend on that kernel).
+// staged: xs and xsc already hold chunks cb .. ce of this x (an earlier call of the same
+// warp over the same columns staged them, and they fit one batch): not staged again.
 // ST: how the scales are stored (Mat::st), a parameter so that no type of scale pays for a
-// choice per load.
+// choice per load. An e4m3 matrix's factor is left to the caller: a power of two, it
+// scales the sums exactly, and held here it cost the tiles a register each.
 template <int NM, int ST>
 __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int nout, const float* x, int cb, int ce,
-                                        u32* xs, float* xsc, int lane, float (*acc)[2], bool pre) {
+                                        u32* xs, float* xsc, int lane, float (*acc)[2], bool pre,
+                                        bool staged = false) {
     int g = lane >> 2, t = lane & 3;
     const uint4* wa[NM];
     const uint4* wb[NM];
     const u8* sa_row[NM];
     const u8* sb_row[NM];
     int gshift[NM];
-    float fac[NM];  // e4m3's matrix factor
 #pragma unroll
     for (int n = 0; n < NM; n++) {
-        fac[n] = ST == 2 ? __ldg(m[n]->s) : 1.f;
         int ra = min(o0[n] + g, nout - 1), rb = min(o0[n] + g + 8, nout - 1);
         wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
         wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
@@ -189,8 +198,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
                 mma_16816(cc, ha[0], hb[0], ha[1], hb[1], bw[i].x, bw[i].y);
                 mma_16816(cc, ha[2], hb[2], ha[3], hb[3], bw[i].z, bw[i].w);
             }
-            acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], ST, fac[n]) * isx, acc[n][0]);
-            acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], ST, fac[n]) * isx, acc[n][1]);
+            acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], ST, 1.f) * isx, acc[n][0]);
+            acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], ST, 1.f) * isx, acc[n][1]);
         }
 #pragma unroll
         for (int d = 0; d + 1 < I4_DEPTH; d++) {
@@ -213,7 +222,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         __syncwarp();  // the previous batch's chunks have been read
         // x in groups of I4_SGROUP chunks, their loads in flight together.
 #pragma unroll
-        for (int j0 = 0; j0 < I4_STAGE; j0 += I4_SGROUP) {
+        for (int j0 = 0; j0 < I4_STAGE && !(staged && ce - cb <= I4_STAGE); j0 += I4_SGROUP) {
             float4 xg[I4_SGROUP];
 #pragma unroll
             for (int j = 0; j < I4_SGROUP; j++)
@@ -262,14 +271,23 @@ struct __align__(16) I4Shared {
     u32 xs[8][I4_XS * XS_WORDS];
     float xsc[8][I4_XS];
     float red[8][2][16];
+    float fac[2];  // e4m3: the matrices' factors, applied to the block's sums
 };
+
+// Thread n < count stores matrix n's e4m3 factor in sm.fac (read after a barrier).
+template <int ST>
+__device__ __forceinline__ void i4_factors(I4Shared& sm, const Mat* const* m, int count) {
+    if (ST == 2 && (int)threadIdx.x < count) sm.fac[threadIdx.x] = __ldg(m[threadIdx.x]->s);
+}
 
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
+// staged: a later round of the same block (its warps' x is staged already; I4_KEEP_X).
+// sm: the kernel's one I4Shared. (Declared here, each instantiation of the template had
+// its own: three scale types made the kernel's shared memory 127 KB, one block an SM.)
 template <int ST>
 __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h,
-                                            bool pre) {
-    __shared__ I4Shared sm;
+                                            bool pre, bool staged, I4Shared& sm) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
     auto& red = sm.red;
@@ -277,8 +295,10 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     int nout = gm.rows, nch = gm.cols / 128;
     const Mat* m[2] = {&gm, &um};
     const int rows0[2] = {o0, o0};
+    i4_factors<ST>(sm, m, 2);
     float acc[2][2];
-    i4_tile<2, ST>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre);
+    i4_tile<2, ST>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre,
+                   staged && I4_KEEP_X && ST != 2);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll
@@ -294,6 +314,10 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
         for (int w = 0; w < 8; w++) {
             gs += red[w][0][r];
             us += red[w][1][r];
+        }
+        if (ST == 2) {
+            gs *= sm.fac[0];
+            us *= sm.fac[1];
         }
         h[o0 + r] = gate_act(gs, act) * us;
     }
@@ -318,6 +342,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
         m[r] = &dm;
         rows0[r] = o0 + 32 * r + 16 * tile;
     }
+    i4_factors<ST>(sm, m, 1);
     float acc[R][2];
     i4_tile<R, ST>(m, rows0, nout, h, kw * nch / 4, (kw + 1) * nch / 4, xs[warp], xsc[warp], lane, acc, pre);
     if ((lane & 3) == 0) {
@@ -333,7 +358,7 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
     if (r < R && o < nout) {
         float s = 0.f;
         for (int w = 0; w < 4; w++) s += red[4 * tl + w][r][i];
-        y[o] = s;
+        y[o] = ST == 2 ? s * sm.fac[0] : s;
     }
 }
 #endif
