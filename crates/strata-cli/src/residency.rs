@@ -29,8 +29,8 @@ pub struct ConvertArgs {
     /// their nibbles are kept, and e4m3 would round each of their scales by up to 3%) or
     /// f32 (the public container's format). Applies to every int4 encoding given by
     /// `--experts int4` / `--mtp-experts int4`; given explicitly, it needs one of them.
-    #[arg(long, value_parser = ["f32", "bf16", "e4m3"])]
-    scales: Option<String>,
+    #[arg(long, value_parser = ScaleType::parse)]
+    scales: Option<ScaleType>,
     /// MTP-layer expert encoding (int8: int4 drafts are known to be rejected).
     #[arg(long, default_value = "int8")]
     mtp_experts: String,
@@ -81,17 +81,18 @@ fn default_scales(a: &ConvertArgs) -> Result<ScaleType> {
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
-    if let Some(given) = &a.scales {
+    if let Some(given) = a.scales {
         if a.experts != "int4" && a.mtp_experts != "int4" {
             return Err(anyhow!(
-                "--scales {given} applies to int4 experts, but --experts is {} and --mtp-experts {}",
+                "--scales {} applies to int4 experts, but --experts is {} and --mtp-experts {}",
+                given.name(),
                 a.experts,
                 a.mtp_experts
             ));
         }
     }
-    let scales = match &a.scales {
-        Some(s) => ScaleType::parse(s).map_err(|e| anyhow!("--scales: {e}"))?,
+    let scales = match a.scales {
+        Some(s) => s,
         None => default_scales(&a)?,
     };
     let experts = encoding("--experts", &a.experts, a.group, scales)?;

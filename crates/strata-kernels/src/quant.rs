@@ -83,8 +83,13 @@ impl ScaleType {
     /// A matrix's scales as this type stores them: to nearest bf16; to nearest e4m3 times
     /// the matrix's factor (from their largest, see [`e4m3_factor`]); f32 as they are.
     pub fn round_all(self, scales: &mut [f32]) {
-        let factor = self.factor(scales.iter().fold(0f32, |a, &s| a.max(s)));
+        let factor = self.factor_of(scales);
         scales.iter_mut().for_each(|s| *s = self.round(*s, factor));
+    }
+
+    /// The matrix factor of a matrix's `scales` (from their largest; 1 but for e4m3).
+    pub fn factor_of(self, scales: &[f32]) -> f32 {
+        self.factor(scales.iter().fold(0f32, |a, &s| a.max(s)))
     }
 
     /// The matrix factor for a largest scale of `max` (1 but for e4m3).
@@ -152,6 +157,13 @@ pub fn e4m3_round(s: f32, factor: f32) -> f32 {
     e4m3_scale(e4m3_code(s, factor), factor)
 }
 
+/// The int4 level (-8..=7) nearest `v` at scale `s`: the nibble minus 8, as `quantize`
+/// stores it and `e4m3_search` prices it.
+#[inline]
+fn int4_level(v: f32, s: f32) -> f32 {
+    (v / s).round().clamp(-8.0, 7.0)
+}
+
 /// The e4m3 scale for a group `chunk` whose absmax scale is `s0`: of the codes from two
 /// below the nearest to one above, the one whose nibbles leave the least squared error.
 /// A step of e4m3 is 6-12%, so absmax / 7 rounded is often not the best value on its grid,
@@ -163,7 +175,7 @@ fn e4m3_search(chunk: &[f32], s0: f32, factor: f32) -> f32 {
         chunk
             .iter()
             .map(|v| {
-                let d = (v - (v / s).round().clamp(-8.0, 7.0) * s) as f64;
+                let d = (v - int4_level(*v, s) * s) as f64;
                 d * d
             })
             .sum()
@@ -390,7 +402,7 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize, factor: f
                     scales.push(s);
                     for (j, v) in chunk.iter().enumerate() {
                         let c = g * group + j;
-                        let nib = ((v / s).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                        let nib = (int4_level(*v, s) as i32 + 8) as u8;
                         dst[c / 2] |= if c % 2 == 0 { nib } else { nib << 4 };
                     }
                 }
@@ -448,7 +460,7 @@ pub fn encode_scales(kind: QuantKind, scales: &[f32]) -> Result<Vec<u8>, String>
             }
         }
         ScaleType::E4m3 => {
-            let factor = t.factor(scales.iter().fold(0f32, |a, &s| a.max(s)));
+            let factor = t.factor_of(scales);
             out.extend_from_slice(&factor.to_le_bytes());
             for (i, &v) in scales.iter().enumerate() {
                 let c = e4m3_code(v, factor);
@@ -671,7 +683,7 @@ mod tests {
         // The searched scale leaves each group no more squared error than absmax / 7
         // rounded to the nearest e4m3, and sometimes less.
         let d = dequantize(kind, &p, &s, rows, cols);
-        let factor = e4m3_factor(s.iter().fold(0f32, |a, &v| a.max(v)));
+        let factor = ScaleType::E4m3.factor_of(&s);
         let (mut better, mut groups) = (0, 0);
         for (gw, gd) in w.chunks(64).zip(d.chunks(64)) {
             let amax = gw.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -683,7 +695,7 @@ mod tests {
             let sq =
                 |d: &mut dyn Iterator<Item = f32>| -> f64 { d.zip(gw).map(|(a, b)| ((a - b) as f64).powi(2)).sum() };
             let got = sq(&mut gd.iter().copied());
-            let plain = sq(&mut gw.iter().map(|v| (v / near).round().clamp(-8.0, 7.0) * near));
+            let plain = sq(&mut gw.iter().map(|&v| int4_level(v, near) * near));
             assert!(got <= plain, "group {groups}: {got} > {plain}");
             better += (got < plain) as usize;
             groups += 1;

@@ -15,7 +15,7 @@
 //! For int4, `a` holds a chunk's even columns and `b` its odd columns (x is
 //! pre-permuted to match, see `I4Dec`); otherwise `a` = columns 0..8 and `b` = 8..16.
 
-use super::{Bf16Scales, E4m3Scales, Out, Product, QuantKind, ScaleRead, Scales};
+use super::{with_scale_read, Out, Product, QuantKind, ScaleRead};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -336,11 +336,7 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             let d = I8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
-        QuantKind::Int4Group { group, .. } => match w.scales {
-            Scales::F32(s) => int4_block(job, s, group, o0, o1, out),
-            Scales::Bf16(s) => int4_block(job, Bf16Scales(s), group, o0, o1, out),
-            Scales::E4m3 { factor, codes } => int4_block(job, E4m3Scales { factor, codes }, group, o0, o1, out),
-        },
+        QuantKind::Int4Group { group, .. } => with_scale_read!(w.scales, s => int4_block(job, s, group, o0, o1, out)),
     }
 }
 

@@ -6,7 +6,7 @@
 //! runs the AVX2 code instead (see `MatJob::new`). Same determinism argument: a pair's
 //! arithmetic does not depend on the tile shape, the column blocks or the other rows.
 
-use super::{Bf16Scales, E4m3Scales, Out, Product, QuantKind, ScaleRead, Scales};
+use super::{with_scale_read, Out, Product, QuantKind, ScaleRead};
 use std::arch::x86_64::*;
 
 pub(super) trait Decode {
@@ -292,11 +292,7 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             let d = I8Dec { p: w.payload, scales: w.scales.f32(), cols, nfull };
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
-        QuantKind::Int4Group { group, .. } => match w.scales {
-            Scales::F32(s) => int4_block(job, s, group, o0, o1, out),
-            Scales::Bf16(s) => int4_block(job, Bf16Scales(s), group, o0, o1, out),
-            Scales::E4m3 { factor, codes } => int4_block(job, E4m3Scales { factor, codes }, group, o0, o1, out),
-        },
+        QuantKind::Int4Group { group, .. } => with_scale_read!(w.scales, s => int4_block(job, s, group, o0, o1, out)),
     }
 }
 

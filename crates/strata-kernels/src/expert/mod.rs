@@ -34,7 +34,7 @@ mod transposed;
 
 pub use runner::{ExpertJob, ExpertRunner, GateAct};
 pub use scales::Scales;
-pub(crate) use scales::{Bf16Scales, E4m3Scales, ScaleRead};
+pub(crate) use scales::{with_scale_read, ScaleRead};
 pub use transposed::matmul_t;
 
 use crate::pool::{global, split_range};

@@ -101,8 +101,9 @@ fn bf16_to_f32(b: u16) -> f32 {
 }
 
 /// Scales as the int4 SIMD decoders read them: one implementation per [`ScaleType`], so
-/// the f32 and bf16 paths are separate monomorphised loops that do the same arithmetic
-/// on the same f32 values (a bf16 matrix computes bit for bit what its f32 twin does).
+/// the f32, bf16 and e4m3 paths are separate monomorphised loops that do the same
+/// arithmetic on the same f32 values (a bf16 or e4m3 matrix computes bit for bit what its
+/// f32 twin does).
 pub(crate) trait ScaleRead: Copy {
     /// # Safety
     /// `i` in bounds.
@@ -191,3 +192,26 @@ impl ScaleRead for E4m3Scales<'_> {
         _mm512_mul_ps(v, _mm512_set1_ps(self.factor))
     }
 }
+
+/// `$body` with `$s` bound to the [`ScaleRead`] of the int4 scales `$scales` (a
+/// [`Scales`]): the one place a stored scale type picks its reader, for each SIMD path's
+/// int4 dispatch (a generic closure cannot be passed on, so a macro expands the match).
+macro_rules! with_scale_read {
+    ($scales:expr, $s:ident => $body:expr) => {
+        match $scales {
+            $crate::expert::Scales::F32(x) => {
+                let $s = x;
+                $body
+            }
+            $crate::expert::Scales::Bf16(x) => {
+                let $s = $crate::expert::scales::Bf16Scales(x);
+                $body
+            }
+            $crate::expert::Scales::E4m3 { factor, codes } => {
+                let $s = $crate::expert::scales::E4m3Scales { factor, codes };
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_scale_read;
