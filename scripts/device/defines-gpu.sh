@@ -19,7 +19,8 @@ res="$OUT/defines.jsonl"
 # (Appended to: a second run in the same call adds its variants; the slices are made once.)
 touch "$res"
 tests_then_slice
-# SLICES: which slices to time (labels as in defines.jsonl): bf16, int4-g64 (experts),
+# SLICES: which slices to time (labels as in defines.jsonl): bf16, int4-g64 (experts;
+# int4-g64-e4m3 with e4m3 scales),
 # bf16-vocab154880 and int4-g64-vocab154880 (GLM-5's vocabulary), fp8 and fp8-int4-g64 (projections in FP8 e4m3,
 # 128 x 128 blocks, as GLM-5's FP8 checkpoints; experts FP8 or int4).
 SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
@@ -29,6 +30,9 @@ SLICES=${SLICES:-bf16 int4-g64 bf16-vocab154880}
 [[ " $SLICES " == *" fp8-int4-g64 "* ]] &&
   { [ -d $slice-fp8-int4 ] || timeout 200 $S bench synth --out $slice-fp8-int4 --preset glm5 --layers 2 \
     --dense-layers 1 --experts 48 --vocab 16384 --fp8 --container int4-g64 >>"$OUT/side.log" 2>&1; }
+[[ " $SLICES " == *" int4-g64-e4m3 "* ]] &&
+  { [ -d $slice-g64-e4m3 ] || timeout 200 $S convert --model $slice --out $slice-g64-e4m3 --experts int4 --scales e4m3 \
+    >>"$OUT/side.log" 2>&1; }
 [[ " $SLICES " == *"-vocab154880 "* ]] &&
   { [ -d $slice-v154k ] || timeout 200 $S bench synth --out $slice-v154k --preset glm5 --layers 2 --dense-layers 1 \
     --experts 48 --vocab 154880 >>"$OUT/side.log" 2>&1; }
@@ -62,7 +66,7 @@ for rep in $(seq 1 ${REPS:-2}); do
   for u in $VARIANTS; do
     since "decode $u ($rep)"
     variant "$u"
-    for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880" "$slice-v154k-int4 int4-g64-vocab154880" \
+    for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-g64-e4m3 int4-g64-e4m3" "$slice-v154k bf16-vocab154880" "$slice-v154k-int4 int4-g64-vocab154880" \
       "$slice-fp8 fp8" "$slice-fp8-int4 fp8-int4-g64"; do
       set -- $d
       [[ " $SLICES " == *" $2 "* ]] || continue

@@ -36,7 +36,10 @@ const DOWN_OUTS: usize = 4;
 /// read a round's weights (36 KB for GLM-5's down) in little more than a block's start-up
 /// (its task, the first loads' latency), so two rounds share it (H200: int4 expert decode
 /// 1.84 -> 2.13 TB/s with two rounds of down); one for the others (bf16 decoded 2% slower
-/// at two). `STRATA_CUDA_UP_ROUNDS` / `STRATA_CUDA_DOWN_ROUNDS` = 1 or 2 set them for all.
+/// at two), and one for gate/up with e4m3 scales, whose later rounds stage x again
+/// (`I4_KEEP_X` in kernels/tiles.cu): the slice with int4-g64-e4m3 experts decoded 0.5%
+/// faster at one (2026-12-04, twenty-first session). `STRATA_CUDA_UP_ROUNDS` /
+/// `STRATA_CUDA_DOWN_ROUNDS` = 1 or 2 set them for all.
 pub(super) fn rounds(g: &MatDesc, u: &MatDesc, d: &MatDesc) -> (usize, usize) {
     static UP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     static DOWN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -47,7 +50,8 @@ pub(super) fn rounds(g: &MatDesc, u: &MatDesc, d: &MatDesc) -> (usize, usize) {
     let one_or_two = |n: usize| n == 1 || n == 2;
     let up = env_count("STRATA_CUDA_UP_ROUNDS", &UP, 0, one_or_two, "1 or 2");
     let down = env_count("STRATA_CUDA_DOWN_ROUNDS", &DOWN, 0, one_or_two, "1 or 2");
-    (pick(up, g.i4_tiles() && u.i4_tiles()), pick(down, d.i4_tiles()))
+    let keeps_x = g.st != 2;
+    (pick(up, g.i4_tiles() && u.i4_tiles() && keeps_x), pick(down, d.i4_tiles()))
 }
 
 /// Blocks of 8 warps a one-row task takes in the gate/up and the down launch, at `rounds`
