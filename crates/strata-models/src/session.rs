@@ -345,6 +345,47 @@ fn row_runs(rows: &[u32]) -> impl Iterator<Item = (usize, usize)> + '_ {
     })
 }
 
+/// The [`crate::Session`] methods every family's session answers alike from its parts: the
+/// output stage (`self.out` on the model's backend `self.m.b`: logits, device picks, hidden
+/// states), the routing record (`self.routes`) and the block pool (`self.kv`). Expanded
+/// inside each family's `impl Session`.
+macro_rules! session_parts {
+    () => {
+        fn logits(&self) -> &[f32] {
+            self.out.logits(&self.m.b)
+        }
+
+        fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
+            self.out.take_picks(&self.m.b, dst)
+        }
+
+        fn picks_on_device(&self) -> bool {
+            self.out.picks_on_device(&self.m.b)
+        }
+
+        fn hidden(&self) -> &[f32] {
+            self.out.hidden(&self.m.b)
+        }
+
+        fn routes(&self) -> &Routes {
+            &self.routes
+        }
+
+        fn record_routes(&mut self, on: bool) {
+            self.routes.set_recording(on);
+        }
+
+        fn kv(&self) -> Option<&KvBlocks> {
+            Some(&self.kv)
+        }
+
+        fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
+            Some(&mut self.kv)
+        }
+    };
+}
+pub(crate) use session_parts;
+
 #[cfg(test)]
 mod tests {
     #[test]

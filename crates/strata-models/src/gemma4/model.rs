@@ -18,7 +18,7 @@ use crate::blocks::{ExpertSource, PILOT_MAX_ROWS};
 use crate::experts::Routes;
 use crate::kv::KvBlocks;
 use crate::media::{ImagePatches, Vision, VisionSpec};
-use crate::session::{Outputs, Rows};
+use crate::session::{session_parts, Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{ensure, Result};
 use strata_backend::{Backend, Step};
@@ -282,40 +282,10 @@ impl<B: Backend> Session for Gemma4Session<'_, B> {
         self.out.compute(b, &self.rows, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
-    fn logits(&self) -> &[f32] {
-        self.out.logits(&self.m.b)
-    }
+    session_parts!();
 
-    fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
-        self.out.take_picks(&self.m.b, dst)
-    }
-
-    fn picks_on_device(&self) -> bool {
-        self.out.picks_on_device(&self.m.b)
-    }
-
-    fn hidden(&self) -> &[f32] {
-        self.out.hidden(&self.m.b)
-    }
-
-    fn routes(&self) -> &Routes {
-        &self.routes
-    }
-
-    fn record_routes(&mut self, on: bool) {
-        self.routes.set_recording(on);
-    }
-
-    /// The full layers' blocks, for the serving engine's admission and planning; the
-    /// sliding layers' rings are per sequence, so no prefix is shared.
-    fn kv(&self) -> Option<&KvBlocks> {
-        Some(&self.kv)
-    }
-
-    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
-        Some(&mut self.kv)
-    }
-
+    /// The pool holds the full layers' blocks only: the sliding layers' rings are per
+    /// sequence, so no prefix is shared.
     fn shares_prefixes(&self) -> bool {
         false
     }

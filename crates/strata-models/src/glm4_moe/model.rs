@@ -8,7 +8,7 @@ use crate::blocks::{
 };
 use crate::experts::Routes;
 use crate::kv::KvBlocks;
-use crate::session::{Outputs, Rows};
+use crate::session::{session_parts, Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{ensure, Result};
 use strata_backend::{Backend, GqaDims};
@@ -166,35 +166,5 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
         self.out.compute(b, &self.rows, &self.s.x, &m.norm, eps, m.lm_head.as_ref().unwrap_or(&m.embed))
     }
 
-    fn logits(&self) -> &[f32] {
-        self.out.logits(&self.m.b)
-    }
-
-    fn take_picks(&mut self, dst: &mut Vec<u32>) -> Result<()> {
-        self.out.take_picks(&self.m.b, dst)
-    }
-
-    fn picks_on_device(&self) -> bool {
-        self.out.picks_on_device(&self.m.b)
-    }
-
-    fn hidden(&self) -> &[f32] {
-        self.out.hidden(&self.m.b)
-    }
-
-    fn routes(&self) -> &Routes {
-        &self.routes
-    }
-
-    fn record_routes(&mut self, on: bool) {
-        self.routes.set_recording(on);
-    }
-
-    fn kv(&self) -> Option<&KvBlocks> {
-        Some(&self.kv)
-    }
-
-    fn kv_mut(&mut self) -> Option<&mut KvBlocks> {
-        Some(&mut self.kv)
-    }
+    session_parts!();
 }
