@@ -155,8 +155,10 @@ __device__ __forceinline__ void xt_tiles(const Mat& ma, int ra, const Mat& mb, i
             row[s][h] = min((s ? rb : ra) + g + 8 * h, m[s]->rows - 1);
             wr[s][h] = m[s]->w + (size_t)row[s][h] * m[s]->ld;
             if (KIND >= 3) sr[s][h] = xt_scales<KIND>(*m[s], row[s][h], shift[s], div[s]);
-            if (ST == 2) fac[s] = __ldg(m[s]->s);
         }
+    if (ST == 2)
+#pragma unroll
+        for (int s = 0; s < 2; s++) fac[s] = sfac(*m[s]);
 #pragma unroll
     for (int s = 0; s < 2; s++)
 #pragma unroll

@@ -277,7 +277,7 @@ struct __align__(16) I4Shared {
 // Thread n < count stores matrix n's e4m3 factor in sm.fac (read after a barrier).
 template <int ST>
 __device__ __forceinline__ void i4_factors(I4Shared& sm, const Mat* const* m, int count) {
-    if (ST == 2 && (int)threadIdx.x < count) sm.fac[threadIdx.x] = __ldg(m[threadIdx.x]->s);
+    if (ST == 2 && (int)threadIdx.x < count) sm.fac[threadIdx.x] = sfac(*m[threadIdx.x]);
 }
 
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
