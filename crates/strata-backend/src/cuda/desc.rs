@@ -35,6 +35,13 @@ impl MatDesc {
         self.kind == 3 && self.vec != 0 && self.cols % 128 == 0 && self.group >= 32 && self.group % 32 == 0
     }
 
+    /// Whether this is int4 with e4m3 scales: never sent to the one-row projection kernels
+    /// (`k_linear_quad`, `k_linear_row`, `k_linears_1`), which read f32 and bf16 scales
+    /// only (`mscale_t` in `kernels/common.cu`); `k_linear_R` takes them.
+    pub(super) fn e4m3_scales(&self) -> bool {
+        self.kind == 3 && self.st == 2
+    }
+
     /// Whether the weights are int8, int4 or e4m3 (decoded on the way in; `kind_code` 2-4).
     pub(super) fn quantized(&self) -> bool {
         (2..=4).contains(&self.kind)

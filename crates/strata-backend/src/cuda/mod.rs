@@ -697,10 +697,11 @@ impl Lin {
         }
     }
 
-    /// One unbatched row of x, whole, against a matrix read in 16-byte vectors: what the
-    /// grouped and norm-fused one-row products take.
+    /// One unbatched row of x, whole, against a matrix read in 16-byte vectors and not
+    /// int4 with e4m3 scales (`MatDesc::e4m3_scales`): what the grouped and norm-fused
+    /// one-row products take.
     pub fn one_vector_row(&self) -> bool {
-        self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0
+        self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0 && !self.m.e4m3_scales()
     }
 }
 

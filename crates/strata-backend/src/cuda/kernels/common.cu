@@ -110,8 +110,18 @@ __device__ __forceinline__ const u8* sat(const Mat& m, size_t i) {
 __device__ __forceinline__ float sfac(const Mat& m) { return m.st == 2 ? __ldg(m.s) : 1.f; }
 // Scale i of m.
 __device__ __forceinline__ float mscale(const Mat& m, size_t i) { return sval(sraw(sat(m, 0), i, m.st), m.st, sfac(m)); }
+// mscale where E4 is false: m's scales are f32 or bf16, never e4m3. The one-row projection
+// kernels read scales so (the host sends e4m3 int4 matrices to k_linear_R instead,
+// cuda/ops.rs): a third scale type in their int4 path took registers from every path of
+// those kernels (k_linear_quad 136 -> 284 bytes of spill loads), and the bf16 slice
+// decoded 2% slower (H200, 2026-12-04).
+template <bool E4> __device__ __forceinline__ float mscale_t(const Mat& m, size_t i) {
+    if (E4) return mscale(m, i);
+    int st = m.st ? 1 : 0;
+    return sval(sraw((const u8*)m.s, i, st), st, 1.f);
+}
 
-__device__ __forceinline__ float melem(const Mat& m, int r, int c) {
+template <bool E4 = true> __device__ __forceinline__ float melem(const Mat& m, int r, int c) {
     const u8* row = m.w + (size_t)r * m.ld;
     switch (m.kind) {
     case 0: return ((const float*)row)[c];
@@ -120,7 +130,7 @@ __device__ __forceinline__ float melem(const Mat& m, int r, int c) {
     case 3: {
         u32 b = row[c >> 1];
         u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
-        return (float)((int)nib - 8) * mscale(m, (size_t)r * m.spr + c / m.group);
+        return (float)((int)nib - 8) * mscale_t<E4>(m, (size_t)r * m.spr + c / m.group);
     }
     default: return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
     }

@@ -93,10 +93,10 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
 }
 
 // The scale of the 16-byte vector at column c of a row (1 for f32 and bf16): a vector
-// never straddles a scale group (Mat::vec).
-template <int KIND> __device__ __forceinline__ float vec_scale(const Mat& m, int row, int c) {
+// never straddles a scale group (Mat::vec). E4: as mscale_t's.
+template <int KIND, bool E4 = true> __device__ __forceinline__ float vec_scale(const Mat& m, int row, int c) {
     if (KIND == 2) return m.s[row];
-    if (KIND == 3) return mscale(m, (size_t)row * m.spr + c / m.group);
+    if (KIND == 3) return mscale_t<E4>(m, (size_t)row * m.spr + c / m.group);
     if (KIND == 4) return m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
     return 1.f;
 }
@@ -136,7 +136,7 @@ __device__ __forceinline__ float4 norm4(float4 x4, const RowNorm& nm, int c4, fl
 
 __device__ __forceinline__ float norm_inv(float ss, int width, float eps) { return 1.0f / sqrtf(ss / (float)width + eps); }
 
-template <int KIND, int R, bool NORM = false>
+template <int KIND, int R, bool NORM = false, bool E4 = true>
 __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
                                         int sub, int nsub, const RowNorm& nm = RowNorm{nullptr, 0.f},
                                         float* ss = nullptr) {
@@ -147,7 +147,7 @@ __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* cons
     for (int v = lane + 32 * sub; v < nvec; v += 32 * nsub) {
         uint4 q = __ldg(wv + v);
         int c = v * V;
-        float sc = vec_scale<KIND>(m, row, c);
+        float sc = vec_scale<KIND, E4>(m, row, c);
         float w[V];
         unpack<KIND>(q, w);
 #pragma unroll
@@ -182,11 +182,11 @@ __device__ __forceinline__ void dot_vec(const Mat& m, int row, const float* cons
     }
 }
 
-template <int R>
+template <int R, bool E4 = true>
 __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
                                         int sub, int nsub) {
     for (int c = lane + 32 * sub; c < m.cols; c += 32 * nsub) {
-        float w = melem(m, row, c);
+        float w = melem<E4>(m, row, c);
 #pragma unroll
         for (int j = 0; j < R; j++)
             if (j < nr) acc[j] = fmaf(w, xr[j][c], acc[j]);
@@ -202,7 +202,7 @@ __device__ __forceinline__ void dot_gen(const Mat& m, int row, const float* cons
 // before the wait lost: issued through a ring of steps, the ring's code cost 3.5% on the
 // GLM-5 slice; the loop's first two steps peeled off, 2%; asked of L2, the lines were
 // evicted by a large kernel before. docs/performance.md, 2026-12-03.)
-template <int KIND, int NM, bool NORM>
+template <int KIND, int NM, bool NORM, bool E4>
 __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row, const float* x, float* acc,
                                              int lane, const RowNorm& nm, float& ss, int sub, int nsub, bool pre) {
     const int V = Vw<KIND>::n;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
             float p = 0.f;
 #pragma unroll
             for (int i = 0; i < V; i++) p = fmaf(w[i], xv[i], p);
-            float sc = vec_scale<KIND>(mn, row[n], c);
+            float sc = vec_scale<KIND, E4>(mn, row[n], c);
             acc[n] = KIND <= 1 ? acc[n] + p : fmaf(p, sc, acc[n]);
         }
     };
@@ -250,8 +250,9 @@ __device__ __forceinline__ void dot_rows_vec(const Mat* const* m, const int* row
 }
 
 // sub / nsub: the warp takes the columns' 16-byte vectors sub, sub + nsub, ... of each 32
-// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's.
-template <int NM, bool NORM = false>
+// (warps splitting a row's columns; 0 / 1 for all of them). pre: as dot_rows_vec's. E4: as
+// mscale_t's.
+template <int NM, bool NORM = false, bool E4 = true>
 __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, const float* x, float* acc, int lane,
                                          const RowNorm& nm = RowNorm{nullptr, 0.f}, float* ss = nullptr,
                                          int sub = 0, int nsub = 1, bool pre = false) {
@@ -262,32 +263,32 @@ __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, co
         if (pre) pdl_enter();
         const float* xr[1] = {x};
 #pragma unroll
-        for (int n = 0; n < NM; n++) dot_gen<1>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
+        for (int n = 0; n < NM; n++) dot_gen<1, E4>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
     switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 1: dot_rows_vec<1, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 2: dot_rows_vec<2, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 3: dot_rows_vec<3, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    default: dot_rows_vec<4, NM, NORM>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 0: dot_rows_vec<0, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 1: dot_rows_vec<1, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 2: dot_rows_vec<2, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    case 3: dot_rows_vec<3, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
+    default: dot_rows_vec<4, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
     }
 }
 
-template <int R, bool NORM = false>
+template <int R, bool NORM = false, bool E4 = true>
 __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* const* xr, int nr, float* acc, int lane,
                                         int sub, int nsub, const RowNorm& nm = RowNorm{nullptr, 0.f},
                                         float* ss = nullptr) {
     if (!NORM && !m.vec) {
-        dot_gen<R>(m, row, xr, nr, acc, lane, sub, nsub);
+        dot_gen<R, E4>(m, row, xr, nr, acc, lane, sub, nsub);
         return;
     }
     switch (m.kind) {
-    case 0: dot_vec<0, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 1: dot_vec<1, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 2: dot_vec<2, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 3: dot_vec<3, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    default: dot_vec<4, R, NORM>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 0: dot_vec<0, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 1: dot_vec<1, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 2: dot_vec<2, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    case 3: dot_vec<3, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
+    default: dot_vec<4, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
     }
 }
 
@@ -299,7 +300,7 @@ __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* cons
 
 // With NORM (one row): x is normalised on the way in (RowNorm), its squares summed over the
 // output's warps as the products are.
-template <int R, bool NORM = false>
+template <int R, bool NORM = false, bool E4 = true>
 __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int xld,
                                              int rows, int nout, float* out, int ostride, int col, int col_bs,
                                              int add, const float* bias, int split, int bx,
@@ -319,7 +320,7 @@ __device__ __forceinline__ void linear_small(const Mat& m, int mrow0, int mrow_b
         xr[j] = x + b * x_bs + (i64)j * xld;
     }
     float ss = 0.f;
-    if (live) dot_any<R, NORM>(m, mrow0 + b * mrow_bs + o, xr, rows, acc, lane, sub, split, nm, &ss);
+    if (live) dot_any<R, NORM, E4>(m, mrow0 + b * mrow_bs + o, xr, rows, acc, lane, sub, split, nm, &ss);
 #pragma unroll
     for (int j = 0; j < R; j++) acc[j] = wsum(acc[j]);
     if (NORM) ss = wsum(ss);
@@ -399,7 +400,7 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
         acc[k] = 0.f;
     }
     float ss = 0.f;
-    if (live) dot_rows<4, NORM>(mp, row, x, acc, lane, nm, &ss, sub, split, pre);
+    if (live) dot_rows<4, NORM, false>(mp, row, x, acc, lane, nm, &ss, sub, split, pre);
     else if (pre) pdl_enter();
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = wsum(acc[k]);
@@ -466,6 +467,9 @@ struct LinJobs {
 #define LINEARS_MINB 3
 #endif
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
+// No int4 matrix with e4m3 scales comes here, nor to linear_quad and linear_row (the host's
+// Lin::one_vector_row and row_kernel_outputs): their products read f32 or bf16 scales only
+// (E4 false, mscale_t).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
     k_linears_1(const float* x, int njobs, LinJobs jobs, const float* nw, float eps) {
     int i = 0;
@@ -481,16 +485,17 @@ extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
         return;
     }
     if (nw)
-        linear_small<1, true>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split,
-                              bx, RowNorm{nw, eps});
+        linear_small<1, true, false>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias,
+                                     J.split, bx, RowNorm{nw, eps});
     else
-        linear_small<1>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias, J.split, bx);
+        linear_small<1, false, false>(J.m, 0, 0, x, 0, J.m.cols, 1, J.m.rows, J.out, J.m.rows, 0, 0, J.add, J.bias,
+                                      J.split, bx);
 }
 
 // Outputs o0 .. o0 + N - 1 of one row x against rows row0 + o of m (o < nout; past the
 // end the last row is computed again and not stored): a warp's N dot products, summed
 // over the warp, in v.
-template <int N, bool NORM = false>
+template <int N, bool NORM = false, bool E4 = true>
 __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int nout, const float* x, float* v,
                                              int lane, const RowNorm& nm = RowNorm{nullptr, 0.f}, bool pre = false) {
     const Mat* mp[N];
@@ -502,7 +507,7 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
         v[k] = 0.f;
     }
     float ss = 0.f;
-    dot_rows<N, NORM>(mp, row, x, v, lane, nm, &ss, 0, 1, pre);
+    dot_rows<N, NORM, E4>(mp, row, x, v, lane, nm, &ss, 0, 1, pre);
     float inv = NORM ? norm_inv(wsum(ss), m.cols, nm.eps) : 1.f;
 #pragma unroll
     for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);
@@ -521,7 +526,7 @@ __device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const 
     int o0 = (blockIdx.x * 8 + warp) * N;
     if (o0 >= nout) return;
     float acc[N];
-    warp_outputs<N, NORM>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane, nm);
+    warp_outputs<N, NORM, false>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane, nm);
 #pragma unroll
     for (int k = 0; k < N; k++) {
         float v = acc[k];
