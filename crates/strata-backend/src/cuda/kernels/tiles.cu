@@ -124,6 +124,34 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
 
+// Two timing probes for the tiles' weight reads, off by default (not yet run on a GPU). A
+// warp reads each row's 64 bytes of a chunk (4 lanes x 16) from 32 rows, so HBM sees 64-byte
+// pieces scattered over many rows, where bf16 rows are read 512 contiguous bytes at a time.
+// - I4_L2=128 or 256: each weight load asks L2 to fetch that many bytes around it (ld's
+//   prefetch size), so the row's next chunks come from L2 (the same values).
+// - I4_TILE_MAJOR_PROBE=1: each warp reads its chunk of a 16-row tile as 1 KB in one
+//   piece, as a tile-major layout would store it. The bytes land in the wrong places, so
+//   the results are WRONG: it times such a layout before one is built (matrices of at
+//   least 16 rows only: no smaller one is read within its bounds).
+#ifndef I4_L2
+#define I4_L2 0
+#endif
+#ifndef I4_TILE_MAJOR_PROBE
+#define I4_TILE_MAJOR_PROBE 0
+#endif
+
+__device__ __forceinline__ uint4 i4_ldw(const uint4* p) {
+    uint4 r;
+#if I4_L2 == 256
+    asm("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#elif I4_L2 == 128
+    asm("ld.global.nc.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#else
+    r = __ldg(p);
+#endif
+    return r;
+}
+
 // Rows o0[n] + g and o0[n] + g + 8 (g = lane / 4; past nout the last row again) of NM int4
 // matrices of one shape (or one matrix at NM row offsets), over the 128-column chunks
 // cb .. ce of x: on return lane 4g holds their dot products, acc[n][0] (row o0[n] + g) and
@@ -151,6 +179,11 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         int ra = min(o0[n] + g, nout - 1), rb = min(o0[n] + g + 8, nout - 1);
         wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
         wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
+#if I4_TILE_MAJOR_PROBE
+        int tile = min(o0[n] >> 4, m[n]->rows / 16 - 1);
+        wa[n] = (const uint4*)m[n]->w + (size_t)tile * (m[n]->cols / 128) * 64 + lane;
+        wb[n] = wa[n] + 32;
+#endif
         sa_row[n] = sat(*m[n], (size_t)ra * m[n]->spr);
         sb_row[n] = sat(*m[n], (size_t)rb * m[n]->spr);
         // A group of a power-of-two runs of 32 columns: its index is a shift of the run's.
@@ -172,8 +205,10 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         if (!I4_STAGE) xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
-            qa[d][n] = __ldg(wa[n] + 4 * c);
-            qb[d][n] = __ldg(wb[n] + 4 * c);
+            // uint4s from a chunk to the next: 4 of a row (64 in a probed 1 KB tile piece)
+            const int cs = I4_TILE_MAJOR_PROBE ? 64 : 4;
+            qa[d][n] = i4_ldw(wa[n] + cs * c);
+            qb[d][n] = i4_ldw(wb[n] + cs * c);
             int run = 4 * c + t;
             int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
             sa[d][n] = sraw(sa_row[n], grp, ST);
