@@ -58,7 +58,7 @@ if [ "${BANDWIDTH:-1}" = 1 ]; then
     since "bandwidth $u"
     variant "$u"
     env "${setenv[@]}" timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | grep -E "GB/s" \
-      >"$OUT/bandwidth-${u//=/-}.log"
+      >"$OUT/bandwidth-${u//[=,]/-}.log"
   done
 fi
 # Variants alternate within a repetition, so drift hits each alike.
@@ -81,7 +81,7 @@ print(json.dumps({'weights':'$2','defines':'$u','rep':$rep,'decode_tps':round(r[
 done
 unset STRATA_CUDA_DEFINES
 since "done"
-[ "${BANDWIDTH:-1}" = 1 ] && for u in $VARIANTS; do echo "$u:"; cat "$OUT/bandwidth-${u//=/-}.log"; done
+[ "${BANDWIDTH:-1}" = 1 ] && for u in $VARIANTS; do echo "$u:"; cat "$OUT/bandwidth-${u//[=,]/-}.log"; done
 python3 - "$res" <<'PY'
 import json, sys, collections
 g = collections.defaultdict(list)

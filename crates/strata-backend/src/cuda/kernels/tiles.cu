@@ -124,7 +124,7 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
 
-// Two timing probes for the tiles' weight reads, off by default (not yet run on a GPU). A
+// Timing probes for the tiles' weight reads, off by default (not yet run on a GPU). A
 // warp reads each row's 64 bytes of a chunk (4 lanes x 16) from 32 rows, so HBM sees 64-byte
 // pieces scattered over many rows, where bf16 rows are read 512 contiguous bytes at a time.
 // - I4_L2=128 or 256: each weight load asks L2 to fetch that many bytes around it (ld's
@@ -138,6 +138,11 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 #endif
 #ifndef I4_TILE_MAJOR_PROBE
 #define I4_TILE_MAJOR_PROBE 0
+#endif
+// I4_LOADS_ONLY=1: the tiles load their weights, scales and x as always but skip the decode
+// and the mmas (results WRONG, timing only): what the reads cost alone, with either layout.
+#ifndef I4_LOADS_ONLY
+#define I4_LOADS_ONLY 0
 #endif
 
 __device__ __forceinline__ uint4 i4_ldw(const uint4* p) {
@@ -217,6 +222,16 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
     };
     // One chunk: its staged x (words xc, scale isx) against the ring's first entry.
     auto chunk = [&](const u32* xc, float isx) {
+#if I4_LOADS_ONLY
+        // The loaded words and scales consumed at a few instructions' cost: no decode, no mma.
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            u32 v = qa[0][n].x ^ qa[0][n].y ^ qa[0][n].z ^ qa[0][n].w ^ qb[0][n].x ^ qb[0][n].y ^ qb[0][n].z ^
+                    qb[0][n].w;
+            acc[n][0] = fmaf((float)(v & 1u), sval(sa[0][n], ST, 1.f) * isx, acc[n][0]);
+            acc[n][1] = fmaf((float)(v >> 31), sval(sb[0][n], ST, 1.f) * isx, acc[n][1]);
+        }
+#else
         uint4 bw[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) bw[i] = hi || lo ? *(const uint4*)(xc + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
@@ -236,6 +251,7 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], ST, 1.f) * isx, acc[n][0]);
             acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], ST, 1.f) * isx, acc[n][1]);
         }
+#endif
 #pragma unroll
         for (int d = 0; d + 1 < I4_DEPTH; d++) {
             xv[d] = xv[d + 1];
@@ -271,6 +287,9 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             }
         }
         __syncwarp();
+#if I4_LOADS_ONLY
+#pragma unroll 1  // one chunk's loads at a time, as with the math
+#endif
         for (int c = c0; c < c1; c++) {
             load(c + I4_DEPTH - 1, I4_DEPTH - 1, c1);
             chunk(xb + (c - c0) * XS_WORDS, xsc[c - c0]);
