@@ -5,6 +5,21 @@
 // split over the 32 lanes of a warp (and over `nsub` cooperating warps, this one `sub`).
 // Each lane's partial sums land in acc; the caller reduces over the warp.
 
+// f(Kind<K>{}) for a matrix's encoding K (Mat::kind): one switch for the code that is a
+// template per encoding.
+template <int K> struct Kind {
+    static constexpr int value = K;
+};
+template <typename F> __device__ __forceinline__ void by_kind(int kind, F f) {
+    switch (kind) {
+    case 0: f(Kind<0>{}); break;
+    case 1: f(Kind<1>{}); break;
+    case 2: f(Kind<2>{}); break;
+    case 3: f(Kind<3>{}); break;
+    default: f(Kind<4>{}); break;
+    }
+}
+
 template <int KIND> struct Vw;
 template <> struct Vw<0> { enum { n = 4 }; };
 template <> struct Vw<1> { enum { n = 8 }; };
@@ -266,13 +281,9 @@ __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, co
         for (int n = 0; n < NM; n++) dot_gen<1, E4>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
-    switch (m[0]->kind) {
-    case 0: dot_rows_vec<0, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 1: dot_rows_vec<1, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 2: dot_rows_vec<2, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    case 3: dot_rows_vec<3, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    default: dot_rows_vec<4, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre); break;
-    }
+    by_kind(m[0]->kind, [&](auto k) {
+        dot_rows_vec<decltype(k)::value, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre);
+    });
 }
 
 template <int R, bool NORM = false, bool E4 = true>
@@ -283,13 +294,7 @@ __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* cons
         dot_gen<R, E4>(m, row, xr, nr, acc, lane, sub, nsub);
         return;
     }
-    switch (m.kind) {
-    case 0: dot_vec<0, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 1: dot_vec<1, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 2: dot_vec<2, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    case 3: dot_vec<3, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    default: dot_vec<4, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); break;
-    }
+    by_kind(m.kind, [&](auto k) { dot_vec<decltype(k)::value, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); });
 }
 
 // ---------------------------------------------------------------------------------------
