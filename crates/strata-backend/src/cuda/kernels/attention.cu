@@ -245,6 +245,36 @@ MLA_ABSORB_ROW(2)
 MLA_ABSORB_ROW(3)
 MLA_ABSORB_ROW(4)
 
+// The end of a 4-warp online softmax: each warp's running max m, sum l and weighted values
+// acc (J a lane) merged through shared memory (sm, sl, sacc), then put(d, value) for each of
+// the `width` outputs, normalised.
+template <int J, typename F>
+__device__ __forceinline__ void merge_warps(float m, float l, const float* acc, float* sm, float* sl,
+                                            float (*sacc)[J * 32], int width, F put) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) sacc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float f[4], L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        f[w] = sm[w] == NEG_INF ? 0.f : expf(sm[w] - M);
+        L += sl[w] * f[w];
+    }
+    float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < width; d += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) a += sacc[w][d] * f[w];
+        put(d, a * inv);
+    }
+}
+
 // Attention of row blockIdx.x, head blockIdx.y over the latent cache at its selected (or
 // all visible) positions; online softmax per warp, then the warps combined. Writes the
 // head's weighted latent to lat[(h * rows + r) * kv_lora ..]. J >= ceil(kw / 32).
@@ -285,27 +315,7 @@ __device__ __forceinline__ void mla_attend(StepDev st, const float* qf, const fl
         for (int j = 0; j < J; j++) acc[j] = fmaf(e, kv[j], acc[j] * corr);
         m = mn;
     }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-#pragma unroll
-    for (int j = 0; j < J; j++) sacc[warp][lane + 32 * j] = acc[j];
-    __syncthreads();
-    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
-    float f[4], L = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        f[w] = sm[w] == NEG_INF ? 0.f : expf(sm[w] - M);
-        L += sl[w] * f[w];
-    }
-    float inv = 1.0f / L;
-    for (int d = threadIdx.x; d < kv_lora; d += blockDim.x) {
-        float a = 0.f;
-#pragma unroll
-        for (int w = 0; w < 4; w++) a += sacc[w][d] * f[w];
-        lat[((i64)h * rows + r) * kv_lora + d] = a * inv;
-    }
+    merge_warps<J>(m, l, acc, sm, sl, sacc, kv_lora, [&](int d, float v) { lat[((i64)h * rows + r) * kv_lora + d] = v; });
 }
 
 #define MLA_ATTEND(J)                                                                                         \
@@ -727,27 +737,7 @@ __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const flo
         }
         m = mn;
     }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-#pragma unroll
-    for (int j = 0; j < J; j++) sacc[warp][lane + 32 * j] = acc[j];
-    __syncthreads();
-    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
-    float f[4], L = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        f[w] = sm[w] == NEG_INF ? 0.f : expf(sm[w] - M);
-        L += sl[w] * f[w];
-    }
-    float inv = 1.0f / L;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.f;
-#pragma unroll
-        for (int w = 0; w < 4; w++) a += sacc[w][d] * f[w];
-        out[((i64)r * heads + h) * hd + d] = a * inv;
-    }
+    merge_warps<J>(m, l, acc, sm, sl, sacc, hd, [&](int d, float v) { out[((i64)r * heads + h) * hd + d] = v; });
 }
 
 #define GQA_ATTEND(J)                                                                                         \
