@@ -64,6 +64,36 @@ impl Fields<'_> {
 }
 
 impl Fields<'_> {
+    /// `model_type`, which must be one of `accepted`.
+    pub(crate) fn model_type(&self, accepted: &[&str]) -> Result<String> {
+        match self.get("model_type").and_then(Value::as_str) {
+            Some(t) if accepted.contains(&t) => Ok(t.to_owned()),
+            Some(other) if accepted.len() == 1 => bail!("model_type `{other}` is not `{}`", accepted[0]),
+            Some(other) => bail!("model_type `{other}` is not one of {}", accepted.join(", ")),
+            None => bail!("missing field `model_type`"),
+        }
+    }
+    /// A field that, where given, must be the string `expected` (an activation the family
+    /// implements, say).
+    pub(crate) fn str_is(&self, k: &str, expected: &str) -> Result<()> {
+        match self.get(k) {
+            Some(v) if v.as_str() != Some(expected) => bail!("field `{k}` must be `{expected}`, got {v}"),
+            _ => Ok(()),
+        }
+    }
+    /// `eos_token_id` as a list, a repeat next to itself dropped.
+    pub(crate) fn eos_ids(&self) -> Result<Vec<u32>> {
+        let mut ids = self.token_ids("eos_token_id")?;
+        ids.dedup();
+        Ok(ids)
+    }
+    /// `num_nextn_predict_layers` (MTP layers), 0 where absent.
+    pub(crate) fn nextn_layers(&self) -> Result<usize> {
+        match self.get("num_nextn_predict_layers") {
+            Some(_) => self.layers("num_nextn_predict_layers"),
+            None => Ok(0),
+        }
+    }
     /// `rope_theta` and `partial_rotary_factor` from `rope_parameters` (or the legacy
     /// `rope_scaling` / top-level fields); only default RoPE is supported.
     pub(crate) fn rope(&self, theta_default: f64, partial_default: f64) -> Result<(f64, f64)> {
@@ -119,6 +149,33 @@ impl Fields<'_> {
             _ => bail!("field `quantization_config.weight_block_size` must be [rows, cols]"),
         }
     }
+}
+
+/// noaux_tc routing's fields checked together (the GLM families): `num_experts_per_tok` in
+/// 1..=`n_routed_experts`; `n_group` dividing the experts, with at least two a group when
+/// there are several (a group scores by the sum of its two best); `topk_group` in
+/// 1..=`n_group`; and enough experts in the kept groups for `num_experts_per_tok`.
+pub(crate) fn check_noaux_routing(n_routed: usize, per_tok: usize, n_group: usize, topk_group: usize) -> Result<()> {
+    if per_tok == 0 || per_tok > n_routed {
+        bail!("field `num_experts_per_tok` ({per_tok}) must be in 1..={n_routed} (`n_routed_experts`)");
+    }
+    if n_group == 0 || !n_routed.is_multiple_of(n_group) {
+        bail!("field `n_group` ({n_group}) must divide `n_routed_experts` ({n_routed})");
+    }
+    if topk_group == 0 || topk_group > n_group {
+        bail!("field `topk_group` ({topk_group}) must be in 1..={n_group} (`n_group`)");
+    }
+    let per_group = n_routed / n_group;
+    if n_group > 1 && per_group < 2 {
+        bail!("field `n_group` leaves fewer than 2 experts per group");
+    }
+    if per_tok > topk_group * per_group {
+        bail!(
+            "field `num_experts_per_tok` ({per_tok}) exceeds the experts in `topk_group` groups ({})",
+            topk_group * per_group
+        );
+    }
+    Ok(())
 }
 
 fn token_id(v: &Value) -> Option<u32> {

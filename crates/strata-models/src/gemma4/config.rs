@@ -141,11 +141,7 @@ impl Gemma4Config {
     pub fn from_json(json: &Value) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        let model_type = match f.get("model_type").and_then(Value::as_str) {
-            Some(t) if MODEL_TYPES.contains(&t) => t.to_string(),
-            Some(other) => bail!("model_type `{other}` is not one of {}", MODEL_TYPES.join(", ")),
-            None => bail!("missing field `model_type`"),
-        };
+        let model_type = f.model_type(&MODEL_TYPES)?;
         let wrapper = model_type == "gemma4";
         let (text, vision, audio) = if wrapper {
             let t = match f.get("text_config") {

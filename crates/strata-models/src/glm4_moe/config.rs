@@ -1,7 +1,7 @@
 //! `config.json` of a `glm4_moe` model (GLM-4.5, 4.6, 4.7), validated once at load. Field
 //! names and defaults as transformers' `Glm4MoeConfig`; every error names the field.
 
-use crate::fields::Fields;
+use crate::fields::{check_noaux_routing, Fields};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -43,14 +43,8 @@ impl Glm4MoeConfig {
     pub fn from_json(json: &Value) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        match f.get("model_type").and_then(Value::as_str) {
-            Some(Self::MODEL_TYPE) => {}
-            Some(other) => bail!("model_type `{other}` is not `{}`", Self::MODEL_TYPE),
-            None => bail!("missing field `model_type`"),
-        }
-        if f.get("hidden_act").and_then(Value::as_str).is_some_and(|a| a != "silu") {
-            bail!("field `hidden_act` must be `silu`, got {}", f.get("hidden_act").unwrap());
-        }
+        f.model_type(&[Self::MODEL_TYPE])?;
+        f.str_is("hidden_act", "silu")?;
         let hidden_size = f.usize_req("hidden_size")?;
         let num_attention_heads = f.usize_req("num_attention_heads")?;
         if num_attention_heads == 0 {
@@ -62,8 +56,6 @@ impl Glm4MoeConfig {
             None => bail!("missing field `n_routed_experts`"),
         };
         let (rope_theta, partial_rotary_factor) = f.rope(10000.0, 0.5)?;
-        let mut eos_token_ids = f.token_ids("eos_token_id")?;
-        eos_token_ids.dedup();
         let cfg = Self {
             vocab_size: f.usize_req("vocab_size")?,
             hidden_size,
@@ -88,11 +80,8 @@ impl Glm4MoeConfig {
             use_qk_norm: f.bool_or("use_qk_norm", false)?,
             max_position_embeddings: f.usize_or("max_position_embeddings", 131072)?,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            num_nextn_predict_layers: match f.get("num_nextn_predict_layers") {
-                Some(_) => f.layers("num_nextn_predict_layers")?,
-                None => 0,
-            },
-            eos_token_ids,
+            num_nextn_predict_layers: f.nextn_layers()?,
+            eos_token_ids: f.eos_ids()?,
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             fp8_block: f.fp8_block()?,
         };
@@ -143,27 +132,7 @@ impl Glm4MoeConfig {
             );
         }
         if self.sparse_layers() > 0 {
-            if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
-                bail!(
-                    "field `num_experts_per_tok` ({}) must be in 1..={} (`n_routed_experts`)",
-                    self.num_experts_per_tok,
-                    self.n_routed_experts
-                );
-            }
-            if !self.n_routed_experts.is_multiple_of(self.n_group) {
-                bail!("field `n_group` ({}) must divide `n_routed_experts` ({})", self.n_group, self.n_routed_experts);
-            }
-            if self.topk_group == 0 || self.topk_group > self.n_group {
-                bail!("field `topk_group` ({}) must be in 1..={} (`n_group`)", self.topk_group, self.n_group);
-            }
-            let per_group = self.n_routed_experts / self.n_group;
-            if self.num_experts_per_tok > self.topk_group * per_group {
-                bail!(
-                    "field `num_experts_per_tok` ({}) exceeds the experts in `topk_group` groups ({})",
-                    self.num_experts_per_tok,
-                    self.topk_group * per_group
-                );
-            }
+            check_noaux_routing(self.n_routed_experts, self.num_experts_per_tok, self.n_group, self.topk_group)?;
         }
         for &id in &self.eos_token_ids {
             if id as usize >= self.vocab_size {
@@ -214,6 +183,10 @@ mod tests {
         assert!(err(json!({"num_hidden_layers": 1_000_000_000_000_000u64})).contains("num_hidden_layers"));
         assert!(err(json!({"n_routed_experts": 1u64 << 40})).contains("n_routed_experts"));
         assert!(err(json!({"hidden_act": "gelu"})).contains("hidden_act"));
+        assert!(err(json!({"hidden_act": 5})).contains("must be `silu`, got 5"));
+        // A group scores by its two best: a group of one expert is refused, as in glm_moe_dsa.
+        assert!(err(json!({"n_group": 8, "topk_group": 4})).contains("fewer than 2 experts per group"));
+        assert!(err(json!({"model_type": "llama"})).contains("model_type `llama` is not `glm4_moe`"));
         assert!(err(json!({"model_type": "llama"})).contains("glm4_moe"));
         assert!(err(json!({"quantization_config": {"quant_method": "awq"}})).contains("quant_method"));
     }

@@ -3,7 +3,7 @@
 //! Fields that fix tensor shapes are required; the rest take transformers' defaults.
 //! Every error names the field.
 
-use crate::fields::Fields;
+use crate::fields::{check_noaux_routing, Fields};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -64,11 +64,7 @@ impl GlmMoeDsaConfig {
     pub fn from_json(json: &Value) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        match f.get("model_type").and_then(Value::as_str) {
-            Some(Self::MODEL_TYPE) => {}
-            Some(other) => bail!("model_type `{other}` is not `{}`", Self::MODEL_TYPE),
-            None => bail!("missing field `model_type`"),
-        }
+        f.model_type(&[Self::MODEL_TYPE])?;
         let num_hidden_layers = f.layers("num_hidden_layers")?;
         let num_attention_heads = f.usize_req("num_attention_heads")?;
         let n_routed_experts = match f.get("n_routed_experts") {
@@ -80,7 +76,12 @@ impl GlmMoeDsaConfig {
         }
         let (rope_theta, rope_type) = match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
             Some(Value::Object(p)) => (
-                p.get("rope_theta").and_then(Value::as_f64).map_or_else(|| f.f64_or("rope_theta", 10000.0), Ok)?,
+                match p.get("rope_theta").filter(|v| !v.is_null()) {
+                    Some(v) => v
+                        .as_f64()
+                        .ok_or_else(|| anyhow!("field `rope_parameters.rope_theta` must be a number, got {v}"))?,
+                    None => f.f64_or("rope_theta", 10000.0)?,
+                },
                 p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default").to_owned(),
             ),
             Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
@@ -89,9 +90,7 @@ impl GlmMoeDsaConfig {
         if rope_type != "default" {
             bail!("field `rope_parameters.rope_type` is `{rope_type}`; only `default` RoPE is supported");
         }
-        if f.get("hidden_act").and_then(Value::as_str).is_some_and(|a| a != "silu") {
-            bail!("field `hidden_act` must be `silu`, got {}", f.get("hidden_act").unwrap());
-        }
+        f.str_is("hidden_act", "silu")?;
         if f.bool_or("attention_bias", false)? {
             bail!("field `attention_bias` is true; biased attention projections are not supported");
         }
@@ -143,8 +142,6 @@ impl GlmMoeDsaConfig {
                 }
             },
         };
-        let mut eos_token_ids = f.token_ids("eos_token_id")?;
-        eos_token_ids.dedup();
         let fp8_block = f.fp8_block()?;
         let cfg = Self {
             vocab_size: f.usize_req("vocab_size")?,
@@ -172,13 +169,10 @@ impl GlmMoeDsaConfig {
             rope_theta,
             max_position_embeddings: f.usize_or("max_position_embeddings", 202752)?,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            num_nextn_predict_layers: match f.get("num_nextn_predict_layers") {
-                Some(_) => f.layers("num_nextn_predict_layers")?,
-                None => 0,
-            },
+            num_nextn_predict_layers: f.nextn_layers()?,
             mlp_layer_types,
             indexer_types,
-            eos_token_ids,
+            eos_token_ids: f.eos_ids()?,
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             fp8_block,
         };
@@ -237,30 +231,7 @@ impl GlmMoeDsaConfig {
             if self.n_routed_experts == 0 || self.moe_intermediate_size == 0 {
                 bail!("fields `n_routed_experts` and `moe_intermediate_size` must be positive when layers are sparse");
             }
-            if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
-                bail!(
-                    "field `num_experts_per_tok` ({}) must be in 1..={} (`n_routed_experts`)",
-                    self.num_experts_per_tok,
-                    self.n_routed_experts
-                );
-            }
-            if !self.n_routed_experts.is_multiple_of(self.n_group) {
-                bail!("field `n_group` ({}) must divide `n_routed_experts` ({})", self.n_group, self.n_routed_experts);
-            }
-            if self.topk_group == 0 || self.topk_group > self.n_group {
-                bail!("field `topk_group` ({}) must be in 1..={} (`n_group`)", self.topk_group, self.n_group);
-            }
-            let per_group = self.n_routed_experts / self.n_group;
-            if self.n_group > 1 && per_group < 2 {
-                bail!("field `n_group` leaves fewer than 2 experts per group");
-            }
-            if self.num_experts_per_tok > self.topk_group * per_group {
-                bail!(
-                    "field `num_experts_per_tok` ({}) exceeds the experts in `topk_group` groups ({})",
-                    self.num_experts_per_tok,
-                    self.topk_group * per_group
-                );
-            }
+            check_noaux_routing(self.n_routed_experts, self.num_experts_per_tok, self.n_group, self.topk_group)?;
         }
         if self.mlp_layer_types.contains(&MlpKind::Dense) && self.intermediate_size == 0 {
             bail!("field `intermediate_size` must be positive when layers are dense");
@@ -332,6 +303,8 @@ mod tests {
             (with("n_group", json!(3)), "`n_group` (3) must divide"),
             (with("eos_token_id", json!(99)), "`eos_token_id` (99) is outside"),
             (with("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})), "only `default` RoPE"),
+            (with("rope_parameters", json!({"rope_theta": "1e6"})), "`rope_parameters.rope_theta` must be a number"),
+            (with("hidden_act", json!(5)), "field `hidden_act` must be `silu`, got 5"),
         ];
         for (json, want) in cases {
             let err = GlmMoeDsaConfig::from_json(&json).unwrap_err().to_string();
