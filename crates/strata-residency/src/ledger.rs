@@ -207,8 +207,7 @@ impl UsageLedger {
         sparse_layers: &[usize],
         explicit: bool,
     ) -> Result<(Self, Vec<String>), LedgerError> {
-        let opts = LedgerOpen { explicit, allow_foreign: false };
-        Self::open_with(GLM_ENGINE, path, n_layers, n_experts, sparse_layers, opts)
+        Self::open_for_engine(GLM_ENGINE, path, n_layers, n_experts, sparse_layers, explicit)
     }
 
     /// [`Self::open_with`] without importing foreign files.
