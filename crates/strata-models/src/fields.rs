@@ -97,25 +97,35 @@ impl Fields<'_> {
     /// `rope_theta` and `partial_rotary_factor` from `rope_parameters` (or the legacy
     /// `rope_scaling` / top-level fields); only default RoPE is supported.
     pub(crate) fn rope(&self, theta_default: f64, partial_default: f64) -> Result<(f64, f64)> {
-        let params = match self.get("rope_parameters").or_else(|| self.get("rope_scaling")) {
-            Some(Value::Object(p)) => Some(p),
-            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
-            None => None,
-        };
-        let from = |k: &str, default: f64| -> Result<f64> {
-            match params.and_then(|p| p.get(k)).filter(|v| !v.is_null()) {
-                Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}")),
-                None => self.f64_or(k, default),
-            }
-        };
-        let kind = params
+        Ok((self.rope_theta(theta_default)?, self.rope_param("partial_rotary_factor", partial_default)?))
+    }
+    /// `rope_theta` alone, as [`Self::rope`] reads it (for families whose rotary width is
+    /// a field of its own).
+    pub(crate) fn rope_theta(&self, default: f64) -> Result<f64> {
+        let kind = self
+            .rope_params()?
             .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
             .and_then(Value::as_str)
             .unwrap_or("default");
         if kind != "default" {
             bail!("field `rope_parameters.rope_type` is `{kind}`; only `default` RoPE is supported");
         }
-        Ok((from("rope_theta", theta_default)?, from("partial_rotary_factor", partial_default)?))
+        self.rope_param("rope_theta", default)
+    }
+    /// `rope_parameters` (or the legacy `rope_scaling`), where given.
+    fn rope_params(&self) -> Result<Option<&serde_json::Map<String, Value>>> {
+        match self.get("rope_parameters").or_else(|| self.get("rope_scaling")) {
+            Some(Value::Object(p)) => Ok(Some(p)),
+            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
+            None => Ok(None),
+        }
+    }
+    /// A number from `rope_parameters`, else the top-level field, else `default`.
+    fn rope_param(&self, k: &str, default: f64) -> Result<f64> {
+        match self.rope_params()?.and_then(|p| p.get(k)).filter(|v| !v.is_null()) {
+            Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}")),
+            None => self.f64_or(k, default),
+        }
     }
     /// A layer count, bounded by [`MAX_LAYERS`].
     pub(crate) fn layers(&self, k: &str) -> Result<usize> {

@@ -697,11 +697,17 @@ impl Lin {
         }
     }
 
-    /// One unbatched row of x, whole, against a matrix read in 16-byte vectors and not
-    /// int4 with e4m3 scales (`MatDesc::e4m3_scales`): what the grouped and norm-fused
-    /// one-row products take.
+    /// One row of x, whole, against a matrix the one-row kernels (`k_linear_row`,
+    /// `k_linear_quad`, `k_linears_1`) can read: not int4 with e4m3 scales
+    /// (`MatDesc::e4m3_scales`), which they do not decode; `k_linear_R` takes those.
+    pub fn one_row(&self) -> bool {
+        self.rows == 1 && self.xrows == 0 && !self.m.e4m3_scales()
+    }
+
+    /// [`Self::one_row`], unbatched, against a matrix read in 16-byte vectors: what the
+    /// grouped and norm-fused one-row products take.
     pub fn one_vector_row(&self) -> bool {
-        self.rows == 1 && self.batches == 1 && self.xrows == 0 && self.m.vec != 0 && !self.m.e4m3_scales()
+        self.one_row() && self.batches == 1 && self.m.vec != 0
     }
 }
 

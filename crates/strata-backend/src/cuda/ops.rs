@@ -187,7 +187,7 @@ impl CudaBackend {
     /// The outputs a warp of the one-row kernel computes for `l` (4, else 2, as long as
     /// its blocks of 8 warps still cover the SMs), or None for `linear_small`.
     fn row_kernel_outputs(&self, l: &Lin) -> Option<usize> {
-        if l.rows != 1 || l.xrows != 0 || l.m.vec == 0 || l.m.e4m3_scales() {
+        if !l.one_row() || l.m.vec == 0 {
             return None;
         }
         let widths: &[usize] = if row2_on() { &[4, 2] } else { &[4] };
@@ -247,7 +247,7 @@ impl CudaBackend {
             if l.nout == 0 {
                 continue;
             }
-            if l.rows != 1 || l.xrows != 0 || l.batches != 1 || l.m.e4m3_scales() {
+            if !l.one_row() || l.batches != 1 {
                 assert!(norm.0 == 0, "linears_one_row: a norm fused into an ineligible projection");
                 self.linear(st, l);
                 continue;

@@ -74,22 +74,7 @@ impl GlmMoeDsaConfig {
         if f.get("q_lora_rank").is_none() {
             bail!("missing field `q_lora_rank` (glm_moe_dsa needs the low-rank query path)");
         }
-        let (rope_theta, rope_type) = match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
-            Some(Value::Object(p)) => (
-                match p.get("rope_theta").filter(|v| !v.is_null()) {
-                    Some(v) => v
-                        .as_f64()
-                        .ok_or_else(|| anyhow!("field `rope_parameters.rope_theta` must be a number, got {v}"))?,
-                    None => f.f64_or("rope_theta", 10000.0)?,
-                },
-                p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default").to_owned(),
-            ),
-            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
-            None => (f.f64_or("rope_theta", 10000.0)?, "default".to_owned()),
-        };
-        if rope_type != "default" {
-            bail!("field `rope_parameters.rope_type` is `{rope_type}`; only `default` RoPE is supported");
-        }
+        let rope_theta = f.rope_theta(10000.0)?;
         f.str_is("hidden_act", "silu")?;
         if f.bool_or("attention_bias", false)? {
             bail!("field `attention_bias` is true; biased attention projections are not supported");
@@ -304,6 +289,7 @@ mod tests {
             (with("eos_token_id", json!(99)), "`eos_token_id` (99) is outside"),
             (with("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})), "only `default` RoPE"),
             (with("rope_parameters", json!({"rope_theta": "1e6"})), "`rope_parameters.rope_theta` must be a number"),
+            (with("rope_parameters", json!(5)), "field `rope_parameters` must be an object"),
             (with("hidden_act", json!(5)), "field `hidden_act` must be `silu`, got 5"),
         ];
         for (json, want) in cases {
