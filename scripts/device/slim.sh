@@ -17,10 +17,10 @@ on)
   printf '#!/bin/sh\necho "slim.sh is on (fixtures out of the index): run scripts/device/slim.sh off first" >&2\nexit 1\n' >"$hook"
   chmod +x "$hook"
   git rm -r -q --cached "${SLIM[@]}"
-  for p in "${SLIM[@]}"; do grep -qxF "/$p/" "$ex" || echo "/$p/" >>"$ex"; done
+  for p in "${SLIM[@]}"; do grep -qxF "/$p" "$ex" || echo "/$p" >>"$ex"; done
   echo "tracked: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes" ;;
 off)
-  for p in "${SLIM[@]}"; do sed -i "\#^/$p/\$#d" "$ex"; done
+  for p in "${SLIM[@]}"; do sed -i "\#^/$p\$#d" "$ex"; done
   git reset -q -- "${SLIM[@]}"
   grep -q "slim.sh is on" "$hook" 2>/dev/null && rm -f "$hook"
   git status --short -- "${SLIM[@]}" ;;

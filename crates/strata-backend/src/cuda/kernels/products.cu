@@ -5,20 +5,17 @@
 // split over the 32 lanes of a warp (and over `nsub` cooperating warps, this one `sub`).
 // Each lane's partial sums land in acc; the caller reduces over the warp.
 
-// f(Kind<K>{}) for a matrix's encoding K (Mat::kind): one switch for the code that is a
-// template per encoding.
-template <int K> struct Kind {
-    static constexpr int value = K;
-};
-template <typename F> __device__ __forceinline__ void by_kind(int kind, F f) {
-    switch (kind) {
-    case 0: f(Kind<0>{}); break;
-    case 1: f(Kind<1>{}); break;
-    case 2: f(Kind<2>{}); break;
-    case 3: f(Kind<3>{}); break;
-    default: f(Kind<4>{}); break;
+// CALL with KIND_ bound to a matrix's encoding (Mat::kind) as a constant: one switch for
+// the code that is a template per encoding. A macro, not a generic lambda: NVRTC takes a
+// lambda without an execution-space annotation for a host function and refuses it.
+#define BY_KIND(kind, CALL)                                                                  \
+    switch (kind) {                                                                          \
+    case 0: { constexpr int KIND_ = 0; CALL; } break;                                        \
+    case 1: { constexpr int KIND_ = 1; CALL; } break;                                        \
+    case 2: { constexpr int KIND_ = 2; CALL; } break;                                        \
+    case 3: { constexpr int KIND_ = 3; CALL; } break;                                        \
+    default: { constexpr int KIND_ = 4; CALL; } break;                                       \
     }
-}
 
 template <int KIND> struct Vw;
 template <> struct Vw<0> { enum { n = 4 }; };
@@ -281,9 +278,7 @@ __device__ __forceinline__ void dot_rows(const Mat* const* m, const int* row, co
         for (int n = 0; n < NM; n++) dot_gen<1, E4>(*m[n], row[n], xr, 1, &acc[n], lane, sub, nsub);
         return;
     }
-    by_kind(m[0]->kind, [&](auto k) {
-        dot_rows_vec<decltype(k)::value, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre);
-    });
+    BY_KIND(m[0]->kind, (dot_rows_vec<KIND_, NM, NORM, E4>(m, row, x, acc, lane, nm, sq, sub, nsub, pre)));
 }
 
 template <int R, bool NORM = false, bool E4 = true>
@@ -294,7 +289,7 @@ __device__ __forceinline__ void dot_any(const Mat& m, int row, const float* cons
         dot_gen<R, E4>(m, row, xr, nr, acc, lane, sub, nsub);
         return;
     }
-    by_kind(m.kind, [&](auto k) { dot_vec<decltype(k)::value, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss); });
+    BY_KIND(m.kind, (dot_vec<KIND_, R, NORM, E4>(m, row, xr, nr, acc, lane, sub, nsub, nm, ss)));
 }
 
 // ---------------------------------------------------------------------------------------
