@@ -106,13 +106,13 @@ pub struct DecodeArgs {
     /// the first forward loads kernels, initialises cuBLAS and grows scratch buffers).
     #[arg(long)]
     warmup: bool,
-    /// Speculative decoding: tokens the MTP layer drafts a round (0: off; needs a model
-    /// with an MTP layer and `--mtp on`).
-    #[arg(long, default_value_t = 0)]
-    draft_tokens: usize,
-    /// fixed, adaptive or auto (adaptive here: the bench decodes greedily); see generate.
-    #[arg(long, default_value = "auto")]
-    draft_policy: String,
+    /// Speculative decoding: tokens the MTP layer drafts a round (default 3 where the model
+    /// has the layer and --mtp is not off, as `strata generate`; 0: off).
+    #[arg(long)]
+    draft_tokens: Option<usize>,
+    /// adaptive (the default) or fixed; see generate.
+    #[arg(long)]
+    draft_policy: Option<String>,
     /// Greedy picks made on the device and fed to the next forward there, so the host
     /// never holds the device up between tokens: auto (where the logits live off the
     /// host: a GPU), on, off. Tokens are the same.
@@ -254,14 +254,16 @@ pub fn memory_bandwidth(mib: usize) -> Result<f64> {
 }
 
 fn decode(a: DecodeArgs) -> Result<()> {
-    let draft_policy = crate::commands::draft_policy(&a.draft_policy, a.draft_tokens)?;
     if a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("--prompt-tokens must be >= 1 and --decode-tokens >= 2");
     }
-    let opts = a.budget.load_options_for(&a.model)?;
+    let mut opts = a.budget.load_options_for(&a.model)?;
+    crate::commands::draft_load(&mut opts, a.draft_tokens)?;
     let t_load = Instant::now();
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let load_s = t_load.elapsed().as_secs_f64();
+    let (draft_tokens, draft_policy) =
+        crate::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
     let info = m.model.info().clone();
     let vocab = info.vocab_size as u32;
     let mut rng = Rng(42);
@@ -280,13 +282,13 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if a.warmup {
         // The timed loop's path, three tokens long.
         let mut gen = m.generator()?;
-        if a.draft_tokens == 0 {
+        if draft_tokens == 0 {
             gen.disable_draft();
         }
         gen.set_fed_decoding(fed);
         gen.prefill(&prompt)?;
         gen.decode_prefilled(&strata_engine::GenerateRequest {
-            draft_tokens: a.draft_tokens,
+            draft_tokens,
             ..strata_engine::GenerateRequest::new(prompt.clone(), 3, sampling.clone())
         })?;
     }
@@ -296,10 +298,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     if let Some(path) = &a.trace {
         gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
     }
-    if a.draft_tokens > 0 && !gen.has_draft() {
-        bail!("--draft-tokens {}: {} has no MTP layer loaded (or --mtp off)", a.draft_tokens, a.model.display());
-    }
-    if a.draft_tokens == 0 {
+    if draft_tokens == 0 {
         gen.disable_draft();
     }
     gen.set_fed_decoding(fed);
@@ -319,7 +318,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     // The generation loop itself (prefix cached): speculative with a draft, picks
     // fed on the device where the session keeps them there.
     let req = strata_engine::GenerateRequest {
-        draft_tokens: a.draft_tokens,
+        draft_tokens,
         draft_policy,
         ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, sampling.clone())
     };

@@ -31,13 +31,13 @@ pub struct ServeBenchArgs {
     /// least 64).
     #[arg(long)]
     step_tokens: Option<usize>,
-    /// Speculative decoding: tokens the MTP layer drafts per step of each request (0:
-    /// off).
-    #[arg(long, default_value_t = 0)]
-    draft_tokens: usize,
-    /// fixed, adaptive or auto (see `strata generate`).
-    #[arg(long, default_value = "auto")]
-    draft_policy: String,
+    /// Speculative decoding: tokens the MTP layer drafts per step of each request (default
+    /// 3 where the model has the layer and --mtp is not off, as `strata serve`; 0: off).
+    #[arg(long)]
+    draft_tokens: Option<usize>,
+    /// adaptive (the default) or fixed (see `strata generate`).
+    #[arg(long)]
+    draft_policy: Option<String>,
     /// 0 is greedy; otherwise requests sample with seeds 1..=N.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -55,7 +55,6 @@ pub struct ServeBenchArgs {
 }
 
 pub fn serve(a: ServeBenchArgs) -> Result<()> {
-    let draft_policy = crate::commands::draft_policy(&a.draft_policy, a.draft_tokens)?;
     if a.requests == 0 || a.prompt_tokens == 0 || a.decode_tokens == 0 {
         bail!("--requests, --prompt-tokens and --decode-tokens must be at least 1");
     }
@@ -64,21 +63,18 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         bail!("--max-batch must be at least 1");
     }
     let mut load = a.budget.load_options_for(&a.model)?;
-    match a.draft_tokens {
-        0 if load.require_mtp => bail!("--mtp on with --draft-tokens 0: nothing would use the draft layer"),
-        0 => load.mtp = false,
-        n if !load.mtp => bail!("--draft-tokens {n}: --mtp off loads no draft layer"),
-        _ => load.require_mtp = true,
-    }
+    crate::commands::draft_load(&mut load, a.draft_tokens)?;
     let context = a.prompt_tokens + a.decode_tokens + 1;
     // Room for every running request's whole sequence (and block rounding); under a
     // budget the plan reserves it.
     let kv_tokens = max_batch * (context + 16);
     load.context = load.context.max(kv_tokens);
     let m = LoadedModel::open_with(&a.model, &load)?;
+    let (draft_tokens, draft_policy) =
+        crate::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
     let vocab = m.model.info().vocab_size;
     let prompts = prompts(&m, &a, vocab)?;
-    let step_tokens = a.step_tokens.unwrap_or((max_batch * (1 + a.draft_tokens)).max(64));
+    let step_tokens = a.step_tokens.unwrap_or((max_batch * (1 + draft_tokens)).max(64));
     let opts = EngineOptions {
         max_batch,
         kv_tokens,
@@ -87,7 +83,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         // No prompt cache: a warm run would otherwise skip its prefill.
         prompt_cache_bytes: 0,
         kv_bytes_per_token: m.arch.kv_bytes_per_token(),
-        draft_tokens: a.draft_tokens,
+        draft_tokens,
     };
     let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts)?;
     engine.set_device_picks(a.device_picks.forced());
@@ -98,7 +94,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
             .map(|(i, p)| {
                 let sampling = SamplingParams { temperature: a.temperature, seed: i as u64 + 1, ..Default::default() };
                 let gen = GenerateRequest {
-                    draft_tokens: a.draft_tokens,
+                    draft_tokens,
                     draft_policy,
                     ..GenerateRequest::new(p.clone(), a.decode_tokens, sampling)
                 };
@@ -127,7 +123,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
         "step_tokens": step_tokens,
-        "draft_tokens": a.draft_tokens,
+        "draft_tokens": draft_tokens,
         "draft_policy": draft_policy.as_str(),
         "temperature": a.temperature,
         "wall_s": wall_s,
@@ -139,7 +135,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         "picked_steps": c.picked_steps - before.picked_steps,
         "picked_samples": c.picked_samples - before.picked_samples,
         "rows_per_step": rows as f64 / steps.max(1) as f64,
-        "mtp": (a.draft_tokens > 0).then(|| serde_json::json!({
+        "mtp": (draft_tokens > 0).then(|| serde_json::json!({
             "drafted": drafted,
             "accepted": accepted,
             "acceptance_rate": accepted as f64 / drafted.max(1) as f64,
@@ -156,13 +152,13 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
             "{} requests x {} tokens (batch {max_batch}, {} drafts): {generated} tokens in {wall_s:.3} s = {:.1} tok/s; {steps} steps ({} picked on the device), {:.1} rows a step; per request {decode_rate:.1} tok/s decode, {:.3} s to the first token",
             a.requests,
             a.decode_tokens,
-            a.draft_tokens,
+            draft_tokens,
             generated as f64 / wall_s,
             c.picked_steps - before.picked_steps,
             rows as f64 / steps.max(1) as f64,
             ttft
         );
-        if a.draft_tokens > 0 {
+        if draft_tokens > 0 {
             println!(
                 "mtp: {accepted} of {drafted} drafts accepted ({:.1}%)",
                 100.0 * accepted as f64 / drafted.max(1) as f64

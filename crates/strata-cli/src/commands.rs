@@ -39,16 +39,16 @@ pub struct SamplingArgs {
     /// Tokens the MTP layer drafts per target forward (0: no speculation).
     #[arg(long, default_value_t = 3)]
     draft_tokens: usize,
-    /// How many to draft each round: `fixed` (always --draft-tokens), `adaptive` (0 up to
-    /// --draft-tokens, from measured acceptance and speed; a seeded sampled run may then
-    /// vary between runs) or `auto` (adaptive for greedy decoding, fixed for sampling).
-    #[arg(long, default_value = "auto")]
-    draft_policy: String,
+    /// How many to draft each round: `adaptive` (the default: 0 up to --draft-tokens, from
+    /// measured acceptance and speed, and none at all where drafting does not pay) or
+    /// `fixed` (always --draft-tokens). The tokens are the same either way.
+    #[arg(long)]
+    draft_policy: Option<String>,
 }
 
 impl SamplingArgs {
     fn draft_policy(&self) -> Result<DraftPolicy> {
-        draft_policy(&self.draft_policy, self.draft_tokens)
+        draft_policy(self.draft_policy.as_deref(), self.draft_tokens)
     }
 
     fn truncate_left(&self) -> Result<bool> {
@@ -263,10 +263,36 @@ fn finish_turn(m: &LoadedModel, report: &ReportArgs, stats: &strata_engine::Gene
     Ok(())
 }
 
-/// `--draft-policy` as given, refused where it would do nothing (no drafts).
-pub fn draft_policy(policy: &str, draft_tokens: usize) -> Result<DraftPolicy> {
+/// Before a benchmark loads its model: `--draft-tokens 0` loads no draft layer (refused
+/// with `--mtp on`), and drafts need `--mtp` not off.
+pub fn draft_load(load: &mut LoadOptions, draft_tokens: Option<usize>) -> Result<()> {
+    match draft_tokens {
+        Some(0) if load.require_mtp => bail!("--mtp on with --draft-tokens 0: nothing would use the draft layer"),
+        Some(0) => load.mtp = false,
+        Some(n) if !load.mtp => bail!("--draft-tokens {n}: --mtp off loads no draft layer"),
+        Some(_) => load.require_mtp = true,
+        None => {}
+    }
+    Ok(())
+}
+
+/// A benchmark's drafts a round and policy once its model is loaded, with the product's
+/// defaults (as `strata generate` and `strata serve`): 3 where a draft layer is loaded.
+pub fn draft_settings(
+    has_draft: bool,
+    draft_tokens: Option<usize>,
+    policy: Option<&str>,
+) -> Result<(usize, DraftPolicy)> {
+    let n = draft_tokens.unwrap_or(if has_draft { strata_engine::generate::DEFAULT_DRAFT_TOKENS } else { 0 });
+    Ok((n, draft_policy(policy, n)?))
+}
+
+/// `--draft-policy` as given (default adaptive), refused where it would do nothing (no
+/// drafts).
+pub fn draft_policy(policy: Option<&str>, draft_tokens: usize) -> Result<DraftPolicy> {
+    let Some(policy) = policy else { return Ok(DraftPolicy::default()) };
     let p = DraftPolicy::parse(policy).context("--draft-policy")?;
-    if draft_tokens == 0 && p != DraftPolicy::Auto {
+    if draft_tokens == 0 {
         bail!("--draft-policy {policy}: --draft-tokens 0 drafts nothing (give --draft-tokens N)");
     }
     Ok(p)

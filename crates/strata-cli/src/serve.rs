@@ -49,10 +49,10 @@ pub struct ServeArgs {
     /// request (default 3 where the model has the layer and --mtp is not off; 0: off).
     #[arg(long)]
     draft_tokens: Option<usize>,
-    /// How many to draft each step: auto (adaptive for greedy requests, fixed for sampled
-    /// ones, whose seeded text then repeats), fixed, or adaptive.
-    #[arg(long, default_value = "auto")]
-    draft_policy: String,
+    /// How many to draft each step: adaptive (the default; none where drafting does not
+    /// pay) or fixed. The tokens are the same either way.
+    #[arg(long)]
+    draft_policy: Option<String>,
     /// Memory budget and expert streaming; under a budget, prompt plus answer are held to
     /// --context tokens.
     #[command(flatten)]
@@ -74,7 +74,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         bail!("--max-body must be at least 1 byte, got {}", a.max_body);
     }
     let mut load = a.budget.load_options_for(&a.model)?;
-    let draft_policy = crate::commands::draft_policy(&a.draft_policy, a.draft_tokens.unwrap_or(3))?;
+    let draft_policy = crate::commands::draft_policy(a.draft_policy.as_deref(), a.draft_tokens.unwrap_or(3))?;
     match a.draft_tokens {
         Some(n @ 1..) if !load.mtp => bail!("--draft-tokens {n}: --mtp off loads no draft layer"),
         // No drafts: the draft layer would only take memory from the plan.

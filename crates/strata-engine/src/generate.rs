@@ -44,7 +44,7 @@ impl GenerateRequest {
             skip_special_tokens: true,
             truncate_left: false,
             draft_tokens: DEFAULT_DRAFT_TOKENS,
-            draft_policy: DraftPolicy::Auto,
+            draft_policy: DraftPolicy::Adaptive,
         }
     }
 }
@@ -492,13 +492,13 @@ impl<'m> Generator<'m> {
         let t_decode = Instant::now();
         let gamma = if self.draft { req.draft_tokens } else { 0 };
         let finish = if gamma > 0 && req.max_tokens > 0 {
-            let adaptive = req.draft_policy.adapts(req.sampling.temperature == 0.0);
-            let (finish, mtp) = self.decode_speculative(sampler, &mut em, gamma, adaptive)?;
+            let (finish, mtp) = self.decode_speculative(sampler, &mut em, gamma, req.draft_policy.adapts())?;
+            stats.decode_fed = mtp.dormant_after_tokens.is_some() && self.feeds_picks(sampler);
             stats.mtp = Some(mtp);
             finish
         } else {
             stats.decode_fed = self.feeds_picks(sampler);
-            self.decode_plain(sampler, &mut em)?
+            self.decode_plain(sampler, &mut em, None)?
         };
         em.finish(finish);
         let out = em.out;
@@ -515,16 +515,28 @@ impl<'m> Generator<'m> {
         Ok(GenerationOutput { tokens: out, text, finish_reason: finish, stats })
     }
 
-    /// One token a forward until the emitter says stop (or the context is full).
-    fn decode_plain(&mut self, sampler: &mut Sampler, em: &mut Emitter) -> Result<FinishReason> {
+    /// One token a forward until the emitter says stop (or the context is full), from the
+    /// ready logits or from `first` (emitted already, not yet in the cache).
+    pub(crate) fn decode_plain(
+        &mut self,
+        sampler: &mut Sampler,
+        em: &mut Emitter,
+        mut first: Option<u32>,
+    ) -> Result<FinishReason> {
         let fed = self.feeds_picks(sampler);
         // `self.tokens` is what the cache holds: the prompt and every generated token but
         // the last (which needs no forward).
         loop {
-            let next = self.sample(sampler);
-            if let Some(f) = em.push(next)? {
-                return Ok(f);
-            }
+            let next = match first.take() {
+                Some(x) => x,
+                None => {
+                    let next = self.sample(sampler);
+                    if let Some(f) = em.push(next)? {
+                        return Ok(f);
+                    }
+                    next
+                }
+            };
             if self.tokens.len() >= em.context {
                 return Ok(FinishReason::Length);
             }

@@ -9,8 +9,6 @@
 //! distribution (the raw logits' log-softmax) for the chosen token and the top ones.
 
 use anyhow::{bail, Result};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use strata_backend::draw::{self, draw_key, DrawScratch};
 use strata_backend::Draw;
@@ -60,11 +58,13 @@ impl SamplingParams {
     }
 }
 
+/// Samples are keyed by their index: the `n`-th token a sampler emits is the draw of key
+/// `draw_key(seed, n)` from its logits, however it was computed (one a forward, picked on a
+/// device, or verified in a speculative round, [`Sampler::sample_ahead`]). A seed thus gives
+/// the same tokens with drafts or without, batched or alone.
 pub struct Sampler {
     params: SamplingParams,
-    /// For speculative acceptance and [`Sampler::draw`] (a stream; samples are keyed).
-    rng: StdRng,
-    /// Samples drawn so far: the next one's key is `draw_key(seed, draws)`.
+    /// Samples taken so far: the next one's key is `draw_key(seed, draws)`.
     draws: u64,
     // Reused buffers: sampling a token allocates nothing once they have grown.
     seen: Vec<bool>,
@@ -74,8 +74,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
-        let rng = StdRng::seed_from_u64(params.seed);
-        Ok(Self { params, rng, draws: 0, seen: Vec::new(), scratch: DrawScratch::default() })
+        Ok(Self { params, draws: 0, seen: Vec::new(), scratch: DrawScratch::default() })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -92,59 +91,50 @@ impl Sampler {
     /// same token [`Sampler::sample`] would pick from the same logits (greedy: no draw is
     /// consumed). Only where [`Sampler::device_pickable`].
     pub fn next_draw(&mut self) -> Draw {
-        if self.params.temperature == 0.0 {
+        let d = self.draw_ahead(0);
+        self.skip(1);
+        d
+    }
+
+    /// The draw of the sample `ahead` places after the next one (no key consumed).
+    pub fn draw_ahead(&self, ahead: usize) -> Draw {
+        let p = &self.params;
+        if p.temperature == 0.0 {
             return Draw::GREEDY;
         }
-        let key = draw_key(self.params.seed, self.draws);
-        self.draws += 1;
-        Draw { key, ..self.peek_draw() }
+        Draw {
+            temperature: p.temperature,
+            top_k: p.top_k.min(u32::MAX as usize) as u32,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            key: draw_key(p.seed, self.draws + ahead as u64),
+        }
+    }
+
+    /// Consumes the keys of `n` samples taken (greedy: nothing to consume).
+    pub fn skip(&mut self, n: usize) {
+        if self.params.temperature != 0.0 {
+            self.draws += n as u64;
+        }
     }
 
     /// Picks the next token from `logits`; `context` is every token so far (prompt and
     /// generated), for the repetition penalty. The logits hold no NaN or +inf (-inf: a
     /// token masked out).
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        let t = self.sample_ahead(logits, context, 0);
+        self.skip(1);
+        t
+    }
+
+    /// The token the sample `ahead` places after the next one would be, were `logits` its
+    /// logits and `context` everything before it; consumes nothing. A speculative round
+    /// draws its drafts so from the draft layer's logits and checks them against the
+    /// target's, then [`Sampler::skip`]s the tokens it emits.
+    pub fn sample_ahead(&mut self, logits: &mut [f32], context: &[u32], ahead: usize) -> u32 {
         self.penalize(logits, context);
-        let d = self.next_draw();
+        let d = self.draw_ahead(ahead);
         draw::sample(logits, &d, &mut self.scratch)
-    }
-
-    /// The distribution [`Sampler::sample`] draws from, as (token, probability) pairs
-    /// summing to 1 (greedy: the argmax with probability 1), into `out`.
-    pub fn distribution(&mut self, logits: &mut [f32], context: &[u32], out: &mut Vec<(u32, f64)>) {
-        self.penalize(logits, context);
-        let d = Draw { key: 0, ..self.peek_draw() };
-        draw::distribution(logits, &d, &mut self.scratch, out);
-    }
-
-    /// The draw's settings (its key 0).
-    fn peek_draw(&self) -> Draw {
-        let p = &self.params;
-        Draw {
-            temperature: p.temperature,
-            top_k: p.top_k.min(u32::MAX as usize) as u32,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            key: 0,
-        }
-    }
-
-    /// A draw from `dist` (probabilities summing to about 1) with this sampler's RNG.
-    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
-        let total: f64 = dist.iter().map(|d| d.1).sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for &(t, q) in dist {
-            r -= q;
-            if r <= 0.0 {
-                return t;
-            }
-        }
-        dist.last().map_or(0, |d| d.0)
-    }
-
-    /// A uniform number in [0, 1) from this sampler's RNG (speculative acceptance).
-    pub fn uniform(&mut self) -> f64 {
-        self.rng.random::<f64>()
     }
 
     /// Applies the repetition penalty to the context's tokens (each once).

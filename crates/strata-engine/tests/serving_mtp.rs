@@ -118,9 +118,10 @@ fn speculating_batches_decode_what_plain_decoding_does() {
     }
 }
 
-/// Sampled: each request's text is exactly the single-sequence speculative generator's
-/// for its seed (same drafts, same acceptance draws), whatever runs beside it, whether
-/// its prompt came from the cache, or it was preempted and computed again.
+/// Sampled: each request's text is exactly what decoding without drafts gives for its
+/// seed (samples are keyed by position and drafts verified by coupling), and the single-
+/// sequence speculative generator's, whatever runs beside it, whether its prompt came from
+/// the cache, or it was preempted and computed again; the adaptive policy too.
 #[test]
 fn sampled_speculation_is_reproducible_beside_others() {
     let m = model();
@@ -129,7 +130,15 @@ fn sampled_speculation_is_reproducible_beside_others() {
     let reqs: Vec<_> =
         ps.iter().enumerate().map(|(i, p)| request(&m, p.clone(), sampled(11 + i as u64), 48, 2)).collect();
     let want: Vec<_> = reqs.iter().map(|r| alone(&m, r)).collect();
-    assert!(want.iter().all(|w| w.stats.mtp.as_ref().is_some_and(|s| s.drafted > 0)));
+    assert!(want.iter().all(|w| w.stats.mtp.as_ref().is_some_and(|s| s.drafted > 0 && s.accepted > 0)));
+    let plain: Vec<_> = reqs.iter().map(|r| alone(&m, &GenerateRequest { draft_tokens: 0, ..r.clone() })).collect();
+    for (w, p) in want.iter().zip(&plain) {
+        assert_eq!(w.tokens, p.tokens, "speculative sampling emits the plain samples");
+    }
+    let adaptive: Vec<_> =
+        reqs.iter().map(|r| GenerateRequest { draft_policy: DraftPolicy::Adaptive, ..r.clone() }).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 16, 2)).unwrap();
+    check(&run_all(&mut engine, adaptive), &want, "adaptive");
     let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 16, 2)).unwrap();
     check(&run_all(&mut engine, reqs.clone()), &want, "batched");
     check(&run_all(&mut engine, reqs.clone()), &want, "cached");

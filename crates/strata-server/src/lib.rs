@@ -111,7 +111,7 @@ impl Default for ServeOptions {
             allow_private_media: false,
             max_body: MAX_BODY_BYTES,
             draft_tokens: None,
-            draft_policy: strata_engine::DraftPolicy::Auto,
+            draft_policy: strata_engine::DraftPolicy::Adaptive,
         }
     }
 }

@@ -10,8 +10,17 @@
 //! predicts the decoding part of the next step for each draft count `g` (every adaptive
 //! decoding request drafting up to `g`), and each request's acceptance estimate `a`
 //! predicts the tokens it emits, `1 + a + ... + a^g`; the `g` emitting the most tokens a
-//! second wins. One step in [`PROBE_EVERY`] tries the other side (none while drafting,
-//! one draft while not), so the fit and the acceptance estimates stay current. Alone, a
+//! second wins. Now and then a step tries the other side (none while drafting, one draft
+//! while not), so the fit and the acceptance estimates stay current: every
+//! [`PROBE_EVERY`] steps while drafting, and while not, after [`PROBE_FIRST`] steps,
+//! twice as many after each probe that changed nothing, up to [`PROBE_MAX`]. Where even
+//! drafts that are always right would not pay for this batch, nothing is probed: no
+//! acceptance could change the answer. Only steps of decoding rows are fitted (a prompt's
+//! rows cost differently). When drafting cannot pay for this batch even with drafts that are
+//! always right, or three probes in a row found it a loss, [`BatchDrafts::choose`] says
+//! so: the engine then stops speculating for the adaptive requests running (they no longer
+//! feed the draft layer, which costs a batch of many rows as much as a tenth of its
+//! step) and they decode as without MTP; requests submitted later start afresh. Alone, a
 //! request gets what [`crate::draft_policy`] would choose from the same measurements;
 //! in a batch on a compute-bound device drafting stops once verify rows cost more than
 //! their accepted tokens save, while on a memory-bound one (the target's weights read
@@ -19,8 +28,13 @@
 
 /// Weight of the past in the fit, per step (about the last 100 steps count).
 const FORGET: f64 = 0.99;
-/// A step in this many probes the other side of the decision.
+/// While drafting, a step in this many probes drafting nothing.
 const PROBE_EVERY: u64 = 16;
+/// While not, steps between probes of one draft: at first and at most (doubling between).
+const PROBE_FIRST: u64 = 16;
+const PROBE_MAX: u64 = 256;
+/// Steps between probes once probes in a row have doubled it to this: drafting is given up.
+const GIVE_UP_AT: u64 = 128;
 /// The fit's starting uncertainty (and its cap, against wind-up while nothing varies).
 const P0: f64 = 1e6;
 
@@ -33,13 +47,25 @@ pub(crate) struct BatchDrafts {
     drafting_steps: u64,
     plain_steps: u64,
     decisions: u64,
+    /// Steps since the last probe of drafting, and the steps until the next one.
+    idle: u64,
+    probe_every: u64,
 }
 
 impl BatchDrafts {
     pub fn new() -> Self {
         let mut p = [[0.0; 4]; 4];
         (0..4).for_each(|i| p[i][i] = P0);
-        Self { theta: [0.0; 4], p, observed: 0, drafting_steps: 0, plain_steps: 0, decisions: 0 }
+        Self {
+            theta: [0.0; 4],
+            p,
+            observed: 0,
+            drafting_steps: 0,
+            plain_steps: 0,
+            decisions: 0,
+            idle: 0,
+            probe_every: PROBE_FIRST,
+        }
     }
 
     /// A step ran: `rows` target rows (`drafts` of them verifying drafts) and
@@ -88,25 +114,50 @@ impl BatchDrafts {
     }
 
     /// The draft count for the adaptive requests decoding this step, given each one's
-    /// acceptance estimate and the most it may draft (its room and its own count).
-    pub fn choose(&mut self, requests: &[(f64, usize)]) -> usize {
+    /// acceptance estimate and the most it may draft (its room and its own count); `None`
+    /// where drafting does not pay and these requests should stop speculating.
+    pub fn choose(&mut self, requests: &[(f64, usize)]) -> Option<usize> {
         let most = requests.iter().map(|r| r.1).max().unwrap_or(0);
         if most == 0 {
-            return 0;
+            return Some(0);
         }
+        self.decide(requests, most)
+    }
+
+    fn decide(&mut self, requests: &[(f64, usize)], most: usize) -> Option<usize> {
         self.decisions += 1;
         // Measure both kinds of step before judging: two drafting steps, then one plain.
         if self.drafting_steps < 2 {
-            return most;
+            return Some(most);
         }
         if self.plain_steps < 1 {
-            return 0;
+            return Some(0);
         }
-        let best = (0..=most).max_by(|&a, &b| self.rate(requests, a).total_cmp(&self.rate(requests, b))).unwrap_or(0);
-        if self.decisions.is_multiple_of(PROBE_EVERY) {
-            return if best == 0 { 1 } else { 0 };
+        let best_for = |reqs: &[(f64, usize)]| {
+            (0..=most).max_by(|&a, &b| self.rate(reqs, a).total_cmp(&self.rate(reqs, b))).unwrap_or(0)
+        };
+        let best = best_for(requests);
+        if best > 0 {
+            self.idle = 0;
+            self.probe_every = PROBE_FIRST;
+            return Some(if self.decisions.is_multiple_of(PROBE_EVERY) { 0 } else { best });
         }
-        best
+        let perfect: Vec<(f64, usize)> = requests.iter().map(|&(_, m)| (1.0, m)).collect();
+        if best_for(&perfect) == 0 {
+            return None;
+        }
+        self.idle += 1;
+        if self.probe_every >= GIVE_UP_AT {
+            self.idle = 0;
+            self.probe_every = PROBE_FIRST;
+            return None;
+        }
+        if self.idle >= self.probe_every {
+            self.idle = 0;
+            self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
+            return Some(1);
+        }
+        Some(0)
     }
 }
 
@@ -125,7 +176,7 @@ mod tests {
         let mut out = Vec::new();
         for _ in 0..steps {
             let a = (accepted + 1.0) / (judged + 2.0);
-            let g = policy.choose(&vec![(a, 3); batch]);
+            let g = policy.choose(&vec![(a, 3); batch]).unwrap_or(0);
             for _ in 0..batch {
                 let mut kept = 0;
                 for _ in 0..g {
@@ -170,7 +221,6 @@ mod tests {
         let batch = simulate(8, 0.7, cost, 300);
         let drafting = batch[50..].iter().filter(|&&g| g > 0).count();
         assert!(drafting <= 25, "{drafting} of 250 steps drafted: {:?}", &batch[50..]);
-        assert!(drafting > 0, "probes keep the estimates current");
     }
 
     #[test]
@@ -183,8 +233,33 @@ mod tests {
     #[test]
     fn requests_without_room_draft_nothing() {
         let mut p = BatchDrafts::new();
-        assert_eq!(p.choose(&[(0.9, 0), (0.9, 0)]), 0);
-        assert_eq!(p.choose(&[]), 0);
-        assert_eq!(p.choose(&[(0.9, 2), (0.9, 1)]), 2, "first steps measure drafting at the most");
+        assert_eq!(p.choose(&[(0.9, 0), (0.9, 0)]), Some(0));
+        assert_eq!(p.choose(&[]), Some(0));
+        assert_eq!(p.choose(&[(0.9, 2), (0.9, 1)]), Some(2), "first steps measure drafting at the most");
+    }
+
+    #[test]
+    fn drafting_that_cannot_pay_is_given_up() {
+        // Compute-bound batch of 8: even drafts that are always right lose (32 tokens in
+        // 22.1 ms against 8 in 5).
+        let mut p = BatchDrafts::new();
+        let cost = [1.0e-3, 0.5e-3, 0.2e-3, 0.1e-3];
+        let mut verdicts = Vec::new();
+        for _ in 0..60 {
+            let v = p.choose(&[(0.7, 3); 8]);
+            let g = v.unwrap_or(0);
+            let (rows, drafts, forwards) = (8 * (1 + g), 8 * g, g);
+            p.observe(
+                rows,
+                drafts,
+                forwards,
+                cost[0] + cost[1] * rows as f64 + cost[2] * drafts as f64 + cost[3] * forwards as f64,
+            );
+            verdicts.push(v);
+        }
+        assert!(verdicts[10..].iter().all(|v| v.is_none()), "{verdicts:?}");
+        // Alone it pays: one request keeps drafting.
+        let alone = simulate(1, 0.7, cost, 100);
+        assert!(alone[20..].iter().filter(|&&g| g > 0).count() >= 70, "{alone:?}");
     }
 }

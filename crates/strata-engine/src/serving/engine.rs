@@ -181,8 +181,7 @@ impl<'m> BatchEngine<'m> {
             let g = &a.req.gen;
             let gamma = g.draft_tokens.min(self.gamma);
             if a.req.constraint.is_none() && gamma > 0 {
-                let adaptive = g.draft_policy.adapts(g.sampling.temperature == 0.0);
-                a.spec = Some(Spec::new(gamma, adaptive));
+                a.spec = Some(Spec::new(gamma, g.draft_policy.adapts()));
             }
             if self.log_hidden {
                 a.hidden_log = Some(Vec::new());
@@ -351,9 +350,24 @@ impl<'m> BatchEngine<'m> {
         }
         if !adaptive.is_empty() {
             let bids: Vec<(f64, usize)> = adaptive.iter().map(|x| x.1).collect();
-            let g = self.batch_drafts.choose(&bids);
+            let verdict = self.batch_drafts.choose(&bids);
             for (i, (_, most)) in adaptive {
-                self.running[i].spec.as_mut().expect("adaptive").want = g.min(most);
+                let a = &mut self.running[i];
+                match verdict {
+                    Some(g) => a.spec.as_mut().expect("adaptive").want = g.min(most),
+                    None => {
+                        // Drafting does not pay: this request decodes as without MTP.
+                        let mut s = a.spec.take().expect("adaptive");
+                        let mut stats = s.finished_stats();
+                        stats.dormant_after_tokens = Some(stats.tokens);
+                        s.reset();
+                        a.dropped_spec = Some(stats);
+                        if let Some(seq) = a.seq {
+                            self.session.draft_truncate(seq, 0);
+                        }
+                        self.counters.draft.given_up += 1;
+                    }
+                }
             }
         }
         loop {
@@ -500,7 +514,10 @@ impl<'m> BatchEngine<'m> {
             (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
         });
         let forward_s = t.elapsed().as_secs_f64();
-        if self.gamma > 0 {
+        // The draft policy's cost model is of decoding steps: a step with prompt rows is
+        // not one.
+        let decoding_only = self.running.iter().zip(&self.rows).all(|(a, &n)| n == 0 || a.decoding());
+        if self.gamma > 0 && decoding_only {
             let drafts: usize =
                 self.running.iter().zip(&self.rows).filter(|(a, &n)| n > 1 && a.decoding()).map(|(_, &n)| n - 1).sum();
             let forwards = (self.counters.draft.forwards - forwards0) as usize;
@@ -549,7 +566,7 @@ impl<'m> BatchEngine<'m> {
                 // A speculative round: keep the agreed drafts, roll back the rest.
                 let mut s = a.spec.take().expect("verifying");
                 let (p0, g) = (a.computed, n - 1);
-                let r = a.verify(logits, vocab, &s.drafts[..g], &s.q, &mut self.verify, self.tok, context);
+                let r = a.verify(logits, vocab, &s.drafts[..g], &mut self.verify, self.tok, context);
                 let (update, finish, accepted) = match r {
                     Ok(x) => x,
                     Err(e) => {

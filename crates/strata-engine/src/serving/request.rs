@@ -10,7 +10,7 @@ use crate::generate::{held_back, FinishReason, GenerationOutput};
 use crate::sampling::{
     apply_logit_bias, apply_mask, ban, check_finite, device_pick, logprobs, Sampler, TokenLogprobs, TokenMask,
 };
-use crate::speculative::{accept_draft, MtpStats};
+use crate::speculative::MtpStats;
 use crate::stats::{peak_rss_bytes, GenerationStats};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 use anyhow::{bail, Result};
@@ -282,17 +282,14 @@ impl Active {
 
     /// Verifies the drafts of a speculative round against the target's logits `rows`
     /// (one per verified position: the round's first token, then each draft; `vocab`
-    /// wide) with the standard speculative-sampling rule, so the output is distributed
-    /// exactly as the target's. `q[k]` is the distribution `drafts[k]` was drawn from.
-    /// Follows the accepted drafts and the target's own next token; returns the update,
-    /// the finish, and how many drafts were accepted.
-    #[allow(clippy::too_many_arguments)]
+    /// wide): a draft is kept while the target's own sample at its position is the same
+    /// token ([`crate::speculative`]). Follows the accepted drafts and the target's token
+    /// after them; returns the update, the finish, and how many drafts were accepted.
     pub fn verify(
         &mut self,
         rows: &[f32],
         vocab: usize,
         drafts: &[u32],
-        q: &[Vec<(u32, f64)>],
         scratch: &mut VerifyScratch,
         tok: Option<&TextTokenizer>,
         context: usize,
@@ -306,33 +303,18 @@ impl Active {
         s.context.clear();
         s.context.extend_from_slice(&self.tokens);
         let mut accepted = 0;
-        let mut next = None;
-        for k in 0..g {
+        let y = loop {
             s.logits.clear();
-            s.logits.extend_from_slice(row(k));
-            self.adjust(&mut s.logits, &drafts[..k])?;
-            self.sampler.distribution(&mut s.logits, &s.context, &mut s.p);
-            let u = self.sampler.uniform();
-            match accept_draft(&s.p, &q[k], drafts[k], u, &mut s.residual, &mut self.sampler) {
-                Ok(d) => {
-                    accepted += 1;
-                    s.context.push(d);
-                }
-                Err(t) => {
-                    next = Some(t);
-                    break;
-                }
+            s.logits.extend_from_slice(row(accepted));
+            self.adjust(&mut s.logits, &drafts[..accepted])?;
+            let t = self.sampler.sample_ahead(&mut s.logits, &s.context, accepted);
+            if accepted == g || t != drafts[accepted] {
+                break t;
             }
-        }
-        let y = match next {
-            Some(t) => t,
-            None => {
-                s.logits.clear();
-                s.logits.extend_from_slice(row(g));
-                self.adjust(&mut s.logits, drafts)?;
-                self.sampler.sample(&mut s.logits, &s.context)
-            }
+            s.context.push(t);
+            accepted += 1;
         };
+        self.sampler.skip(accepted + 1);
         let mut delta = String::new();
         let mut finish = None;
         for (k, &t) in drafts[..accepted].iter().chain([&y]).enumerate() {

@@ -4,8 +4,9 @@
 //! once: one draft forward writes each request's owed draft-cache rows and drafts its
 //! first token, `gamma - 1` more draft forwards of one row a request chain the rest, and
 //! the step's target forward verifies each request's token and drafts beside the other
-//! requests' rows. Acceptance is per request ([`super::request::Active::verify`]), so a
-//! request's output is distributed exactly as without drafts (greedy: identical).
+//! requests' rows. Acceptance is per request ([`super::request::Active::verify`]) and
+//! coupled ([`crate::speculative`]), so a request's tokens are those it would sample
+//! without drafts.
 //!
 //! The draft cache follows the target's: its row for position `p` pairs the target's
 //! final hidden state at `p` with the token at `p + 1`. A row becomes writable once the
@@ -29,8 +30,6 @@ const OWED_MAX: usize = 64;
 pub(crate) struct VerifyScratch {
     pub context: Vec<u32>,
     pub logits: Vec<f32>,
-    pub p: Vec<(u32, f64)>,
-    pub residual: Vec<(u32, f64)>,
 }
 
 /// A request's speculation state.
@@ -49,9 +48,8 @@ pub(crate) struct Spec {
     /// The target's hidden state at the last computed position, until the token after
     /// it is known.
     h_last: Option<Vec<f32>>,
-    /// This round's drafts and the distributions they were drawn from.
+    /// This round's drafts.
     pub drafts: Vec<u32>,
-    pub q: Vec<Vec<(u32, f64)>>,
     /// Drafts the round plans (set before the step's rows are planned).
     pub want: usize,
     /// The draft layer's hidden state after the last draft (input of the next).
@@ -72,7 +70,6 @@ impl Spec {
             owed_hidden: Vec::new(),
             h_last: None,
             drafts: Vec::new(),
-            q: (0..gamma).map(|_| Vec::new()).collect(),
             want: 0,
             h_draft: Vec::new(),
             draft_s: 0.0,
@@ -136,7 +133,7 @@ impl Spec {
         s.tokens += emitted as u64;
         let (draft_s, timed) = if g > 0 { (self.draft_s, self.timed) } else { (0.0, 0) };
         s.draft_forwards += timed as u64;
-        self.ctl.record(g, accepted, verify_s, draft_s, timed);
+        self.ctl.record(g, accepted, verify_s + draft_s);
         self.draft_s = 0.0;
         self.timed = 0;
     }
@@ -163,6 +160,8 @@ pub struct DraftCounters {
     pub rows: u64,
     /// Requests whose draft cache found no room in its pool (they decode on without).
     pub dropped: u64,
+    /// Requests that stopped speculating because drafting did not pay.
+    pub given_up: u64,
 }
 
 /// The model's widths: logits per row, hidden state per row.
@@ -384,14 +383,14 @@ fn draw_drafts(
 }
 
 /// Draft `k` of request `a` from its draft logits in `scratch.logits`: narrowed as the
-/// request asks (as if its earlier drafts were generated), drawn from its sampler.
+/// request asks (as if its earlier drafts were generated), sampled under the key of the
+/// position it proposes.
 fn draw_one(a: &mut Active, spec: &mut Spec, k: usize, scratch: &mut VerifyScratch) -> Result<()> {
     a.adjust(&mut scratch.logits, &spec.drafts[..k])?;
     scratch.context.clear();
     scratch.context.extend_from_slice(&a.tokens);
     scratch.context.extend_from_slice(&spec.drafts[..k]);
-    a.sampler.distribution(&mut scratch.logits, &scratch.context, &mut spec.q[k]);
-    let d = a.sampler.draw(&spec.q[k]);
+    let d = a.sampler.sample_ahead(&mut scratch.logits, &scratch.context, k);
     spec.drafts.push(d);
     Ok(())
 }
