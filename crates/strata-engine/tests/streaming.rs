@@ -500,3 +500,68 @@ fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
         .sum();
     assert!(mtp_row > 0, "the MTP layer's selections count in its ledger row: {text}");
 }
+
+/// Many requests drafting at once through the draft tier's small slab (a budget with
+/// little to spare): every one is answered, with the tokens decoding without drafts
+/// gives. A draft forward then carries many sequences' rows, whose experts outnumber the
+/// tier's working bank.
+#[test]
+fn concurrent_drafting_requests_fit_a_small_draft_tier() {
+    use strata_engine::serving::{BatchEngine, EngineOptions, ServeRequest, Update};
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    convert(
+        &tiny,
+        dir.path(),
+        &ConvertOptions { experts: QuantKind::Bf16, mtp_experts: QuantKind::Int8Row },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let mut opts = options(Some(min_budget(dir.path(), 8) + (8 << 20)), 8);
+    opts.mtp = true;
+    opts.runtime.usage = UsageSetting::Off;
+    let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
+    let tok = m.tokenizer().unwrap();
+    let texts = ["And God said", "The quick brown fox", "def main():", "Once upon a time", "In the beginning"];
+    let reqs: Vec<GenerateRequest> = (0..12)
+        .map(|i| {
+            let sampling = match i % 2 {
+                0 => SamplingParams::default(),
+                _ => SamplingParams { temperature: 0.9, top_p: 0.95, seed: i, ..Default::default() },
+            };
+            GenerateRequest {
+                eos_token_ids: m.eos_token_ids.clone(),
+                draft_tokens: 3,
+                draft_policy: strata_engine::DraftPolicy::Fixed,
+                ..GenerateRequest::new(tok.encode(texts[i as usize % 5], true).unwrap(), 24, sampling)
+            }
+        })
+        .collect();
+    let eopts = EngineOptions {
+        max_batch: 12,
+        kv_tokens: 12 * 64,
+        context: 64,
+        step_tokens: 48,
+        prompt_cache_bytes: 0,
+        kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+        draft_tokens: 3,
+    };
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), eopts).unwrap();
+    let ids: Vec<u64> = reqs.iter().map(|r| engine.submit(ServeRequest::new(r.clone())).unwrap()).collect();
+    let mut done = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    while !engine.is_idle() {
+        engine.step(&mut out).unwrap();
+        for (id, u) in out.drain(..) {
+            if let Update::Done(r) = u {
+                done.insert(id, r.unwrap_or_else(|e| panic!("request {id} failed: {e}")));
+            }
+        }
+    }
+    assert!(engine.counters().mtp_drafted > 0, "{:?}", engine.counters());
+    for (id, r) in ids.iter().zip(&reqs) {
+        let mut g = m.generator().unwrap();
+        let plain = g.generate(None, &GenerateRequest { draft_tokens: 0, ..r.clone() }, &mut |_| true).unwrap();
+        assert_eq!(done[id].output.tokens, plain.tokens, "request {id}");
+    }
+}

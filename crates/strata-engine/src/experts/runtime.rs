@@ -624,6 +624,14 @@ impl StreamedExperts {
             }
             if wave.is_empty() {
                 let mut st = self.state.lock().unwrap();
+                if !hits.is_empty() || !to_promote.is_empty() {
+                    // The hits are computed: their slots may take misses now (a forward of
+                    // many rows can need more experts than the bank holds beside them).
+                    Self::release_all(&mut st, &hits, &to_promote);
+                    (hits.clear(), to_promote.clear());
+                    result = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave);
+                    continue;
+                }
                 if !st.prefetch.is_empty() {
                     // Prefetches for later layers hold the working bank: land them.
                     self.settle_prefetches(&mut st, |_| true);
