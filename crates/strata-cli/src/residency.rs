@@ -430,8 +430,18 @@ pub fn fit(a: FitArgs) -> Result<()> {
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
     let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);
-    fit_opts.draft = opts.mtp;
     let on_gpu = matches!(device, strata_engine::Device::Cuda(_));
+    // Whether the draft layer is loaded, as generate, chat and serve decide it.
+    let draft = strata_engine::model_dir::draft_decision(
+        &a.model,
+        arch.as_ref(),
+        &store,
+        &strata_engine::LoadOptions { device, ..opts.clone() },
+    )?;
+    if opts.require_mtp && !arch.has_draft(&store) {
+        return Err(anyhow!("--mtp on: {} has no draft (MTP) layer that strata runs", a.model.display()));
+    }
+    fit_opts.draft = draft.load;
     if opts.gpu_budget.is_some() && !on_gpu {
         return Err(anyhow!("--gpu-budget sizes the GPU's expert tier; it needs --device cuda"));
     }
@@ -456,12 +466,16 @@ pub fn fit(a: FitArgs) -> Result<()> {
             all.insert(name.to_string(), v);
         }
         // One plan: the plan itself (as before the GPU tier); several: by tier.
-        let v = match plans.len() {
+        let mut v = match plans.len() {
             1 if !on_gpu => all.remove("host").unwrap_or_default(),
             _ => serde_json::Value::Object(all),
         };
+        v["draft_layer"] = serde_json::json!({ "loaded": draft.load, "slots_it_would_take": draft.slots_taken });
         crate::commands::emit(&serde_json::to_string_pretty(&v)?)?;
     } else {
+        if let Some(note) = draft.note() {
+            println!("{note}");
+        }
         for (name, fit) in &plans {
             if on_gpu {
                 println!("{} tier ({}):", name, if *name == "gpu" { "--gpu-budget" } else { "--budget" });

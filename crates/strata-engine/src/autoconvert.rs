@@ -22,6 +22,9 @@ use strata_storage::{region_checksum, WeightStore};
 
 /// The stamp file in a container made by [`container_for`].
 pub const STAMP_FILE: &str = "source.stamp";
+/// The encoding of the draft (MTP) layer's experts in a converted container (its own
+/// small tier, read for drafts only).
+pub const MTP_EXPERTS: QuantKind = QuantKind::Int8Row;
 const STAMP_HEADER: &str = "strata autoconvert stamp v2";
 /// `config.json` fields the conversion's output depends on.
 const CONFIG_KEYS: &[&str] = &[
@@ -160,7 +163,7 @@ pub fn container_for(dir: &Path, arch: &dyn Arch) -> Result<PathBuf> {
     })?;
     let tmp = cache.join(format!("tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    convert(dir, &tmp, &ConvertOptions { experts: kind, mtp_experts: QuantKind::Int8Row }, &mut |_, _| {})?;
+    convert(dir, &tmp, &ConvertOptions { experts: kind, mtp_experts: MTP_EXPERTS }, &mut |_, _| {})?;
     std::fs::write(tmp.join(STAMP_FILE), &key)?;
     rescue_ledgers(&target, dir)?;
     let _ = std::fs::remove_dir_all(&target);

@@ -95,11 +95,63 @@ pub fn fixed_items(
         let layers = arch.info().num_layers.max(1) as u64;
         items.push(FitItem::new("draft (MTP) layer weights, as held", weights));
         items.push(FitItem::new("draft (MTP) KV cache", arch.kv_bytes_per_token() / layers * context as u64));
-        if let Some(slab) = crate::experts::draft_slab_bytes(dir, arch)? {
+        if let Some(slab) = crate::experts::draft_slab_bytes(dir, arch, store)? {
             items.push(FitItem::new("draft (MTP) expert slab (int8 tier)", slab));
         }
     }
     Ok(items)
+}
+
+/// Whether the draft (MTP) layer is loaded, for every command alike: `--mtp off` never,
+/// `--mtp on` always (where the checkpoint has one), `--mtp auto` where it costs the main
+/// expert tier nothing: no budget, or a plan whose slots per layer are the same with the
+/// draft layer's weights, KV and slab as without (they fit in the headroom). Under a budget
+/// that streams experts the draft layer's bytes would be main-tier slots (30 of 160
+/// experts on strata-tiny at 72 MiB), which costs more than drafting wins.
+/// `plan(draft)` plans with or without it (the CPU plan, or the GPU's on CUDA).
+pub fn draft_loaded(
+    mtp: bool,
+    require_mtp: bool,
+    has_draft: bool,
+    budgeted: bool,
+    plan: impl Fn(bool) -> Result<Fit>,
+) -> Result<DraftDecision> {
+    let no = DraftDecision { load: false, slots_taken: None };
+    if !mtp || !has_draft {
+        return Ok(no);
+    }
+    if require_mtp || !budgeted {
+        return Ok(DraftDecision { load: true, slots_taken: None });
+    }
+    let slots = |f: &Fit| f.plan.as_ref().map(|p| p.total_slots);
+    let (without, with) = (slots(&plan(false)?), slots(&plan(true)?));
+    Ok(match (without, with) {
+        (Some(a), Some(b)) if b >= a => DraftDecision { load: true, slots_taken: None },
+        (Some(a), Some(b)) => DraftDecision { load: false, slots_taken: Some(a - b) },
+        (Some(_), None) => DraftDecision { load: false, slots_taken: Some(0) },
+        // Not even the main tier fits: the error comes from planning it.
+        (None, _) => no,
+    })
+}
+
+/// What [`draft_loaded`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftDecision {
+    pub load: bool,
+    /// Main-tier slots the draft layer would have taken, where `--mtp auto` left it out
+    /// (0: it does not fit beside the smallest main plan at all).
+    pub slots_taken: Option<usize>,
+}
+
+impl DraftDecision {
+    /// The note a command prints where auto left the layer out.
+    pub fn note(&self) -> Option<String> {
+        let why = match self.slots_taken? {
+            0 => "would not fit beside the main tier's smallest plan under this budget".to_string(),
+            n => format!("would take {n} of the main tier's expert slots under this budget"),
+        };
+        Some(format!("--mtp auto: the draft (MTP) layer {why}; decoding without it (--mtp on loads it)"))
+    }
 }
 
 /// Slot size and count of the experts `dir` streams: its container's, or for an HF

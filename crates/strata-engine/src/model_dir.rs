@@ -160,7 +160,11 @@ impl LoadedModel {
                 arch.model_type()
             );
         }
-        let draft = opts.mtp && arch.has_draft(&store);
+        let draft = draft_decision(&weights_dir, arch.as_ref(), &store, opts)?;
+        if let Some(note) = draft.note() {
+            eprintln!("strata: {note}");
+        }
+        let draft = draft.load;
         let mut experts = None;
         let mut draft_experts = None;
         let mut fit = None;
@@ -280,6 +284,28 @@ impl LoadedModel {
     }
 }
 
+/// Whether the draft (MTP) layer of the model in `dir` (its weights, as loaded) is loaded
+/// under `opts` ([`crate::fit::draft_loaded`]): the plan that decides is the GPU's on
+/// CUDA, the host's otherwise, as `strata fit` makes them.
+pub fn draft_decision(
+    dir: &Path,
+    arch: &dyn Arch,
+    store: &WeightStore,
+    opts: &LoadOptions,
+) -> Result<crate::fit::DraftDecision> {
+    let on_gpu = matches!(opts.device, Device::Cuda(_));
+    let budgeted = if on_gpu { opts.gpu_budget.is_some() } else { opts.budget.is_some() };
+    let has_draft = arch.has_draft(store);
+    crate::fit::draft_loaded(opts.mtp, opts.require_mtp, has_draft, budgeted && arch.moe().is_some(), |draft| {
+        let mut f = FitOptions::new(opts.budget, opts.context, &opts.runtime);
+        f.draft = draft;
+        match on_gpu {
+            true => crate::fit::fit_gpu(dir, arch, store, &f, opts.gpu_budget),
+            false => fit_dir(dir, arch, store, &f),
+        }
+    })
+}
+
 /// Plans the slab, opens the usage ledger (at `<model dir>/.coli_usage`, whatever
 /// container serves the experts), chooses pins and starts the expert runtime.
 fn open_experts(
@@ -338,7 +364,7 @@ fn open_experts(
     }
     let on_gpu = matches!(opts.device, Device::Cuda(_));
     let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
-    fit_opts.draft = opts.mtp && arch.has_draft(store);
+    fit_opts.draft = draft_decision(dir, arch, store, opts)?.load;
     fit_opts.host_tier_only = on_gpu;
     let mut pins = rt.pins.clone();
     if rt.auto_pin && pins.is_empty() {

@@ -23,11 +23,20 @@ use strata_residency::{plan, PlanInput};
 /// this many rows, so a round's misses load in one wave.
 pub const DRAFT_WORKING_ROWS: usize = 4;
 
-/// The slab bytes of the draft (MTP) tier of the container in `dir`, if it has one.
-pub fn draft_slab_bytes(dir: &Path, arch: &dyn Arch) -> Result<Option<u64>> {
+/// The slab bytes of the draft (MTP) tier of the container in `dir`, if it has one; for an
+/// HF checkpoint with a draft layer, of the tier its container will have (the int8 tier
+/// autoconversion writes), so that a plan is the same before the conversion and after.
+pub fn draft_slab_bytes(dir: &Path, arch: &dyn Arch, store: &strata_storage::WeightStore) -> Result<Option<u64>> {
     let Some(moe) = arch.moe() else { return Ok(None) };
-    let Some(source) = open_tier(dir, &moe, "mtp")? else { return Ok(None) };
-    Ok(Some(source.slot_bytes() as u64 * (moe.top_k * DRAFT_WORKING_ROWS + 1) as u64))
+    let slot = match open_tier(dir, &moe, "mtp")? {
+        Some(source) => source.slot_bytes() as u64,
+        None if !is_container(dir) && arch.has_draft(store) && !moe.mtp_layers.is_empty() => {
+            let kind = crate::autoconvert::MTP_EXPERTS;
+            strata_storage::ExpertLayout::new(kind, kind, moe.hidden, moe.inter).slot_bytes as u64
+        }
+        None => return Ok(None),
+    };
+    Ok(Some(slot * (moe.top_k * DRAFT_WORKING_ROWS + 1) as u64))
 }
 
 fn open_tier(dir: &Path, moe: &strata_models::MoeLayout, tier: &str) -> Result<Option<Box<dyn ExpertSource>>> {

@@ -628,7 +628,8 @@ impl StreamedExperts {
                     // The hits are computed: their slots may take misses now (a forward of
                     // many rows can need more experts than the bank holds beside them).
                     Self::release_all(&mut st, &hits, &to_promote);
-                    (hits.clear(), to_promote.clear());
+                    hits.clear();
+                    to_promote.clear();
                     result = self.submit_wave(&mut st, layer, &misses, &mut next, &mut wave);
                     continue;
                 }

@@ -2,6 +2,7 @@
 //! step over the rows the scheduler picked, a sample per request whose tokens are in.
 
 use super::batch_drafts::BatchDrafts;
+use super::draft_epochs::DraftEpochs;
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
@@ -96,6 +97,7 @@ pub struct BatchEngine<'m> {
     verify: VerifyScratch,
     /// The draft count of the adaptive requests, chosen for the batch each step.
     batch_drafts: BatchDrafts,
+    draft_epochs: DraftEpochs,
 }
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
@@ -164,6 +166,7 @@ impl<'m> BatchEngine<'m> {
             dims: Dims { vocab: model.info().vocab_size, hidden: h },
             verify: VerifyScratch::default(),
             batch_drafts: BatchDrafts::new(),
+            draft_epochs: DraftEpochs::new(),
         })
     }
 
@@ -180,7 +183,9 @@ impl<'m> BatchEngine<'m> {
             // requests decode without drafts.)
             let g = &a.req.gen;
             let gamma = g.draft_tokens.min(self.gamma);
-            if a.req.constraint.is_none() && gamma > 0 {
+            // An adaptive request speculates when admitted in an epoch that does.
+            let pays = !g.draft_policy.adapts() || self.draft_epochs.on();
+            if a.req.constraint.is_none() && gamma > 0 && pays {
                 a.spec = Some(Spec::new(gamma, g.draft_policy.adapts()));
             }
             if self.log_hidden {
@@ -350,24 +355,9 @@ impl<'m> BatchEngine<'m> {
         }
         if !adaptive.is_empty() {
             let bids: Vec<(f64, usize)> = adaptive.iter().map(|x| x.1).collect();
-            let verdict = self.batch_drafts.choose(&bids);
+            let g = self.batch_drafts.choose(&bids);
             for (i, (_, most)) in adaptive {
-                let a = &mut self.running[i];
-                match verdict {
-                    Some(g) => a.spec.as_mut().expect("adaptive").want = g.min(most),
-                    None => {
-                        // Drafting does not pay: this request decodes as without MTP.
-                        let mut s = a.spec.take().expect("adaptive");
-                        let mut stats = s.finished_stats();
-                        stats.dormant_after_tokens = Some(stats.tokens);
-                        s.reset();
-                        a.dropped_spec = Some(stats);
-                        if let Some(seq) = a.seq {
-                            self.session.draft_truncate(seq, 0);
-                        }
-                        self.counters.draft.given_up += 1;
-                    }
-                }
+                self.running[i].spec.as_mut().expect("adaptive").want = g.min(most);
             }
         }
         loop {
@@ -514,14 +504,14 @@ impl<'m> BatchEngine<'m> {
             (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
         });
         let forward_s = t.elapsed().as_secs_f64();
-        // The draft policy's cost model is of decoding steps: a step with prompt rows is
-        // not one.
-        let decoding_only = self.running.iter().zip(&self.rows).all(|(a, &n)| n == 0 || a.decoding());
-        if self.gamma > 0 && decoding_only {
+        if self.gamma > 0 {
             let drafts: usize =
                 self.running.iter().zip(&self.rows).filter(|(a, &n)| n > 1 && a.decoding()).map(|(_, &n)| n - 1).sum();
+            let decoding: usize =
+                self.running.iter().zip(&self.rows).filter(|(a, _)| a.decoding()).map(|(_, &n)| n).sum();
             let forwards = (self.counters.draft.forwards - forwards0) as usize;
-            self.batch_drafts.observe(self.batch.len(), drafts, forwards, t_step.elapsed().as_secs_f64());
+            let prompt = self.batch.len() - decoding;
+            self.batch_drafts.observe(decoding, prompt, drafts, forwards, t_step.elapsed().as_secs_f64());
         }
         self.counters.steps += 1;
         self.counters.rows += self.batch.len() as u64;
@@ -544,6 +534,8 @@ impl<'m> BatchEngine<'m> {
             masks.into_iter().filter_map(|(id, r)| r.err().map(|e| (id, format!("grammar: {e:#}")))).collect();
         // Samples and verifications, in batch order (the order of the output rows).
         let (mut k, mut hr) = (0, 0);
+        let mut emitted = 0u64;
+        let decoding_step = self.running.iter().zip(&self.rows).any(|(a, &n)| n > 0 && a.decoding());
         let mut done = Vec::new();
         let mut publish_at = Vec::new();
         let mut truncate = Vec::new();
@@ -576,6 +568,7 @@ impl<'m> BatchEngine<'m> {
                     }
                 };
                 let kept = accepted + 1;
+                emitted += kept as u64;
                 a.computed = (p0 + kept).min(a.tokens.len());
                 truncate.push((a.seq.expect("running"), a.computed, p0));
                 if let Some(log) = a.hidden_log.as_mut() {
@@ -625,6 +618,7 @@ impl<'m> BatchEngine<'m> {
             };
             match sampled {
                 Ok((update, finish)) => {
+                    emitted += 1;
                     if let Some(s) = a.spec.as_mut() {
                         s.settle(&a.tokens, a.computed);
                         match was_decoding {
@@ -649,6 +643,12 @@ impl<'m> BatchEngine<'m> {
             self.session.truncate(seq, len);
             self.session.draft_truncate(seq, draft_len);
         }
+        if self.gamma > 0
+            && decoding_step
+            && self.draft_epochs.record(emitted, t_step.elapsed().as_secs_f64()) == Some(false)
+        {
+            self.stop_speculating();
+        }
         // Prompts that are in: their full blocks join the prompt cache now, so that
         // requests arriving meanwhile can share them.
         for i in publish_at {
@@ -670,6 +670,25 @@ impl<'m> BatchEngine<'m> {
             out.push((a.id, update));
         }
         Ok(())
+    }
+
+    /// An epoch without speculation begins: the adaptive requests running decode on
+    /// without the draft layer (their draft caches are dropped).
+    fn stop_speculating(&mut self) {
+        for a in self.running.iter_mut() {
+            if a.spec.as_ref().is_none_or(|s| !s.adaptive) {
+                continue;
+            }
+            let mut s = a.spec.take().expect("checked");
+            let mut stats = s.finished_stats();
+            stats.dormant_after_tokens = Some(stats.tokens);
+            s.reset();
+            a.dropped_spec = Some(stats);
+            if let Some(seq) = a.seq {
+                self.session.draft_truncate(seq, 0);
+            }
+            self.counters.draft.given_up += 1;
+        }
     }
 
     /// Fails the running requests `ids` with `msg` (their sequences are dropped).

@@ -17,6 +17,7 @@
 //! row, so a request's output does not depend on what runs beside it.
 
 mod batch_drafts;
+mod draft_epochs;
 mod engine;
 pub mod prefix;
 mod request;

@@ -1,0 +1,152 @@
+//! Whether the serving engine speculates at all, decided by measured throughput.
+//!
+//! Drafting costs a batch more than its drafts: every speculating request feeds the draft
+//! layer (a forward over its owed rows every so often, which under a budget reads the
+//! draft layer's experts from disk), keeps its hidden states, and on a GPU gives up device
+//! picks. Whether that pays depends on the model, the device, the batch and the text, so
+//! the engine measures it: it runs in epochs of decoding steps, speculating (adaptive
+//! requests get a draft state when admitted, and [`super::batch_drafts`] chooses their
+//! drafts) or not (none do, and the running ones are dropped from speculation when such
+//! an epoch begins), and compares the tokens a second each kind emitted, the first few
+//! steps after a switch left out. It starts speculating for [`EXPLORE`] steps, then
+//! tries not, then keeps the winner for a while (longer each time it wins again) before
+//! trying the other side once more.
+
+/// Decoding steps of an epoch that tries a side.
+const EXPLORE: u64 = 16;
+/// Steps after a switch not measured (requests admitted before it still run as they were).
+const SETTLE: u64 = 2;
+/// Steps the winner keeps at first, and at most (doubling each time it wins again).
+const KEEP_FIRST: u64 = 64;
+const KEEP_MAX: u64 = 1024;
+
+#[derive(Debug)]
+pub(crate) struct DraftEpochs {
+    /// Whether this epoch speculates.
+    on: bool,
+    /// Decoding steps left in this epoch.
+    left: u64,
+    /// Steps run in this epoch, and the tokens and seconds of its measured ones.
+    steps: u64,
+    tokens: u64,
+    seconds: f64,
+    /// The last rate (tokens a second) measured without and with speculation.
+    rate: [Option<f64>; 2],
+    /// Whether this epoch keeps a winner (else it tries a side), and the next keep's length.
+    keeping: bool,
+    keep: u64,
+    /// Epochs switched to, each way (for the counters).
+    pub switches: u64,
+}
+
+impl DraftEpochs {
+    pub fn new() -> Self {
+        Self {
+            on: true,
+            left: EXPLORE,
+            steps: 0,
+            tokens: 0,
+            seconds: 0.0,
+            rate: [None, None],
+            keeping: false,
+            keep: KEEP_FIRST,
+            switches: 0,
+        }
+    }
+
+    /// Whether requests speculate in this epoch.
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
+    /// A decoding step emitted `tokens` in `seconds`. Returns the new setting when an
+    /// epoch ends with a switch.
+    pub fn record(&mut self, tokens: u64, seconds: f64) -> Option<bool> {
+        self.steps += 1;
+        if self.steps > SETTLE {
+            self.tokens += tokens;
+            self.seconds += seconds;
+        }
+        self.left = self.left.saturating_sub(1);
+        if self.left > 0 {
+            return None;
+        }
+        let measured = (self.seconds > 0.0).then(|| self.tokens as f64 / self.seconds);
+        let side = usize::from(self.on);
+        if measured.is_some() {
+            self.rate[side] = measured;
+        }
+        let next = match (self.keeping, self.rate) {
+            // A side is untried: try it.
+            (_, [None, _]) => false,
+            (_, [_, None]) => true,
+            // A keep ends: try the other side.
+            (true, _) => !self.on,
+            // A try ends: keep the faster (ties to not speculating).
+            (false, [Some(off), Some(on)]) => {
+                let winner = on > off;
+                if winner == self.on {
+                    // The side just tried won: it takes over from the start.
+                    self.keep = KEEP_FIRST;
+                } else {
+                    // The side kept before won again: it keeps longer.
+                    self.keep = (self.keep * 2).min(KEEP_MAX);
+                }
+                winner
+            }
+        };
+        // What follows a try of both sides, or a keep, is the other kind of epoch.
+        let both_tried = self.rate.iter().all(Option::is_some);
+        self.keeping = both_tried && !self.keeping;
+        self.left = if self.keeping { self.keep } else { EXPLORE };
+        (self.steps, self.tokens, self.seconds) = (0, 0, 0.0);
+        let switched = next != self.on;
+        self.on = next;
+        self.switches += u64::from(switched);
+        switched.then_some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `steps` decoding steps where speculating emits `on` tokens a second and not
+    /// `off`; returns the share of steps that speculated after the first 100.
+    fn share_on(on: f64, off: f64, steps: usize) -> f64 {
+        let mut e = DraftEpochs::new();
+        let mut spec = 0;
+        for i in 0..steps {
+            let rate = if e.on() { on } else { off };
+            if i >= 100 && e.on() {
+                spec += 1;
+            }
+            e.record((rate * 0.01) as u64, 0.01);
+        }
+        spec as f64 / (steps - 100) as f64
+    }
+
+    #[test]
+    fn speculation_that_pays_is_kept_and_rarely_left() {
+        let s = share_on(2000.0, 1000.0, 3000);
+        assert!(s > 0.95, "speculated {s:.3} of the steps");
+    }
+
+    #[test]
+    fn speculation_that_loses_is_left_and_rarely_tried() {
+        let s = share_on(700.0, 1000.0, 3000);
+        assert!(s < 0.05, "speculated {s:.3} of the steps");
+    }
+
+    #[test]
+    fn epochs_start_speculating_then_try_without() {
+        let mut e = DraftEpochs::new();
+        assert!(e.on());
+        let switches: Vec<Option<bool>> = (0..EXPLORE * 2).map(|_| e.record(10, 0.01)).collect();
+        assert_eq!(switches[EXPLORE as usize - 1], Some(false), "after the first epoch: without");
+        assert!(!e.on());
+        // Equal rates: not speculating wins the tie, and keeps.
+        assert_eq!(switches[2 * EXPLORE as usize - 1], None);
+        assert!(!e.on());
+    }
+}
