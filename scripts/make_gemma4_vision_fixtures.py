@@ -12,8 +12,11 @@ sliding window 8; a 2-layer vision tower, hidden 32, 2 heads of 16, 2-D RoPE the
   vision         `use_bidirectional_attention` unset: attention is causal everywhere.
   vision-bidir   `use_bidirectional_attention: "vision"`: image tokens also see later tokens of
                  their own image, on sliding layers only.
+  vision-large   as vision-bidir with the processor's default max_soft_tokens 280 and an image
+                 of 272 soft tokens: more rows than a CPU forward's 256, which must hold it.
 Each holds image.png (288 x 480: the processor keeps it as it is, 18 x 30 patches, 60 soft tokens
-at max_soft_tokens 70) and a prompt `text <boi> <image> x 60 <eoi> text`; reference.safetensors
+at max_soft_tokens 70; vision-large: 768 x 816, 48 x 51 patches, 272 soft tokens at 280) and a
+prompt `text <boi> <image> x N <eoi> text`; reference.safetensors
 holds prompt_ids, pixel_values (the real patches), image_features (the projected soft tokens),
 prompt_logits, generated_ids, generated_logits.
 
@@ -59,7 +62,7 @@ def processor(max_soft_tokens):
     return P(max_soft_tokens=max_soft_tokens)
 
 
-def synthetic_image(h, w, seed, mode="RGB"):
+def synthetic_image(h, w, seed, mode="RGB", noise=0.05):
     """Smooth gradients, a few discs and some noise: structure at every scale."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -67,7 +70,7 @@ def synthetic_image(h, w, seed, mode="RGB"):
     for _ in range(5):
         cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(5, max(6, min(h, w) / 3))
         img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.uniform(0, 1, 3)
-    img = np.clip(img + rng.normal(0, 0.05, img.shape), 0, 1)
+    img = np.clip(img + rng.normal(0, noise, img.shape), 0, 1)
     im = Image.fromarray((img * 255).round().astype(np.uint8), "RGB")
     if mode == "RGBA":
         a = Image.fromarray((255 * (x / w)).astype(np.uint8), "L")
@@ -85,10 +88,12 @@ def real_patches(out):
     return out["pixel_values"][0][keep].float(), pos[keep].long()
 
 
-def make_config(bidir, tok):
+def make_config(bidir, tok, positions=None):
     spec = copy.deepcopy(g4.FIXTURES["dense-ple"])
     kw = copy.deepcopy(g4.BASE)
     kw.update(spec["cfg"])
+    if positions:
+        kw.update(max_position_embeddings=positions)
     eos = [tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|user|>")]
     kw.update(bos_token_id=None, eos_token_id=eos, pad_token_id=tok.token_to_id("<|endoftext|>"))
     if bidir:
@@ -178,21 +183,28 @@ def reference(model, ids, pv, pos, bidir):
                 argmax_ok=bool((gen_logits.argmax(-1) == gen_ids).all()))
 
 
+# name: (image height, width, noise, max_soft_tokens, soft tokens it gives)
+IMAGES = {"vision": (288, 480, 0.05, 70, 60), "vision-bidir": (288, 480, 0.05, 70, 60),
+          "vision-large": (768, 816, 0.0, 280, 272)}
+
+
 def build_model_fixture(name, bidir, tok, tok_json):
-    img = synthetic_image(288, 480, seed=3)
-    proc = processor(70)
+    h, w, noise, budget, want_soft = IMAGES[name]
+    img = synthetic_image(h, w, seed=3, noise=noise)
+    proc = processor(budget)
     out = proc(images=[img], return_tensors="pt")
     pv_all, pos_all = out["pixel_values"], out["image_position_ids"]
     n_soft = int(out["num_soft_tokens_per_image"][0])
     patches, _ = real_patches(out)
+    ph, pw = h // 16, w // 16
     direct = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
-    direct = direct.reshape(3, 18, 16, 30, 16).permute(1, 3, 2, 4, 0).reshape(540, -1)
-    assert n_soft == 60 and patches.shape[0] == 540, (n_soft, patches.shape)
+    direct = direct.reshape(3, ph, 16, pw, 16).permute(1, 3, 2, 4, 0).reshape(ph * pw, -1)
+    assert n_soft == want_soft and patches.shape[0] == ph * pw, (n_soft, patches.shape)
     assert (patches - direct).abs().max().item() < 1e-6, "the processor resized the fixture image"
     a = tok.encode("The licenses for most software are designed").ids
     b = tok.encode(" to take away your freedom to share and change it.").ids
     ids = torch.tensor(a + [BOI_ID] + [IMAGE_ID] * n_soft + [EOI_ID] + b, dtype=torch.long)
-    cfg = make_config(bidir, tok)
+    cfg = make_config(bidir, tok, 1024 if ids.numel() > 256 else None)
     seed = 300 + 10 * bidir
     for attempt in range(200):
         model = Gemma4ForConditionalGeneration(copy.deepcopy(cfg))
@@ -230,19 +242,23 @@ def build_model_fixture(name, bidir, tok, tok_json):
     shutil.copy(tok_json, os.path.join(out_dir, "tokenizer.json"))
     g4.write_json(os.path.join(out_dir, "tokenizer_config.json"), g5.tokenizer_config(tok))
     g4.write_json(os.path.join(out_dir, "preprocessor_config.json"), {
-        "image_processor_type": "Gemma4ImageProcessor", "patch_size": 16, "max_soft_tokens": 70,
+        "image_processor_type": "Gemma4ImageProcessor", "patch_size": 16, "max_soft_tokens": budget,
         "pooling_kernel_size": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False})
     img.save(os.path.join(out_dir, "image.png"))
+    # A noiseless image is kept as it is: its patches are its bytes over 255, stored as such.
+    q = torch.round(patches * 255)
+    exact = noise == 0.0 and (q / 255 - patches).abs().max().item() < 1e-6
+    pixels = {"pixel_bytes": q.to(torch.uint8).contiguous()} if exact else {"pixel_values": patches.contiguous()}
     save_file({
         "prompt_ids": ids.contiguous(),
-        "pixel_values": patches.contiguous(),
+        **pixels,
         "image_features": res["features"].contiguous(),
         "prompt_logits": res["prompt_logits"].contiguous(),
         "generated_ids": res["gen_ids"].long().contiguous(),
         "generated_logits": res["gen_logits"].contiguous(),
     }, os.path.join(out_dir, "reference.safetensors"), metadata={"format": "pt"})
     g4.write_json(os.path.join(out_dir, "reference.json"), {
-        "config_name": name, "seed": seed, "soft_tokens": n_soft, "image": "image.png (288 x 480)",
+        "config_name": name, "seed": seed, "soft_tokens": n_soft, "image": f"image.png ({h} x {w})",
         "image_token_id": IMAGE_ID, "boi_token_id": BOI_ID, "eoi_token_id": EOI_ID,
         "use_bidirectional_attention": "vision" if bidir else None, "sliding_window": tc.sliding_window,
         "prompt_num_tokens": ids.numel(), "num_new_tokens": N_NEW,
@@ -289,13 +305,13 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         tok_path = os.path.join(d, "tokenizer.json")
         tok.save(tok_path)
-        names = sys.argv[1:] or ["vision", "vision-bidir", "processor"]
+        names = sys.argv[1:] or ["vision", "vision-bidir", "vision-large", "processor"]
         for name in names:
             print(f"building {name}", flush=True)
             if name == "processor":
                 build_processor_fixture()
             else:
-                build_model_fixture(name, name.endswith("bidir"), tok, tok_path)
+                build_model_fixture(name, name != "vision", tok, tok_path)
 
 
 if __name__ == "__main__":

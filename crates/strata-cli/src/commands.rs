@@ -360,15 +360,14 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    if let Some(p) = a.image.first() {
-        bail!(
-            "--image {}: chat takes text only; use `strata generate --image` (with --chat for the template)",
-            p.display()
-        );
-    }
     let draft_policy = a.sampling.draft_policy()?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
+    // Images go with the first message; every turn's prompt then holds their runs.
+    let media = match a.image.is_empty() {
+        true => None,
+        false => Some(media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?),
+    };
     let template = m.chat_template()?;
     let sampling = a.sampling.params(&m.generation.sampling)?;
     let truncate_left = a.sampling.truncate_left()?;
@@ -387,15 +386,31 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             break;
         }
-        msgs.push(Message::new("user", line.trim_end_matches(['\n', '\r'])));
+        let line = line.trim_end_matches(['\n', '\r']);
+        let mut user = Message::new("user", line);
+        if media.is_some() && !msgs.iter().any(|m| m.role == "user") {
+            let mut parts: Vec<serde_json::Value> =
+                a.image.iter().map(|_| serde_json::json!({"type": "image"})).collect();
+            parts.push(serde_json::json!({"type": "text", "text": line}));
+            user.content = serde_json::Value::Array(parts);
+        }
+        msgs.push(user);
         let text = template.render(&msgs, true, None)?;
+        let mut ids = tok.encode(&text, false)?;
+        if let Some(media) = &media {
+            let spec = media::vision_spec(&m)?;
+            ids = media::expand_runs(&spec, &ids, &media.counts, m.model.info().bos_token_id)?;
+            // The whole conversation again from the images on (a cache that dropped part of
+            // it would otherwise recompute image placeholders as text).
+            gen.prefill_with_media(&ids, media)?;
+        }
         let req = GenerateRequest {
             stop_strings: a.sampling.stop.clone(),
             eos_token_ids: m.eos_token_ids.clone(),
             truncate_left,
             draft_tokens: a.sampling.draft_tokens,
             draft_policy,
-            ..GenerateRequest::new(tok.encode(&text, false)?, a.sampling.max_tokens, sampling.clone())
+            ..GenerateRequest::new(ids, a.sampling.max_tokens, sampling.clone())
         };
         let out = gen.generate(Some(tok), &req, &mut |t| {
             let mut lock = std::io::stdout().lock();

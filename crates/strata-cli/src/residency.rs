@@ -429,7 +429,8 @@ pub fn fit(a: FitArgs) -> Result<()> {
     let opts = args.load_options_for(&a.model)?;
     let arch = strata_models::read_arch(&a.model)?;
     let store = strata_storage::WeightStore::open_dir(&a.model)?;
-    let mut fit_opts = strata_engine::fit::FitOptions::new(opts.budget, opts.context, &opts.runtime);
+    let image_rows = strata_engine::media::image_rows(&a.model, arch.as_ref())?;
+    let mut fit_opts = strata_engine::model_dir::fit_options(&opts, opts.budget, image_rows);
     let on_gpu = matches!(device, strata_engine::Device::Cuda(_));
     // Whether the draft layer is loaded, as generate, chat and serve decide it.
     let draft = strata_engine::model_dir::draft_decision(
@@ -437,6 +438,7 @@ pub fn fit(a: FitArgs) -> Result<()> {
         arch.as_ref(),
         &store,
         &strata_engine::LoadOptions { device, ..opts.clone() },
+        image_rows,
     )?;
     if opts.require_mtp && !arch.has_draft(&store) {
         return Err(anyhow!("--mtp on: {} has no draft (MTP) layer that strata runs", a.model.display()));

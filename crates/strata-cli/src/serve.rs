@@ -31,9 +31,11 @@ pub struct ServeArgs {
     /// --context). Under --budget the plan reserves them.
     #[arg(long)]
     kv_tokens: Option<usize>,
-    /// Rows one forward may carry: a decode row per running request, then prompt chunks.
-    #[arg(long, default_value_t = strata_engine::generate::PREFILL_CHUNK)]
-    step_tokens: usize,
+    /// Rows one forward may carry: a decode row per running request, then prompt chunks
+    /// (default: the model's prefill chunk, 256 on the CPU and 512 on CUDA, or more where
+    /// one image of the model's processor needs more).
+    #[arg(long)]
+    step_tokens: Option<usize>,
     /// KV the prompt cache may keep (e.g. 64MiB; default: all of the KV pool that running
     /// requests leave; 0 turns it off).
     #[arg(long)]
@@ -66,8 +68,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.max_batch == 0 || a.max_batch > 1024 {
         bail!("--max-batch must be in 1..=1024, got {}", a.max_batch);
     }
-    if a.step_tokens < a.max_batch {
-        bail!("--step-tokens ({}) must be at least --max-batch ({})", a.step_tokens, a.max_batch);
+    if let Some(s) = a.step_tokens.filter(|&s| s < a.max_batch) {
+        bail!("--step-tokens ({s}) must be at least --max-batch ({})", a.max_batch);
     }
     let max_body = strata_residency::parse_size(&a.max_body).map_err(|e| anyhow!("--max-body: {e}"))?;
     if max_body == 0 || max_body > usize::MAX as u64 {
@@ -80,9 +82,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         // No drafts: the draft layer would only take memory from the plan.
         Some(0) if load.require_mtp => bail!("--mtp on with --draft-tokens 0: nothing would use the draft layer"),
         Some(0) => load.mtp = false,
-        Some(n) if a.step_tokens < a.max_batch * (1 + n) => bail!(
+        Some(n) if a.step_tokens.is_some_and(|s| s < a.max_batch * (1 + n)) => bail!(
             "--step-tokens ({}) must hold every decoding request's token and drafts: at least --max-batch x (1 + --draft-tokens) = {}",
-            a.step_tokens,
+            a.step_tokens.unwrap_or_default(),
             a.max_batch * (1 + n)
         ),
         _ => {}

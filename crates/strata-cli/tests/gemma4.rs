@@ -95,3 +95,69 @@ fn images_run_through_the_vision_tower_or_are_refused_by_name() {
     let s = ok(&strata(&["inspect", "--model", b.to_str().unwrap()]));
     assert!(s.contains("bidirectional within an image"), "{s}");
 }
+
+/// Images larger than one CPU forward's 256 rows (`vision-large`: the processor's default
+/// budget of 280, 272 soft tokens an image, attended bidirectionally), two in a prompt,
+/// through `logits --image`, `generate --chat --image` and `chat --image` over two turns;
+/// the chat's first answer is what generate gives for the same conversation.
+#[test]
+fn images_larger_than_a_forward_run_in_every_command() {
+    use std::io::Write;
+    let src = fixture("vision-large");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::os::unix::fs::symlink(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% else %}\
+         {% for i in m['content'] %}{% if i['type'] == 'text' %}{{ i['text'] }}{% endif %}{% endfor %}{% endif %}\n\
+         {% endfor %}{% if add_generation_prompt %}assistant:{% endif %}",
+    )
+    .unwrap();
+    let (m, img) = (dir.path().to_str().unwrap(), src.join("image.png"));
+    let img = img.to_str().unwrap();
+    // Two runs of 272 placeholders (500) between <boi> (501) and <eoi> (502).
+    let mut ids: Vec<String> = (10..14).map(|i| i.to_string()).collect();
+    for _ in 0..2 {
+        ids.push("501".into());
+        ids.extend(std::iter::repeat_n("500".to_string(), 272));
+        ids.push("502".into());
+    }
+    ids.extend(["30".into(), "31".into()]);
+    let s = ok(&strata(&["logits", "--model", m, "--ids", &ids.join(","), "--image", img, "--image", img]));
+    let j: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(j["logits"].as_array().unwrap().len(), 1);
+
+    let gen = ok(&strata(&[
+        "generate",
+        "--model",
+        m,
+        "--chat",
+        "--prompt",
+        "What is it?",
+        "--image",
+        img,
+        "--image",
+        img,
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+    ]));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["chat", "--model", m, "--image", img, "--image", img, "--max-tokens", "6", "--temperature", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is it?\nAnd now?\n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("> ").count(), 3, "two turns then the empty line: {text}");
+    let first = text.split("> ").nth(1).unwrap().trim();
+    assert_eq!(first, gen.trim(), "chat's first answer vs generate --chat");
+}

@@ -3,7 +3,7 @@
 //! analysis of `strata_residency::atlas`. Also the warm start: a pin set sized like
 //! auto-pin's, chosen from an atlas for a topic mix.
 
-use crate::fit::{fit_dir, FitOptions};
+use crate::fit::fit_dir;
 use crate::model_dir::{display_name, LoadOptions, LoadedModel};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::Message;
@@ -165,8 +165,10 @@ pub fn atlas_pins(dir: &Path, opts: &LoadOptions, atlas: &AtlasFile, topics: &[S
     let mut runtime = opts.runtime.clone();
     runtime.pins.clear();
     // The same plan as loading makes (model_dir's auto-pin): the draft layer counts too.
-    let mut fit_opts = FitOptions::new(Some(budget), opts.context, &runtime);
-    fit_opts.draft = opts.mtp && arch.has_draft(&store);
+    let image_rows = crate::media::image_rows(dir, arch.as_ref())?;
+    let mut fit_opts =
+        crate::model_dir::fit_options(&LoadOptions { runtime, ..opts.clone() }, Some(budget), image_rows);
+    fit_opts.draft = crate::model_dir::draft_decision(dir, arch.as_ref(), &store, opts, image_rows)?.load;
     let probe = fit_dir(dir, arch.as_ref(), &store, &fit_opts)?;
     let Some(p) = probe.plan else {
         bail!("{}: {} (see `strata fit`)", dir.display(), probe.error.unwrap_or_default());

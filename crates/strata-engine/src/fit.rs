@@ -39,6 +39,9 @@ pub struct FitOptions {
     /// The host side of a model on a GPU (`--device cuda`): its weights, KV and
     /// activations are in GPU memory (see [`fit_gpu`]); the host holds the expert tier.
     pub host_tier_only: bool,
+    /// Rows a forward must hold for one image ([`crate::media::image_rows`]): prompts
+    /// are prefilled in chunks of at least this many.
+    pub image_rows: usize,
 }
 
 impl FitOptions {
@@ -51,6 +54,7 @@ impl FitOptions {
             max_slots_per_layer: rt.max_slots_per_layer,
             draft: false,
             host_tier_only: false,
+            image_rows: 0,
         }
     }
 }
@@ -171,7 +175,9 @@ fn expert_slots(dir: &Path, moe: &MoeLayout, store: &WeightStore) -> Result<(u64
 pub fn fit_dir(dir: &Path, arch: &dyn Arch, store: &WeightStore, opts: &FitOptions) -> Result<Fit> {
     let items = match opts.host_tier_only {
         true => host_tier_items(arch, store),
-        false => fixed_items(dir, arch, store, opts.context, strata_backend::PREFILL_CHUNK, opts.draft)?,
+        false => {
+            fixed_items(dir, arch, store, opts.context, strata_backend::PREFILL_CHUNK.max(opts.image_rows), opts.draft)?
+        }
     };
     plan_items(dir, arch, store, opts, items, false)
 }
@@ -206,7 +212,8 @@ pub fn fit_gpu(
     opts: &FitOptions,
     gpu_budget: Option<u64>,
 ) -> Result<Fit> {
-    let mut items = fixed_items(dir, arch, store, opts.context, strata_backend::CUDA_PREFILL_CHUNK, opts.draft)?;
+    let chunk = strata_backend::CUDA_PREFILL_CHUNK.max(opts.image_rows);
+    let mut items = fixed_items(dir, arch, store, opts.context, chunk, opts.draft)?;
     for item in &mut items {
         if item.bytes == RUNTIME_RESERVE && item.name.starts_with("runtime reserve") {
             *item = FitItem::new("CUDA reserve (cuBLAS workspace, kernel scratch, step tables)", CUDA_RESERVE);

@@ -252,8 +252,14 @@ pub(crate) fn held_back(text: &str, stops: &[String]) -> usize {
 impl<'m> Generator<'m> {
     /// A generator with room for `context` positions (capped by the model's context).
     pub fn new(model: &'m dyn Model, context: usize) -> Result<Self> {
+        Self::with_rows(model, context, model.prefill_chunk())
+    }
+
+    /// [`Generator::new`] whose forwards take up to `rows` rows (a prompt is prefilled in
+    /// chunks of that many; [`crate::LoadedModel::prefill_rows`]).
+    pub fn with_rows(model: &'m dyn Model, context: usize, rows: usize) -> Result<Self> {
         let context = context.min(model.info().max_context).max(1);
-        let chunk = model.prefill_chunk().min(context);
+        let chunk = rows.max(1).min(context);
         let mut session = model.new_session(SessionOptions::single(context, chunk))?;
         session.record_routes(false);
         let seq = session.add_sequence()?;

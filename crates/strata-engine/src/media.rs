@@ -44,19 +44,38 @@ pub fn vision_spec(m: &LoadedModel) -> Result<VisionSpec> {
     Ok(v.spec())
 }
 
-/// The processor the model directory asks for (`preprocessor_config.json`'s
-/// `max_soft_tokens`, default 280).
-pub fn processor(m: &LoadedModel, spec: &VisionSpec) -> Result<ImageProcessor> {
-    let path = m.dir.join("preprocessor_config.json");
-    let budget = match std::fs::read_to_string(&path) {
+/// `max_soft_tokens` of the processor the model directory `dir` asks for
+/// (`preprocessor_config.json`, default 280): the most soft tokens one image becomes.
+pub fn max_soft_tokens(dir: &Path) -> Result<usize> {
+    let path = dir.join("preprocessor_config.json");
+    Ok(match std::fs::read_to_string(&path) {
         Ok(text) => {
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            v.get("max_soft_tokens").and_then(|x| x.as_u64()).unwrap_or(280) as usize
+            match v.get("max_soft_tokens") {
+                None => 280,
+                Some(x) => x.as_u64().ok_or_else(|| {
+                    anyhow::anyhow!("{}: max_soft_tokens must be a whole number, got {x}", path.display())
+                })? as usize,
+            }
         }
         Err(_) => 280,
-    };
-    ImageProcessor::new(spec.patch_size, spec.pooling, budget)
+    })
+}
+
+/// Rows one forward must hold for the images of the model in `dir` (0 without a vision
+/// tower): an image attended bidirectionally is computed in one forward, so prompts are
+/// prefilled in chunks of at least this many rows, and the plan counts their activations.
+pub fn image_rows(dir: &Path, arch: &dyn strata_models::Arch) -> Result<usize> {
+    match arch.vision_tower() {
+        true => max_soft_tokens(dir),
+        false => Ok(0),
+    }
+}
+
+/// The processor the model directory asks for ([`max_soft_tokens`]).
+pub fn processor(m: &LoadedModel, spec: &VisionSpec) -> Result<ImageProcessor> {
+    ImageProcessor::new(spec.patch_size, spec.pooling, max_soft_tokens(&m.dir)?)
 }
 
 /// Every image through the processor and the tower.
@@ -123,19 +142,19 @@ pub fn image_run(spec: &VisionSpec, soft_tokens: usize) -> Vec<u32> {
     run
 }
 
-/// Splits `ids` into forwards of at most `rows` rows that keep each run of placeholders
-/// whole (a bidirectional image block must be in one forward: its rows see each other).
-pub fn chunks(ids: &[u32], placeholder: u32, rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
+/// Splits `ids` into forwards of at most `rows` rows; with `whole` (a bidirectional image
+/// block, whose rows see each other) each run of placeholders stays in one forward.
+pub fn chunks(ids: &[u32], placeholder: u32, rows: usize, whole: bool) -> Result<Vec<std::ops::Range<usize>>> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < ids.len() {
         let mut end = (start + rows).min(ids.len());
-        if end < ids.len() && ids[end] == placeholder && ids[end - 1] == placeholder {
+        if whole && end < ids.len() && ids[end] == placeholder && ids[end - 1] == placeholder {
             // Back up to the run's start.
             let run = ids[start..end].iter().rev().take_while(|&&t| t == placeholder).count();
             if run == end - start {
                 let len = ids[start..].iter().take_while(|&&t| t == placeholder).count();
-                bail!("an image of {len} soft tokens does not fit a forward of {rows} rows");
+                bail!("an image of {len} soft tokens attends to itself in one forward, which holds {rows} rows");
             }
             end -= run;
         }
@@ -197,6 +216,11 @@ pub fn longest_run(tokens: &[u32], placeholder: u32) -> usize {
 }
 
 impl Generator<'_> {
+    /// Whether the model's images attend to themselves bidirectionally.
+    fn bidirectional_images(&self) -> bool {
+        self.model.vision().is_some_and(|v| v.spec().bidirectional)
+    }
+
     /// One forward over `ids` appended to the sequence, placeholder ids taking `media`'s
     /// rows from `*used` on.
     fn forward_media(&mut self, ids: &[u32], media: &Media, used: &mut usize, want: Logits) -> Result<()> {
@@ -217,7 +241,7 @@ impl Generator<'_> {
         self.session.truncate(self.seq, 0);
         self.tokens.clear();
         let vocab = self.model.info().vocab_size;
-        let parts = chunks(ids, media.placeholder, self.session.max_rows())?;
+        let parts = chunks(ids, media.placeholder, self.session.max_rows(), self.bidirectional_images())?;
         let n = parts.len();
         let (mut out, mut used) = (Vec::new(), 0);
         for (i, part) in parts.into_iter().map(|r| &ids[r]).enumerate() {
@@ -243,7 +267,7 @@ impl Generator<'_> {
         }
         self.session.truncate(self.seq, 0);
         self.tokens.clear();
-        let parts = chunks(prompt, media.placeholder, self.session.max_rows())?;
+        let parts = chunks(prompt, media.placeholder, self.session.max_rows(), self.bidirectional_images())?;
         let n = parts.len();
         let mut used = 0;
         for (i, part) in parts.into_iter().map(|r| &prompt[r]).enumerate() {
@@ -262,9 +286,11 @@ mod tests {
     fn forwards_keep_image_runs_whole() {
         let p = 9;
         let ids = [1, 2, p, p, p, p, 3, 4, 5, 6];
-        assert_eq!(chunks(&ids, p, 4).unwrap(), vec![0..2, 2..6, 6..10]);
-        assert_eq!(chunks(&ids, p, 7).unwrap(), vec![0..7, 7..10]);
-        assert_eq!(chunks(&ids, p, 100).unwrap(), vec![0..10]);
-        assert!(chunks(&ids, p, 3).unwrap_err().to_string().contains("4 soft tokens"));
+        assert_eq!(chunks(&ids, p, 4, true).unwrap(), vec![0..2, 2..6, 6..10]);
+        assert_eq!(chunks(&ids, p, 7, true).unwrap(), vec![0..7, 7..10]);
+        assert_eq!(chunks(&ids, p, 100, true).unwrap(), vec![0..10]);
+        assert!(chunks(&ids, p, 3, true).unwrap_err().to_string().contains("4 soft tokens"));
+        // Causal images split like text.
+        assert_eq!(chunks(&ids, p, 3, false).unwrap(), vec![0..3, 3..6, 6..9, 9..10]);
     }
 }

@@ -64,6 +64,11 @@ pub struct LoadedModel {
     pub model: Box<dyn Model>,
     /// The context sessions are made for (`--context`, capped by the model's).
     pub context: usize,
+    /// Rows a prompt's forward takes at most: the backend's chunk, or more where one image
+    /// must fit a forward ([`crate::media::image_rows`]).
+    pub prefill_rows: usize,
+    /// The most soft tokens one image becomes (0 without a vision tower).
+    pub image_rows: usize,
     pub tokenizer: Option<TextTokenizer>,
     pub chat_template: Option<ChatTemplate>,
     pub generation: GenerationDefaults,
@@ -160,7 +165,8 @@ impl LoadedModel {
                 arch.model_type()
             );
         }
-        let draft = draft_decision(&weights_dir, arch.as_ref(), &store, opts)?;
+        let image_rows = crate::media::image_rows(dir, arch.as_ref())?;
+        let draft = draft_decision(&weights_dir, arch.as_ref(), &store, opts, image_rows)?;
         if let Some(note) = draft.note() {
             eprintln!("strata: {note}");
         }
@@ -175,7 +181,7 @@ impl LoadedModel {
         let mut experts_dir = None;
         let model = match open_source(&weights_dir, moe.as_ref())? {
             Some(source) => {
-                let (backend, f) = open_experts(dir, &weights_dir, source, arch.as_ref(), &store, opts)?;
+                let (backend, f) = open_experts(dir, &weights_dir, source, arch.as_ref(), &store, opts, image_rows)?;
                 let headroom = f.plan.as_ref().map_or(0, |p| p.headroom_bytes);
                 fit = Some(f);
                 experts_dir = Some(weights_dir.clone());
@@ -193,8 +199,15 @@ impl LoadedModel {
                     },
                     #[cfg(feature = "cuda")]
                     true => {
-                        let (spec, f, tiers) =
-                            gpu_spec(&weights_dir, arch.as_ref(), &store, opts, &backend, draft_experts.as_ref())?;
+                        let (spec, f, tiers) = gpu_spec(
+                            &weights_dir,
+                            arch.as_ref(),
+                            &store,
+                            opts,
+                            &backend,
+                            draft_experts.as_ref(),
+                            image_rows,
+                        )?;
                         gpu_fit = Some(f);
                         gpu_tiers = tiers;
                         spec
@@ -208,12 +221,7 @@ impl LoadedModel {
             }
             None => {
                 if let Some(budget) = opts.budget {
-                    let f = fit_dir(
-                        dir,
-                        arch.as_ref(),
-                        &store,
-                        &FitOptions::new(Some(budget), opts.context, &opts.runtime),
-                    )?;
+                    let f = fit_dir(dir, arch.as_ref(), &store, &fit_options(opts, Some(budget), image_rows))?;
                     if !f.report.fits {
                         bail!("{}: {} (see `strata fit`)", dir.display(), f.error.clone().unwrap_or_default());
                     }
@@ -246,6 +254,8 @@ impl LoadedModel {
             dir: dir.to_path_buf(),
             model_type: arch.model_type().to_string(),
             context: opts.context.min(info.max_context).max(1),
+            prefill_rows: model.prefill_chunk().max(image_rows),
+            image_rows,
             arch,
             model,
             tokenizer,
@@ -265,7 +275,7 @@ impl LoadedModel {
 
     /// A generator over a fresh session of this model's context.
     pub fn generator(&self) -> Result<crate::Generator<'_>> {
-        crate::Generator::new(self.model.as_ref(), self.context)
+        crate::Generator::with_rows(self.model.as_ref(), self.context, self.prefill_rows)
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
@@ -284,6 +294,14 @@ impl LoadedModel {
     }
 }
 
+/// The plan's options for a model loaded under `opts` with `budget`, whose images need
+/// `image_rows` rows a forward.
+pub fn fit_options(opts: &LoadOptions, budget: Option<u64>, image_rows: usize) -> FitOptions {
+    let mut f = FitOptions::new(budget, opts.context, &opts.runtime);
+    f.image_rows = image_rows;
+    f
+}
+
 /// Whether the draft (MTP) layer of the model in `dir` (its weights, as loaded) is loaded
 /// under `opts` ([`crate::fit::draft_loaded`]): the plan that decides is the GPU's on
 /// CUDA, the host's otherwise, as `strata fit` makes them.
@@ -292,12 +310,13 @@ pub fn draft_decision(
     arch: &dyn Arch,
     store: &WeightStore,
     opts: &LoadOptions,
+    image_rows: usize,
 ) -> Result<crate::fit::DraftDecision> {
     let on_gpu = matches!(opts.device, Device::Cuda(_));
     let budgeted = if on_gpu { opts.gpu_budget.is_some() } else { opts.budget.is_some() };
     let has_draft = arch.has_draft(store);
     crate::fit::draft_loaded(opts.mtp, opts.require_mtp, has_draft, budgeted && arch.moe().is_some(), |draft| {
-        let mut f = FitOptions::new(opts.budget, opts.context, &opts.runtime);
+        let mut f = fit_options(opts, opts.budget, image_rows);
         f.draft = draft;
         match on_gpu {
             true => crate::fit::fit_gpu(dir, arch, store, &f, opts.gpu_budget),
@@ -315,6 +334,7 @@ fn open_experts(
     arch: &dyn Arch,
     store: &WeightStore,
     opts: &LoadOptions,
+    image_rows: usize,
 ) -> Result<(Arc<StreamedExperts>, Fit)> {
     let rt = &opts.runtime;
     let layers = source.layers().to_vec();
@@ -363,8 +383,8 @@ fn open_experts(
         }
     }
     let on_gpu = matches!(opts.device, Device::Cuda(_));
-    let mut fit_opts = FitOptions::new(opts.budget, opts.context, rt);
-    fit_opts.draft = draft_decision(dir, arch, store, opts)?.load;
+    let mut fit_opts = fit_options(opts, opts.budget, image_rows);
+    fit_opts.draft = draft_decision(dir, arch, store, opts, image_rows)?.load;
     fit_opts.host_tier_only = on_gpu;
     let mut pins = rt.pins.clone();
     if rt.auto_pin && pins.is_empty() {
@@ -401,9 +421,10 @@ fn gpu_spec(
     opts: &LoadOptions,
     host: &Arc<StreamedExperts>,
     draft: Option<&Arc<StreamedExperts>>,
+    image_rows: usize,
 ) -> Result<(LoadSpec, Fit, Vec<Arc<crate::experts::gpu::GpuExperts>>)> {
     use crate::experts::gpu::GpuExperts;
-    let mut fit_opts = FitOptions::new(opts.gpu_budget, opts.context, &opts.runtime);
+    let mut fit_opts = fit_options(opts, opts.gpu_budget, image_rows);
     fit_opts.draft = draft.is_some();
     let f = crate::fit::fit_gpu(dir, arch, store, &fit_opts, opts.gpu_budget)?;
     let Some(plan) = f.plan else {

@@ -77,8 +77,9 @@ pub struct ServeOptions {
     /// KV positions for every running sequence and the prompt cache (default: the
     /// context).
     pub kv_tokens: Option<usize>,
-    /// Rows one forward may carry (decode rows plus prompt chunks).
-    pub step_tokens: usize,
+    /// Rows one forward may carry (decode rows plus prompt chunks; default: the model's
+    /// prefill chunk, which holds one image of the most soft tokens its processor makes).
+    pub step_tokens: Option<usize>,
     /// Bytes of KV the prompt cache may keep (default: the whole pool; running requests
     /// take blocks from it as they need them).
     pub prompt_cache_bytes: Option<u64>,
@@ -104,7 +105,7 @@ impl Default for ServeOptions {
             queue: 64,
             max_batch: 16,
             kv_tokens: None,
-            step_tokens: strata_engine::generate::PREFILL_CHUNK,
+            step_tokens: None,
             prompt_cache_bytes: None,
             context_limit: None,
             cors: Vec::new(),
@@ -146,7 +147,7 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         max_batch: opts.max_batch.max(1),
         kv_tokens,
         context,
-        step_tokens: opts.step_tokens.max(1),
+        step_tokens: step_tokens(&model, opts),
         prompt_cache_bytes: opts.prompt_cache_bytes.unwrap_or(u64::MAX),
         kv_bytes_per_token,
         draft_tokens: draft_tokens(&model, opts),
@@ -409,11 +410,16 @@ async fn shutdown_signal() {
     eprintln!("strata serve: {name}: shutting down (no new connections; running generations end at their next token)");
 }
 
+/// Rows a step carries: as asked, or the model's prefill chunk.
+fn step_tokens(model: &LoadedModel, opts: &ServeOptions) -> usize {
+    opts.step_tokens.unwrap_or(model.prefill_rows).max(1)
+}
+
 /// Draft tokens a decoding request's step verifies: as asked, or the default where the
 /// model's draft layer is loaded.
 fn draft_tokens(model: &LoadedModel, opts: &ServeOptions) -> usize {
     // The default fits what a step holds beside every decoding request's own row.
-    let room = (opts.step_tokens / opts.max_batch.max(1)).saturating_sub(1);
+    let room = (step_tokens(model, opts) / opts.max_batch.max(1)).saturating_sub(1);
     let default = strata_engine::generate::DEFAULT_DRAFT_TOKENS.min(room);
     opts.draft_tokens.unwrap_or(if model.draft { default } else { 0 })
 }
@@ -423,6 +429,15 @@ fn draft_tokens(model: &LoadedModel, opts: &ServeOptions) -> usize {
 pub fn serve(cfg: ServerConfig) -> Result<()> {
     let model = LoadedModel::open_with(&cfg.model_dir, &cfg.load)?;
     model.tokenizer()?;
+    if let (Some(n), Some(v)) = (cfg.serve.step_tokens, model.model.vision()) {
+        if v.spec().bidirectional && n < model.image_rows {
+            bail!(
+                "--step-tokens {n}: an image of up to {} soft tokens (preprocessor_config.json max_soft_tokens) attends to itself in one forward; give at least {}",
+                model.image_rows,
+                model.image_rows
+            );
+        }
+    }
     if let (Some(n @ 1..), false) = (cfg.serve.draft_tokens, model.draft) {
         bail!("--draft-tokens {n}: {} has no draft (MTP) layer loaded (or --mtp off)", cfg.model_dir.display());
     }

@@ -192,18 +192,22 @@ fn base64(bytes: &[u8]) -> String {
 }
 
 /// `image_url` parts (data: URLs) through the batching engine give what the generator
-/// gives for the same prompt and image (causal and bidirectional image attention);
-/// private http URLs are refused without --allow-private-media.
+/// gives for the same prompt and images (causal and bidirectional image attention; two
+/// images of 272 soft tokens each with the processor's default budget, each more than a
+/// CPU forward's 256 rows); private http URLs are refused without --allow-private-media.
 #[test]
 fn images_in_chat_requests_match_the_generator() {
     use strata_engine::image::Rgb8;
     use strata_engine::media;
-    for fixture in ["vision", "vision-bidir"] {
+    for fixture in ["vision", "vision-bidir", "vision-large"] {
         let app = app(fixture);
         let png = std::fs::read(dir(fixture).join("image.png")).unwrap();
         let url = format!("data:image/png;base64,{}", base64(&png));
-        let messages = json!([{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in it?"}]}]);
+        let images = if fixture == "vision-large" { 2 } else { 1 };
+        let mut parts: Vec<Value> =
+            (0..images).map(|_| json!({"type": "image_url", "image_url": {"url": url}})).collect();
+        parts.push(json!({"type": "text", "text": "What is in it?"}));
+        let messages = json!([{"role": "user", "content": parts}]);
         let req = json!({"messages": messages, "max_tokens": 12, "temperature": 0});
         let (status, r, body) = post(&app, "/v1/chat/completions", req.clone());
         assert_eq!(status, 200, "{body}");
@@ -218,13 +222,16 @@ fn images_in_chat_requests_match_the_generator() {
             .as_ref()
             .unwrap()
             .render_json(
-                &[json!({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]})],
+                &[json!({"role": "user", "content": (0..images)
+                    .map(|_| json!({"type": "image"}))
+                    .chain([json!({"type": "text", "text": "What is in it?"})])
+                    .collect::<Vec<_>>()})],
                 &strata_engine::chat::RenderOptions { add_generation_prompt: true, ..Default::default() },
             )
             .unwrap();
         let ids = m.tokenizer().unwrap().encode(&text, false).unwrap();
-        let img = Rgb8::decode(&png).unwrap();
-        let enc = media::encode_images(&m, &[img]).unwrap();
+        let imgs: Vec<Rgb8> = (0..images).map(|_| Rgb8::decode(&png).unwrap()).collect();
+        let enc = media::encode_images(&m, &imgs).unwrap();
         let spec = media::vision_spec(&m).unwrap();
         let ids = media::expand_runs(&spec, &ids, &enc.counts, m.model.info().bos_token_id).unwrap();
         assert_eq!(ids.len(), prompt_tokens, "{fixture}: prompt tokens");

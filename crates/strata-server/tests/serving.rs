@@ -56,8 +56,12 @@ fn chat(text: &str, extra: Value) -> Value {
 
 #[test]
 fn concurrent_requests_answer_as_they_would_alone_and_share_the_prompt_cache() {
-    let opts =
-        strata_server::ServeOptions { max_batch: 8, step_tokens: 32, kv_tokens: Some(4096), ..Default::default() };
+    let opts = strata_server::ServeOptions {
+        max_batch: 8,
+        step_tokens: Some(32),
+        kv_tokens: Some(4096),
+        ..Default::default()
+    };
     let app = app(opts);
     block_on(async {
         let texts: Vec<String> =
@@ -370,7 +374,7 @@ fn the_server_speculates_with_the_draft_layer_and_reports_it() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny");
     let opts = strata_server::ServeOptions {
         max_batch: 4,
-        step_tokens: 32,
+        step_tokens: Some(32),
         draft_policy: strata_engine::DraftPolicy::Fixed,
         ..Default::default()
     };

@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 10] = [
+const FIXTURES: [(&str, &str); 11] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -115,6 +115,7 @@ const FIXTURES: [(&str, &str); 10] = [
     ("gemma4", "moe"),
     ("gemma4", "vision"),
     ("gemma4", "vision-bidir"),
+    ("gemma4", "vision-large"),
 ];
 
 #[test]
@@ -218,6 +219,38 @@ fn cuda_gemma4_vision() {
 #[test]
 fn cuda_gemma4_vision_bidir() {
     image_fixture_test("vision-bidir")
+}
+
+/// Images of 272 soft tokens (the processor's default budget): the fixture, then a prompt
+/// of two of them in forwards of up to 1,024 rows (more than CUDA's usual 512), CUDA
+/// against the CPU backend.
+#[test]
+fn cuda_gemma4_vision_large() {
+    image_fixture_test("vision-large");
+    if gpu().is_none() {
+        return;
+    }
+    use strata_engine::image::Rgb8;
+    use strata_engine::media;
+    let dir = repo_root().join("fixtures/gemma4/vision-large");
+    stall_guard("gemma4/vision-large, two images", |phase| {
+        phase("load");
+        let (gm, cm) = (open(&dir, Device::Cuda(0)), open(&dir, Device::Cpu));
+        let img = Rgb8::open(&dir.join("image.png")).unwrap();
+        let imgs = [img.clone(), img];
+        let (gmedia, cmedia) = (media::encode_images(&gm, &imgs).unwrap(), media::encode_images(&cm, &imgs).unwrap());
+        let spec = media::vision_spec(&gm).unwrap();
+        let ids = media::expand_runs(&spec, &[10, 11, 12, 30, 31], &gmedia.counts, None).unwrap();
+        phase("prompt logits, one forward");
+        fn rows(m: &strata_engine::LoadedModel) -> strata_engine::Generator<'_> {
+            strata_engine::Generator::with_rows(m.model.as_ref(), 1024, 1024).unwrap()
+        }
+        let got = rows(&gm).logits_with_media(&ids, &gmedia, true).unwrap().concat();
+        let want = rows(&cm).logits_with_media(&ids, &cmedia, true).unwrap().concat();
+        let d = max_diff(&got, &want);
+        assert!(d < TOL, "two large images in one forward of {} rows: CUDA vs CPU {d}", ids.len());
+        eprintln!("vision-large: two images, {} rows in one forward, CUDA vs CPU {d:.2e}", ids.len());
+    });
 }
 
 /// Gemma 4 with an image on CUDA: the vision tower's soft tokens, the prompt's logits at
