@@ -65,6 +65,7 @@ fn min_budget(dir: &Path, working: usize) -> u64 {
             max_slots_per_layer: None,
             draft: false,
             host_tier_only: false,
+            image_rows: 0,
         },
     )
     .unwrap();

@@ -357,7 +357,7 @@ fn reasoning_is_reported_apart_from_the_answer() {
         max_batch: 4,
         kv_tokens: 1024,
         context: 256,
-        step_tokens: Some(64),
+        step_tokens: 64,
         prompt_cache_bytes: 1 << 20,
         kv_bytes_per_token: model.arch.kv_bytes_per_token(),
         draft_tokens: 0,
