@@ -200,8 +200,10 @@ pub fn sample(row: &[f32], d: &Draw, s: &mut DrawScratch) -> u32 {
 }
 
 /// The distribution [`sample`] draws from (its kept candidates and their probabilities,
-/// summing to 1), into `out`; a greedy draw is its argmax with probability 1.
-pub fn distribution(row: &[f32], d: &Draw, s: &mut DrawScratch, out: &mut Vec<(u32, f64)>) {
+/// summing to 1), into `out`; a greedy draw is its argmax with probability 1. The tests'
+/// reference for the draws.
+#[cfg(test)]
+fn distribution(row: &[f32], d: &Draw, s: &mut DrawScratch, out: &mut Vec<(u32, f64)>) {
     out.clear();
     if !d.is_greedy() {
         cut(row, d, &mut s.v, &mut s.kept);
