@@ -472,7 +472,7 @@ fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
     let ledger = dir.path().join("usage.txt");
     // Room for the draft layer's weights, KV and slab on top of the smallest main plan.
     let mut opts = options(Some(min_budget(dir.path(), 8) + (8 << 20)), 8);
-    opts.mtp = true;
+    (opts.mtp, opts.require_mtp) = (true, true);
     opts.runtime.usage = UsageSetting::Path(ledger.clone());
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let prompt = m.tokenizer().unwrap().encode("And God said, Let there be light", true).unwrap();
@@ -519,7 +519,7 @@ fn concurrent_drafting_requests_fit_a_small_draft_tier() {
     )
     .unwrap();
     let mut opts = options(Some(min_budget(dir.path(), 8) + (8 << 20)), 8);
-    opts.mtp = true;
+    (opts.mtp, opts.require_mtp) = (true, true);
     opts.runtime.usage = UsageSetting::Off;
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let tok = m.tokenizer().unwrap();
