@@ -13,10 +13,10 @@
 //! emitted token is therefore the target's own keyed sample at its position: the output
 //! is the target's distribution, and the very tokens decoding without drafts gives for the
 //! same seed (greedy: the argmax, as before). The standard rejection rule accepts somewhat
-//! more often when sampling (docs/performance.md, issue 41: 0.56 against 0.47 on strata-tiny at
-//! T=0.8) but draws the tokens
-//! after a rejection from a residual, so its text depends on the drafts; coupled, a seed
-//! names one text, whatever the draft policy, the batch or the device.
+//! more often when sampling (0.56 against 0.47 on strata-tiny at T=0.8: docs/performance.md,
+//! issue 41) but draws the token after a rejection from a residual, so its text depends on
+//! the drafts; coupled, a seed names one text, whatever the draft policy, the batch or the
+//! device.
 
 use crate::draft_policy::DraftController;
 use crate::generate::{Emitter, FinishReason, Generator};
