@@ -1,5 +1,5 @@
 """Peer benchmark: transformers (PyTorch eager, CPU) decode on the same checkpoint that
-`strata bench decode` measures. Usage:
+`strata-bench decode` measures. Usage:
 
     python scripts/bench_transformers_cpu.py MODEL_DIR [--dtype bfloat16|float32] [--prompt-tokens 16] [--decode-tokens 16]
 

@@ -1,5 +1,5 @@
 """Peer benchmark: transformers (PyTorch eager) prefill and greedy decode on a CUDA GPU, on
-the same checkpoint that `strata bench decode --device cuda` measures. Usage:
+the same checkpoint that `strata-bench decode --device cuda` measures. Usage:
 
     python scripts/bench_transformers_gpu.py MODEL_DIR [--dtype bfloat16|float32]
         [--prompt-tokens 64] [--decode-tokens 128] [--reps 3]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peer benchmark for the slice checkpoints of scripts/make_slice_checkpoint.py: transformers
 (PyTorch eager, CPU, bf16, KV cache, greedy) prefill and decode on the same directory that
-`strata bench decode` measures. Loads the class named by config.json's `architectures`, so
+`strata-bench decode` measures. Loads the class named by config.json's `architectures`, so
 it also takes Gemma 4's multimodal wrapper (scripts/bench_transformers_cpu.py uses
 AutoModelForCausalLM and `config.vocab_size`, which the wrapper lacks).
 

@@ -12,7 +12,7 @@ version, sm_90, --fmad=false) and reads the result with cuobjdump. nvcc comes fr
     export CUDA_BIN=/tmp/cudavenv/lib/python3.11/site-packages/nvidia/cu13/bin
 
     python3 scripts/kernel_sass.py                      # regs, spills a kernel
-    python3 scripts/kernel_sass.py -D I4_L2=256 --loops k_experts_up_row
+    python3 scripts/kernel_sass.py --loops k_experts_up_row
     python3 scripts/kernel_sass.py --against HEAD~1     # kernels whose SASS differs from a commit's
 
 (`--against` compares instructions with addresses dropped; `--loops` lists each loop of a
@@ -99,7 +99,8 @@ def loops(ins):
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-D", dest="defines", action="append", default=[], help="NAME=VALUE, as STRATA_CUDA_DEFINES")
+    ap.add_argument("-D", dest="defines", action="append", default=[],
+                    help="NAME=VALUE: an extra definition (an experiment on a copy of the source)")
     ap.add_argument("--rev", help="compile the kernels of this commit instead of the working tree")
     ap.add_argument("--against", help="list the kernels whose SASS differs from this commit's")
     ap.add_argument("--loops", metavar="KERNEL", help="list KERNEL's loops and their instruction mix")

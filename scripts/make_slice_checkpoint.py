@@ -2,7 +2,7 @@
 """Random-weight "slice" checkpoints: a family's real widths, few layers, small vocab.
 
 For CPU speed measurements (docs/performance.md, issue 14) of families whose real checkpoints
-do not fit this machine. GLM-5 has its own generator (`strata bench synth`); this covers the
+do not fit this machine. GLM-5 has its own generator (`strata-bench synth`); this covers the
 families that transformers defines:
 
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py glm4_moe /work/bench/glm45air-slice

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Decode speed with the default MTP settings next to `--mtp off`: `strata bench decode`
-(one request, the CLI's loop) and `strata bench serve` at 1, 4 and 16 requests, greedy
+"""Decode speed with the default MTP settings next to `--mtp off`: `strata-bench decode`
+(one request, the CLI's loop) and `strata-bench serve` at 1, 4 and 16 requests, greedy
 and sampled. Runs alternate between the two settings (this machine's speed drifts), and
 each cell is the median of --reps runs; one table in Markdown at the end.
 
-    python3 scripts/mtp_matrix.py --bin target/release/strata --model models/strata-tiny \\
+    python3 scripts/mtp_matrix.py --bin target/release/strata-bench --model models/strata-tiny \\
         [--reps 5] [--cores 0,1] [--device cpu] [--tokens 256] [--json out.jsonl]
 """
 import argparse
@@ -16,7 +16,7 @@ import sys
 
 def run(args, cmd):
     pre = ["taskset", "-c", args.cores] if args.cores else []
-    r = subprocess.run(pre + [args.bin] + cmd + ["--json"], capture_output=True, text=True)
+    r = subprocess.run(pre + [args.bin] + cmd[1:] + ["--json"], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     out = r.stdout.strip()
@@ -25,7 +25,7 @@ def run(args, cmd):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default="target/release/strata")
+    ap.add_argument("--bin", default="target/release/strata-bench")
     ap.add_argument("--model", default="models/strata-tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=5)

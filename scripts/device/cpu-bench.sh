@@ -36,7 +36,7 @@ fi
 
 for t in $THREADS; do
   for rep in 1 2 3; do
-    taskset -c "$(cpus $t)" $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 128 \
+    taskset -c "$(cpus $t)" $C/strata-bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 128 \
       --threads "$t" --json 2>>"$OUT/strata.err" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','threads':$t,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'allocs_per_token':r['allocations_per_decode_token']}))" >>"$res"
@@ -54,7 +54,7 @@ done
 for t in ${MTP_THREADS:-"1 4 16"}; do
   for pol in fixed adaptive; do
     for rep in 1 2 3; do
-      taskset -c "$(cpus $t)" $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 128 \
+      taskset -c "$(cpus $t)" $C/strata-bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 128 \
         --threads "$t" --draft-tokens 3 --draft-policy $pol --json 2>>"$OUT/strata.err" | python3 -c "
 import json,sys; r=json.load(sys.stdin); m=r['mtp']
 print(json.dumps({'engine':'strata','mtp':'$pol','threads':$t,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'acceptance':m['acceptance_rate'],'tokens_per_target_forward':m['tokens_per_target_forward'],'plain_rounds':m['plain_rounds'],'rounds':m['rounds']}))" >>"$res"
@@ -63,7 +63,7 @@ print(json.dumps({'engine':'strata','mtp':'$pol','threads':$t,'rep':$rep,'decode
 done
 # One profile of a decode token at 1 and at all threads.
 for t in 1 ${THREADS##* }; do
-  taskset -c "$(cpus $t)" $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 256 --threads "$t" --profile \
+  taskset -c "$(cpus $t)" $C/strata-bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 256 --threads "$t" --profile \
     >"$OUT/profile-t$t.txt" 2>&1
 done
 [ -x $C/pool_bench ] && for t in 2 16; do taskset -c "$(cpus $t)" $C/pool_bench $t; done >"$OUT/pool.txt" 2>&1

@@ -13,7 +13,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 cuda_tests "^test .*FAILED|test result|panicked|STALL|vision-large"
 since "mtp matrix"
-timeout 300 python3 scripts/mtp_matrix.py --bin $C/strata --device cuda --reps ${REPS:-2} --json "$OUT/mtp.jsonl" \
+timeout 300 python3 scripts/mtp_matrix.py --bin $C/strata-bench --device cuda --reps ${REPS:-2} --json "$OUT/mtp.jsonl" \
   >"$OUT/mtp.txt" 2>&1
 tail -12 "$OUT/mtp.txt"
 since "soak"

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts, run from the repository root: the carried binaries' folder
 # (C), the results folder (OUT), the CUDA libraries on the path, the binaries unpacked.
 # STALL_S is the script's default for STRATA_TEST_STALL_S: a fixture test that stalls
-# aborts after that long, naming its phase (and, with STRATA_CUDA_WATCHDOG=SECONDS, the
+# aborts after that long, naming its phase (and, with STRATA_TEST_WATCHDOG_S=SECONDS, the
 # kernel that did not finish) instead of eating the timeout.
 C=.devcarry
 OUT=${OUT:-/tmp/strata-out}
@@ -9,14 +9,14 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}
 export STRATA_PTX_CACHE=/tmp/strata-ptx STRATA_REQUIRE_GPU=1 STRATA_REPO_ROOT=$PWD RUST_BACKTRACE=1
 export STRATA_TEST_STALL_S=${STRATA_TEST_STALL_S:-${STALL_S:-90}} PYTHONUNBUFFERED=1
-for f in strata cuda-tests; do
+for f in strata strata-bench cuda-tests; do
   [ -f "$C/$f.xz" ] && xz -d -k -f "$C/$f.xz" && chmod +x "$C/$f"
 done
 # A GLM-5-shaped slice at $1 (1 dense + 1 MoE layer of GLM-5-sized experts, bf16; $2 the
 # vocabulary, 16384, $3 the experts, 48) and its int4-expert conversion at $1-int4, each
 # written unless it is there.
 glm5_slice() {
-  [ -d "$1" ] || timeout 200 $C/strata bench synth --out "$1" --preset glm5 --layers 2 --dense-layers 1 \
+  [ -d "$1" ] || timeout 200 $C/strata-bench synth --out "$1" --preset glm5 --layers 2 --dense-layers 1 \
     --experts "${3:-48}" --vocab "${2:-16384}" >>"$OUT/side.log" 2>&1
   [ -d "$1-int4" ] || timeout 200 $C/strata convert --model "$1" --out "$1-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1
 }

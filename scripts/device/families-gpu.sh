@@ -30,7 +30,7 @@ bench() {  # model-dir label device prompt decode reps [extra args]
   local dir=$1 label=$2 dev=$3 p=$4 d=$5 reps=$6
   shift 6
   for rep in $(seq 1 "$reps"); do
-    timeout 180 $S bench decode --model "$dir" --device "$dev" --prompt-tokens "$p" --decode-tokens "$d" --warmup --json "$@" \
+    timeout 180 $C/strata-bench decode --model "$dir" --device "$dev" --prompt-tokens "$p" --decode-tokens "$d" --warmup --json "$@" \
       2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'$label','device':r['device'],'prompt':$p,'decode':$d,'rep':$rep,
@@ -63,7 +63,7 @@ for l in sys.stdin:
   mk "$f" "$dir" || continue
   since "$label written ($(du -sh "$dir" | cut -f1))"
   bench "$dir" "$label" cuda 64 64 2
-  timeout 120 $S bench decode --model "$dir" --device cuda --prompt-tokens 64 --decode-tokens 64 --profile \
+  timeout 120 $C/strata-bench decode --model "$dir" --device cuda --prompt-tokens 64 --decode-tokens 64 --profile \
     >"$OUT/profile-$label.txt" 2>&1
   since "$label strata done"
   peer "$dir" "$label" grouped_mm
@@ -74,7 +74,7 @@ done
 since "serving on CUDA (strata-tiny)"
 [ "${SERVE:-1}" = 1 ] && for cfg in "1 0" "1 3" "8 0" "8 3"; do
   set -- $cfg
-  timeout 120 $S bench serve --model models/strata-tiny --device cuda --requests $1 --prompt-tokens 32 --decode-tokens 128 \
+  timeout 120 $C/strata-bench serve --model models/strata-tiny --device cuda --requests $1 --prompt-tokens 32 --decode-tokens 128 \
     --draft-tokens $2 --warmup --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin); r['bench']='serve'; print(json.dumps(r))" >>"$res" ||
     echo "bench serve $cfg failed" | tee -a "$OUT/side.log"

@@ -33,7 +33,7 @@ echo "== strata-tiny on CUDA"
 $S --version >/dev/null 2>&1 || true
 tiny() {  # prompt decode reps device
   for rep in $(seq 1 "$3"); do
-    timeout 60 $S bench decode --model models/strata-tiny --device "$4" --prompt-tokens "$1" --decode-tokens "$2" --warmup --json \
+    timeout 60 $C/strata-bench decode --model models/strata-tiny --device "$4" --prompt-tokens "$1" --decode-tokens "$2" --warmup --json \
       2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'strata-tiny','device':r['device'],'prompt':$1,'decode':$2,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'load_s':r['load_seconds']}))" >>"$res"
@@ -42,9 +42,9 @@ print(json.dumps({'engine':'strata','model':'strata-tiny','device':r['device'],'
 tiny 64 128 3 cuda
 tiny 512 256 3 cuda
 tiny 64 128 1 cpu
-timeout 60 $S bench decode --model models/strata-tiny --device cuda --prompt-tokens 64 --decode-tokens 256 --profile >"$OUT/profile-cuda.txt" 2>&1
+timeout 60 $C/strata-bench decode --model models/strata-tiny --device cuda --prompt-tokens 64 --decode-tokens 256 --profile >"$OUT/profile-cuda.txt" 2>&1
 timeout 60 $S generate --help >/dev/null 2>&1
-echo "no GPU path check:"; CUDA_VISIBLE_DEVICES= timeout 30 $S bench decode --model models/strata-tiny --device cuda 2>&1 | tail -1
+echo "no GPU path check:"; CUDA_VISIBLE_DEVICES= timeout 30 $C/strata-bench decode --model models/strata-tiny --device cuda 2>&1 | tail -1
 
 [ "${TRANSFORMERS_TINY:-1}" = 1 ] && echo "== transformers on the GPU" && for cfg in "bfloat16 64 128" "bfloat16 512 256" "float32 64 128"; do
   set -- $cfg
@@ -54,14 +54,14 @@ done
 
 if [ -n "${SLICE:-}" ]; then
   echo "== GLM-5-shaped slice (bf16, 48 experts), resident on CUDA"
-  timeout 200 $S bench synth --out /tmp/slice48 --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
+  timeout 200 $C/strata-bench synth --out /tmp/slice48 --preset glm5 --layers 2 --dense-layers 1 --experts 48 --vocab 16384 >>"$OUT/side.log" 2>&1
   for rep in 1 2; do
-    timeout 120 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --json 2>>"$OUT/side.log" \
+    timeout 120 $C/strata-bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --json 2>>"$OUT/side.log" \
       | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','model':'slice48','device':r['device'],'prompt':64,'decode':64,'rep':$rep,'decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],'bytes_per_token':r['decode_bytes_read_per_token']}))" >>"$res"
   done
-  timeout 60 $S bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --profile >"$OUT/profile-slice.txt" 2>&1
+  timeout 60 $C/strata-bench decode --model /tmp/slice48 --device cuda --prompt-tokens 64 --decode-tokens 64 --profile >"$OUT/profile-slice.txt" 2>&1
   timeout 150 python3 $C/bench_transformers_gpu.py /tmp/slice48 --dtype bfloat16 --prompt-tokens 64 --decode-tokens 64 \
     --reps 2 --experts grouped_mm >>"$res" 2>>"$OUT/side.log" || echo "transformers slice failed"
 fi

@@ -20,7 +20,7 @@ prompt=${PREFILL:-8}; decode=4; tag=""
 for v in ${KT:-bf16 int4}; do
   d=$slice; [ $v = int4 ] && d=$slice-int4
   timeout 240 "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-    $S bench decode --model "$d" --device cuda --prompt-tokens $prompt --decode-tokens $decode --cuda-graphs off --usage off \
+    $C/strata-bench decode --model "$d" --device cuda --prompt-tokens $prompt --decode-tokens $decode --cuda-graphs off --usage off \
     --mtp off >/tmp/ncu-$v.csv 2>>"$OUT/side.log"
   python3 - /tmp/ncu-$v.csv "${PREFILL:-}" >"$OUT/kernels-$tag$v.txt" <<'PY'
 import csv, sys, collections

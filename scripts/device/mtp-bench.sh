@@ -14,7 +14,7 @@ res="$OUT/mtp-bench.jsonl"
 : >"$res"
 one() { # label, then bench decode arguments
   local label=$1; shift
-  ${PIN:-} $S bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 256 --json "$@" 2>>"$OUT/strata.err" |
+  ${PIN:-} $C/strata-bench decode --model models/strata-tiny --prompt-tokens 64 --decode-tokens 256 --json "$@" 2>>"$OUT/strata.err" |
     python3 -c "
 import json,sys; r=json.load(sys.stdin); m=r.get('mtp') or {}
 print(json.dumps({'run':'$label','decode_tps':r['decode_tokens_per_s'],'prefill_tps':r['prefill_tokens_per_s'],

@@ -34,7 +34,7 @@ L=/tmp/llama-cuda
 # slice, convert it to GGUF and to strata's int4 container.
 (
   TARGETS="llama-bench llama-quantize" bash "$PEER" build "$C/llama-src.tar.xz" "$L" cuda >/tmp/llama-build.log 2>&1 &
-  timeout 200 $S bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+  timeout 200 $C/strata-bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
     --vocab 16384 >>"$OUT/side.log" 2>&1
   # llama.cpp's converter needs a tokenizer; strata-tiny's (8192 ids) is padded to the vocab.
   tok=${TOKENIZER_DIR:-models/strata-tiny}
@@ -44,7 +44,7 @@ L=/tmp/llama-cuda
   timeout 200 $S convert --model "$slice" --out "$slice-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1 ||
     echo "strata convert int4 failed" >>"$OUT/side.log"
   if [ "${FULL_VOCAB:-0}" = 1 ]; then
-    timeout 200 $S bench synth --out "$slice-v154k" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+    timeout 200 $C/strata-bench synth --out "$slice-v154k" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
       --vocab 154880 >>"$OUT/side.log" 2>&1
     timeout 200 $S convert --model "$slice-v154k" --out "$slice-v154k-int4" --experts int4 --scales f32 >>"$OUT/side.log" 2>&1
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice-v154k/"
@@ -52,9 +52,9 @@ L=/tmp/llama-cuda
       echo "convert of the GLM-5-vocabulary slice to GGUF failed" >>"$OUT/side.log"
   fi
   if [ "${FP8:-0}" = 1 ]; then
-    timeout 200 $S bench synth --out "$slice-fp8" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
+    timeout 200 $C/strata-bench synth --out "$slice-fp8" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
       --vocab 16384 --fp8 >>"$OUT/side.log" 2>&1
-    timeout 200 $S bench synth --out "$slice-fp8-int4" --preset glm5 --layers 2 --dense-layers 1 \
+    timeout 200 $C/strata-bench synth --out "$slice-fp8-int4" --preset glm5 --layers 2 --dense-layers 1 \
       --experts "${EXPERTS:-48}" --vocab 16384 --fp8 --container int4-g64 >>"$OUT/side.log" 2>&1
   fi
   wait
@@ -74,7 +74,7 @@ strata_bench() {  # dir label [flags...]
   local dir=$1 label=$2
   shift 2
   for rep in 1 2; do
-    timeout 120 $S bench decode --model "$dir" --device cuda --prompt-tokens ${PT:-64} --decode-tokens 64 --warmup \
+    timeout 120 $C/strata-bench decode --model "$dir" --device cuda --prompt-tokens ${PT:-64} --decode-tokens 64 --warmup \
       --usage off --mtp off --json "$@" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata','weights':'$label','flags':'$*','rep':$rep,'prompt_tokens':${PT:-64},'decode_tps':r['decode_tokens_per_s'],
@@ -114,8 +114,8 @@ if [ "${SERVE:-0}" = 1 ]; then
   # picked on the device (one id a request read back) or their logits read.
   for rep in 1 2; do
     for picks in on off; do
-      since "strata bench serve, device picks $picks ($rep)"
-      timeout 120 $S bench serve --model "$slice" --device cuda --requests 8 --prompt-tokens 64 --decode-tokens 64 \
+      since "strata-bench serve, device picks $picks ($rep)"
+      timeout 120 $C/strata-bench serve --model "$slice" --device cuda --requests 8 --prompt-tokens 64 --decode-tokens 64 \
         --warmup --usage off --mtp off --json --device-picks $picks 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'engine':'strata serve','weights':'bf16','device_picks':'$picks','rep':$rep,'tokens_per_s':round(r['tokens_per_s'],1),
@@ -131,7 +131,7 @@ if [ "${GRAPHS_OFF:-1}" = 1 ]; then
   strata_bench "$slice-int4" int4-g64 --cuda-graphs off
   for d in "$slice" "$slice-int4"; do
     echo "== $d" >>"$OUT/profile.txt"
-    timeout 60 $S bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \
+    timeout 60 $C/strata-bench decode --model "$d" --device cuda --prompt-tokens 64 --decode-tokens 64 --warmup --usage off --mtp off \
       --profile >>"$OUT/profile.txt" 2>&1
   done
 fi

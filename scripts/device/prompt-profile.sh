@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: where a prompt's time goes, op by op, on the GLM-5-shaped slices
-# (bf16, int4 experts): `strata bench decode --profile` waits for the device after each op
+# (bf16, int4 experts): `strata-bench decode --profile` waits for the device after each op
 # of the prompt's forward, so an op's time is its kernels plus the host work around them,
 # and what no op accounts for is the host's alone. Each prompt length in PROMPTS (default
 # "64 512"), each variant in VARIANTS (`_` the defaults; STRATA_X=v[,STRATA_Y=w] in the

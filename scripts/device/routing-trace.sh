@@ -8,8 +8,7 @@
 #    --trace, and once with --pilot measure under a budget (next-layer prediction recall).
 # 4. TIERS=1: generates on the GPU with the experts in two tiers sized as full GLM-5.2's
 #    on one H200 (GPU slab 26.7% of them, host tier 27%, the rest read from disk), the host
-#    tier exclusive (the default) and inclusive (STRATA_HOST_TIER=inclusive): the engine's
-#    own hit rates on trained routing ($OUT/tiers-<mode>-<category>.json, --stats-json).
+#    tier exclusive of the GPU's: the engine's own hit rates on trained routing ($OUT/tiers-<mode>-<category>.json, --stats-json).
 # TESTS=1 runs the CUDA suite beside the training (the GPU has room for both). QUALITY=1
 # (with TIERS=1) adds held-out perplexity, exact and approximate (see the end).
 # Needs in .devcarry: strata(.xz), cuda-tests(.xz) for TESTS=1, and route/ (the tokenised
@@ -70,12 +69,12 @@ import json, sys; j = json.load(sys.stdin); g = j['gpu']['plan']['input']; h = j
 experts = g['sparse_layers'] * ${EXPERTS:-256}
 print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_bytes'] + round(0.270 * experts) * h['slot_bytes'])")"
   echo "GPU budget $gb, host budget $hb" | tee -a "$OUT/route.log"
-  # TIER_MODES: exclusive / inclusive host tier, each optionally -lru (--eviction lru; the
+  # TIER_MODES: exclusive (the host tier), optionally -lru (--eviction lru; the
   # default is lfru), -global (--eviction-scope global: victims from any layer), -skipR
   # (approximate decode, --skip-misses-from-rank R), then -prefetch (--pilot prefetch: next-layer predictions read into the
   # host tier while the current layer computes) or -prefetchN (only the first N ranks of
   # each prediction, --pilot-ranks N).
-  for mode in ${TIER_MODES:-exclusive inclusive}; do
+  for mode in ${TIER_MODES:-exclusive}; do
     pilot=(--pilot off)
     eviction=()
     [[ $mode == *-lru* ]] && eviction=(--eviction lru)
@@ -85,7 +84,7 @@ print(g['fixed_bytes'] + round(0.267 * experts) * g['slot_bytes'], h['fixed_byte
     [[ $mode =~ -prefetch([1-9])$ ]] && pilot=(--pilot prefetch --pilot-ranks "${BASH_REMATCH[1]}")
     for p in "${PROMPTS[@]:0:3}"; do
       cat=${p%%|*}
-      STRATA_HOST_TIER=${mode%%-*} timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
+      timeout 120 $C/strata generate --model "$MODEL" --device cuda --prompt "${p#*|}" \
         --max-tokens "${MAX_TOKENS:-600}" --temperature 0.8 --top-p 0.95 --seed 3 --usage off "${common[@]}" \
         --gpu-budget "$gb" --budget "$hb" "${pilot[@]}" "${eviction[@]}" --stats-json "$OUT/tiers-$mode-$cat.json" >>"$OUT/route.log" 2>&1 ||
         echo "tiers $mode $cat failed (see route.log)"

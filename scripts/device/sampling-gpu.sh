@@ -35,7 +35,7 @@ for rep in $(seq 1 ${REPS:-2}); do
     for d in "$slice bf16" "$slice-int4 int4-g64" "$slice-v154k bf16-vocab154880"; do
       set -- $d
       [[ " $SLICES " == *" $2 "* ]] || continue
-      timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} --decode-tokens ${DECODE:-128} \
+      timeout 120 $C/strata-bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} --decode-tokens ${DECODE:-128} \
         --warmup --usage off --mtp off --json "${flags[@]}" 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'weights':'$2','mode':'$mode','flags':'$sampling','rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),

@@ -35,7 +35,7 @@ for rep in $(seq 1 ${REPS:-2}); do
   done); do
     set -- ${d/:/ }
     since "decode $2 ($rep)"
-    timeout 120 $S bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} \
+    timeout 120 $C/strata-bench decode --model "$1" --device cuda --prompt-tokens ${PROMPT:-64} \
       --decode-tokens ${DECODE:-128} --warmup --usage off --mtp off --json 2>>"$OUT/side.log" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
 print(json.dumps({'experts':'$2','vocab':${VOCAB:-16384},'rep':$rep,'decode_tps':round(r['decode_tokens_per_s'],1),

@@ -9,8 +9,7 @@
 # Needs, in .devcarry/ (built here): strata.xz and cuda-tests.xz (see gpu-check.sh).
 # TESTS=0 skips the test suite; SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
 # fixtures behind); ENCODINGS (default "int4-g64 bf16") the slices' expert encodings; MODES
-# (default "resident gpu30 gpu30-host40 gpu30-host40-inclusive") the runs, the last with
-# the host tier inclusive of the GPU's (STRATA_HOST_TIER=inclusive) for comparison;
+# (default "resident gpu30 gpu30-host40") the runs;
 # a suffix -pagecache reads the misses through the (warmed) page cache, -prefetch reads
 # PILOT's next-layer predictions ahead (--pilot prefetch), -prefetchN only the first N
 # ranks of each (--pilot-ranks N), -lru evicts by LRU (--eviction lru; lfru is the default),
@@ -45,7 +44,7 @@ EOF
 for enc in ${ENCODINGS:-int4-g64 bf16}; do
   dir=/tmp/slice-$enc
   since "slice $enc"
-  timeout 240 $S bench synth --out "$dir" --preset glm5 --layers 4 --dense-layers 1 --experts 48 --container "$enc" \
+  timeout 240 $C/strata-bench synth --out "$dir" --preset glm5 --layers 4 --dense-layers 1 --experts 48 --container "$enc" \
     >>"$OUT/side.log" 2>&1 || { echo "synth $enc failed"; tail -3 "$OUT/side.log"; continue; }
   since "written ($(du -sh "$dir" | cut -f1))"
   common=(--working-slots 8 --context 512 --mtp off --usage off --prompt-tokens 64 --decode-tokens 64 --warmup --json)
@@ -57,7 +56,7 @@ per=(int(0.3*experts)-8)//3            # GPU: 8 working + per-layer slots ~ 30% 
 host=(int(0.4*experts)-8)//3           # host tier: ~40% of the experts, beside the host plan's fixed items
 print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")"
   echo "gpu budget (30%) $g30, host budget (40%) $h40, slot $slot" | tee -a "$OUT/side.log"
-  for mode in ${MODES:-resident gpu30 gpu30-host40 gpu30-host40-inclusive}; do
+  for mode in ${MODES:-resident gpu30 gpu30-host40}; do
     tier=()
     base=${mode%%-skip*}
     base=${base%%-lru*}
@@ -68,7 +67,6 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
     resident) extra=() ;;
     gpu30) extra=(--gpu-budget "$g30") ;;
     gpu30-host40) extra=(--gpu-budget "$g30" --budget "$h40" --floor) ;;
-    gpu30-host40-inclusive) extra=(--gpu-budget "$g30" --budget "$h40" --floor) tier=(STRATA_HOST_TIER=inclusive) ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
     # -pagecache: misses read through the page cache (warmed first), a disk many times
@@ -83,7 +81,7 @@ print(p['fixed_bytes']+(8+3*per)*slot, h['fixed_bytes']+(8+3*host)*slot, slot)")
     [[ $mode =~ -prefetch([1-9]?)$ ]] && extra+=(--pilot prefetch) && [ -n "${BASH_REMATCH[1]}" ] &&
       extra+=(--pilot-ranks "${BASH_REMATCH[1]}")
     for rep in 1 2; do
-      env "${tier[@]}" timeout 200 $S bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
+      env "${tier[@]}" timeout 200 $C/strata-bench decode --model "$dir" --device cuda "${common[@]}" "${extra[@]}" 2>>"$OUT/side.log" |
         python3 -c "
 import json,sys; r=json.load(sys.stdin); r['slice']='$enc'; r['mode']='$mode'; r['rep']=$rep
 e=r.pop('experts', None) or {}; p=r.pop('pilot', None) or {}

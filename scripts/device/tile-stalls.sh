@@ -8,7 +8,7 @@
 # SKIP and COUNT the matching launches profiled: the bench runs bf16, int8, int4, FP8, each
 # with prompts of 1, 2, 4 and 16 rows an expert, 23 launches of both kernels each (46
 # matching), so SKIP=368 COUNT=184 (the defaults) are int4's. DECODE=DIR profiles
-# `strata bench decode` of the model at DIR instead (8 prompt and 4 decode tokens, graphs
+# `strata-bench decode` of the model at DIR instead (8 prompt and 4 decode tokens, graphs
 # off), e.g. KERNELS="k_experts_(up|down)_row$" SKIP=0 COUNT=16 DECODE=/tmp/slice48-g64-e4m3
 # for the one-row expert kernels of its decode tokens (after TESTS=0 scales-gpu.sh).
 # Writes $OUT/tile-stalls.csv (raw) and $OUT/tile-stalls.txt.
@@ -24,7 +24,7 @@ timeout 400 "$NCU" --clock-control none --csv --kernel-name "regex:${KERNELS:-k_
   --launch-skip "${SKIP:-368}" --launch-count "${COUNT:-184}" --section WarpStateStats --section SchedulerStats --section Occupancy \
   --metrics "gpu__time_duration.sum,dram__bytes_read.sum,$stalls" \
   $(if [ -n "${DECODE:-}" ]; then
-    echo "$C/strata bench decode --model $DECODE --device cuda --prompt-tokens 8 --decode-tokens 4 --cuda-graphs off --usage off --mtp off"
+    echo "$C/strata-bench decode --model $DECODE --device cuda --prompt-tokens 8 --decode-tokens 4 --cuda-graphs off --usage off --mtp off"
   else
     echo "$C/cuda-tests --ignored --nocapture --test-threads=1 cuda_kernel_bandwidth"
   fi) >"$OUT/tile-stalls.csv" 2>>"$OUT/side.log"

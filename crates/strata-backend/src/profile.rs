@@ -1,4 +1,4 @@
-//! Per-op time of a backend, for `strata bench decode --profile`: off by default (one
+//! Per-op time of a backend, for `strata-bench decode --profile`: off by default (one
 //! relaxed load per op), process-wide counters when on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

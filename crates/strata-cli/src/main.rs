@@ -1,17 +1,7 @@
 //! `strata`: the command line. Thin: parsing and printing; the work lives in the crates.
 
-mod alloc_count;
-mod atlas;
-mod atlas_html;
-mod bench;
-mod bench_serve;
-mod commands;
-mod quality;
-mod residency;
-mod serve;
-mod trace_cmd;
-
 use clap::{Parser, Subcommand};
+use strata_cli::{atlas, commands, quality, residency, serve, trace_cmd};
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Run Mixture-of-Experts language models larger than fast memory")]
@@ -38,9 +28,6 @@ enum Command {
     Replay(residency::ReplayArgs),
     /// Serve the model over HTTP: OpenAI and Anthropic compatible APIs.
     Serve(serve::ServeArgs),
-    /// Benchmarks: synthetic GLM-5-shaped models, decode speed, memory bandwidth.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
     /// Expert Atlas: which routed experts specialise in which topics (build, validate,
     /// render).
     #[command(subcommand)]
@@ -51,9 +38,6 @@ enum Command {
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
 }
-
-#[global_allocator]
-static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 fn main() {
     let cli = Cli::parse();
@@ -66,7 +50,6 @@ fn main() {
         Command::Fit(a) => residency::fit(a),
         Command::Replay(a) => residency::replay(a),
         Command::Serve(a) => serve::serve(a),
-        Command::Bench(b) => bench::run(b),
         Command::Atlas(c) => atlas::run(c),
         Command::Perplexity(a) => quality::run(a),
         Command::Trace(c) => trace_cmd::run(c),

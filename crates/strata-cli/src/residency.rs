@@ -136,7 +136,7 @@ pub struct DeviceArgs {
     #[arg(long, default_value = "cpu")]
     device: String,
     /// CPU compute threads (default: the CPUs this process may run on, which honours
-    /// `taskset`; or STRATA_THREADS).
+    /// `taskset`).
     #[arg(long)]
     threads: Option<usize>,
     /// CUDA: replay each decode step's kernels as one CUDA graph (on, the default) or

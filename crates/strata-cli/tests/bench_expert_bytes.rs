@@ -1,4 +1,4 @@
-//! `bench decode` counts the routed experts a decode token reads (`expert_bytes_used_per_token`,
+//! `strata-bench decode` counts the routed experts a decode token reads (`expert_bytes_used_per_token`,
 //! the floor's expert part) whether the checkpoint stores them per expert or fused
 //! (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`: transformers' layout, as Gemma 4 ships).
 
@@ -10,8 +10,8 @@ fn fixture(path: &str) -> PathBuf {
 }
 
 fn expert_bytes(model: &Path) -> u64 {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "decode", "--model", model.to_str().unwrap()])
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["decode", "--model", model.to_str().unwrap()])
         .args(["--prompt-tokens", "4", "--decode-tokens", "2", "--context", "64", "--usage", "off", "--json"])
         .output()
         .unwrap();

@@ -9,7 +9,12 @@ fn fixture() -> PathBuf {
 }
 
 fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
+    // `bench ...` is the strata-bench binary's (kept out of strata).
+    let (bin, args) = match args.split_first() {
+        Some((&"bench", rest)) => (env!("CARGO_BIN_EXE_strata-bench"), rest),
+        _ => (env!("CARGO_BIN_EXE_strata"), args),
+    };
+    Command::new(bin).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
 }
 
 /// A writable copy of the fixture model.

@@ -4,10 +4,15 @@
 use std::process::Command;
 
 fn strata(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
+    // `bench ...` is the strata-bench binary's (kept out of strata).
+    let (bin, args) = match args.split_first() {
+        Some((&"bench", rest)) => (env!("CARGO_BIN_EXE_strata-bench"), rest),
+        _ => (env!("CARGO_BIN_EXE_strata"), args),
+    };
+    Command::new(bin).args(args).env("RUST_BACKTRACE", "0").output().unwrap()
 }
 
-/// `strata bench synth --preset small --out m` with `args`, which must succeed.
+/// `strata-bench synth --preset small --out m` with `args`, which must succeed.
 fn synth_small(m: &str, args: &[&str]) {
     let mut all = vec!["bench", "synth", "--preset", "small", "--out", m];
     all.extend_from_slice(args);

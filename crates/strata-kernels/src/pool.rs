@@ -8,8 +8,8 @@
 //! between regions and park (futex) only after [`IDLE_PARK`] without work, so an idle
 //! process costs nothing.
 //!
-//! The pool is sized from the CPU affinity mask (so `taskset` is honoured), or
-//! `STRATA_THREADS`, or [`set_global_threads`] before first use. Regions from different
+//! The pool is sized from the CPU affinity mask (so `taskset` is honoured), or by
+//! [`set_global_threads`] before first use. Regions from different
 //! caller threads are serialised by a lock (a region is a whole fused op, so sessions on
 //! several threads interleave op by op).
 
@@ -337,15 +337,12 @@ pub fn single_ctx() -> Ctx<'static> {
 static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 
-/// Threads the global pool will have: [`set_global_threads`], else `STRATA_THREADS`,
-/// else the CPUs this process may run on (its affinity mask).
+/// Threads the global pool will have: [`set_global_threads`] (`--threads`), else the CPUs
+/// this process may run on (its affinity mask).
 pub fn default_threads() -> usize {
     let requested = REQUESTED.load(Ordering::Relaxed);
     if requested > 0 {
         return requested;
-    }
-    if let Some(n) = std::env::var("STRATA_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0) {
-        return n;
     }
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

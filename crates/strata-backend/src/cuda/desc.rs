@@ -36,7 +36,7 @@ impl MatDesc {
     }
 
     /// Whether this is int4 with e4m3 scales: never sent to the one-row projection kernels
-    /// (`k_linear_quad`, `k_linear_row`, `k_linears_1`), which read f32 and bf16 scales
+    /// (`k_linear_quad`, `k_linears_1`), which read f32 and bf16 scales
     /// only (`mscale_t` in `kernels/common.cu`); `k_linear_R` takes them.
     pub(super) fn e4m3_scales(&self) -> bool {
         self.kind == 3 && self.st == 2

@@ -2,29 +2,16 @@
 //! launches of a forward's experts (one-row kernels in decode, the tensor-core tiles or
 //! one output a warp in a prompt) and the many-row products for an expert with many rows.
 
-use super::{args, env_count, switch, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
+use super::{args, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
 use crate::{ExpertTask, GateAct};
-
-/// `STRATA_CUDA_PROMPT_TILES=0`: a prompt's routed experts of fewer than 32 rows stay on
-/// the CUDA cores (`experts_up<8>`: one output a warp, rows 8 at a time), and quantized or
-/// batched products of many rows too (`k_tiled_K`), not the tensor-core tiles.
-fn prompt_tiles_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_PROMPT_TILES", &CELL)
-}
 
 /// bf16 experts of this many rows or more go to cuBLAS (one expert at a time, the weights
 /// read about once); fewer go through the tiles, 32 rows a task, as quantized experts of any
 /// rows do. A prompt's routed experts rarely reach it (a 512-token prompt puts ~85 rows on
 /// each of 48 experts, 16 on each of GLM-5's 256: there the tiles were 1.25x cuBLAS), a
 /// dense MLP or shared expert of a long prompt does (cuBLAS was 1.08x the tiles at 512
-/// rows). `STRATA_CUDA_BF16_CUBLAS_ROWS=N` sets it (32: the earlier choice).
+/// rows).
 const BF16_CUBLAS_ROWS: usize = 256;
-
-fn bf16_cublas_rows() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    env_count("STRATA_CUDA_BF16_CUBLAS_ROWS", &CELL, BF16_CUBLAS_ROWS, |_| true, "a row count")
-}
 
 /// Outputs a warp computes in the one-row expert kernels (`UP_OUTS`, `DOWN_OUTS` in
 /// kernels/experts.cu); block counts follow from them.
@@ -37,21 +24,11 @@ const DOWN_OUTS: usize = 4;
 /// (its task, the first loads' latency), so two rounds share it (H200: int4 expert decode
 /// 1.84 -> 2.13 TB/s with two rounds of down); one for the others (bf16 decoded 2% slower
 /// at two), and one for gate/up with e4m3 scales, whose later rounds stage x again
-/// (`I4_KEEP_X` in kernels/tiles.cu): the slice with int4-g64-e4m3 experts decoded 0.5%
-/// faster at one (2026-12-04, twenty-first session). `STRATA_CUDA_UP_ROUNDS` /
-/// `STRATA_CUDA_DOWN_ROUNDS` = 1 or 2 set them for all.
+/// (`i4_up_block` in kernels/tiles.cu): the slice with int4-g64-e4m3 experts decoded 0.5%
+/// faster at one (H200, 2026-12-04).
 pub(super) fn rounds(g: &MatDesc, u: &MatDesc, d: &MatDesc) -> (usize, usize) {
-    static UP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    static DOWN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let pick = |set: usize, tiles: bool| match set {
-        0 => 1 + usize::from(tiles),
-        n => n,
-    };
-    let one_or_two = |n: usize| n == 1 || n == 2;
-    let up = env_count("STRATA_CUDA_UP_ROUNDS", &UP, 0, one_or_two, "1 or 2");
-    let down = env_count("STRATA_CUDA_DOWN_ROUNDS", &DOWN, 0, one_or_two, "1 or 2");
     let keeps_x = g.st != 2;
-    (pick(up, g.i4_tiles() && u.i4_tiles() && keeps_x), pick(down, d.i4_tiles()))
+    (1 + usize::from(g.i4_tiles() && u.i4_tiles() && keeps_x), 1 + usize::from(d.i4_tiles()))
 }
 
 /// Blocks of 8 warps a one-row task takes in the gate/up and the down launch, at `rounds`
@@ -81,7 +58,7 @@ pub(super) fn mma_tiles(b: &CudaBackend, m: &MatDesc) -> bool {
         4 => m.bcol % 32 == 0,
         _ => false,
     };
-    b.mma && prompt_tiles_on() && runs && m.vec != 0 && m.cols % 32 == 0
+    b.mma && runs && m.vec != 0 && m.cols % 32 == 0
 }
 
 /// Panics unless `e` is a gated expert over `hidden`: gate = up = [inter, hidden], down =
@@ -156,7 +133,7 @@ pub(crate) fn experts<'a>(
         // time (the many-rows products decode them on the CUDA cores); bf16 up to
         // bf16_cublas_rows() too, beyond it to cuBLAS; f32 to the f32 products.
         let quantized = [g, u, d].iter().any(|m| m.desc.quantized());
-        let tiled = tiles1 && tiles2 && (quantized || nrows < bf16_cublas_rows());
+        let tiled = tiles1 && tiles2 && (quantized || nrows < BF16_CUBLAS_ROWS);
         if nrows >= EXPERT_BIG_ROWS && !tiled {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
             continue;

@@ -194,8 +194,6 @@ pub(crate) struct State {
 struct Funcs {
     linear: [CudaFunction; 4],
     /// One row against a large matrix, several outputs a warp.
-    linear_row: CudaFunction,
-    linear_row2: CudaFunction,
     linear_quad: CudaFunction,
     /// Up to four small projections of one row in one launch.
     linears_1: CudaFunction,
@@ -253,8 +251,6 @@ impl Funcs {
         };
         Ok(Self {
             linear: [f("k_linear_1")?, f("k_linear_2")?, f("k_linear_4")?, f("k_linear_8")?],
-            linear_row: f("k_linear_row")?,
-            linear_row2: f("k_linear_row2")?,
             linear_quad: f("k_linear_quad")?,
             linears_1: f("k_linears_1")?,
             tiled: [f("k_tiled_0")?, f("k_tiled_1")?, f("k_tiled_2")?, f("k_tiled_3")?, f("k_tiled_4")?],
@@ -340,44 +336,23 @@ macro_rules! args {
 }
 pub(crate) use args;
 
-/// A count for comparisons, read once: `name`'s value if set (it must pass `ok`: else a
-/// panic naming the variable and what it expects, see `parse_count`), else `default`.
-fn env_count(
-    name: &'static str,
-    cell: &'static std::sync::OnceLock<usize>,
-    default: usize,
-    ok: fn(usize) -> bool,
-    expect: &str,
-) -> usize {
-    *cell.get_or_init(|| match std::env::var(name) {
-        Ok(v) => parse_count(name, &v, ok, expect).unwrap_or_else(|e| panic!("{e}")),
-        Err(_) => default,
-    })
+/// Debugging (tests): wait for every kernel and panic when one runs longer than this.
+static WATCHDOG: Mutex<Option<std::time::Duration>> = Mutex::new(None);
+
+/// Makes backends created from now on wait for each kernel as it is launched and panic,
+/// naming it, when one runs longer than `limit` (None: off, the default). A test harness's
+/// way to say where a run stalled; it costs the overlap of every launch.
+pub fn set_watchdog(limit: Option<std::time::Duration>) {
+    *WATCHDOG.lock().unwrap_or_else(|e| e.into_inner()) = limit;
 }
 
-/// `value`, variable `name`'s, as a count that passes `ok`; else an error naming both and
-/// what is expected.
-fn parse_count(name: &str, value: &str, ok: fn(usize) -> bool, expect: &str) -> std::result::Result<usize, String> {
-    value.parse().ok().filter(|&n| ok(n)).ok_or_else(|| format!("{name}={value}: expected {expect}"))
-}
-
-/// A switch for comparisons, read once: on unless the variable is `0`.
-fn switch(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool {
-    *cell.get_or_init(|| std::env::var(name).as_deref() != Ok("0"))
-}
-
-/// `STRATA_CUDA_WATCHDOG` (seconds): wait for every kernel and panic when one runs longer.
 fn watchdog() -> Option<std::time::Duration> {
-    static W: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *W.get_or_init(|| {
-        let s = std::env::var("STRATA_CUDA_WATCHDOG").ok()?;
-        s.parse::<f64>().ok().filter(|v| *v > 0.0).map(std::time::Duration::from_secs_f64)
-    })
+    *WATCHDOG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 static LAST_KERNEL: Mutex<String> = Mutex::new(String::new());
 
-/// Under `STRATA_CUDA_WATCHDOG`: the last kernel launched (and finished, unless the
+/// Under [`set_watchdog`]: the last kernel launched (and finished, unless the
 /// watchdog is about to fire), for a test that reports where a run stalled.
 pub fn last_kernel() -> String {
     LAST_KERNEL.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -519,7 +494,7 @@ impl CudaBackend {
         }
     }
 
-    /// Debugging (`STRATA_CUDA_WATCHDOG=SECONDS`): waits for the kernel just launched and
+    /// Debugging ([`set_watchdog`]): waits for the kernel just launched and
     /// panics, naming it, when it fails or runs past `limit`.
     fn watch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, limit: std::time::Duration) {
         let mut name: *const std::ffi::c_char = std::ptr::null();
@@ -697,8 +672,8 @@ impl Lin {
         }
     }
 
-    /// One row of x, whole, against a matrix the one-row kernels (`k_linear_row`,
-    /// `k_linear_quad`, `k_linears_1`) can read: not int4 with e4m3 scales
+    /// One row of x, whole, against a matrix the one-row kernels (`k_linear_quad`,
+    /// `k_linears_1`) can read: not int4 with e4m3 scales
     /// (`MatDesc::e4m3_scales`), which they do not decode; `k_linear_R` takes those.
     pub fn one_row(&self) -> bool {
         self.rows == 1 && self.xrows == 0 && !self.m.e4m3_scales()
@@ -708,25 +683,5 @@ impl Lin {
     /// grouped and norm-fused one-row products take.
     pub fn one_vector_row(&self) -> bool {
         self.one_row() && self.batches == 1 && self.m.vec != 0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_count;
-
-    #[test]
-    fn comparison_counts_refuse_bad_values_by_name() {
-        let one_or_two = |n: usize| n == 1 || n == 2;
-        assert_eq!(parse_count("STRATA_CUDA_DOWN_ROUNDS", "2", one_or_two, "1 or 2"), Ok(2));
-        assert_eq!(
-            parse_count("STRATA_CUDA_DOWN_ROUNDS", "3", one_or_two, "1 or 2"),
-            Err("STRATA_CUDA_DOWN_ROUNDS=3: expected 1 or 2".to_string())
-        );
-        assert_eq!(
-            parse_count("STRATA_CUDA_BF16_CUBLAS_ROWS", "many", |_| true, "a row count"),
-            Err("STRATA_CUDA_BF16_CUBLAS_ROWS=many: expected a row count".to_string())
-        );
-        assert_eq!(parse_count("STRATA_CUDA_BF16_CUBLAS_ROWS", "64", |_| true, "a row count"), Ok(64));
     }
 }

@@ -52,16 +52,9 @@ fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
-/// Compile options for a device of compute capability `cc`, plus the definitions in
-/// `STRATA_CUDA_DEFINES` (space-separated `NAME=VALUE`: kernel tuning experiments, such as
-/// `ROW_UNROLL=4`; results stay the same, speed may not).
+/// Compile options for a device of compute capability `cc`.
 fn options(cc: (i32, i32)) -> Vec<String> {
-    let mut o =
-        vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1), "--fmad=false".into(), "-std=c++17".into()];
-    if let Ok(defs) = std::env::var("STRATA_CUDA_DEFINES") {
-        o.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
-    }
-    o
+    vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1), "--fmad=false".into(), "-std=c++17".into()]
 }
 
 /// PTX of the kernels for compute capability `cc`: from the disk cache, else compiled (and

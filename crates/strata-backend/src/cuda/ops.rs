@@ -3,7 +3,6 @@
 //! a tiled kernel); the experts are in `experts.rs`.
 
 use super::experts::{mma_tiles, TILE_DOWN_OUTS, TILE_ROWS};
-use super::switch;
 use super::{args, kind_code, CudaBackend, CudaMat, DevBuf, Lin, LinJob, LinJobs, State, MAX_JOBS, SMALL_ROWS};
 use crate::{Backend, GqaQuery, LinearOut, Step};
 use crate::{DsaSelect, GqaAttend, GqaPrepare, MlaAbsorb, MlaAttend, MlaPrepare, RouterParams, Selection};
@@ -15,61 +14,10 @@ use strata_kernels::QuantKind;
 pub(crate) type RowNorm = (u64, f32);
 pub(crate) const NO_NORM: RowNorm = (0, 0.0);
 
-/// `STRATA_CUDA_FUSE_NORM=0`: RMSNorm stays a kernel of its own before the projections.
-fn fuse_norm_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_FUSE_NORM", &CELL)
-}
-/// `STRATA_CUDA_FUSE_ROUTE=0`: a one-row noaux router takes two launches (the logits, then
-/// `k_route`), not one (`k_route_one`; the same values).
-fn fuse_route_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_FUSE_ROUTE", &CELL)
-}
-/// `STRATA_CUDA_ROW2=0`: one-row projections too small for four outputs a warp go to
-/// `linear_small`, not two a warp.
-fn row2_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_ROW2", &CELL)
-}
-
-/// `STRATA_CUDA_QUAD=0`: one-row projections take the earlier schemes (`k_linear_row`
-/// and `k_linear_row2` for large ones, the grouped small ones one output a warp as
-/// `k_linear_1`), not four outputs a group of warps splitting the columns (`linear_quad`).
-fn quad_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_QUAD", &CELL)
-}
-
-/// `STRATA_CUDA_GROUP=0`: of several one-row projections of the same x, those large enough
-/// for a launch of their own take one (`linear_quad`), not a share of the group's
-/// `k_linears_1` launch (where a small one's tail hides behind a large one's reads: q_b
-/// with the indexer's wq_b).
-fn group_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_GROUP", &CELL)
-}
-
-/// Blocks an SM that `linear_quad`'s split aims for: 4, or `STRATA_CUDA_QUAD_BLOCKS` (1 to
-/// 8, for comparisons).
-fn quad_blocks() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    super::env_count("STRATA_CUDA_QUAD_BLOCKS", &CELL, 4, |n| (1..=8).contains(&n), "1 to 8 blocks an SM")
-}
-
-/// bf16 parts of x in a cuBLAS bf16 product: 3 (hi + mid + lo, exact), or
-/// `STRATA_CUDA_GEMM_PARTS` = 1 or 2 (x rounded to 8 or 16 bits: for comparisons).
-fn gemm_parts() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    super::env_count("STRATA_CUDA_GEMM_PARTS", &CELL, 3, |n| (1..=3).contains(&n), "1, 2 or 3 parts")
-}
-
-/// `STRATA_CUDA_ATTEND_TILES=0`: every row's MLA attention takes the one-row kernel
-/// (`k_mla_attend_J`), not the tiled one from ATTEND_TILE_ROWS rows.
-fn attend_tiles_on() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch("STRATA_CUDA_ATTEND_TILES", &CELL)
-}
+/// Blocks an SM that `linear_quad`'s split aims for (three an SM, which would give the
+/// per-head value projections half as many blocks of twice the columns, decoded the bf16
+/// slice 1% slower: 1500 against 1513 tok/s, H200, 2026-12-02).
+const QUAD_BLOCKS: usize = 4;
 
 /// Rows from which a step's MLA attention takes `k_mla_attend_tiles` (a block per row and
 /// 16 heads, each tile of 32 keys staged once for them): prompts and large batches. A
@@ -104,8 +52,8 @@ impl CudaBackend {
         let (m, x, x_bs, xrows, out, bias) = (l.m, l.x, l.x_bs as i64, l.xrows, l.out, l.bias);
         // One row against a matrix with enough outputs to fill the device at four (or two)
         // a warp.
-        if let Some(per_warp) = self.row_kernel_outputs(l) {
-            self.linear_row(l, per_warp, NO_NORM);
+        if self.row_kernel_eligible(l) {
+            self.linear_row(l, NO_NORM);
             return;
         }
         if l.rows <= SMALL_ROWS && l.xrows == 0 {
@@ -153,45 +101,29 @@ impl CudaBackend {
         );
     }
 
-    /// `l` (one row) through `k_linear_quad` (with [`quad_on`]), else `k_linear_row`
-    /// (`per_warp` 4) or `k_linear_row2` (2), x RMS-normalised on the way in when `norm`
-    /// has a scale.
-    fn linear_row(&self, l: &Lin, per_warp: usize, norm: RowNorm) {
+    /// `l` (one row) through `k_linear_quad` (four outputs a group of warps splitting the
+    /// columns), x RMS-normalised on the way in when `norm` has a scale.
+    fn linear_row(&self, l: &Lin, norm: RowNorm) {
         let (mrow0, mrow_bs, nout) = (l.mrow0 as i32, l.mrow_bs as i32, l.nout as i32);
         let (col, col_bs, add) = (l.col as i32, l.col_bs as i32, l.add as i32);
         let (m, x, x_bs, out, bias, (nw, eps)) = (l.m, l.x, l.x_bs as i64, l.out, l.bias, norm);
-        if quad_on() {
-            let split = self.quad_split(l.nout.div_ceil(4), l.batches);
-            let grid = ((l.nout.div_ceil(4) * split).div_ceil(8) as u32, l.batches as u32, 1);
-            let split = split as i32;
-            self.launch(
-                &self.f.linear_quad,
-                grid,
-                256,
-                0,
-                &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps, split],
-            );
-            return;
-        }
-        let grid = (l.nout.div_ceil(8 * per_warp) as u32, l.batches as u32, 1);
-        let f = if per_warp == 4 { &self.f.linear_row } else { &self.f.linear_row2 };
+        let split = self.quad_split(l.nout.div_ceil(4), l.batches);
+        let grid = ((l.nout.div_ceil(4) * split).div_ceil(8) as u32, l.batches as u32, 1);
+        let split = split as i32;
         self.launch(
-            f,
+            &self.f.linear_quad,
             grid,
             256,
             0,
-            &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps],
+            &mut args![m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias, nw, eps, split],
         );
     }
 
-    /// The outputs a warp of the one-row kernel computes for `l` (4, else 2, as long as
-    /// its blocks of 8 warps still cover the SMs), or None for `linear_small`.
-    fn row_kernel_outputs(&self, l: &Lin) -> Option<usize> {
-        if !l.one_row() || l.m.vec == 0 {
-            return None;
-        }
-        let widths: &[usize] = if row2_on() { &[4, 2] } else { &[4] };
-        widths.iter().copied().find(|&n| l.nout.div_ceil(8 * n) * l.batches >= self.sms)
+    /// Whether `l` is one vector row with enough outputs to take [`Self::linear_row`]: at
+    /// two outputs a warp, its blocks of 8 warps still cover the SMs (else
+    /// `linear_small`, which spreads each output over more warps).
+    fn row_kernel_eligible(&self, l: &Lin) -> bool {
+        l.one_row() && l.m.vec != 0 && l.nout.div_ceil(16) * l.batches >= self.sms
     }
 
     /// Warps of a block's 8 that share one unit of work (1, 2, 4 or 8), for `units` units a
@@ -208,7 +140,7 @@ impl CudaBackend {
     /// tok/s, H200, 2026-12-02; three for the value projections alone, or for the grouped
     /// small projections of `k_linears_1` alone, level: 2026-12-03.)
     fn quad_split(&self, groups: usize, batches: usize) -> usize {
-        self.split_for(groups, batches, quad_blocks())
+        self.split_for(groups, batches, QUAD_BLOCKS)
     }
 
     /// Warps per output of `linear_small`: enough blocks to fill the device twice over.
@@ -226,8 +158,9 @@ impl CudaBackend {
     /// Projections of one row of x: those small enough for `linear_small` go out together,
     /// up to four a launch (`k_linears_1`: vector rows four outputs a group of warps,
     /// others each as `k_linear_1` would compute it); the rest one by one, unless two to
-    /// four vector-row projections share the launch whatever their size ([`group_on`]:
-    /// the same products as `linear_quad`'s, the same splits, so the same bits). (The
+    /// four vector-row projections share the launch whatever their size (the same
+    /// products as `linear_quad`'s, the same splits, so the same bits; a small one's tail
+    /// hides behind a large one's reads, as q_b's beside the indexer's wq_b). (The
     /// outputs are distinct buffers, so the order does not matter.) With a
     /// `norm` scale, x is RMS-normalised on the way into every product: the caller checks
     /// [`CudaBackend::fuses_norm`].
@@ -235,13 +168,10 @@ impl CudaBackend {
         let mut small = std::mem::take(&mut st.work.small);
         small.clear();
         // Vector rows go in one launch when there are several (up to MAX_JOBS), large or not.
-        let together = group_on()
-            && quad_on()
-            && (2..=MAX_JOBS).contains(&jobs.len())
-            && jobs.iter().all(|l| l.one_vector_row() && l.nout > 0);
+        let together = (2..=MAX_JOBS).contains(&jobs.len()) && jobs.iter().all(|l| l.one_vector_row() && l.nout > 0);
         for (i, l) in jobs.iter().enumerate() {
-            if let (Some(per_warp), true, false) = (self.row_kernel_outputs(l), l.batches == 1, together) {
-                self.linear_row(l, per_warp, norm);
+            if self.row_kernel_eligible(l) && l.batches == 1 && !together {
+                self.linear_row(l, norm);
                 continue;
             }
             if l.nout == 0 {
@@ -253,7 +183,7 @@ impl CudaBackend {
                 continue;
             }
             // Four outputs a group of warps for vector rows (see `linear_quad`).
-            let quad = quad_on() && l.m.vec != 0;
+            let quad = l.m.vec != 0;
             let split = match quad {
                 true => self.quad_split(l.nout.div_ceil(4), 1),
                 false => self.small_split(l.nout, 1),
@@ -330,7 +260,7 @@ impl CudaBackend {
     /// Whether [`CudaBackend::linears_one_row`] can fuse an RMSNorm of width `width` into
     /// the projections `jobs`: one unbatched row, every matrix read in vectors over that width.
     pub(crate) fn fuses_norm(&self, jobs: &[Lin], width: usize) -> bool {
-        fuse_norm_on() && jobs.iter().all(|l| l.one_vector_row() && l.m.cols as usize == width)
+        jobs.iter().all(|l| l.one_vector_row() && l.m.cols as usize == width)
     }
 
     /// `out = x W^T` (+= with add) through cuBLAS: f32 in f32; bf16 weights against x split
@@ -404,7 +334,7 @@ impl CudaBackend {
                     )
                 };
                 let mut s = run(hi, &beta);
-                for &part in [mid, lo].iter().take(gemm_parts() - 1) {
+                for &part in [mid, lo].iter() {
                     if s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                         s = run(part, &one);
                     }
@@ -539,7 +469,6 @@ pub(crate) fn mla_attend(b: &CudaBackend, step: &Step, a: MlaAttend<'_, CudaBack
     let kwp = ((kw / 4) | 1) * 4;
     let smem = ((ATT_HB + ATT_TP) * kwp + ATT_HB * ATT_TP + 2 * ATT_HB) * 4;
     let tiles = rows >= ATTEND_TILE_ROWS
-        && attend_tiles_on()
         && kw.is_multiple_of(4)
         && d.kv_lora.is_multiple_of(4)
         && d.kv_lora <= ATT_LATENT
@@ -671,7 +600,7 @@ pub(crate) fn route_noaux(
     let lin = Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr());
     let (lp, bp, ip, wp) = (logits.ptr(), bias.ptr(), ids.ptr(), weights.ptr());
     let (ki, ng, tg, norm, sc) = (k as i32, p.n_group as i32, p.topk_group as i32, p.norm_topk_prob as i32, p.scaling);
-    if rows == 1 && fuse_route_on() && b.row_kernel_outputs(&lin).is_none() {
+    if rows == 1 && !b.row_kernel_eligible(&lin) {
         // One launch: the logits as `linear` computes them (k_linear_1, the same split),
         // routed by the grid's last block.
         let (split, grid) = b.small_launch(&lin);

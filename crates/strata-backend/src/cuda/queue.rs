@@ -41,29 +41,17 @@ const MIN_GRAPH_KERNELS: usize = 4;
 /// chained by dependent launch, where graph boundaries cost the device a gap each (H200,
 /// 2026-12-03: the GLM-5 slice decoded 1528 tok/s as one graph a step, 1510 in three).
 /// Either way the cut points repeat from step to step, so the pieces replay as graphs.
-/// `STRATA_CUDA_FIRST_RUN=N` moves the first cut and `STRATA_CUDA_HOLD_BUSY=0` cuts
-/// whether or not the device is busy, for comparisons.
 const FIRST_RUN: usize = 4;
-
-fn first_run() -> usize {
-    static CELL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    super::env_count("STRATA_CUDA_FIRST_RUN", &CELL, FIRST_RUN, |n| n >= 1, "a launch count of 1 or more")
-}
-
-fn hold_busy() -> bool {
-    static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::switch("STRATA_CUDA_HOLD_BUSY", &CELL)
-}
 /// The most parameters a kernel takes.
 const MAX_PARAMS: usize = 24;
 
 static GRAPHS_DEFAULT: AtomicBool = AtomicBool::new(true);
 /// Programmatic dependent launch for backends made from now on (where the device has it):
-/// on unless `STRATA_CUDA_PDL=0` (a switch for comparisons) or a test turns it off.
-static PDL_DEFAULT: std::sync::OnceLock<AtomicBool> = std::sync::OnceLock::new();
+/// on unless a test turns it off.
+static PDL_DEFAULT: AtomicBool = AtomicBool::new(true);
 
 fn pdl_flag() -> &'static AtomicBool {
-    PDL_DEFAULT.get_or_init(|| AtomicBool::new(std::env::var("STRATA_CUDA_PDL").as_deref() != Ok("0")))
+    &PDL_DEFAULT
 }
 
 /// Whether CUDA backends made from now on let each kernel start launching before the one
@@ -205,7 +193,7 @@ impl LaunchQueue {
             on,
             pdl,
             run: Run::default(),
-            limit: first_run(),
+            limit: FIRST_RUN,
             hold: false,
             sent: None,
             graphs: GraphCache::new(GRAPHS, SEEN, MIN_GRAPH_KERNELS),
@@ -266,7 +254,7 @@ impl LaunchQueue {
         if run.nodes.len() >= g.limit && !g.hold {
             // Decided at a run's first cut only, so a step's pieces do not depend on how
             // far the device got meanwhile.
-            if g.limit == first_run() && hold_busy() && Self::busy(&g) {
+            if g.limit == FIRST_RUN && Self::busy(&g) {
                 g.hold = true;
                 return;
             }
@@ -341,7 +329,7 @@ impl LaunchQueue {
     /// new graph when it was seen once before, else each launch.
     pub fn flush(&self) {
         let mut g = self.lock();
-        g.limit = first_run();
+        g.limit = FIRST_RUN;
         g.hold = false;
         self.send(&mut g);
     }
@@ -382,9 +370,7 @@ impl LaunchQueue {
             }
         }
         inner.run.clear();
-        if hold_busy() {
-            self.mark_sent(inner);
-        }
+        self.mark_sent(inner);
     }
 
     fn launch_each(&self, run: &Run, pdl: bool) {

@@ -15,14 +15,13 @@
 //! The host tier is kept exclusive of this one (experts/runtime/demote.rs): an expert a
 //! promotion evicts goes back down, touched there or copied device -> host on a stream of
 //! its own; a later copy into the evicted slot is queued behind that copy.
-//! `STRATA_HOST_TIER=inclusive` turns that off, for comparison.
 //!
 //! When the tier holds every expert (no `--gpu-budget`) and nothing needs the routed ids
 //! on the host (no usage ledger, no PILOT), slots never change after the preload: the tier
 //! then builds the backend's expert tables over its slots, and a decode row dispatches its
 //! experts by id on the device as resident checkpoints do (no sync, no task upload).
 
-use super::runtime::{exclusive_host_tier, Demotion, StreamedExperts};
+use super::runtime::{Demotion, StreamedExperts};
 use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
 use anyhow::{anyhow, bail, Result};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -106,7 +105,7 @@ impl GpuExperts {
             demoting: Vec::new(),
         };
         // Every expert resident: nothing is ever evicted, the host tier stays as it is.
-        let exclusive = !resident_all && exclusive_host_tier(std::env::var("STRATA_HOST_TIER").ok().as_deref())?;
+        let exclusive = !resident_all;
         host.set_below_device(exclusive);
         Ok(Self { host, plan, slot_bytes, resident_all, exclusive, state: Mutex::new(state), tables: OnceLock::new() })
     }

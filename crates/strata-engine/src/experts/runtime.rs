@@ -32,7 +32,7 @@ use strata_storage::{AlignedBuf, IoPool, MatrixLayout, ReadTicket};
 mod demote;
 mod pilot;
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
-pub(crate) use demote::{exclusive_host_tier, Demotion};
+pub(crate) use demote::Demotion;
 
 /// Where the usage ledger lives.
 #[derive(Clone, Debug, Default, PartialEq)]

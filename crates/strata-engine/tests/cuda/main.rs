@@ -47,6 +47,12 @@ type Rand = rand::rngs::StdRng;
 
 pub(crate) fn gpu() -> Option<&'static CudaBackend> {
     static GPU: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+    // STRATA_TEST_WATCHDOG_S: backends wait for each kernel and name one that overruns.
+    static WATCHDOG: std::sync::Once = std::sync::Once::new();
+    WATCHDOG.call_once(|| {
+        let secs = std::env::var("STRATA_TEST_WATCHDOG_S").ok().and_then(|s| s.parse::<f64>().ok());
+        strata_backend::cuda::set_watchdog(secs.filter(|s| *s > 0.0).map(std::time::Duration::from_secs_f64));
+    });
     match GPU.get_or_init(|| CudaBackend::new(0).map_err(|e| format!("{e:#}"))) {
         Ok(b) => Some(b),
         Err(e) => {

@@ -135,7 +135,7 @@ fn every_parity_fixture_has_a_cuda_test() {
 }
 
 /// `STRATA_TEST_STALL_S`: abort the process, naming the last CUDA kernel (with
-/// `STRATA_CUDA_WATCHDOG`) and the phase, when `f` has not finished in time.
+/// `STRATA_TEST_WATCHDOG_S`) and the phase, when `f` has not finished in time.
 fn stall_guard<F: FnOnce(&dyn Fn(&str))>(what: &str, f: F) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};

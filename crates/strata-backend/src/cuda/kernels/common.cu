@@ -52,16 +52,12 @@ __device__ __forceinline__ void pdl_enter() {
 // The weight-streaming kernels find their task (a chain of dependent loads for a routed
 // expert: id, descriptor, weights) and weight pointers before they wait on the kernel
 // before, which none of that depends on; the int4 tiles also issue their first chunk's
-// loads (i4_tile's `pre`). H200, GLM-5 slice: +1.4% bf16 decode (2026-12-03). PRE_LOAD=0:
-// they wait at their start instead, for comparison.
-#ifndef PRE_LOAD
-#define PRE_LOAD 1
-#endif
+// loads (i4_tile's `pre`). H200, GLM-5 slice: +1.4% bf16 decode (2026-12-03).
 
-// Whether the caller defers its wait on the kernel before (it asks to, and PRE_LOAD); if
-// not, the wait is now.
+// Whether the caller defers its wait on the kernel before (it asks to); if not, the wait
+// is now.
 __device__ __forceinline__ bool defer_wait(bool want) {
-    if (want && PRE_LOAD) return true;
+    if (want) return true;
     pdl_enter();
     return false;
 }

@@ -18,16 +18,13 @@
 // A row's sums depend only on its own x, never on the other rows of its task, and whether
 // a task takes the tiles only on its matrices: streamed equals resident bit for bit.
 
-#ifndef XT_PARTS
 #define XT_PARTS 3
-#endif
 #define XT_KC 64  // columns a chunk
 #define XT_LD 12  // uint4s a staged row: 8 + 4 (rows 192 bytes apart: a quarter warp's reads
                   // of two rows fall on distinct banks)
 #define XT_NT 4   // n-tiles of 8 rows: up to 32 rows a task (TILE_ROWS in cuda/experts.rs)
 
-// The host sends tasks here on sm_80 and later (CudaBackend::mma), whatever the int4 decode
-// tiles' switch (I4_TILES) says.
+// The host sends tasks here on sm_80 and later (CudaBackend::mma).
 #if __CUDA_ARCH__ >= 800
 #define XT_MMA 1
 #else
@@ -343,14 +340,10 @@ __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidde
 // Blocks an SM the many-row kernels are compiled for (registers capped to fit): bf16
 // (XT_MINB) and the quantized encodings (XT_QMINB), whose tiles need more registers than
 // half an SM's: capped at 128 they spilled inside the chunk loop, and one block an SM read
-// int4 at 1.8x and e4m3 at 1.2x the rate, bf16 at 0.9x (seventh session, call 3). The
+// int4 at 1.8x and e4m3 at 1.2x the rate, bf16 at 0.9x (H200, 2026-12-02). The
 // host sends a task with a quantized matrix to the `_q` kernels.
-#ifndef XT_MINB
 #define XT_MINB 2
-#endif
-#ifndef XT_QMINB
 #define XT_QMINB 1
-#endif
 
 // The many-row expert kernels: a task with `tiles` set (the host's choice, by its matrices)
 // takes the tensor-core tiles above, the rest one output a warp, rows 8 at a time.

@@ -88,9 +88,7 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 // Blocks an SM the one-row expert kernels are compiled for (registers capped to fit):
 // left to itself the compiler gives them ~170 registers, one block (8 warps) an SM, too
 // few loads in flight; two blocks read 1.15-1.35x faster (bf16, int8, int4 and FP8).
-#ifndef EXPERT_MINB
 #define EXPERT_MINB 2
-#endif
 
 // A decode row's tasks straight from its routed ids (cuda/dispatch.rs), with no task table:
 // task t < k is expert ids[t] of descs ((gate, up, down) each), its h at t * hstride, its

@@ -24,11 +24,6 @@ template <> struct Vw<2> { enum { n = 16 }; };
 template <> struct Vw<3> { enum { n = 32 }; };
 template <> struct Vw<4> { enum { n = 16 }; };
 
-// FP8_CVT=0: e4m3 by bit arithmetic on every architecture (for comparison).
-#ifndef FP8_CVT
-#define FP8_CVT 1
-#endif
-
 template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
     u32 word[4] = {q.x, q.y, q.z, q.w};
     if (KIND == 0) {
@@ -64,7 +59,7 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
             }
         }
     } else {
-#if __CUDA_ARCH__ >= 890 && FP8_CVT
+#if __CUDA_ARCH__ >= 890
         // e4m3 exactly through the FP8 conversion unit: two bytes to an f16x2 in one
         // instruction (every e4m3 is an f16; the byte in bits 8-15 lands in the high half;
         // 0x7F / 0xFF become NaN), each half then to f32: 1.5 instructions a weight, where
@@ -116,12 +111,8 @@ template <int KIND, bool E4 = true> __device__ __forceinline__ float vec_scale(c
 // Steps of the vector loops unrolled, so more weight loads are in flight a lane (a block
 // alone on its SM must keep ~4.3 TB/s / SMs in flight; the order of the sums is the same):
 // ROW_UNROLL in the one-row loops, VEC_UNROLL in the general one.
-#ifndef ROW_UNROLL
 #define ROW_UNROLL 2
-#endif
-#ifndef VEC_UNROLL
 #define VEC_UNROLL 2
-#endif
 #define PRAGMA(x) _Pragma(#x)
 #define UNROLL(n) PRAGMA(unroll n)
 
@@ -427,9 +418,7 @@ __device__ __forceinline__ void linear_quad(const Mat& m, int mrow0, const float
 // Blocks an SM k_linear_quad is compiled for: left to itself the compiler takes ~155
 // registers, one block an SM. Three (80 registers, a few spilled) decoded the GLM-5 slice
 // ~1% faster than two (128) on the H200.
-#ifndef QUAD_MINB
 #define QUAD_MINB 3
-#endif
 
 // linear_quad as a launch of its own; blockIdx.y is the batch (as in linear_small); nw
 // non-null: x RMS-normalised with scale nw on the way in (one unbatched row).
@@ -463,11 +452,9 @@ struct LinJobs {
 // Blocks an SM k_linears_1 is compiled for (as QUAD_MINB): left to itself the compiler
 // takes 128 registers, two blocks an SM; three decoded the GLM-5 slices ~5% faster on the
 // H200 (1373 -> 1441 tok/s bf16, 1484 -> 1565 int4 experts, within one call).
-#ifndef LINEARS_MINB
 #define LINEARS_MINB 3
-#endif
 // With a norm (nw non-null), x is RMS-normalised with scale nw on the way in (RowNorm).
-// No int4 matrix with e4m3 scales comes here, nor to linear_quad and linear_row (the host's
+// No int4 matrix with e4m3 scales comes here, nor to linear_quad (the host's
 // Lin::one_vector_row and row_kernel_outputs): their products read f32 or bf16 scales only
 // (E4 false, mscale_t).
 extern "C" __global__ void __launch_bounds__(256, LINEARS_MINB)
@@ -512,49 +499,6 @@ __device__ __forceinline__ void warp_outputs(const Mat& m, int row0, int o0, int
 #pragma unroll
     for (int k = 0; k < N; k++) v[k] = NORM ? wsum(v[k]) * inv : wsum(v[k]);
 }
-
-// One row (decode) against a large matrix: a warp computes N consecutive outputs, N weight
-// rows sharing each x load with their loads in flight together (one row a warp left the
-// big projections at ~2.7 TB/s): N = 4 (k_linear_row), or 2 (k_linear_row2) where four
-// would leave SMs idle. Blocks of 8 warps; blockIdx.y is the batch, as in linear_small.
-template <int N, bool NORM>
-__device__ __forceinline__ void linear_row(Mat m, int mrow0, int mrow_bs, const float* x, i64 x_bs, int nout,
-                                           float* out, int col, int col_bs, int add, const float* bias,
-                                           const RowNorm& nm) {
-    int b = blockIdx.y;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o0 = (blockIdx.x * 8 + warp) * N;
-    if (o0 >= nout) return;
-    float acc[N];
-    warp_outputs<N, NORM, false>(m, mrow0 + b * mrow_bs, o0, nout, x + b * x_bs, acc, lane, nm);
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-        float v = acc[k];
-        int o = o0 + k;
-        if (lane == 0 && o < nout) {
-            float* p = out + col + b * col_bs + o;
-            v += bias ? bias[o] : 0.f;
-            *p = add ? *p + v : v;
-        }
-    }
-}
-
-// nw non-null: x RMS-normalised with scale nw on the way in (RowNorm; one unbatched row).
-#define LINEAR_ROW(NAME, N)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) NAME(Mat m, int mrow0, int mrow_bs, const float* x,     \
-                                                           i64 x_bs, int nout, float* out, int col,          \
-                                                           int col_bs, int add, const float* bias,           \
-                                                           const float* nw, float eps) {                     \
-        pdl_enter();                                                                                         \
-        if (nw)                                                                                              \
-            linear_row<N, true>(m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias,               \
-                                RowNorm{nw, eps});                                                           \
-        else                                                                                                 \
-            linear_row<N, false>(m, mrow0, mrow_bs, x, x_bs, nout, out, col, col_bs, add, bias,              \
-                                 RowNorm{nullptr, 0.f});                                                     \
-    }
-LINEAR_ROW(k_linear_row, 4)
-LINEAR_ROW(k_linear_row2, 2)
 
 // Many rows: 64 outputs x 64 rows a block, 32 columns a step, each thread 4 x 4; weights
 // decoded into shared memory as f32. `xrows` (optional) gathers x's rows.

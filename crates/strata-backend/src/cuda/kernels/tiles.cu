@@ -14,16 +14,10 @@
 //   C[row][2t + 1] is lane t's partial sum, which its group's scale then multiplies.
 // Used where every chunk of 128 columns is whole and a group holds whole 32-column runs.
 
-// I4_TILES=0 (through STRATA_CUDA_DEFINES) keeps int4 on the f32 path, for comparison.
-#ifndef I4_TILES
-#define I4_TILES 1
-#endif
 // Chunks of loads in flight a lane (the one being computed and those ahead of it). Three
 // spill in gate/up; down, with its four chunks a warp all in flight, was no faster.
-#ifndef I4_DEPTH
 #define I4_DEPTH 2
-#endif
-#if __CUDA_ARCH__ >= 800 && I4_TILES
+#if __CUDA_ARCH__ >= 800
 #define TILE_MMA 1
 #else
 #define TILE_MMA 0
@@ -108,60 +102,16 @@ __device__ __forceinline__ float stage_x(float4 v, u32* xs, int lane) {
 // Chunks of x a warp stages for its B fragments before its chunk loop (all of its chunks
 // up to this many; more go in batches): the staging's shuffles, stores and barrier then
 // run once with every chunk's x load in flight, not as a dependent chain inside each
-// chunk's step (ncu: the tile warps waited mostly on that chain; H200: int4 expert decode
-// 1.82 -> 1.90 TB/s). 0: a chunk's x staged in its own step, as before (for comparison).
-#ifndef I4_STAGE
+// chunk's step (ncu: the tile warps waited mostly on that chain).
 #define I4_STAGE 8
-#endif
-#define I4_XS (I4_STAGE > 0 ? I4_STAGE : 1)
-// A gate/up block's later rounds reuse the x its warps staged in the first (their columns
-// are the same); 0: each round stages it again (for comparison). H200, 24 GLM-5 experts
-// of one row: int4-g64 247.5 -> 240.8 us, bf16 scales 240.8 -> 234.0, but e4m3 scales
-// 236.0 -> 255.9 (cause not found), so e4m3 blocks stage again (i4_up_block).
-#ifndef I4_KEEP_X
-#define I4_KEEP_X 1
-#endif
 // x loads in flight together while staging (4: no faster, and a few spills).
 #define I4_SGROUP 2
-
-// Timing probes for the tiles' weight reads, off by default (not yet run on a GPU). A
-// warp reads each row's 64 bytes of a chunk (4 lanes x 16) from 32 rows, so HBM sees 64-byte
-// pieces scattered over many rows, where bf16 rows are read 512 contiguous bytes at a time.
-// - I4_L2=128 or 256: each weight load asks L2 to fetch that many bytes around it (ld's
-//   prefetch size), so the row's next chunks come from L2 (the same values).
-// - I4_TILE_MAJOR_PROBE=1: each warp reads its chunk of a 16-row tile as 1 KB in one
-//   piece, as a tile-major layout would store it. The bytes land in the wrong places, so
-//   the results are WRONG: it times such a layout before one is built (matrices of at
-//   least 16 rows only: no smaller one is read within its bounds).
-#ifndef I4_L2
-#define I4_L2 0
-#endif
-#ifndef I4_TILE_MAJOR_PROBE
-#define I4_TILE_MAJOR_PROBE 0
-#endif
-// I4_LOADS_ONLY=1: the tiles load their weights, scales and x as always but skip the decode
-// and the mmas (results WRONG, timing only): what the reads cost alone, with either layout.
-#ifndef I4_LOADS_ONLY
-#define I4_LOADS_ONLY 0
-#endif
-
-__device__ __forceinline__ uint4 i4_ldw(const uint4* p) {
-    uint4 r;
-#if I4_L2 == 256
-    asm("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-#elif I4_L2 == 128
-    asm("ld.global.nc.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-#else
-    r = __ldg(p);
-#endif
-    return r;
-}
 
 // Rows o0[n] + g and o0[n] + g + 8 (g = lane / 4; past nout the last row again) of NM int4
 // matrices of one shape (or one matrix at NM row offsets), over the 128-column chunks
 // cb .. ce of x: on return lane 4g holds their dot products, acc[n][0] (row o0[n] + g) and
 // acc[n][1] (row o0[n] + g + 8), in f32.
-// xs: the warp's I4_XS x XS_WORDS words of shared memory, xsc its I4_XS floats.
+// xs: the warp's I4_STAGE x XS_WORDS words of shared memory, xsc its I4_STAGE floats.
 // pre: the caller has not waited on the kernel before; i4_tile does, after its first
 // chunk's weight loads (weights never depend on that kernel).
 // staged: xs and xsc already hold chunks cb .. ce of this x (an earlier call of the same
@@ -184,11 +134,6 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
         int ra = min(o0[n] + g, nout - 1), rb = min(o0[n] + g + 8, nout - 1);
         wa[n] = (const uint4*)(m[n]->w + (size_t)ra * m[n]->ld) + t;
         wb[n] = (const uint4*)(m[n]->w + (size_t)rb * m[n]->ld) + t;
-#if I4_TILE_MAJOR_PROBE
-        int tile = min(o0[n] >> 4, m[n]->rows / 16 - 1);
-        wa[n] = (const uint4*)m[n]->w + (size_t)tile * (m[n]->cols / 128) * 64 + lane;
-        wb[n] = wa[n] + 32;
-#endif
         sa_row[n] = sat(*m[n], (size_t)ra * m[n]->spr);
         sb_row[n] = sat(*m[n], (size_t)rb * m[n]->spr);
         // A group of a power-of-two runs of 32 columns: its index is a shift of the run's.
@@ -199,21 +144,18 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
     // Lanes 2t (hi) and 2t + 1 (lo) of the B operand's n carry lane t's x; the rest zeros.
     bool hi = g == 2 * t, lo = g == 2 * t + 1;
     const u32* xb = xs + (lo ? 80 : 0) + t * 20;
-    // The next I4_DEPTH - 1 chunks' weights and scales (and, unstaged, x) are loaded before
-    // this chunk is multiplied, so that many chunks of loads are in flight a lane. The ring
-    // shifts by register moves.
+    // The next I4_DEPTH - 1 chunks' weights and scales are loaded before this chunk is
+    // multiplied, so that many chunks of loads are in flight a lane. The ring shifts by
+    // register moves.
     uint4 qa[I4_DEPTH][NM], qb[I4_DEPTH][NM];
     u32 sa[I4_DEPTH][NM], sb[I4_DEPTH][NM];  // raw (sraw)
-    float4 xv[I4_DEPTH];
     auto load = [&](int c, int d, int end) {
         if (c >= end) return;
-        if (!I4_STAGE) xv[d] = __ldg((const float4*)(x + 128 * c) + lane);
 #pragma unroll
         for (int n = 0; n < NM; n++) {
-            // uint4s from a chunk to the next: 4 of a row (64 in a probed 1 KB tile piece)
-            const int cs = I4_TILE_MAJOR_PROBE ? 64 : 4;
-            qa[d][n] = i4_ldw(wa[n] + cs * c);
-            qb[d][n] = i4_ldw(wb[n] + cs * c);
+            // uint4s from a chunk to the next: 4 of a row
+            qa[d][n] = __ldg(wa[n] + 4 * c);
+            qb[d][n] = __ldg(wb[n] + 4 * c);
             int run = 4 * c + t;
             int grp = gshift[n] >= 0 ? run >> gshift[n] : run / (m[n]->group >> 5);
             sa[d][n] = sraw(sa_row[n], grp, ST);
@@ -222,16 +164,6 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
     };
     // One chunk: its staged x (words xc, scale isx) against the ring's first entry.
     auto chunk = [&](const u32* xc, float isx) {
-#if I4_LOADS_ONLY
-        // The loaded words and scales consumed at a few instructions' cost: no decode, no mma.
-#pragma unroll
-        for (int n = 0; n < NM; n++) {
-            u32 v = qa[0][n].x ^ qa[0][n].y ^ qa[0][n].z ^ qa[0][n].w ^ qb[0][n].x ^ qb[0][n].y ^ qb[0][n].z ^
-                    qb[0][n].w;
-            acc[n][0] = fmaf((float)(v & 1u), sval(sa[0][n], ST, 1.f) * isx, acc[n][0]);
-            acc[n][1] = fmaf((float)(v >> 31), sval(sb[0][n], ST, 1.f) * isx, acc[n][1]);
-        }
-#else
         uint4 bw[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) bw[i] = hi || lo ? *(const uint4*)(xc + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
@@ -251,10 +183,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             acc[n][0] = fmaf(cc[0] + cc[1], sval(sa[0][n], ST, 1.f) * isx, acc[n][0]);
             acc[n][1] = fmaf(cc[2] + cc[3], sval(sb[0][n], ST, 1.f) * isx, acc[n][1]);
         }
-#endif
 #pragma unroll
         for (int d = 0; d + 1 < I4_DEPTH; d++) {
-            xv[d] = xv[d + 1];
 #pragma unroll
             for (int n = 0; n < NM; n++) {
                 qa[d][n] = qa[d + 1][n];
@@ -264,7 +194,6 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             }
         }
     };
-#if I4_STAGE
     for (int c0 = cb; c0 < ce; c0 += I4_STAGE) {
         int c1 = min(ce, c0 + I4_STAGE);
 #pragma unroll
@@ -287,27 +216,12 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
             }
         }
         __syncwarp();
-#if I4_LOADS_ONLY
-#pragma unroll 1  // one chunk's loads at a time, as with the math
-#endif
         for (int c = c0; c < c1; c++) {
             load(c + I4_DEPTH - 1, I4_DEPTH - 1, c1);
             chunk(xb + (c - c0) * XS_WORDS, xsc[c - c0]);
         }
     }
     if (pre && cb >= ce) pdl_enter();
-#else
-#pragma unroll
-    for (int d = 0; d < I4_DEPTH - 1; d++) load(cb + d, d, ce);
-    if (pre) pdl_enter();
-    for (int c = cb; c < ce; c++) {
-        load(c + I4_DEPTH - 1, I4_DEPTH - 1, ce);
-        __syncwarp();
-        float isx = stage_x(xv[0], xs, lane);
-        __syncwarp();
-        chunk(xb, isx);
-    }
-#endif
 #pragma unroll
     for (int n = 0; n < NM; n++)
 #pragma unroll
@@ -322,8 +236,8 @@ __device__ __forceinline__ void i4_tile(const Mat* const* m, const int* o0, int 
 // as uint4 (a u32 array alone may land on any 4-byte boundary; after a shared Task of 216
 // bytes it did).
 struct __align__(16) I4Shared {
-    u32 xs[8][I4_XS * XS_WORDS];
-    float xsc[8][I4_XS];
+    u32 xs[8][I4_STAGE * XS_WORDS];
+    float xsc[8][I4_STAGE];
     float red[8][2][16];
     float fac[2];  // e4m3: the matrices' factors, applied to the block's sums
 };
@@ -336,7 +250,9 @@ __device__ __forceinline__ void i4_factors(I4Shared& sm, const Mat* const* m, in
 
 // The block's 8 warps on one task of k_experts_up_row: 16 outputs (UP_OUTS x 8) of gate
 // and up, each warp an eighth of the columns, summed over the warps in order.
-// staged: a later round of the same block (its warps' x is staged already; I4_KEEP_X).
+// staged: a later round of the same block (its warps' x is staged already). A later round
+// reuses the x its warps staged in the first (their columns are the same), but for e4m3
+// scales, which stage it again (reusing it was slower there, cause not found).
 // sm: the kernel's one I4Shared. (Declared here, each instantiation of the template had
 // its own: three scale types made the kernel's shared memory 127 KB, one block an SM.)
 template <int ST>
@@ -352,7 +268,7 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
     i4_factors<ST>(sm, m, 2);
     float acc[2][2];
     i4_tile<2, ST>(m, rows0, nout, x, warp * nch / 8, (warp + 1) * nch / 8, xs[warp], xsc[warp], lane, acc, pre,
-                   staged && I4_KEEP_X && ST != 2);
+                   staged && ST != 2);
     if ((lane & 3) == 0) {
         int g = lane >> 2;
 #pragma unroll

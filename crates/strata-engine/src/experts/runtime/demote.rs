@@ -13,20 +13,7 @@
 //!   the copy is done.
 
 use super::StreamedExperts;
-use anyhow::{bail, Result};
 use strata_residency::{Eviction, ExpertKey, Keep};
-
-/// Whether the host tier is kept exclusive of a device tier: `STRATA_HOST_TIER`'s value,
-/// unset or `exclusive` (the default), or `inclusive` (for comparison); else an error
-/// naming it.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn exclusive_host_tier(value: Option<&str>) -> Result<bool> {
-    match value {
-        None | Some("exclusive") => Ok(true),
-        Some("inclusive") => Ok(false),
-        Some(v) => bail!("STRATA_HOST_TIER={v:?}: expected `exclusive` (the default) or `inclusive`"),
-    }
-}
 
 /// What became of an expert the device evicted.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -122,15 +109,6 @@ mod tests {
         };
         let m = LoadedModel::open_with(dir.path(), &load).unwrap();
         (dir, m)
-    }
-
-    #[test]
-    fn the_host_tier_setting_is_honoured_or_refused_by_name() {
-        assert!(super::exclusive_host_tier(None).unwrap());
-        assert!(super::exclusive_host_tier(Some("exclusive")).unwrap());
-        assert!(!super::exclusive_host_tier(Some("inclusive")).unwrap());
-        let err = super::exclusive_host_tier(Some("both")).unwrap_err().to_string();
-        assert!(err.contains("STRATA_HOST_TIER=\"both\"") && err.contains("inclusive"), "{err}");
     }
 
     /// A prediction's experts that a tier in front holds are not prefetched here (they

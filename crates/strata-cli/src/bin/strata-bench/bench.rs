@@ -1,4 +1,4 @@
-//! `strata bench`: synthetic GLM-5-shaped checkpoints, decode throughput against the
+//! `strata-bench`: synthetic GLM-5-shaped checkpoints, decode throughput against the
 //! memory-bandwidth floor, and the memory bandwidth itself.
 
 use anyhow::{bail, ensure, Result};
@@ -94,7 +94,7 @@ pub struct DecodeArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    budget: crate::residency::BudgetArgs,
+    budget: strata_cli::residency::BudgetArgs,
     /// Record every routing decision to this file (for `strata replay`).
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -258,12 +258,12 @@ fn decode(a: DecodeArgs) -> Result<()> {
         bail!("--prompt-tokens must be >= 1 and --decode-tokens >= 2");
     }
     let mut opts = a.budget.load_options_for(&a.model)?;
-    crate::commands::draft_load(&mut opts, a.draft_tokens)?;
+    strata_cli::commands::draft_load(&mut opts, a.draft_tokens)?;
     let t_load = Instant::now();
     let m = LoadedModel::open_with(&a.model, &opts)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let (draft_tokens, draft_policy) =
-        crate::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
+        strata_cli::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
     let info = m.model.info().clone();
     let vocab = info.vocab_size as u32;
     let mut rng = Rng(42);

@@ -1,4 +1,4 @@
-//! `strata bench serve`: the serving engine's throughput for many concurrent requests
+//! `strata-bench serve`: the serving engine's throughput for many concurrent requests
 //! (continuous batching, in process, no HTTP), with or without speculative decoding.
 
 use anyhow::{bail, Context, Result};
@@ -51,7 +51,7 @@ pub struct ServeBenchArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    budget: crate::residency::BudgetArgs,
+    budget: strata_cli::residency::BudgetArgs,
 }
 
 pub fn serve(a: ServeBenchArgs) -> Result<()> {
@@ -63,7 +63,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
         bail!("--max-batch must be at least 1");
     }
     let mut load = a.budget.load_options_for(&a.model)?;
-    crate::commands::draft_load(&mut load, a.draft_tokens)?;
+    strata_cli::commands::draft_load(&mut load, a.draft_tokens)?;
     let context = a.prompt_tokens + a.decode_tokens + 1;
     // Room for every running request's whole sequence (and block rounding); under a
     // budget the plan reserves it.
@@ -71,7 +71,7 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
     load.context = load.context.max(kv_tokens);
     let m = LoadedModel::open_with(&a.model, &load)?;
     let (draft_tokens, draft_policy) =
-        crate::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
+        strata_cli::commands::draft_settings(m.draft, a.draft_tokens, a.draft_policy.as_deref())?;
     let vocab = m.model.info().vocab_size;
     let prompts = prompts(&m, &a, vocab)?;
     let step_tokens = a.step_tokens.unwrap_or((max_batch * (1 + draft_tokens)).max(64));
