@@ -509,25 +509,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
         y: &mut Self::Buf,
     );
     /// The table of a layer's resident `experts` (gate, up, down; one encoding and shape
-    /// for all), or `None` where the backend dispatches experts from the host only.
-    fn expert_table(&self, _experts: &[[Self::Mat; 3]]) -> Result<Option<Self::ExpertTable>> {
-        Ok(None)
-    }
+    /// for all), or `None` where the backend dispatches experts from the host only (its
+    /// `ExpertTable` may then be uninhabited: no table, so no call of `experts_by_id`).
+    fn expert_table(&self, experts: &[[Self::Mat; 3]]) -> Result<Option<Self::ExpertTable>>;
     /// One row's routed experts dispatched on the device, the ids never visiting the host:
     /// task `j < top_k` is expert `ids[j]` of `table` into y row `j`, then `shared` into
     /// row `top_k` when given. Each task's products are [`Backend::experts`]' for the same
     /// expert and row, bit for bit.
     fn experts_by_id(
         &self,
-        _x: &Self::Buf,
-        _top_k: usize,
-        _ids: &Self::Idx,
-        _table: &Self::ExpertTable,
-        _shared: Option<Self::ExpertRef<'_>>,
-        _y: &mut Self::Buf,
-    ) {
-        not_implemented("experts_by_id", &self.describe())
-    }
+        x: &Self::Buf,
+        top_k: usize,
+        ids: &Self::Idx,
+        table: &Self::ExpertTable,
+        shared: Option<Self::ExpertRef<'_>>,
+        y: &mut Self::Buf,
+    );
     /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus
     /// `y[shared + r]` when given: the fixed accumulation order every expert path shares.
     #[allow(clippy::too_many_arguments)]
@@ -549,49 +546,30 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// are asked for).
     fn gather_rows(&self, src: &Self::Buf, width: usize, rows: &[u32], dst: &mut Self::Buf);
 
-    // Ops added for Gemma 4. Each has a default that panics naming the op, so a backend
-    // that does not run Gemma yet still builds (the Gemma family refuses such devices).
+    // Gemma 4's ops.
 
     /// `x[..len] *= factor`.
-    fn scale(&self, _len: usize, _factor: f32, _x: &mut Self::Buf) {
-        not_implemented("scale", &self.describe())
-    }
+    fn scale(&self, len: usize, factor: f32, x: &mut Self::Buf);
     /// `x[..len] = value`.
-    fn fill(&self, _len: usize, _value: f32, _x: &mut Self::Buf) {
-        not_implemented("fill", &self.describe())
-    }
+    fn fill(&self, len: usize, value: f32, x: &mut Self::Buf);
     /// `x[..len] = cap * tanh(x / cap)` (final logit soft-capping).
-    fn soft_cap(&self, _len: usize, _cap: f32, _x: &mut Self::Buf) {
-        not_implemented("soft_cap", &self.describe())
-    }
+    fn soft_cap(&self, len: usize, cap: f32, x: &mut Self::Buf);
     /// `x[r] += rms_norm(a[r]) * w` for `rows` rows of `width` (`w = None`: no scale): a
     /// sublayer's output normalised and added into the residual (Gemma's sandwich norms).
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &self,
-        _rows: usize,
-        _width: usize,
-        _a: &Self::Buf,
-        _w: Option<&Self::Buf>,
-        _eps: f32,
-        _x: &mut Self::Buf,
-    ) {
-        not_implemented("add_rms_norm", &self.describe())
-    }
+        rows: usize,
+        width: usize,
+        a: &Self::Buf,
+        w: Option<&Self::Buf>,
+        eps: f32,
+        x: &mut Self::Buf,
+    );
     /// `a[r, i] = gelu_tanh(a[r, i]) * b[r * b_stride + b_col + i]` for `rows` rows of
     /// `width` (a gate applied to a slice of per-row inputs: Gemma's per-layer inputs).
     #[allow(clippy::too_many_arguments)]
-    fn gelu_tanh_mul(
-        &self,
-        _rows: usize,
-        _width: usize,
-        _a: &mut Self::Buf,
-        _b: &Self::Buf,
-        _b_stride: usize,
-        _b_col: usize,
-    ) {
-        not_implemented("gelu_tanh_mul", &self.describe())
-    }
+    fn gelu_tanh_mul(&self, rows: usize, width: usize, a: &mut Self::Buf, b: &Self::Buf, b_stride: usize, b_col: usize);
     /// [`Backend::experts`] with the gate activation `act` (`down(act(gate x) * up x)`);
     /// SwiGLU is [`Backend::experts`] itself.
     fn gated_experts<'a>(
@@ -602,48 +580,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n: usize,
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Self::Buf,
-    ) {
-        match act {
-            GateAct::Silu => self.experts(x, rows, n, task, y),
-            GateAct::GeluTanh => not_implemented("gated_experts (GELU-tanh)", &self.describe()),
-        }
-    }
+    );
     /// Softmax routing (Gemma 4): `logits = x gate^T` (f32), per row the softmax, the
     /// `top_k` largest probabilities (ids best first, exact ties to the lower id),
     /// renormalised to sum to one, each times `expert_scale[id]`.
     #[allow(clippy::too_many_arguments)]
     fn route_softmax(
         &self,
-        _x: &Self::Buf,
-        _rows: usize,
-        _gate: &Self::Mat,
-        _expert_scale: &Self::Buf,
-        _top_k: usize,
-        _logits: &mut Self::Buf,
-        _ids: &mut Self::Idx,
-        _weights: &mut Self::Buf,
-    ) {
-        not_implemented("route_softmax", &self.describe())
-    }
+        x: &Self::Buf,
+        rows: usize,
+        gate: &Self::Mat,
+        expert_scale: &Self::Buf,
+        top_k: usize,
+        logits: &mut Self::Buf,
+        ids: &mut Self::Idx,
+        weights: &mut Self::Buf,
+    );
     /// The query half of [`Backend::gqa_prepare`]: normalises (optionally) and rotates
     /// queries; no cache is written (a layer attending to another layer's cache).
-    fn gqa_query(&self, _step: &Step, _a: GqaQuery<'_, Self>) {
-        not_implemented("gqa_query", &self.describe())
-    }
-}
-
-/// The panic of an op a backend does not implement (see the defaults above).
-#[cold]
-#[track_caller]
-pub fn not_implemented(op: &str, backend: &str) -> ! {
-    panic!("{op} is not implemented on this backend ({backend})")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    #[should_panic(expected = "route_softmax is not implemented on this backend (cuda:0)")]
-    fn missing_ops_panic_naming_the_op_and_backend() {
-        super::not_implemented("route_softmax", "cuda:0")
-    }
+    fn gqa_query(&self, step: &Step, a: GqaQuery<'_, Self>);
 }

@@ -186,7 +186,8 @@ impl Backend for CpuBackend {
     type Idx = Vec<u32>;
     type Mat = CpuMat;
     type ExpertRef<'a> = CpuExpert<'a>;
-    type ExpertTable = ();
+    /// None: the CPU dispatches experts from the host (the ids are there already).
+    type ExpertTable = std::convert::Infallible;
     type IdxRead = Vec<u32>;
 
     fn describe(&self) -> String {
@@ -442,6 +443,23 @@ impl Backend for CpuBackend {
         y: &mut Vec<f32>,
     ) {
         self.gated_experts(GateAct::Silu, x, rows, n, task, y)
+    }
+
+    fn expert_table(&self, _experts: &[[CpuMat; 3]]) -> Result<Option<Self::ExpertTable>> {
+        Ok(None)
+    }
+
+    fn experts_by_id(
+        &self,
+        _x: &Vec<f32>,
+        _top_k: usize,
+        _ids: &Vec<u32>,
+        table: &Self::ExpertTable,
+        _shared: Option<CpuExpert<'_>>,
+        _y: &mut Vec<f32>,
+    ) {
+        // No table exists on the CPU (expert_table answers None), so this is never called.
+        match *table {}
     }
 
     fn gated_experts<'a>(
