@@ -11,7 +11,6 @@
 pub mod batch;
 pub mod blocks;
 pub mod convert;
-pub mod experts;
 mod fields;
 pub mod gemma4;
 pub mod glm4_moe;
@@ -24,11 +23,11 @@ pub mod weights;
 
 use anyhow::Result;
 pub use batch::{fed, Batch, Logits, SeqId};
-pub use experts::{ExpertProvider, ReadyExperts, Routes, Union};
 pub use registry::{
     families, family_of, parse_config, read_arch, supported_model_types, Arch, ChatFormat, Device, ExpertsChoice,
     Family, LoadSpec, MoeLayout,
 };
+pub use strata_experts::{ExpertProvider, ReadyExperts, Routes, Union};
 pub use weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec, WeightSummary};
 
 /// What the engine needs to know about a loaded model.

@@ -4,7 +4,6 @@
 //! engine id, and how to build the model on a device. Engine, CLI and server reach
 //! families only through here.
 
-use crate::experts::ExpertProvider;
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{anyhow, bail, Result};
@@ -12,6 +11,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use strata_backend::cpu::CpuBackend;
+use strata_experts::ExpertProvider;
 use strata_storage::WeightStore;
 
 /// A compute device for a model.
@@ -112,19 +112,7 @@ pub enum ChatFormat {
     Gemma,
 }
 
-/// Routed experts of an architecture: which layers, how many, their shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MoeLayout {
-    /// Model layer ids with routed experts.
-    pub layers: Vec<usize>,
-    pub experts_per_layer: usize,
-    pub top_k: usize,
-    pub hidden: usize,
-    /// Width of one expert's intermediate activation.
-    pub inter: usize,
-    /// MTP layer ids (`num_hidden_layers ..`), whose experts may be in the checkpoint.
-    pub mtp_layers: Vec<usize>,
-}
+pub use strata_experts::MoeLayout;
 
 /// Where a model's routed experts run from.
 pub enum ExpertsChoice {

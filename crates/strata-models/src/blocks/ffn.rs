@@ -3,9 +3,9 @@
 //! layer's compute.
 
 use super::{ExpertSource, MoeScratch, MoeWeights, SwiGlu};
-use crate::experts::{ExpertProvider, Routes};
 use anyhow::Result;
 use strata_backend::Backend;
+use strata_experts::{ExpertProvider, Routes};
 
 /// Next-layer prediction runs on forwards of at most this many rows (decode and small
 /// batches; a long prefill reads most experts anyway).

@@ -11,10 +11,10 @@
 //! output is the same bit for bit.
 
 use super::mlp::SwiGlu;
-use crate::experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, ExpertTask, RouterParams};
+use strata_experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
 
 /// Where a model's routed experts come from.
 pub enum ExpertSource<B: Backend> {

@@ -11,9 +11,9 @@
 //! row in ascending expert id), so streamed output equals resident output bit for bit.
 
 use crate::blocks::ExpertSource;
-use crate::experts::{ExpertProvider, Routes, Union};
 use anyhow::Result;
 use strata_backend::{Backend, ExpertTask, GateAct};
+use strata_experts::{ExpertProvider, Routes, Union};
 
 /// `down(gelu_tanh(gate x) * up x)`.
 pub struct Mlp<B: Backend> {

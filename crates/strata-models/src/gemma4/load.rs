@@ -9,11 +9,11 @@ use super::model::{Gemma4, Layer};
 use super::ple::{LayerPle, Ple};
 use super::weights::{fused_names, name, spec, weight_map, Key, LayerKey};
 use crate::blocks::ExpertSource;
-use crate::experts::{ExpertProvider, ResidentExperts};
 use crate::weights::{load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, GqaDims};
+use strata_experts::{ExpertProvider, ResidentExperts};
 use strata_storage::WeightStore;
 
 struct Loader<'a, B: Backend> {

@@ -15,13 +15,13 @@ use super::ple::{LayerPle, Ple, PleScratch};
 use super::ring::Ring;
 use crate::batch::{Batch, SeqId};
 use crate::blocks::{ExpertSource, PILOT_MAX_ROWS};
-use crate::experts::Routes;
 use crate::kv::KvBlocks;
 use crate::media::{ImagePatches, Vision, VisionSpec};
 use crate::session::{session_parts, Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{ensure, Result};
 use strata_backend::{Backend, Step};
+use strata_experts::Routes;
 
 pub(super) struct Layer<B: Backend> {
     pub kind: LayerKind,

@@ -6,11 +6,11 @@ use super::config::Glm4MoeConfig;
 use super::model::{Glm4, Layer};
 use super::weights::{name, spec, weight_map, Key, LayerKey};
 use crate::blocks::{ExpertSource, Ffn, GqaWeights, MoeWeights, SwiGlu};
-use crate::experts::{ExpertProvider, ResidentExperts};
 use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, GqaDims, RouterParams};
+use strata_experts::{ExpertProvider, ResidentExperts};
 use strata_storage::WeightStore;
 
 struct Loader<'a, B: Backend> {

@@ -6,12 +6,12 @@ use crate::batch::{Batch, SeqId};
 use crate::blocks::{
     pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, GqaScratch, GqaWeights, MoeScratch, PILOT_MAX_ROWS,
 };
-use crate::experts::Routes;
 use crate::kv::KvBlocks;
 use crate::session::{session_parts, Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{ensure, Result};
 use strata_backend::{Backend, GqaDims};
+use strata_experts::Routes;
 
 pub(super) struct Layer<B: Backend> {
     pub input_norm: B::Buf,

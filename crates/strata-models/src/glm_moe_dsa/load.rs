@@ -7,11 +7,11 @@ use super::model::{Glm, Layer, Mtp};
 use super::weights::{name, spec, Key, LayerKey};
 use crate::blocks::mla::IndexerWeights;
 use crate::blocks::{ExpertSource, Ffn, MlaConfig, MlaWeights, MoeWeights, SwiGlu};
-use crate::experts::{ExpertProvider, ResidentExperts};
 use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, HostMatrix, IndexDims, MlaDims, RouterParams};
+use strata_experts::{ExpertProvider, ResidentExperts};
 use strata_storage::WeightStore;
 
 /// transformers builds `q_a_layernorm` / `kv_a_layernorm` and the indexer's key norm

@@ -7,12 +7,12 @@ use crate::blocks::{
     pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, MlaCache, MlaConfig, MlaScratch, MlaWeights, MoeScratch,
     PILOT_MAX_ROWS,
 };
-use crate::experts::Routes;
 use crate::kv::KvBlocks;
 use crate::session::{session_parts, Outputs, Rows};
 use crate::{Model, ModelInfo, Session, SessionOptions};
 use anyhow::{bail, ensure, Result};
 use strata_backend::{Backend, LinearOut};
+use strata_experts::Routes;
 
 pub(super) struct Layer<B: Backend> {
     pub input_norm: B::Buf,

@@ -1,16 +1,13 @@
-//! The streamed-expert runtime: routed experts live in a byte-budgeted slab of slots and
-//! are read from the container on demand. Policy (plan, slot table, ledger) comes from
-//! strata-residency, bytes from strata-storage's I/O pool, arithmetic from
-//! strata-kernels. See ARCHITECTURE.md ("A token's path", "Streaming invariants").
+//! The engine's view of the streamed experts (strata-experts), and the draft (MTP)
+//! layer's own expert tier, which depends on the model's load options.
 
 #[cfg(feature = "cuda")]
-pub mod gpu;
-mod runtime;
-mod source;
-pub mod telemetry;
-
-pub use runtime::{PilotMode, RuntimeOptions, RuntimeReport, SharedLedger, StreamedExperts, UsageSetting};
-pub use source::{is_container, open_source, ColibriSource, ContainerSource, ExpertSource};
+pub use strata_experts::gpu;
+pub use strata_experts::telemetry;
+pub use strata_experts::{
+    is_container, open_source, open_tier, ColibriSource, ContainerSource, ExpertSource, PilotMode, RuntimeOptions,
+    RuntimeReport, SharedLedger, StreamedExperts, UsageSetting,
+};
 
 use crate::model_dir::LoadOptions;
 use anyhow::Result;
@@ -37,20 +34,6 @@ pub fn draft_slab_bytes(dir: &Path, arch: &dyn Arch, store: &strata_storage::Wei
         None => return Ok(None),
     };
     Ok(Some(slot * (moe.top_k * DRAFT_WORKING_ROWS + 1) as u64))
-}
-
-fn open_tier(dir: &Path, moe: &strata_models::MoeLayout, tier: &str) -> Result<Option<Box<dyn ExpertSource>>> {
-    if strata_storage::ExpertManifest::exists(dir) {
-        let m = strata_storage::ExpertManifest::read(dir)?;
-        if m.tier(tier).is_none() {
-            return Ok(None);
-        }
-        return Ok(Some(Box::new(ContainerSource::open(dir, tier)?)));
-    }
-    if strata_storage::ColibriContainer::detect(dir) {
-        return Ok(ColibriSource::open_tier(dir, moe, tier)?.map(|s| Box::new(s) as Box<dyn ExpertSource>));
-    }
-    Ok(None)
 }
 
 /// The draft (MTP) layer's experts of the container in `dir`: the int8 tier streamed

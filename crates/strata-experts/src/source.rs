@@ -1,8 +1,8 @@
 //! Where an expert's bytes are and how they sit inside a slot, per container kind.
 
+use crate::MoeLayout;
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
-use strata_models::MoeLayout;
 use strata_storage::{
     ColibriContainer, ColibriTier, ExpertLayout, ExpertManifest, GlmDims, ReadCheck, ReadSegment, TierEntry,
 };
@@ -141,4 +141,20 @@ pub fn open_source(dir: &Path, moe: Option<&MoeLayout>) -> Result<Option<Box<dyn
 /// Whether `dir` holds an expert container (strata's or Colibri's).
 pub fn is_container(dir: &Path) -> bool {
     ExpertManifest::exists(dir) || ColibriContainer::detect(dir)
+}
+
+/// Tier `tier` ("main", "mtp") of the container in `dir` (a strata container or a
+/// Colibri one), or None where it has no such tier (or `dir` holds no container).
+pub fn open_tier(dir: &Path, moe: &MoeLayout, tier: &str) -> Result<Option<Box<dyn ExpertSource>>> {
+    if strata_storage::ExpertManifest::exists(dir) {
+        let m = strata_storage::ExpertManifest::read(dir)?;
+        if m.tier(tier).is_none() {
+            return Ok(None);
+        }
+        return Ok(Some(Box::new(ContainerSource::open(dir, tier)?)));
+    }
+    if strata_storage::ColibriContainer::detect(dir) {
+        return Ok(ColibriSource::open_tier(dir, moe, tier)?.map(|s| Box::new(s) as Box<dyn ExpertSource>));
+    }
+    Ok(None)
 }

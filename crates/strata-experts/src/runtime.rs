@@ -15,6 +15,7 @@
 
 use super::source::ExpertSource;
 use super::telemetry::{DeviceTier, DeviceTierReport, Latencies, PilotReport, PilotStats, Traffic, TurnTelemetry};
+use crate::provider::{ExpertProvider, ReadyExperts};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -22,7 +23,6 @@ use std::sync::Mutex;
 use std::time::Instant;
 use strata_backend::cpu::{CpuBackend, CpuExpert};
 use strata_kernels::QMatrix;
-use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{
     repin_candidate, select_repins, Eviction, EvictionScope, ExpertKey, ResidencyEntry, ResidencyPlan, SlotPhase,
     SlotRole, SlotSnapshot, SlotTable, UsageLedger, REPIN_MAX_SWAPS,
@@ -396,7 +396,7 @@ impl StreamedExperts {
     /// unpinned layer slots (never below one per layer) and return their pages.
     fn relieve_pressure(&self, st: &mut State) {
         let Some(budget) = self.budget else { return };
-        while crate::stats::current_rss_bytes() > budget {
+        while crate::rss::current_rss_bytes() > budget {
             let Some(slot) = st.table.decommit_one() else { break };
             // SAFETY: a decommitted slot is never read or written again.
             unsafe { discard(self.slab.as_ptr().add(slot * self.slot_bytes), self.slot_bytes) };
@@ -432,7 +432,7 @@ impl StreamedExperts {
             residency_map: st.table.residency_map(),
             repins,
             pilot: (self.pilot != PilotMode::Off).then(|| st.pilot.report()),
-            footprint_bytes: crate::stats::current_rss_bytes(),
+            footprint_bytes: crate::rss::current_rss_bytes(),
             budget_bytes: self.budget,
             device_tier: None,
         };

@@ -83,32 +83,34 @@ impl StreamedExperts {
 
 #[cfg(test)]
 mod tests {
-    use crate::experts::{RuntimeOptions, UsageSetting};
-    use crate::{LoadOptions, LoadedModel};
+    use crate::{ContainerSource, PilotMode, RuntimeOptions, StreamedExperts, UsageSetting};
     use strata_kernels::QuantKind;
     use strata_models::convert::{convert, ConvertOptions};
-    use strata_residency::{ExpertKey, SlotPhase, SlotRole};
+    use strata_residency::{plan, ExpertKey, PlanInput, SlotPhase, SlotRole};
 
-    fn tiny_streamed(pilot: crate::experts::PilotMode) -> (tempfile::TempDir, LoadedModel) {
+    /// strata-tiny's experts in an int8 container, streamed through 2 slots a layer and 8
+    /// working slots.
+    fn tiny_streamed(pilot: PilotMode) -> (tempfile::TempDir, std::sync::Arc<StreamedExperts>) {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let dir = tempfile::tempdir().unwrap();
         let opts = ConvertOptions { experts: QuantKind::Int8Row, mtp_experts: QuantKind::Int8Row };
         convert(&root.join("models/strata-tiny"), dir.path(), &opts, &mut |_, _| {}).unwrap();
-        let load = LoadOptions {
-            budget: Some(u64::MAX / 4),
-            context: 64,
-            runtime: RuntimeOptions {
-                working_slots: 8,
-                max_slots_per_layer: Some(2),
-                usage: UsageSetting::Off,
-                pilot,
-                ..Default::default()
-            },
-            mtp: false,
-            ..Default::default()
-        };
-        let m = LoadedModel::open_with(dir.path(), &load).unwrap();
-        (dir, m)
+        let source = ContainerSource::open(dir.path(), "main").unwrap();
+        let slot_bytes = crate::ExpertSource::slot_bytes(&source) as u64;
+        let layers = crate::ExpertSource::layers(&source).len();
+        let p = plan(PlanInput {
+            budget_bytes: u64::MAX / 4,
+            fixed_bytes: 0,
+            slot_bytes,
+            sparse_layers: layers,
+            working_slots: 8,
+            pinned_experts: 0,
+            max_slots_per_layer: Some(2),
+        })
+        .unwrap();
+        let rt = RuntimeOptions { working_slots: 8, usage: UsageSetting::Off, pilot, ..Default::default() };
+        let streamed = StreamedExperts::new(Box::new(source), p, &[], None, &rt, None).unwrap();
+        (dir, std::sync::Arc::new(streamed))
     }
 
     /// A prediction's experts that a tier in front holds are not prefetched here (they
@@ -116,8 +118,7 @@ mod tests {
     /// surest rank first, once the current layer has started its own reads.
     #[test]
     fn predictions_held_above_are_not_prefetched() {
-        let (_dir, m) = tiny_streamed(crate::experts::PilotMode::Prefetch);
-        let rt = m.experts.clone().expect("streamed experts");
+        let (_dir, rt) = tiny_streamed(PilotMode::Prefetch);
         let (current, next) = (rt.layers().0[0], rt.layers().0[1]);
         rt.predicted_skipping(next, &[1, 2, 3, 4, 5, 6, 7, 8], 4, &|e| e <= 2 || e == 7);
         {
@@ -140,8 +141,7 @@ mod tests {
     /// kept (touched, or copied into a slot and promoted).
     #[test]
     fn a_host_tier_under_a_device_keeps_what_comes_down_not_what_goes_up() {
-        let (_dir, m) = tiny_streamed(crate::experts::PilotMode::Off);
-        let rt = m.experts.clone().expect("streamed experts");
+        let (_dir, rt) = tiny_streamed(PilotMode::Off);
         let layer = rt.layers().0[0];
         let role = |e: usize| {
             let st = rt.state.lock().unwrap();

@@ -23,12 +23,12 @@
 
 use super::runtime::{Demotion, StreamedExperts};
 use super::telemetry::{DeviceTier, DeviceTierReport, DeviceTierTraffic};
+use crate::provider::{ExpertProvider, ReadyExperts};
 use anyhow::{anyhow, bail, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use strata_backend::cuda::{CopyFence, CudaBackend, CudaExpert, CudaExpertTable, CudaMat, DevBuf, HostRegistration};
 use strata_backend::Backend;
-use strata_models::{ExpertProvider, ReadyExperts};
 use strata_residency::{ResidencyPlan, SlotRole, SlotTable};
 
 struct Device {
