@@ -2,7 +2,7 @@
 //! next MoE layer's router run one layer early, so its experts can be fetched during this
 //! layer's compute.
 
-use super::{ExpertSource, MoeScratch, MoeWeights, SwiGlu};
+use super::{ExpertSource, Moe, MoeScratch, SwiGlu};
 use anyhow::Result;
 use strata_backend::Backend;
 use strata_experts::{ExpertProvider, Routes};
@@ -13,7 +13,7 @@ pub const PILOT_MAX_ROWS: usize = 8;
 
 pub enum Ffn<B: Backend> {
     Dense(SwiGlu<B>),
-    Moe(MoeWeights<B>),
+    Moe(Moe<B>),
 }
 
 /// Buffers the feed-forward half writes: the dense output and the MoE scratch.
@@ -40,7 +40,7 @@ impl<B: Backend> Ffn<B> {
             Self::Dense(mlp) => mlp.forward_add(b, xn, rows, hidden, bufs.y, x),
             Self::Moe(moe) => {
                 let ms = bufs.moe.expect("an MoE layer runs with MoE scratch");
-                moe.forward_add(b, experts, xn, rows, hidden, ms, routes, x)?;
+                moe.forward_add(b, experts, xn, xn, rows, hidden, ms, routes, x)?;
             }
         }
         Ok(())
@@ -72,9 +72,9 @@ pub fn pilot_predict<B: Backend>(
 ) {
     let Ffn::Moe(moe) = next.ffn else { return };
     let from = match (cur.ffn, p.two_step_prediction()) {
-        (Ffn::Moe(c), true) => {
+        (Ffn::Moe(Moe { shared: Some(shared), .. }), true) => {
             b.rms_norm(rows, hidden, x, Some(cur.norm), eps, xn);
-            c.shared.forward_add_into(b, xn, rows, hidden, x, y);
+            shared.forward_add_into(b, xn, rows, hidden, x, y);
             &*y
         }
         _ => x,

@@ -11,4 +11,4 @@ pub use ffn::{pilot_predict, Ffn, FfnBufs, FfnLayer, PILOT_MAX_ROWS};
 pub use gqa::{GqaScratch, GqaWeights};
 pub use mla::{MlaCache, MlaConfig, MlaScratch, MlaWeights};
 pub use mlp::SwiGlu;
-pub use moe::{ExpertSource, MoeScratch, MoeWeights};
+pub use moe::{ExpertSource, Moe, MoeScratch, Router};

@@ -1,4 +1,5 @@
-//! DeepSeek-V3 MoE: `noaux_tc` router, routed SwiGLU experts and a shared expert.
+//! The routed-expert block every family uses: a router (as data), routed gated experts
+//! (the activation as data), an optional shared expert.
 //!
 //! Routing runs on the backend; the ids come back to the host (the provider plans reads
 //! and counts selections), the rows' experts are deduplicated ([`Union`]), and the
@@ -13,7 +14,7 @@
 use super::mlp::SwiGlu;
 use anyhow::Result;
 use std::sync::Arc;
-use strata_backend::{Backend, ExpertTask, RouterParams};
+use strata_backend::{Backend, ExpertTask, GateAct, RouterParams};
 use strata_experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
 
 /// Where a model's routed experts come from.
@@ -46,14 +47,35 @@ impl<B: Backend> ExpertSource<B> {
     }
 }
 
-pub struct MoeWeights<B: Backend> {
+/// How a token's experts are chosen from `gate`'s logits (`x gate^T`, in f32).
+pub enum Router<B: Backend> {
+    /// DeepSeek-V3 / GLM (`noaux_tc`): sigmoid scores plus a correction bias choose
+    /// (grouped top-k), the unbiased scores of the chosen weigh (renormalised where
+    /// `params` says), times the routed scaling factor.
+    Noaux { gate: B::Mat, bias: B::Buf, params: RouterParams },
+    /// Softmax over the experts, the `top_k` largest, renormalised to sum to one, each
+    /// times `expert_scale[id]` (Gemma 4; ones where a family has no such scale).
+    Softmax { gate: B::Mat, expert_scale: B::Buf, top_k: usize },
+}
+
+impl<B: Backend> Router<B> {
+    pub fn top_k(&self) -> usize {
+        match self {
+            Self::Noaux { params, .. } => params.top_k,
+            Self::Softmax { top_k, .. } => *top_k,
+        }
+    }
+}
+
+/// A layer's routed experts: `x += sum over the chosen e of w_e * down(act(gate_e x) *
+/// up_e x)` (+ the shared expert's output, where there is one).
+pub struct Moe<B: Backend> {
     pub layer: usize,
-    /// Router `[experts, hidden]`, computed in f32 as the reference does.
-    pub gate: B::Mat,
-    pub bias: B::Buf,
-    pub params: RouterParams,
+    pub router: Router<B>,
     pub experts: usize,
-    pub shared: SwiGlu<B>,
+    /// The experts' gate activation (the shared expert's too).
+    pub act: GateAct,
+    pub shared: Option<SwiGlu<B>>,
 }
 
 /// Activations of MoE layers for forwards of up to `rows` rows.
@@ -64,8 +86,9 @@ pub struct MoeScratch<B: Backend> {
     src: B::Idx,
     /// `0..top_k`: one row's y rows in routed order (the by-id path).
     in_order: B::Idx,
-    /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`), then
-    /// `zero_row`, which no expert writes: left-out experts read it (approximate decode).
+    /// Routed outputs (`rows * top_k` rows), then the shared expert's (`rows`, where there
+    /// is one), then `zero_row`, which no expert writes: left-out experts read it
+    /// (approximate decode).
     y: B::Buf,
     zero_row: u32,
     host_ids: Vec<u32>,
@@ -75,7 +98,8 @@ pub struct MoeScratch<B: Backend> {
 }
 
 impl<B: Backend> MoeScratch<B> {
-    pub fn new(b: &B, rows: usize, hidden: usize, experts: usize, top_k: usize) -> Result<Self> {
+    pub fn new(b: &B, rows: usize, hidden: usize, experts: usize, top_k: usize, shared: bool) -> Result<Self> {
+        let y_rows = rows * (top_k + usize::from(shared));
         Ok(Self {
             logits: b.alloc(rows * experts)?,
             ids: b.alloc_idx(rows * top_k)?,
@@ -86,65 +110,81 @@ impl<B: Backend> MoeScratch<B> {
                 b.write_idx(&mut i, 0, &(0..top_k as u32).collect::<Vec<_>>());
                 i
             },
-            y: b.alloc((rows * (top_k + 1) + 1) * hidden)?,
-            zero_row: (rows * (top_k + 1)) as u32,
+            y: b.alloc((y_rows + 1) * hidden)?,
+            zero_row: y_rows as u32,
             host_ids: vec![0; rows * top_k],
             union: Union::default(),
             handed: Vec::with_capacity(rows * top_k),
         })
     }
 
-    pub fn bytes(rows: usize, hidden: usize, experts: usize, top_k: usize) -> u64 {
-        4 * (rows * experts + 3 * rows * top_k + (rows * (top_k + 1) + 1) * hidden) as u64 * 2
+    /// What [`MoeScratch::new`] allocates, twice over (the plan's margin).
+    pub fn bytes(rows: usize, hidden: usize, experts: usize, top_k: usize, shared: bool) -> u64 {
+        let y_rows = rows * (top_k + usize::from(shared));
+        4 * (rows * experts + 3 * rows * top_k + (y_rows + 1) * hidden) as u64 * 2
     }
 }
 
-impl<B: Backend> MoeWeights<B> {
-    /// Routes `xn` on the backend; with `to_host`, reads the ids back (`rows x top_k` in
-    /// the scratch's `host_ids`).
-    fn route(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>, to_host: bool) {
-        b.route_noaux(xn, rows, &self.gate, &self.bias, self.params, &mut s.logits, &mut s.ids, &mut s.weights);
+impl<B: Backend> Moe<B> {
+    pub fn top_k(&self) -> usize {
+        self.router.top_k()
+    }
+
+    /// Routes `xr` (the router's input) on the backend; with `to_host`, reads the ids back
+    /// (`rows x top_k` in the scratch's `host_ids`).
+    fn route(&self, b: &B, xr: &B::Buf, rows: usize, s: &mut MoeScratch<B>, to_host: bool) {
+        match &self.router {
+            Router::Noaux { gate, bias, params } => {
+                b.route_noaux(xr, rows, gate, bias, *params, &mut s.logits, &mut s.ids, &mut s.weights)
+            }
+            Router::Softmax { gate, expert_scale, top_k } => {
+                b.route_softmax(xr, rows, gate, expert_scale, *top_k, &mut s.logits, &mut s.ids, &mut s.weights)
+            }
+        }
         if to_host {
-            let n = rows * self.params.top_k;
+            let n = rows * self.top_k();
             b.read_idx(&s.ids, 0, &mut s.host_ids[..n]);
         }
     }
 
-    fn shared_ref<'a>(&'a self, b: &B) -> B::ExpertRef<'a> {
-        b.expert_ref(&self.shared.gate, &self.shared.up, &self.shared.down)
+    fn shared_ref<'a>(&'a self, b: &B) -> Option<B::ExpertRef<'a>> {
+        self.shared.as_ref().map(|s| b.expert_ref(&s.gate, &s.up, &s.down))
     }
 
-    /// Predicts this layer's routing from `xn` (the previous layer's residual, normed with
-    /// this layer's norm) and tells the provider (PILOT).
-    pub fn predict(&self, b: &B, xn: &B::Buf, rows: usize, s: &mut MoeScratch<B>, provider: &dyn ExpertProvider<B>) {
-        self.route(b, xn, rows, s, true);
-        provider.predicted(self.layer, &s.host_ids[..rows * self.params.top_k], self.params.top_k);
+    /// Predicts this layer's routing from `xr` (its router's input, computed one layer
+    /// early) and tells the provider (PILOT).
+    pub fn predict(&self, b: &B, xr: &B::Buf, rows: usize, s: &mut MoeScratch<B>, provider: &dyn ExpertProvider<B>) {
+        self.route(b, xr, rows, s, true);
+        provider.predicted(self.layer, &s.host_ids[..rows * self.top_k()], self.top_k());
     }
 
-    /// `x += moe(xn)`; records the routing in `routes`.
+    /// `out += moe(xn)`, the router reading `xr` (the same buffer as `xn` where a family
+    /// routes on the experts' input); records the routing in `routes`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_add(
         &self,
         b: &B,
         experts: &ExpertSource<B>,
+        xr: &B::Buf,
         xn: &B::Buf,
         rows: usize,
         hidden: usize,
         s: &mut MoeScratch<B>,
         routes: &mut Routes,
-        x: &mut B::Buf,
+        out: &mut B::Buf,
     ) -> Result<()> {
-        let k = self.params.top_k;
-        if rows == 1 {
+        let k = self.top_k();
+        // (The device's expert tables dispatch SwiGLU experts.)
+        if rows == 1 && self.act == GateAct::Silu {
             let table = match experts {
                 ExpertSource::Resident(r) => r.table(self.layer),
                 ExpertSource::Provider(p) => p.device_table(b, self.layer, k)?,
             };
             if let Some(table) = table {
-                return self.forward_by_id(b, table, experts.provider(), xn, hidden, s, routes, x);
+                return self.forward_by_id(b, table, experts.provider(), xr, xn, hidden, s, routes, out);
             }
         }
-        self.route(b, xn, rows, s, true);
+        self.route(b, xr, rows, s, true);
         let n = rows * k;
         routes.push(self.layer, &s.host_ids[..n]);
         if let Some(p) = experts.provider() {
@@ -152,37 +192,36 @@ impl<B: Backend> MoeWeights<B> {
         }
         s.union.build(&s.host_ids[..n], rows, k, self.experts);
         let shared_row = s.union.total();
-        let union = &s.union;
-        let y = &mut s.y;
-        let handed = &mut s.handed;
+        let has_shared = self.shared.is_some();
+        let (union, y, handed, act) = (&s.union, &mut s.y, &mut s.handed, self.act);
         handed.clear();
         let mut first = true;
         experts.run(b, self.layer, &union.experts, &mut |ready| {
             let count = ready.len();
             handed.extend((0..count).map(|i| ready.get(i).0));
-            let with_shared = std::mem::take(&mut first);
-            let task = |i: usize| {
-                if i == count {
-                    return ExpertTask { weights: self.shared_ref(b), rows: None, out_row: shared_row };
+            let with_shared = std::mem::take(&mut first) && has_shared;
+            let task = |i: usize| match (i == count, self.shared_ref(b)) {
+                (true, Some(weights)) => ExpertTask { weights, rows: None, out_row: shared_row },
+                _ => {
+                    let (e, weights) = ready.get(i);
+                    let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
+                    ExpertTask { weights, rows: Some(rows_of), out_row }
                 }
-                let (e, weights) = ready.get(i);
-                let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
-                ExpertTask { weights, rows: Some(rows_of), out_row }
             };
-            b.experts(xn, rows, count + usize::from(with_shared), &task, y);
+            b.gated_experts(act, xn, rows, count + usize::from(with_shared), &task, y);
             Ok(())
         })?;
-        if first {
+        if let (true, Some(weights)) = (first, self.shared_ref(b)) {
             // (No routed expert was handed over: the shared expert still runs.)
-            let weights = self.shared_ref(b);
-            b.experts(xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
+            b.gated_experts(act, xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
         }
         if s.handed.len() < s.union.experts.len() {
             let ids = &s.host_ids[..n];
             s.union.drop_left_out(experts.provider(), self.layer, ids, &s.handed, s.zero_row)?;
         }
         b.write_idx(&mut s.src, 0, &s.union.src);
-        b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, Some(shared_row), x);
+        let shared_row = self.shared.as_ref().map(|_| shared_row);
+        b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, shared_row, out);
         Ok(())
     }
 
@@ -195,22 +234,25 @@ impl<B: Backend> MoeWeights<B> {
         b: &B,
         table: &B::ExpertTable,
         provider: Option<&Arc<dyn ExpertProvider<B>>>,
+        xr: &B::Buf,
         xn: &B::Buf,
         hidden: usize,
         s: &mut MoeScratch<B>,
         routes: &mut Routes,
-        x: &mut B::Buf,
+        out: &mut B::Buf,
     ) -> Result<()> {
-        let k = self.params.top_k;
-        self.route(b, xn, 1, s, routes.recording());
+        let k = self.top_k();
+        self.route(b, xr, 1, s, routes.recording());
         if routes.recording() {
             routes.push(self.layer, &s.host_ids[..k]);
             if let Some(p) = provider {
                 p.record(self.layer, &s.host_ids[..k], k);
             }
         }
-        b.experts_by_id(xn, k, &s.ids, table, Some(self.shared_ref(b)), &mut s.y);
-        b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, Some(k), x);
+        let shared = self.shared_ref(b);
+        let shared_row = shared.is_some().then_some(k);
+        b.experts_by_id(xn, k, &s.ids, table, shared, &mut s.y);
+        b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, shared_row, out);
         Ok(())
     }
 }

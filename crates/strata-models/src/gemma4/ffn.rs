@@ -6,14 +6,14 @@
 //!
 //! The router reads the residual: RMSNorm without scale, times a learned scale and
 //! `hidden^-0.5`, a linear to the experts, softmax (f32), top-k, renormalised, times a
-//! per-expert scale. Experts run through the family-independent expert path (the
-//! provider: resident or streamed; the union of the rows' experts; outputs combined per
+//! per-expert scale. Experts run through the shared MoE block (`blocks::Moe`: the
+//! provider, resident or streamed; the union of the rows' experts; outputs combined per
 //! row in ascending expert id), so streamed output equals resident output bit for bit.
 
-use crate::blocks::ExpertSource;
+use crate::blocks::{ExpertSource, Moe, MoeScratch};
 use anyhow::Result;
 use strata_backend::{Backend, ExpertTask, GateAct};
-use strata_experts::{ExpertProvider, Routes, Union};
+use strata_experts::{ExpertProvider, Routes};
 
 /// `down(gelu_tanh(gate x) * up x)`.
 pub struct Mlp<B: Backend> {
@@ -30,15 +30,13 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// The routed half of an MoE layer.
-pub struct Moe<B: Backend> {
-    pub layer: usize,
+/// The routed half of an MoE layer: the shared MoE block with a softmax router over the
+/// normalised residual and GELU-tanh experts, between Gemma's extra norms.
+pub struct Routed<B: Backend> {
+    /// Softmax router, GELU-tanh experts, no shared expert.
+    pub block: Moe<B>,
     /// `router.scale * hidden^-0.5`: the router's input norm weight.
     pub router_norm: B::Buf,
-    pub router: B::Mat,
-    pub expert_scale: B::Buf,
-    pub experts: usize,
-    pub top_k: usize,
     pub pre_norm_2: B::Buf,
     pub post_norm_1: B::Buf,
     pub post_norm_2: B::Buf,
@@ -48,7 +46,7 @@ pub struct Ffn<B: Backend> {
     pub pre_norm: B::Buf,
     pub post_norm: B::Buf,
     pub mlp: Mlp<B>,
-    pub moe: Option<Moe<B>>,
+    pub moe: Option<Routed<B>>,
 }
 
 /// Activations of the feed-forward half for forwards of up to `rows` rows.
@@ -56,23 +54,8 @@ pub struct FfnScratch<B: Backend> {
     xn: B::Buf,
     m: B::Buf,
     e: B::Buf,
-    moe: Option<RouteScratch<B>>,
-}
-
-struct RouteScratch<B: Backend> {
-    xr: B::Buf,
-    logits: B::Buf,
-    ids: B::Idx,
-    weights: B::Buf,
-    src: B::Idx,
-    /// Routed outputs, `rows * top_k` rows, then `zero_row`, which no expert writes:
-    /// left-out experts read it (approximate decode).
-    y: B::Buf,
-    zero_row: u32,
-    host_ids: Vec<u32>,
-    union: Union,
-    /// The experts the provider handed over this forward.
-    handed: Vec<u32>,
+    /// The router's input, and the MoE block's scratch.
+    moe: Option<(B::Buf, MoeScratch<B>)>,
 }
 
 impl<B: Backend> FfnScratch<B> {
@@ -80,35 +63,16 @@ impl<B: Backend> FfnScratch<B> {
     pub fn new(b: &B, rows: usize, hidden: usize, moe: Option<(usize, usize)>) -> Result<Self> {
         let moe = match moe {
             None => None,
-            Some((experts, k)) => Some(RouteScratch {
-                xr: b.alloc(rows * hidden)?,
-                logits: b.alloc(rows * experts)?,
-                ids: b.alloc_idx(rows * k)?,
-                weights: b.alloc(rows * k)?,
-                src: b.alloc_idx(rows * k)?,
-                y: b.alloc((rows * k + 1) * hidden)?,
-                zero_row: (rows * k) as u32,
-                host_ids: vec![0; rows * k],
-                union: Union::default(),
-                handed: Vec::with_capacity(rows * k),
-            }),
+            Some((experts, k)) => Some((b.alloc(rows * hidden)?, MoeScratch::new(b, rows, hidden, experts, k, false)?)),
         };
         Ok(Self { xn: b.alloc(rows * hidden)?, m: b.alloc(rows * hidden)?, e: b.alloc(rows * hidden)?, moe })
     }
 
     pub fn bytes(rows: usize, hidden: usize, moe: Option<(usize, usize)>) -> u64 {
-        let routed = moe.map_or(0, |(experts, k)| (rows * (hidden + experts + 3 * k + k * hidden) + hidden) * 2);
-        4 * (3 * rows * hidden + routed) as u64
-    }
-}
-
-impl<B: Backend> Moe<B> {
-    /// Routes `x` (the residual) and reads the ids back to the host.
-    fn route(&self, b: &B, x: &B::Buf, rows: usize, hidden: usize, eps: f32, s: &mut RouteScratch<B>) {
-        b.rms_norm(rows, hidden, x, Some(&self.router_norm), eps, &mut s.xr);
-        let k = self.top_k;
-        b.route_softmax(&s.xr, rows, &self.router, &self.expert_scale, k, &mut s.logits, &mut s.ids, &mut s.weights);
-        b.read_idx(&s.ids, 0, &mut s.host_ids[..rows * k]);
+        let routed = moe.map_or(0, |(experts, k)| {
+            8 * (rows * hidden) as u64 + MoeScratch::<B>::bytes(rows, hidden, experts, k, false)
+        });
+        4 * (3 * rows * hidden) as u64 + routed
     }
 }
 
@@ -132,39 +96,14 @@ impl<B: Backend> Ffn<B> {
             b.add_rms_norm(rows, hidden, &s.m, Some(&self.post_norm), eps, x);
             return Ok(());
         };
-        let rs = s.moe.as_mut().expect("an MoE layer runs with routing scratch");
-        // m <- post_1(mlp); the experts' input reuses xn.
+        let (xr, ms) = s.moe.as_mut().expect("an MoE layer runs with routing scratch");
+        // m <- post_1(mlp); the experts' input reuses xn, their sum e.
         b.rms_norm(rows, hidden, &s.m, Some(&moe.post_norm_1), eps, &mut s.e);
         std::mem::swap(&mut s.m, &mut s.e);
-        moe.route(b, x, rows, hidden, eps, rs);
-        let k = moe.top_k;
-        let n = rows * k;
-        routes.push(moe.layer, &rs.host_ids[..n]);
-        if let Some(p) = experts.provider() {
-            p.record(moe.layer, &rs.host_ids[..n], k);
-        }
-        rs.union.build(&rs.host_ids[..n], rows, k, moe.experts);
+        b.rms_norm(rows, hidden, x, Some(&moe.router_norm), eps, xr);
         b.rms_norm(rows, hidden, x, Some(&moe.pre_norm_2), eps, &mut s.xn);
-        let (union, y, xn) = (&rs.union, &mut rs.y, &s.xn);
-        let handed = &mut rs.handed;
-        handed.clear();
-        experts.run(b, moe.layer, &union.experts, &mut |ready| {
-            handed.extend((0..ready.len()).map(|i| ready.get(i).0));
-            let task = |i: usize| {
-                let (e, weights) = ready.get(i);
-                let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
-                ExpertTask { weights, rows: Some(rows_of), out_row }
-            };
-            b.gated_experts(GateAct::GeluTanh, xn, rows, ready.len(), &task, y);
-            Ok(())
-        })?;
-        if rs.handed.len() < rs.union.experts.len() {
-            let ids = &rs.host_ids[..n];
-            rs.union.drop_left_out(experts.provider(), moe.layer, ids, &rs.handed, rs.zero_row)?;
-        }
-        b.write_idx(&mut rs.src, 0, &rs.union.src);
         b.fill(rows * hidden, 0.0, &mut s.e);
-        b.moe_combine(rows, hidden, k, &rs.ids, &rs.weights, &rs.src, &rs.y, None, &mut s.e);
+        moe.block.forward_add(b, experts, xr, &s.xn, rows, hidden, ms, routes, &mut s.e)?;
         // m = post_1(mlp) + post_2(experts); x += post(m).
         b.add_rms_norm(rows, hidden, &s.e, Some(&moe.post_norm_2), eps, &mut s.m);
         b.add_rms_norm(rows, hidden, &s.m, Some(&self.post_norm), eps, x);
@@ -184,9 +123,9 @@ impl<B: Backend> Ffn<B> {
         eps: f32,
         s: &mut FfnScratch<B>,
     ) {
-        if let (Some(moe), Some(rs)) = (&self.moe, s.moe.as_mut()) {
-            moe.route(b, x, rows, hidden, eps, rs);
-            p.predicted(moe.layer, &rs.host_ids[..rows * moe.top_k], moe.top_k);
+        if let (Some(moe), Some((xr, ms))) = (&self.moe, s.moe.as_mut()) {
+            b.rms_norm(rows, hidden, x, Some(&moe.router_norm), eps, xr);
+            moe.block.predict(b, xr, rows, ms, p);
         }
     }
 }

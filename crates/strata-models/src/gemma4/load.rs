@@ -4,7 +4,7 @@
 
 use super::attention::{Attention, OwnKv};
 use super::config::{Gemma4Config, LayerKind};
-use super::ffn::{Ffn, Mlp, Moe};
+use super::ffn::{Ffn, Mlp, Routed};
 use super::model::{Gemma4, Layer};
 use super::ple::{LayerPle, Ple};
 use super::weights::{fused_names, name, spec, weight_map, Key, LayerKey};
@@ -80,13 +80,19 @@ impl<B: Backend> Loader<'_, B> {
                 // The router's input norm weight: `scale * hidden^-0.5`.
                 let root = (t.hidden_size as f32).powf(-0.5);
                 let norm: Vec<f32> = self.host_vec(k(RouterScale))?.iter().map(|s| s * root).collect();
-                Some(Moe {
-                    layer: i,
+                Some(Routed {
+                    block: crate::blocks::Moe {
+                        layer: i,
+                        router: crate::blocks::Router::Softmax {
+                            gate: self.mat(k(RouterProj))?,
+                            expert_scale: self.vec(k(RouterExpertScale))?,
+                            top_k: spec.top_k,
+                        },
+                        experts: spec.experts,
+                        act: strata_backend::GateAct::GeluTanh,
+                        shared: None,
+                    },
                     router_norm: self.b.upload(&norm)?,
-                    router: self.mat(k(RouterProj))?,
-                    expert_scale: self.vec(k(RouterExpertScale))?,
-                    experts: spec.experts,
-                    top_k: spec.top_k,
                     pre_norm_2: self.vec(k(PreFfnNorm2))?,
                     post_norm_1: self.vec(k(PostFfnNorm1))?,
                     post_norm_2: self.vec(k(PostFfnNorm2))?,

@@ -5,7 +5,7 @@
 use super::config::Glm4MoeConfig;
 use super::model::{Glm4, Layer};
 use super::weights::{name, spec, weight_map, Key, LayerKey};
-use crate::blocks::{ExpertSource, Ffn, GqaWeights, MoeWeights, SwiGlu};
+use crate::blocks::{ExpertSource, Ffn, GqaWeights, Moe, SwiGlu};
 use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use anyhow::Result;
 use std::sync::Arc;
@@ -63,22 +63,25 @@ impl<B: Backend> Loader<'_, B> {
         })
     }
 
-    fn moe(&self, i: usize) -> Result<MoeWeights<B>> {
+    fn moe(&self, i: usize) -> Result<Moe<B>> {
         use LayerKey::*;
         let cfg = self.cfg;
-        Ok(MoeWeights {
+        Ok(Moe {
             layer: i,
-            gate: self.mat(Key::Layer(i, Router))?,
-            bias: self.vec(Key::Layer(i, RouterBias))?,
-            params: RouterParams {
-                top_k: cfg.num_experts_per_tok,
-                n_group: cfg.n_group,
-                topk_group: cfg.topk_group,
-                norm_topk_prob: cfg.norm_topk_prob,
-                scaling: cfg.routed_scaling_factor,
+            router: crate::blocks::Router::Noaux {
+                gate: self.mat(Key::Layer(i, Router))?,
+                bias: self.vec(Key::Layer(i, RouterBias))?,
+                params: RouterParams {
+                    top_k: cfg.num_experts_per_tok,
+                    n_group: cfg.n_group,
+                    topk_group: cfg.topk_group,
+                    norm_topk_prob: cfg.norm_topk_prob,
+                    scaling: cfg.routed_scaling_factor,
+                },
             },
             experts: cfg.n_routed_experts,
-            shared: self.swiglu(i, [SharedGate, SharedUp, SharedDown])?,
+            act: strata_backend::GateAct::Silu,
+            shared: Some(self.swiglu(i, [SharedGate, SharedUp, SharedDown])?),
         })
     }
 }

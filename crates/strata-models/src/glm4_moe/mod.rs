@@ -88,9 +88,13 @@ impl Arch for Glm4MoeConfig {
         let (h, r) = (self.hidden_size as u64, rows as u64);
         let k = self.num_experts_per_tok as u64;
         let moe = match self.sparse_layers() > 0 {
-            true => {
-                MoeScratch::<CpuBackend>::bytes(rows, self.hidden_size, self.n_routed_experts, self.num_experts_per_tok)
-            }
+            true => MoeScratch::<CpuBackend>::bytes(
+                rows,
+                self.hidden_size,
+                self.n_routed_experts,
+                self.num_experts_per_tok,
+                true,
+            ),
             false => 0,
         };
         let inter = self.intermediate_size.max(self.moe_intermediate_size * (self.num_experts_per_tok + 1)) as u64;

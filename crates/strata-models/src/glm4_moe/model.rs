@@ -85,7 +85,7 @@ impl<'m, B: Backend> Glm4Session<'m, B> {
             .collect::<Result<Vec<_>>>()?;
         let (rows, h) = (opts.max_rows, cfg.hidden_size);
         let moe = match cfg.sparse_layers() > 0 {
-            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok)?),
+            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok, true)?),
             false => None,
         };
         // Attention scores: one row per head of a KV group over the visible context.

@@ -6,7 +6,7 @@ use super::config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
 use super::model::{Glm, Layer, Mtp};
 use super::weights::{name, spec, Key, LayerKey};
 use crate::blocks::mla::IndexerWeights;
-use crate::blocks::{ExpertSource, Ffn, MlaConfig, MlaWeights, MoeWeights, SwiGlu};
+use crate::blocks::{ExpertSource, Ffn, MlaConfig, MlaWeights, Moe, SwiGlu};
 use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use anyhow::Result;
 use std::sync::Arc;
@@ -103,15 +103,18 @@ impl<B: Backend> Loader<'_, B> {
         }
     }
 
-    fn moe(&self, i: usize) -> Result<MoeWeights<B>> {
+    fn moe(&self, i: usize) -> Result<Moe<B>> {
         use LayerKey::*;
-        Ok(MoeWeights {
+        Ok(Moe {
             layer: i,
-            gate: self.mat(Key::Layer(i, Router))?,
-            bias: self.vec(Key::Layer(i, RouterBias))?,
-            params: self.router(i),
+            router: crate::blocks::Router::Noaux {
+                gate: self.mat(Key::Layer(i, Router))?,
+                bias: self.vec(Key::Layer(i, RouterBias))?,
+                params: self.router(i),
+            },
             experts: self.cfg.n_routed_experts,
-            shared: self.swiglu(i, [SharedGate, SharedUp, SharedDown])?,
+            act: strata_backend::GateAct::Silu,
+            shared: Some(self.swiglu(i, [SharedGate, SharedUp, SharedDown])?),
         })
     }
 

@@ -98,7 +98,13 @@ impl Arch for GlmMoeDsaConfig {
         let h = self.hidden_size as u64;
         let r = rows as u64;
         let moe = if self.sparse_layers() > 0 {
-            MoeScratch::<CpuBackend>::bytes(rows, self.hidden_size, self.n_routed_experts, self.num_experts_per_tok)
+            MoeScratch::<CpuBackend>::bytes(
+                rows,
+                self.hidden_size,
+                self.n_routed_experts,
+                self.num_experts_per_tok,
+                true,
+            )
         } else {
             0
         };

@@ -118,7 +118,7 @@ impl<'m, B: Backend> GlmSession<'m, B> {
         };
         let (rows, h) = (opts.max_rows, cfg.hidden_size);
         let moe = match cfg.mlp_layer_types.contains(&MlpKind::Sparse) || m.mtp.is_some() {
-            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok)?),
+            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok, true)?),
             false => None,
         };
         b.reserve_workspace(cfg.num_attention_heads.max(cfg.index_n_heads), cfg.index_topk.min(max_len), max_len);
