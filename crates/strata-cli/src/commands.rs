@@ -7,6 +7,7 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use strata_engine::generate::RouteTrace;
 use strata_engine::media;
+use strata_engine::serving::{BatchEngine, MediaInput, ServeRequest};
 use strata_engine::{DraftPolicy, GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
 use strata_models::TensorGroup;
 use strata_storage::WeightStore;
@@ -36,9 +37,10 @@ pub struct SamplingArgs {
     /// (drop its oldest tokens).
     #[arg(long, default_value = "error")]
     truncate: String,
-    /// Tokens the MTP layer drafts per target forward (0: no speculation).
-    #[arg(long, default_value_t = 3)]
-    draft_tokens: usize,
+    /// Tokens the MTP layer drafts per target forward (0: no speculation). Default: 3
+    /// where the draft layer is loaded.
+    #[arg(long)]
+    draft_tokens: Option<usize>,
     /// How many to draft each round: `adaptive` (the default: 0 up to --draft-tokens, from
     /// measured acceptance and speed, and none at all where drafting does not pay) or
     /// `fixed` (always --draft-tokens). The tokens are the same either way.
@@ -47,8 +49,50 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// `--draft-policy` checked before the model loads.
     fn draft_policy(&self) -> Result<DraftPolicy> {
-        draft_policy(self.draft_policy.as_deref(), self.draft_tokens)
+        draft_policy(
+            self.draft_policy.as_deref(),
+            self.draft_tokens.unwrap_or(strata_engine::generate::DEFAULT_DRAFT_TOKENS),
+        )
+    }
+
+    /// The engine a generation runs on (a batch of one), tracing where asked.
+    fn engine<'m>(&self, m: &'m LoadedModel, report: &ReportArgs) -> Result<BatchEngine<'m>> {
+        if let Some(n) = self.draft_tokens.filter(|&n| n > 0 && !m.draft) {
+            bail!("--draft-tokens {n}: the model's draft (MTP) layer is not loaded (--mtp off, or the model has none)");
+        }
+        let mut engine = m.engine(self.draft_tokens)?;
+        if let (Some(p), 0) = (&self.draft_policy, engine.options().draft_tokens) {
+            match self.draft_tokens {
+                Some(0) => bail!("--draft-policy {p}: --draft-tokens 0 drafts nothing"),
+                _ => bail!("--draft-policy {p}: the model's draft (MTP) layer is not loaded, so nothing is drafted"),
+            }
+        }
+        if let Some(path) = &report.trace {
+            engine.set_trace(RouteTrace::create(path)?);
+        }
+        Ok(engine)
+    }
+
+    /// The request for `prompt_ids` under these settings and the model's defaults.
+    fn request(
+        &self,
+        m: &LoadedModel,
+        engine: &BatchEngine,
+        prompt_ids: Vec<u32>,
+        media: Option<MediaInput>,
+    ) -> Result<ServeRequest> {
+        let draft_tokens = engine.options().draft_tokens;
+        let gen = GenerateRequest {
+            stop_strings: self.stop.clone(),
+            eos_token_ids: m.eos_token_ids.clone(),
+            truncate_left: self.truncate_left()?,
+            draft_tokens,
+            draft_policy: draft_policy(self.draft_policy.as_deref(), draft_tokens)?,
+            ..GenerateRequest::new(prompt_ids, self.max_tokens, self.params(&m.generation.sampling)?)
+        };
+        Ok(ServeRequest { media, ..ServeRequest::new(gen) })
     }
 
     fn truncate_left(&self) -> Result<bool> {
@@ -304,77 +348,69 @@ fn write_stats(path: &Path, value: &serde_json::Value) -> Result<()> {
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let draft_policy = a.sampling.draft_policy()?;
+    a.sampling.draft_policy()?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
-    let media = match a.image.is_empty() {
-        true => None,
-        false => Some(media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?),
-    };
+    let media = open_images(&m, &a.image)?;
     let mut prompt_ids = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
         }
-        let mut user = Message::new("user", &a.prompt);
-        if !a.image.is_empty() {
-            let mut parts: Vec<serde_json::Value> =
-                a.image.iter().map(|_| serde_json::json!({"type": "image"})).collect();
-            parts.push(serde_json::json!({"type": "text", "text": a.prompt}));
-            user.content = serde_json::Value::Array(parts);
-        }
-        msgs.push(user);
+        msgs.push(user_message(&a.prompt, a.image.len()));
         let text = m.chat_template()?.render(&msgs, true, None)?;
         tok.encode(&text, false)?
     } else {
         tok.encode(&a.prompt, true)?
     };
-    if let Some(media) = &media {
-        let spec = media::vision_spec(&m)?;
-        prompt_ids = media::expand_runs(&spec, &prompt_ids, &media.counts, m.model.info().bos_token_id)
-            .map_err(|e| anyhow!("--image: {e:#}"))?;
+    if let Some((_, counts)) = &media {
+        prompt_ids = with_images(&m, &prompt_ids, counts)?;
     }
-    let req = GenerateRequest {
-        stop_strings: a.sampling.stop.clone(),
-        eos_token_ids: m.eos_token_ids.clone(),
-        truncate_left: a.sampling.truncate_left()?,
-        draft_tokens: a.sampling.draft_tokens,
-        draft_policy,
-        ..GenerateRequest::new(prompt_ids, a.sampling.max_tokens, a.sampling.params(&m.generation.sampling)?)
-    };
-    let mut gen = m.generator()?;
-    if let Some(path) = &a.report.trace {
-        gen.set_trace(RouteTrace::create(path)?);
-    }
-    if let Some(media) = &media {
-        gen.prefill_with_media(&req.prompt_ids, media)?;
-    }
+    let mut engine = a.sampling.engine(&m, &a.report)?;
+    let req = a.sampling.request(&m, &engine, prompt_ids, media.map(|(input, _)| input))?;
     let stdout = std::io::stdout();
-    let out = gen.generate(Some(tok), &req, &mut |t| {
+    let out = engine.generate(req, &mut |t| {
         let mut lock = stdout.lock();
         // A closed pipe (`| head`) ends generation quietly.
         lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
     })?;
     println!();
-    finish_turn(&m, &a.report, &out.stats)
+    finish_turn(&m, &a.report, &out.output.stats)
+}
+
+/// A user message of `text` after `images` image parts (the chat template places them).
+fn user_message(text: &str, images: usize) -> Message {
+    let mut user = Message::new("user", text);
+    if images > 0 {
+        let mut parts: Vec<serde_json::Value> = (0..images).map(|_| serde_json::json!({"type": "image"})).collect();
+        parts.push(serde_json::json!({"type": "text", "text": text}));
+        user.content = serde_json::Value::Array(parts);
+    }
+    user
+}
+
+/// `--image` files as a request's media and their soft tokens (None without any).
+fn open_images(m: &LoadedModel, paths: &[PathBuf]) -> Result<Option<(MediaInput, Vec<usize>)>> {
+    match paths.is_empty() {
+        true => Ok(None),
+        false => media::open_files(m, paths).map(Some).map_err(|e| anyhow!("--image: {e:#}")),
+    }
+}
+
+/// `ids` with each image's run of placeholders.
+fn with_images(m: &LoadedModel, ids: &[u32], counts: &[usize]) -> Result<Vec<u32>> {
+    let spec = media::vision_spec(m)?;
+    media::expand_runs(&spec, ids, counts, m.model.info().bos_token_id).map_err(|e| anyhow!("--image: {e:#}"))
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let draft_policy = a.sampling.draft_policy()?;
+    a.sampling.draft_policy()?;
     let m = LoadedModel::open_with(&a.model, &a.budget.load_options_for(&a.model)?)?;
     let tok = m.tokenizer()?;
     // Images go with the first message; every turn's prompt then holds their runs.
-    let media = match a.image.is_empty() {
-        true => None,
-        false => Some(media::encode_files(&m, &a.image).map_err(|e| anyhow!("--image: {e:#}"))?),
-    };
+    let media = open_images(&m, &a.image)?;
     let template = m.chat_template()?;
-    let sampling = a.sampling.params(&m.generation.sampling)?;
-    let truncate_left = a.sampling.truncate_left()?;
-    let mut gen = m.generator()?;
-    if let Some(path) = &a.report.trace {
-        gen.set_trace(RouteTrace::create(path)?);
-    }
+    let mut engine = a.sampling.engine(&m, &a.report)?;
     let mut msgs: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
@@ -387,38 +423,22 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             break;
         }
         let line = line.trim_end_matches(['\n', '\r']);
-        let mut user = Message::new("user", line);
-        if media.is_some() && !msgs.iter().any(|m| m.role == "user") {
-            let mut parts: Vec<serde_json::Value> =
-                a.image.iter().map(|_| serde_json::json!({"type": "image"})).collect();
-            parts.push(serde_json::json!({"type": "text", "text": line}));
-            user.content = serde_json::Value::Array(parts);
-        }
-        msgs.push(user);
+        let first = !msgs.iter().any(|m| m.role == "user");
+        msgs.push(user_message(line, if first { a.image.len() } else { 0 }));
         let text = template.render(&msgs, true, None)?;
         let mut ids = tok.encode(&text, false)?;
-        if let Some(media) = &media {
-            let spec = media::vision_spec(&m)?;
-            ids = media::expand_runs(&spec, &ids, &media.counts, m.model.info().bos_token_id)?;
-            // The whole conversation again from the images on (a cache that dropped part of
-            // it would otherwise recompute image placeholders as text).
-            gen.prefill_with_media(&ids, media)?;
+        if let Some((_, counts)) = &media {
+            ids = with_images(&m, &ids, counts)?;
         }
-        let req = GenerateRequest {
-            stop_strings: a.sampling.stop.clone(),
-            eos_token_ids: m.eos_token_ids.clone(),
-            truncate_left,
-            draft_tokens: a.sampling.draft_tokens,
-            draft_policy,
-            ..GenerateRequest::new(ids, a.sampling.max_tokens, sampling.clone())
-        };
-        let out = gen.generate(Some(tok), &req, &mut |t| {
+        // (A prompt with images is computed whole each turn: the prompt cache keeps text.)
+        let req = a.sampling.request(&m, &engine, ids, media.as_ref().map(|(input, _)| input.clone()))?;
+        let out = engine.generate(req, &mut |t| {
             let mut lock = std::io::stdout().lock();
             lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
         })?;
         println!();
-        finish_turn(&m, &a.report, &out.stats)?;
-        msgs.push(Message::new("assistant", &out.text));
+        finish_turn(&m, &a.report, &out.output.stats)?;
+        msgs.push(Message::new("assistant", &out.output.text));
     }
     Ok(())
 }
@@ -434,7 +454,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     }
     let opts = LoadOptions { device: a.device.device()?, context: ids.len(), ..Default::default() };
     let m = LoadedModel::open_with(&a.model, &opts)?;
-    let mut gen = m.generator()?;
+    let mut gen = m.scorer()?;
     let logits = match a.image.is_empty() {
         true => gen.logits(&ids, a.all_positions)?,
         false => {

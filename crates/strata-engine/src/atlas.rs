@@ -58,10 +58,9 @@ pub fn run_prompt(m: &LoadedModel, category: &str, index: usize, text: &str, opt
     } else {
         tok.encode(text, true)?
     };
-    let mut gen = m.generator()?;
+    let mut gen = m.scorer()?;
     // The main model's routing, one token a forward: no draft (MTP) forwards, whose
     // routes would replace the target's after each prefill chunk.
-    gen.disable_draft();
     gen.record_routes(true);
     let context = gen.context();
     if ids.is_empty() {

@@ -4,10 +4,10 @@
 //! attended bidirectionally sees all of itself). A model without a vision tower refuses an
 //! image by name: never a text-only answer.
 
-use crate::generate::Generator;
 use crate::image::{ImageProcessor, Rgb8};
+use crate::scorer::Scorer;
 use crate::LoadedModel;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::path::Path;
 use strata_models::media::VisionSpec;
 use strata_models::{Batch, Logits, SeqId};
@@ -134,6 +134,28 @@ pub fn encode_files(m: &LoadedModel, paths: &[impl AsRef<Path>]) -> Result<Media
     encode_images(m, &images)
 }
 
+/// The soft tokens `img` becomes under `proc`, without encoding it.
+pub fn soft_tokens(spec: &VisionSpec, proc: &ImageProcessor, img: &Rgb8) -> Result<usize> {
+    let (h, w) = proc.target_size(img.height, img.width)?;
+    Ok(proc.soft_tokens((h / spec.patch_size) * (w / spec.patch_size)))
+}
+
+/// Image files as a request's media (encoded by the engine when the request starts),
+/// with each image's soft tokens for [`expand_runs`].
+pub fn open_files(m: &LoadedModel, paths: &[impl AsRef<Path>]) -> Result<(crate::serving::MediaInput, Vec<usize>)> {
+    let spec = vision_spec(m)?;
+    let processor = processor(m, &spec)?;
+    let mut images = Vec::with_capacity(paths.len());
+    let mut counts = Vec::with_capacity(paths.len());
+    for p in paths {
+        let p = p.as_ref();
+        let img = Rgb8::open(p)?;
+        counts.push(soft_tokens(&spec, &processor, &img).with_context(|| p.display().to_string())?);
+        images.push(img);
+    }
+    Ok((crate::serving::MediaInput { images, processor }, counts))
+}
+
 /// An image's run of prompt ids: `<boi>`, the placeholder once per soft token, `<eoi>`.
 pub fn image_run(spec: &VisionSpec, soft_tokens: usize) -> Vec<u32> {
     let mut run = vec![spec.boi_token_id];
@@ -215,7 +237,7 @@ pub fn longest_run(tokens: &[u32], placeholder: u32) -> usize {
     tokens.split(|&t| t != placeholder).map(<[u32]>::len).max().unwrap_or(0)
 }
 
-impl Generator<'_> {
+impl Scorer<'_> {
     /// Whether the model's images attend to themselves bidirectionally.
     fn bidirectional_images(&self) -> bool {
         self.model.vision().is_some_and(|v| v.spec().bidirectional)
@@ -262,9 +284,6 @@ impl Generator<'_> {
     /// the last position's logits ready; later steps decode as usual.
     pub fn prefill_with_media(&mut self, prompt: &[u32], media: &Media) -> Result<usize> {
         check_placeholders(prompt, media)?;
-        if self.has_draft() {
-            self.disable_draft();
-        }
         self.session.truncate(self.seq, 0);
         self.tokens.clear();
         let parts = chunks(prompt, media.placeholder, self.session.max_rows(), self.bidirectional_images())?;

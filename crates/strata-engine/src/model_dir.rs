@@ -274,8 +274,43 @@ impl LoadedModel {
     }
 
     /// A generator over a fresh session of this model's context.
-    pub fn generator(&self) -> Result<crate::Generator<'_>> {
-        crate::Generator::with_rows(self.model.as_ref(), self.context, self.prefill_rows)
+    pub fn scorer(&self) -> Result<crate::Scorer<'_>> {
+        crate::Scorer::with_rows(self.model.as_ref(), self.context, self.prefill_rows)
+    }
+
+    /// The serving engine's options for one request at a time (the CLI's generation):
+    /// this model's context, prompts in forwards of [`LoadedModel::prefill_rows`], a
+    /// prompt cache over the whole KV pool (a chat's next turn reuses the last), and
+    /// `draft_tokens` drafts a step where the draft layer is loaded (default
+    /// [`crate::generate::DEFAULT_DRAFT_TOKENS`]; refused without one).
+    pub fn engine_options(&self, draft_tokens: Option<usize>) -> Result<crate::serving::EngineOptions> {
+        let draft_tokens = match draft_tokens {
+            Some(n) if n > 0 && !self.draft => {
+                bail!("{n} draft tokens: the model's draft (MTP) layer is not loaded (--mtp off, or no MTP layer)")
+            }
+            Some(n) => n,
+            None if self.draft => crate::generate::DEFAULT_DRAFT_TOKENS,
+            None => 0,
+        };
+        Ok(crate::serving::EngineOptions {
+            max_batch: 1,
+            kv_tokens: self.context,
+            context: self.context,
+            step_tokens: self.prefill_rows.max(1 + draft_tokens),
+            prompt_cache_bytes: u64::MAX,
+            kv_bytes_per_token: self.arch.kv_bytes_per_token(),
+            draft_tokens,
+        })
+    }
+
+    /// The serving engine for one request at a time ([`LoadedModel::engine_options`]):
+    /// `strata generate` and `chat` decode through it as the server does.
+    pub fn engine(&self, draft_tokens: Option<usize>) -> Result<crate::serving::BatchEngine<'_>> {
+        crate::serving::BatchEngine::new(
+            self.model.as_ref(),
+            self.tokenizer.as_ref(),
+            self.engine_options(draft_tokens)?,
+        )
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {

@@ -7,10 +7,11 @@
 //! past. Each window runs from a fresh cache, in forwards of at most one prefill chunk,
 //! and only the forwards holding scored positions return logits.
 
+use crate::scorer::Scorer;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::time::Instant;
-use strata_models::{Batch, Logits, Model, SeqId, Session, SessionOptions};
+use strata_models::Model;
 
 /// One window: positions `begin..end` run; tokens `score_from..end` are scored (each from
 /// the logits of the position before it).
@@ -75,51 +76,18 @@ pub struct CompareReport {
     pub top1_agreement: f64,
 }
 
-/// A session that runs windows chunk by chunk.
-struct Runner<'m> {
-    session: Box<dyn Session + 'm>,
-    seq: SeqId,
-    batch: Batch,
-    vocab: usize,
-}
-
-impl<'m> Runner<'m> {
-    /// Forwards of `rows` tokens at most (default: the model's prefill chunk).
-    fn new(model: &'m dyn Model, context: usize, rows: Option<usize>) -> Result<Self> {
-        if context > model.info().max_context {
-            bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
-        }
-        if rows == Some(0) {
-            bail!("forwards of 0 rows score nothing: give at least 1");
-        }
-        let chunk = rows.unwrap_or(model.prefill_chunk()).min(context);
-        let mut session = model.new_session(SessionOptions::single(context, chunk))?;
-        session.record_routes(false);
-        let seq = session.add_sequence()?;
-        Ok(Self { session, seq, batch: Batch::new(), vocab: model.info().vocab_size })
+/// A scorer for windows of `context` positions in forwards of at most `rows` tokens
+/// (default: the model's prefill chunk), routes not recorded.
+fn scorer(model: &dyn Model, context: usize, rows: Option<usize>) -> Result<Scorer<'_>> {
+    if context > model.info().max_context {
+        bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
     }
-
-    fn rows(&self) -> usize {
-        self.session.max_rows()
+    if rows == Some(0) {
+        bail!("forwards of 0 rows score nothing: give at least 1");
     }
-
-    fn reset(&mut self) {
-        self.session.truncate(self.seq, 0);
-    }
-
-    /// Appends `ids`; with `logits`, returns every row's logits.
-    fn chunk(&mut self, ids: &[u32], logits: bool) -> Result<&[f32]> {
-        self.batch.clear();
-        self.batch.push(self.seq, ids, if logits { Logits::All } else { Logits::None });
-        self.session.forward(&self.batch)?;
-        let l = self.session.logits();
-        if logits {
-            if let Some(i) = l.iter().position(|v| !v.is_finite()) {
-                bail!("non-finite logit {} at vocabulary entry {}", l[i], i % self.vocab);
-            }
-        }
-        Ok(l)
-    }
+    let mut s = Scorer::with_rows(model, context, rows.unwrap_or(model.prefill_chunk()))?;
+    s.record_routes(false);
+    Ok(s)
 }
 
 /// `ln(sum(exp(row)))`, in f64.
@@ -141,17 +109,17 @@ fn arg_max(row: &[f32]) -> usize {
 /// Drives every window chunk by chunk through `runners`; `f(target_position, rows)` gets
 /// each scored position's logits from every runner.
 fn drive(
-    runners: &mut [Runner<'_>],
+    runners: &mut [Scorer<'_>],
     ids: &[u32],
     windows: &[Window],
     progress: &mut dyn FnMut(usize, usize),
     f: &mut dyn FnMut(usize, &[&[f32]]),
 ) -> Result<()> {
-    let step = runners.iter().map(Runner::rows).min().unwrap_or(1).max(1);
-    let vocab = runners[0].vocab;
+    let step = runners.iter().map(Scorer::rows).min().unwrap_or(1).max(1);
+    let vocab = runners[0].vocab();
     let (total, mut done) = (ids.len() - 1, 0);
     for w in windows {
-        runners.iter_mut().for_each(Runner::reset);
+        runners.iter_mut().for_each(Scorer::reset);
         let mut c = w.begin;
         while c < w.end {
             let e = (c + step).min(w.end);
@@ -219,7 +187,7 @@ pub fn perplexity_in_forwards_of(
     let ws = windows(ids.len(), context, stride)?;
     check_ids(model, ids)?;
     let t0 = Instant::now();
-    let mut runners = [Runner::new(model, context, rows)?];
+    let mut runners = [scorer(model, context, rows)?];
     let mut nll = 0f64;
     drive(&mut runners, ids, &ws, progress, &mut |t, rows| {
         nll += log_sum_exp(rows[0]) - rows[0][ids[t] as usize] as f64;
@@ -255,7 +223,7 @@ pub fn compare(
     let ws = windows(ids.len(), context, stride)?;
     check_ids(reference, ids)?;
     let t0 = Instant::now();
-    let mut runners = [Runner::new(reference, context, None)?, Runner::new(candidate, context, None)?];
+    let mut runners = [scorer(reference, context, None)?, scorer(candidate, context, None)?];
     let (mut nll_r, mut nll_c, mut kl_sum, mut kl_max, mut diff_max, mut agree) =
         (0f64, 0f64, 0f64, 0f64, 0f64, 0usize);
     drive(&mut runners, ids, &ws, progress, &mut |t, rows| {

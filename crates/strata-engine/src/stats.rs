@@ -18,8 +18,8 @@ pub struct GenerationStats {
     pub finish_reason: String,
     /// Oldest prompt tokens dropped to fit the context (`--truncate left`).
     pub truncated_prompt_tokens: usize,
-    /// Greedy decoding picked each token on the device and fed it to the next forward
-    /// there (see `Generator::set_fed_decoding`).
+    /// Decoding picked each token on the device and fed it to the next forward
+    /// there (see `serving::BatchEngine::set_device_picks`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub decode_fed: bool,
     /// Speculative decoding with the draft (MTP) layer, when it ran.

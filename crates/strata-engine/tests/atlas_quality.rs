@@ -15,7 +15,7 @@ and the elders of the city sat in the gate, and they gave thanks unto the LORD f
 
 /// Mean NLL of `ids[from..]` from one all-positions forward over `ids`.
 fn nll_direct(m: &LoadedModel, ids: &[u32], from: usize) -> (f64, usize) {
-    let logits = m.generator().unwrap().logits(ids, true).unwrap();
+    let logits = m.scorer().unwrap().logits(ids, true).unwrap();
     let mut sum = 0f64;
     for t in from..ids.len() {
         let row = &logits[t - 1];
@@ -43,7 +43,7 @@ fn perplexity_matches_the_generators_logits() {
     let r = perplexity(m.model.as_ref(), &ids, context, stride, &mut |_, _| {}).unwrap();
     let mut total = 0f64;
     for w in windows(n, context, stride).unwrap() {
-        let logits = m.generator().unwrap().logits(&ids[w.begin..w.end], true).unwrap();
+        let logits = m.scorer().unwrap().logits(&ids[w.begin..w.end], true).unwrap();
         for t in w.score_from..w.end {
             let row = &logits[t - 1 - w.begin];
             let lse = row.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();

@@ -2,6 +2,8 @@
 //! reads it, naming the file, layer and expert, instead of producing empty text; the
 //! damaged bytes are never published into a slot, so nothing later computes on them.
 
+mod common;
+
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
@@ -41,9 +43,8 @@ fn nan_overwritten_experts_fail_the_read_naming_file_layer_and_expert() {
     };
     let m = LoadedModel::open_with(dir.path(), &load).unwrap();
     for attempt in 0..2 {
-        let mut g = m.generator().unwrap();
         let req = GenerateRequest::new(vec![5, 17, 33, 2], 4, SamplingParams::default());
-        let err = format!("{:#}", g.generate(None, &req, &mut |_| true).unwrap_err());
+        let err = format!("{:#}", common::try_generate(&m, &req).unwrap_err());
         assert!(err.contains("checksum mismatch"), "attempt {attempt}: {err}");
         assert!(err.contains("experts/experts-00000.bin"), "attempt {attempt}: {err}");
         let named = err.split("layer ").skip(1).any(|rest| {

@@ -1,11 +1,12 @@
 //! A decode step in steady state allocates nothing: the session, the backend's scratch,
-//! the sampler and the generator's buffers are all sized before the first step.
+//! the samplers and the engine's buffers are all sized before the first steps.
 //! (A global counting allocator; this file is its own test binary.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use strata_engine::{LoadedModel, Sampler, SamplingParams};
+use strata_engine::serving::{BatchEngine, ServeRequest};
+use strata_engine::{DraftPolicy, GenerateRequest, LoadedModel, SamplingParams};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -31,31 +32,56 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Decode steps past the DSA top-k (the indexer scores and selects) and across KV blocks,
-/// greedy and sampled (repetition penalty, top-p), on one and on several threads.
+/// Decode steps of the product's loop (the serving engine, here a batch of one without a
+/// tokenizer: text is the front end's) past the DSA top-k (the indexer scores and
+/// selects) and across KV blocks, greedy and sampled (repetition penalty, top-p), one
+/// step at a time and fed (picks fed to the next forward on the device), with and
+/// without drafts (MTP).
 #[test]
 fn decode_steps_allocate_nothing() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let m = LoadedModel::open(&root.join("models/strata-tiny")).unwrap();
+    assert!(m.draft, "strata-tiny loads its draft layer");
     let prompt: Vec<u32> = (0..70).map(|i| (i * 97 % 8000) as u32 + 10).collect();
     let sampled =
         SamplingParams { temperature: 0.8, top_p: 0.9, repetition_penalty: 1.1, seed: 3, ..Default::default() };
-    for params in [SamplingParams::default(), sampled] {
-        let mut gen = m.generator().unwrap();
-        let mut sampler = Sampler::new(params.clone()).unwrap();
-        gen.prefill(&prompt).unwrap();
-        let mut next = gen.sample(&mut sampler);
-        // Warm-up: the first steps may size scratch that prefill did not use.
-        for _ in 0..4 {
-            gen.step(next).unwrap();
-            next = gen.sample(&mut sampler);
+    let drawn = SamplingParams { temperature: 0.8, top_p: 0.9, seed: 3, ..Default::default() };
+    let cases = [
+        ("greedy", SamplingParams::default(), false, 0),
+        ("sampled", sampled.clone(), false, 0),
+        ("greedy, fed", SamplingParams::default(), true, 0),
+        ("sampled, fed", drawn, true, 0),
+        ("greedy, drafts", SamplingParams::default(), false, 3),
+        ("sampled, drafts", sampled, false, 3),
+    ];
+    for (what, params, fed, drafts) in cases {
+        let mut engine = BatchEngine::new(m.model.as_ref(), None, m.engine_options(Some(drafts)).unwrap()).unwrap();
+        engine.set_device_picks(Some(fed));
+        let req = GenerateRequest {
+            draft_tokens: drafts,
+            draft_policy: DraftPolicy::Fixed,
+            ..GenerateRequest::new(prompt.clone(), 60, params)
+        };
+        let mut req = ServeRequest::new(req);
+        req.ignore_eos = true;
+        let id = engine.submit(req).unwrap();
+        let mut out = Vec::with_capacity(8);
+        // Warm-up: the prompt, and the first steps, which may size scratch the prompt's
+        // forwards did not use.
+        while engine.generated(id).unwrap() < 8 {
+            engine.step(&mut out).unwrap();
+            out.clear();
         }
         let before = ALLOCS.load(Ordering::SeqCst);
-        for _ in 0..40 {
-            gen.step(next).unwrap();
-            next = gen.sample(&mut sampler);
+        let mut steps = 0;
+        while engine.generated(id).unwrap() < 40 {
+            engine.step(&mut out).unwrap();
+            assert!(out.is_empty(), "{what}: no text, no end: nothing to report");
+            steps += 1;
         }
         let after = ALLOCS.load(Ordering::SeqCst);
-        assert_eq!(after - before, 0, "{params:?}: {} allocations in 40 decode steps", after - before);
+        assert_eq!(after - before, 0, "{what}: {} allocations in {steps} decode steps", after - before);
+        assert_eq!(engine.counters().fed_steps > 0, fed, "{what}: fed steps");
+        assert_eq!(engine.counters().mtp_drafted > 0, drafts > 0, "{what}: drafts");
     }
 }

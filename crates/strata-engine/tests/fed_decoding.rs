@@ -1,8 +1,11 @@
 //! Decoding fed on the device (each token picked by the backend, greedy or drawn, and fed
 //! to the next forward there, which is queued before the host reads the pick) gives what
-//! the plain loop gives: the same tokens, text and finish reason when the request ends on its
-//! token limit, on an EOS id met mid-way, on a stop string and on a full context; and the
-//! same cache afterwards (a second turn that reuses it continues identically).
+//! steps one at a time give: the same tokens, text and finish reason when the request ends on
+//! its token limit, on an EOS id met mid-way, on a stop string and on a full context; and
+//! the same cache afterwards (a second turn that reuses it continues identically). The
+//! one-step-at-a-time engine is checked against the plain reference loop as well.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
@@ -25,34 +28,38 @@ fn open(dir: &Path, context: usize) -> LoadedModel {
     LoadedModel::open_with(dir, &opts).unwrap()
 }
 
-/// Two turns of `req` (the second extends the first's prompt and output), plain and fed,
-/// each with the positions cached after it.
-fn two_turns(m: &LoadedModel, req: &GenerateRequest, fed: bool) -> [(GenerationOutput, usize); 2] {
-    let mut gen = m.generator().unwrap();
-    gen.set_fed_decoding(Some(fed));
-    let tok = m.tokenizer().ok();
-    let first = gen.generate(tok, req, &mut |_| true).unwrap();
+/// Two turns of `req` on one engine (the second extends the first's prompt and output,
+/// its prefix from the prompt cache), one step at a time and fed.
+fn two_turns(m: &LoadedModel, req: &GenerateRequest, fed: bool) -> [GenerationOutput; 2] {
+    let mut engine = m.engine(Some(0)).unwrap();
+    engine.set_device_picks(Some(fed));
+    let first = common::generate_on(&mut engine, req).unwrap();
     assert_eq!(first.stats.decode_fed, fed, "decode_fed");
-    let cached = gen.cache_len();
+    assert_eq!(engine.counters().fed_steps > 0, fed, "fed steps");
     let mut next = req.clone();
     next.prompt_ids.extend_from_slice(&first.tokens);
     next.prompt_ids.push(7);
     next.truncate_left = true;
-    let second = gen.generate(tok, &next, &mut |_| true).unwrap();
-    [(first, cached), (second, gen.cache_len())]
+    let second = common::generate_on(&mut engine, &next).unwrap();
+    [first, second]
 }
 
 fn same(name: &str, what: &str, m: &LoadedModel, req: &GenerateRequest) -> Vec<u32> {
     let plain = two_turns(m, req, false);
     let fed = two_turns(m, req, true);
-    for (turn, ((p, pc), (f, fc))) in plain.iter().zip(&fed).enumerate() {
-        assert_eq!(pc, fc, "{name}, {what}, turn {turn}: positions cached");
+    for (turn, (p, f)) in plain.iter().zip(&fed).enumerate() {
         assert_eq!(p.tokens, f.tokens, "{name}, {what}, turn {turn}: tokens");
         assert_eq!(p.text, f.text, "{name}, {what}, turn {turn}: text");
         assert_eq!(p.finish_reason, f.finish_reason, "{name}, {what}, turn {turn}: finish");
         assert_eq!(p.stats.prefill_tokens, f.stats.prefill_tokens, "{name}, {what}, turn {turn}: cached prefix");
     }
-    plain[0].0.tokens.clone()
+    let reference = common::reference(m, req, m.context);
+    assert_eq!(
+        (&plain[0].tokens, &plain[0].text, plain[0].finish_reason),
+        (&reference.tokens, &reference.text, reference.finish_reason),
+        "{name}, {what}: the engine against the reference loop"
+    );
+    plain[0].tokens.clone()
 }
 
 fn cases(name: &str, m: &LoadedModel, prompt: Vec<u32>) {
@@ -81,11 +88,11 @@ fn cases(name: &str, m: &LoadedModel, prompt: Vec<u32>) {
         assert_ne!(toks, out, "{name}, {what}: a sample differs from the greedy output");
     }
     // A repetition penalty needs the context: not fed (the flag is honoured where it can be).
-    let mut gen = m.generator().unwrap();
-    gen.set_fed_decoding(Some(true));
+    let mut engine = m.engine(Some(0)).unwrap();
+    engine.set_device_picks(Some(true));
     let penalised = SamplingParams { temperature: 0.7, repetition_penalty: 1.2, seed: 1, ..Default::default() };
     let penalised = GenerateRequest { sampling: penalised, ..req };
-    assert!(!gen.generate(None, &penalised, &mut |_| true).unwrap().stats.decode_fed, "{name}: penalised");
+    assert!(!common::generate_on(&mut engine, &penalised).unwrap().stats.decode_fed, "{name}: penalised");
 }
 
 #[test]
@@ -104,17 +111,15 @@ fn fed_equals_plain_on_strata_tiny_with_stop_strings() {
     cases("strata-tiny", &m, prompt.clone());
     // A stop string cut from the middle of the plain output.
     let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
-    let mut gen = m.generator().unwrap();
-    gen.set_fed_decoding(Some(false));
-    let text = gen.generate(Some(tok), &req, &mut |_| true).unwrap().text;
+    let text = common::reference(&m, &req, 64).text;
     let stop: String = text.chars().skip(text.chars().count() / 2).take(3).collect();
     assert!(!stop.trim().is_empty(), "a stop string from {text:?}");
     let req = GenerateRequest { stop_strings: vec![stop.clone()], ..req };
     let plain = two_turns(&m, &req, false);
     let fed = two_turns(&m, &req, true);
-    assert_eq!(plain[0].0.finish_reason, strata_engine::FinishReason::Stop, "stop string {stop:?}");
-    for ((p, pc), (f, fc)) in plain.iter().zip(&fed) {
-        assert_eq!((&p.tokens, &p.text, p.finish_reason, pc), (&f.tokens, &f.text, f.finish_reason, fc));
+    assert_eq!(plain[0].finish_reason, strata_engine::FinishReason::Stop, "stop string {stop:?}");
+    for (p, f) in plain.iter().zip(&fed) {
+        assert_eq!((&p.tokens, &p.text, p.finish_reason), (&f.tokens, &f.text, f.finish_reason));
     }
 }
 

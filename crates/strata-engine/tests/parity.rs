@@ -4,6 +4,8 @@
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use strata_engine::{GenerateRequest, LoadedModel, SamplingParams};
 use strata_storage::{ElementType, SafetensorsFile};
@@ -70,7 +72,7 @@ fn check_fixture(dir: &Path) {
     }
 
     // Prefill: logits at every prompt position.
-    let mut gen = m.generator().unwrap();
+    let mut gen = m.scorer().unwrap();
     let got = gen.logits(&prompt, true).unwrap();
     let want = r.matrix("prompt_logits");
     assert_eq!(got.len(), want.len());
@@ -80,13 +82,12 @@ fn check_fixture(dir: &Path) {
     // Greedy decode against the cache: identical tokens, logits within tolerance.
     let gen_ids = r.ids("generated_ids");
     let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
-    let mut gen = m.generator().unwrap();
-    let out = gen.generate(None, &req, &mut |_| true).unwrap();
+    let out = common::generate(&m, &req);
     assert_eq!(out.tokens, gen_ids, "{name}: greedy tokens");
 
     if r.has("generated_logits") {
         let want = r.matrix("generated_logits");
-        let mut gen = m.generator().unwrap();
+        let mut gen = m.scorer().unwrap();
         gen.prefill(&prompt).unwrap();
         for (i, &t) in gen_ids.iter().enumerate() {
             let d = max_abs_diff(gen.last_logits(), &want[i]);
@@ -196,7 +197,7 @@ fn fused_expert_layout_matches_per_expert() {
     let ids: Vec<u32> = (0..20).map(|i| (i * 37 % 400) as u32).collect();
     let logits = |d: &Path| {
         let m = LoadedModel::open(d).unwrap();
-        let mut g = m.generator().unwrap();
+        let mut g = m.scorer().unwrap();
         g.logits(&ids, true).unwrap()
     };
     assert_eq!(logits(&src), logits(dir.path()));
@@ -304,20 +305,20 @@ fn check_image_fixture(name: &str) {
     let prompt = r.ids("prompt_ids");
     let want = r.matrix("prompt_logits");
     assert!(prompt.len() > 8, "the prompt is longer than the sliding window");
-    let mut gen = m.generator().unwrap();
+    let mut gen = m.scorer().unwrap();
     let got = gen.logits_with_media(&prompt, &media, true).unwrap();
     let worst = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
     assert!(worst < TOL, "prompt logits differ by {worst}");
     if !spec.bidirectional {
         // Attended causally, an image splits across forwards like text.
-        let mut small = strata_engine::Generator::with_rows(m.model.as_ref(), m.context, 16).unwrap();
+        let mut small = strata_engine::Scorer::with_rows(m.model.as_ref(), m.context, 16).unwrap();
         let got = small.logits_with_media(&prompt, &media, true).unwrap();
         let split = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
         assert!(split < TOL, "{name}: an image split over forwards of 16 rows: logits differ by {split}");
     }
 
     let (gen_ids, gen_logits) = (r.ids("generated_ids"), r.matrix("generated_logits"));
-    let mut gen = m.generator().unwrap();
+    let mut gen = m.scorer().unwrap();
     gen.prefill_with_media(&prompt, &media).unwrap();
     for (i, &t) in gen_ids.iter().enumerate() {
         let l = gen.last_logits();
@@ -332,7 +333,7 @@ fn check_image_fixture(name: &str) {
     // The placeholder run must match the processor's soft-token count.
     let mut short = prompt.clone();
     short.retain(|&t| t != spec.image_token_id);
-    let err = m.generator().unwrap().logits_with_media(&short, &media, false).unwrap_err();
+    let err = m.scorer().unwrap().logits_with_media(&short, &media, false).unwrap_err();
     assert!(format!("{err:#}").contains(&format!("{} soft tokens", media.len())), "{err:#}");
     assert_eq!(spec.bidirectional, name != "vision");
     eprintln!("{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e}, features {d:.2e})", prompt.len());

@@ -4,6 +4,8 @@
 //! point (it drives the same `SlotTable` in the same order, so it is in fact exact), and
 //! its LFRU row the runtime's under `--eviction lfru`, in either `--eviction-scope`.
 
+mod common;
+
 use std::path::Path;
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::generate::RouteTrace;
@@ -57,14 +59,14 @@ fn replay_reproduces_the_runtime_hit_rate_at_every_capacity() {
         let m = LoadedModel::open_with(dir.path(), &load).unwrap();
         let experts = m.experts.clone().expect("streamed experts");
         let trace_path = dir.path().join(format!("trace-{slots_per_layer}.txt"));
-        let mut g = m.generator().unwrap();
+        let mut g = m.engine(None).unwrap();
         g.set_trace(RouteTrace::create(&trace_path).unwrap());
         let mut demand = (0u64, 0u64);
         let mut skipped = 0u64;
         for turn in 0..2u32 {
             let prompt: Vec<u32> = (0..5).map(|i| (i * 97 + turn * 31) % 8000 + 10).collect();
             let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
-            g.generate(None, &req, &mut |_| true).unwrap();
+            common::generate_on(&mut g, &req).unwrap();
             let report = experts.end_turn().unwrap();
             demand.0 += report.turn.demand.hits;
             demand.1 += report.turn.demand.misses;

@@ -2,6 +2,8 @@
 //! runs beside it (batched, chunked, preempted, or from the prompt cache), and each
 //! serving option does what it says.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use strata_engine::sampling::{TokenConstraint, TokenMask};
@@ -66,9 +68,9 @@ fn run_all(engine: &mut BatchEngine, reqs: Vec<ServeRequest>) -> Vec<(Finished, 
     ids.iter().map(|id| (done.remove(id).unwrap(), text.remove(id).unwrap_or_default())).collect()
 }
 
+/// What `req` gives on the plain reference loop.
 fn alone(m: &LoadedModel, req: &GenerateRequest, context: usize) -> strata_engine::GenerationOutput {
-    let mut g = strata_engine::Generator::new(m.model.as_ref(), context).unwrap();
-    g.generate(m.tokenizer.as_ref(), req, &mut |_| true).unwrap()
+    common::reference(m, req, context)
 }
 
 #[test]
@@ -258,6 +260,95 @@ fn device_picks_answer_as_the_logits_do() {
             assert_eq!(p.output.tokens, q.output.tokens, "{what}, request {i}: tokens");
             assert_eq!((&p.output.text, pt), (&q.output.text, qt), "{what}, request {i}: text");
             assert_eq!(p.output.finish_reason, q.output.finish_reason, "{what}, request {i}: finish");
+        }
+    }
+}
+
+/// Fed steps (each step queued before the picks of the one before are read, every pick
+/// fed to the next forward on the device) answer as one step at a time does: requests
+/// that end at different steps (token limit, end-of-sequence ids, a stop string, the
+/// context) beside ones that go on, greedy and sampled; a request arriving while steps are
+/// fed; a request cancelled while its pick is in flight.
+#[test]
+fn fed_steps_answer_as_one_step_at_a_time() {
+    let m = model();
+    let ps = prompts(&m);
+    let context = 240;
+    // Request 1 ends on an end-of-sequence id it meets mid-way: one its output holds.
+    let ends_on = std::cell::Cell::new(None::<u32>);
+    let reqs = |sampled: bool| -> Vec<GenerateRequest> {
+        ps.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut r = request(&m, p.clone(), 7 + i as u64, [5, 23, 40, 200][i]);
+                if !sampled {
+                    r.sampling = SamplingParams::default();
+                }
+                if let (1, Some(t)) = (i, ends_on.get()) {
+                    r.eos_token_ids = vec![t];
+                }
+                r
+            })
+            .collect()
+    };
+    let run = |picks: bool, reqs: Vec<GenerateRequest>, late: Option<GenerateRequest>, cancel: bool| {
+        let mut engine =
+            BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, context, 64)).unwrap();
+        engine.set_device_picks(Some(picks));
+        let ids: Vec<u64> = reqs.into_iter().map(|r| engine.submit(ServeRequest::new(r)).unwrap()).collect();
+        let mut done: HashMap<u64, Finished> = HashMap::new();
+        let mut out = Vec::new();
+        let mut late_id = None;
+        let mut steps = 0;
+        while !engine.is_idle() {
+            engine.step(&mut out).unwrap();
+            steps += 1;
+            if steps == 6 {
+                if let Some(r) = late.clone() {
+                    late_id = Some(engine.submit(ServeRequest::new(r)).unwrap());
+                }
+                if cancel {
+                    engine.cancel(ids[3]);
+                }
+            }
+            for (id, u) in out.drain(..) {
+                if let Update::Done(r) = u {
+                    done.insert(id, *r.unwrap_or_else(|e| panic!("request {id}: {e}")));
+                }
+            }
+            assert!(steps < 10_000);
+        }
+        let mut all: Vec<Option<Finished>> = ids.iter().map(|id| done.remove(id)).collect();
+        all.push(late_id.and_then(|id| done.remove(&id)));
+        (all, engine.counters())
+    };
+    for sampled in [false, true] {
+        ends_on.set(None);
+        let probe = run(false, reqs(sampled), None, false).0;
+        ends_on.set(Some(probe[1].as_ref().unwrap().output.tokens[8]));
+        let (plain, c0) = run(false, reqs(sampled), None, false);
+        let (fed, c1) = run(true, reqs(sampled), None, false);
+        assert_eq!(c0.fed_steps, 0);
+        assert!(c1.fed_steps > 10, "{c1:?}");
+        for (i, (p, f)) in plain.iter().zip(&fed).enumerate().take(4) {
+            let (p, f) = (p.as_ref().unwrap(), f.as_ref().unwrap());
+            assert_eq!(p.output.tokens, f.output.tokens, "sampled {sampled}, request {i}: tokens");
+            assert_eq!(p.output.text, f.output.text, "sampled {sampled}, request {i}: text");
+            assert_eq!(p.output.finish_reason, f.output.finish_reason, "sampled {sampled}, request {i}: finish");
+            assert!(f.output.stats.decode_fed || f.output.tokens.len() < 3, "request {i} was fed");
+        }
+        let reasons: Vec<FinishReason> =
+            plain.iter().take(4).map(|p| p.as_ref().unwrap().output.finish_reason).collect();
+        assert!(reasons.contains(&FinishReason::Length) && reasons.contains(&FinishReason::Stop), "{reasons:?}");
+        // A request arriving mid-way, and one cancelled with its pick in flight.
+        let late = request(&m, ps[2][..10].to_vec(), 99, 30);
+        let (plain, _) = run(false, reqs(sampled), Some(late.clone()), true);
+        let (fed, _) = run(true, reqs(sampled), Some(late), true);
+        let (p, f) = (plain[4].as_ref().unwrap(), fed[4].as_ref().unwrap());
+        assert_eq!(p.output.tokens, f.output.tokens, "sampled {sampled}: the late request");
+        for i in 0..3 {
+            let (p, f) = (plain[i].as_ref().unwrap(), fed[i].as_ref().unwrap());
+            assert_eq!(p.output.tokens, f.output.tokens, "sampled {sampled}, request {i} beside the late one");
         }
     }
 }

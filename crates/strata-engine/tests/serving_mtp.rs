@@ -1,7 +1,9 @@
 //! Speculative decoding (MTP) in the serving engine, on strata-tiny (trained weights
 //! with a draft layer): batched, chunked, cached and preempted requests give the tokens
-//! the single-sequence generator gives, greedy and sampled, and their drafts are mostly
+//! plain one-token-a-forward loop gives, greedy and sampled, and their drafts are mostly
 //! accepted.
+
+mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -72,9 +74,9 @@ fn run_all(engine: &mut BatchEngine, reqs: Vec<GenerateRequest>) -> Vec<(Finishe
     ids.iter().map(|id| (done.remove(id).unwrap(), text.remove(id).unwrap_or_default())).collect()
 }
 
+/// What `req` gives on the plain reference loop (one token a forward, no drafts).
 fn alone(m: &LoadedModel, req: &GenerateRequest) -> GenerationOutput {
-    let mut g = strata_engine::Generator::new(m.model.as_ref(), 256).unwrap();
-    g.generate(m.tokenizer.as_ref(), req, &mut |_| true).unwrap()
+    common::reference(m, req, 256)
 }
 
 fn check(got: &[(Finished, String)], want: &[GenerationOutput], what: &str) {
@@ -130,10 +132,13 @@ fn sampled_speculation_is_reproducible_beside_others() {
     let reqs: Vec<_> =
         ps.iter().enumerate().map(|(i, p)| request(&m, p.clone(), sampled(11 + i as u64), 48, 2)).collect();
     let want: Vec<_> = reqs.iter().map(|r| alone(&m, r)).collect();
-    assert!(want.iter().all(|w| w.stats.mtp.as_ref().is_some_and(|s| s.drafted > 0 && s.accepted > 0)));
-    let plain: Vec<_> = reqs.iter().map(|r| alone(&m, &GenerateRequest { draft_tokens: 0, ..r.clone() })).collect();
-    for (w, p) in want.iter().zip(&plain) {
-        assert_eq!(w.tokens, p.tokens, "speculative sampling emits the plain samples");
+    // Alone (a batch of one, as `strata generate` runs it), drafting and not.
+    for (r, w) in reqs.iter().zip(&want) {
+        let solo = common::generate(&m, r);
+        assert!(solo.stats.mtp.as_ref().is_some_and(|s| s.drafted > 0 && s.accepted > 0), "{:?}", solo.stats.mtp);
+        assert_eq!(solo.tokens, w.tokens, "speculative sampling emits the plain samples");
+        let plain = common::generate(&m, &GenerateRequest { draft_tokens: 0, ..r.clone() });
+        assert_eq!(plain.tokens, w.tokens, "the engine without drafts emits the reference's samples");
     }
     let adaptive: Vec<_> =
         reqs.iter().map(|r| GenerateRequest { draft_policy: DraftPolicy::Adaptive, ..r.clone() }).collect();

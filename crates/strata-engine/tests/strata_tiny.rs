@@ -1,6 +1,8 @@
 //! The shipped default model (`models/strata-tiny`, trained by `training/train_tiny.py`)
 //! against transformers' logits (`fixtures/strata-tiny/reference.safetensors`).
 
+mod common;
+
 use std::path::Path;
 use strata_engine::LoadedModel;
 use strata_storage::{ElementType, SafetensorsFile};
@@ -35,7 +37,7 @@ fn strata_tiny_matches_transformers() {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        let got: Vec<f32> = m.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let got: Vec<f32> = m.scorer().unwrap().logits(&ids, true).unwrap().concat();
         assert_eq!(got.len(), want.len());
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "prompt {i} ({}): logits differ by {worst}", p["category"]);
@@ -100,13 +102,12 @@ fn speculative_decoding_equals_plain_decoding_greedy_and_sampled() {
         for text in ["In the beginning God created the heaven", "The quick brown fox", "def main():\n    x ="] {
             let prompt = tok.encode(text, true).unwrap();
             let run = |draft, draft_policy| {
-                let mut g = m.generator().unwrap();
                 let req = GenerateRequest {
                     draft_tokens: draft,
                     draft_policy,
                     ..GenerateRequest::new(prompt.clone(), 80, sampling.clone())
                 };
-                g.generate(None, &req, &mut |_| true).unwrap()
+                common::generate_on(&mut m.engine(Some(draft)).unwrap(), &req).unwrap()
             };
             let greedy = sampling.temperature == 0.0;
             let plain = run(0, DraftPolicy::Fixed);

@@ -2,6 +2,8 @@
 //! down to the smallest plan that fits; I/O faults fail one request cleanly; the fit
 //! refuses budgets that cannot hold one slot per layer.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use strata_engine::experts::{RuntimeOptions, UsageSetting};
 use strata_engine::fit::{fit_dir, FitOptions};
@@ -43,10 +45,9 @@ fn options(budget: Option<u64>, working: usize) -> LoadOptions {
 fn run(dir: &Path, opts: &LoadOptions) -> (Vec<Vec<f32>>, Vec<u32>) {
     let m = LoadedModel::open_with(dir, opts).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let mut g = m.generator().unwrap();
+    let mut g = m.scorer().unwrap();
     let logits = g.logits(&prompt, true).unwrap();
-    let mut g = m.generator().unwrap();
-    let out = g.generate(None, &GenerateRequest::new(prompt, 24, SamplingParams::default()), &mut |_| true).unwrap();
+    let out = common::generate(&m, &GenerateRequest::new(prompt, 24, SamplingParams::default()));
     (logits, out.tokens)
 }
 
@@ -154,9 +155,9 @@ fn gemma4_moe_skips_low_ranked_misses_in_decode_only() {
     opts.runtime.skip_misses_from_rank = Some(2);
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    assert!(m.generator().unwrap().logits(&prompt, true).unwrap() == resident.0, "prompt forwards are exact");
+    assert!(m.scorer().unwrap().logits(&prompt, true).unwrap() == resident.0, "prompt forwards are exact");
     let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
-    let out = m.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    let out = common::generate(&m, &req);
     assert!(!out.tokens.is_empty());
     let demand = m.experts.as_ref().unwrap().end_turn().unwrap().turn.demand;
     assert!(demand.skipped > 0, "{demand:?}");
@@ -169,7 +170,7 @@ fn container_matches_hf_model_when_experts_are_f32() {
     let (a, _) = run(dir.path(), &options(None, 64));
     let m = LoadedModel::open(&fixture("glm5/dsa-sparse")).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let b = m.generator().unwrap().logits(&prompt, true).unwrap();
+    let b = m.scorer().unwrap().logits(&prompt, true).unwrap();
     let worst = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "container f32 experts differ from the HF model by {worst}");
 }
@@ -204,13 +205,13 @@ fn io_fault_with(pilot: strata_engine::experts::PilotMode) {
     let saved = std::fs::read(&file).unwrap();
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let mut g = m.generator().unwrap();
+    let mut g = m.scorer().unwrap();
     let err = g.logits(&prompt, true).expect_err("a short read must fail the request");
     let msg = format!("{err:#}");
     assert!(msg.contains("experts-00000.bin"), "the error names the file: {msg}");
     // Restore the file: the same runtime serves the next request.
     std::fs::write(&file, saved).unwrap();
-    let mut g = m.generator().unwrap();
+    let mut g = m.scorer().unwrap();
     let ok = g.logits(&prompt, true).unwrap();
     let (reference, _) = run(dir.path(), &options(None, 64));
     assert!(ok == reference, "after the fault the runtime must be consistent");
@@ -253,7 +254,7 @@ fn colibri_container_streams_in_place() {
     w.finish().unwrap();
     let m = LoadedModel::open(hf.path()).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let dequant = m.generator().unwrap().logits(&prompt, true).unwrap();
+    let dequant = m.scorer().unwrap().logits(&prompt, true).unwrap();
     let worst =
         resident.0.iter().flatten().zip(dequant.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "Colibri path differs from its dequantized weights by {worst}");
@@ -327,11 +328,11 @@ fn ledger_and_live_repin_across_turns() {
     opts.runtime.live_repin = true;
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let experts = m.experts.as_ref().unwrap();
-    let mut g = m.generator().unwrap();
+    let mut engine = m.engine(None).unwrap();
     let mut swaps = Vec::new();
     for turn in 0..4u32 {
         let prompt: Vec<u32> = (0..40u32).map(|i| (i * 31 + turn * 7) % 440).collect();
-        g.generate(None, &GenerateRequest::new(prompt, 16, SamplingParams::default()), &mut |_| true).unwrap();
+        common::generate_on(&mut engine, &GenerateRequest::new(prompt, 16, SamplingParams::default())).unwrap();
         let report = experts.end_turn().unwrap();
         assert!(report.turn.demand.hits + report.turn.demand.misses > 0);
         swaps.extend(report.repins);
@@ -385,10 +386,7 @@ fn pilot_predicts_trained_routing_without_changing_output() {
         opts.runtime.pilot = pilot;
         opts.runtime.pilot_ranks = ranks;
         let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
-        let mut g = m.generator().unwrap();
-        let out = g
-            .generate(None, &GenerateRequest::new(prompt.clone(), 48, SamplingParams::default()), &mut |_| true)
-            .unwrap();
+        let out = common::generate(&m, &GenerateRequest::new(prompt.clone(), 48, SamplingParams::default()));
         let report = m.experts.as_ref().unwrap().end_turn().unwrap();
         if pilot != PilotMode::Off {
             let p = report.pilot.expect("pilot telemetry");
@@ -436,9 +434,9 @@ fn skipping_low_ranked_misses_reads_less_and_is_exact_when_nothing_misses() {
             o.runtime.pins = (1..=5).flat_map(|l| (0..32).map(move |e| (l, e))).collect();
         }
         let m = LoadedModel::open_with(dir.path(), &o).unwrap();
-        let mut g = m.generator().unwrap();
+        let mut g = m.scorer().unwrap();
         let logits = g.logits(&prompt, false).unwrap();
-        let out = g.generate(None, &req, &mut |_| true).unwrap();
+        let out = common::generate(&m, &req);
         (logits, out.tokens, m.experts.as_ref().unwrap().end_turn().unwrap().turn.demand)
     };
     let exact = turn(small_budget, None);
@@ -477,14 +475,13 @@ fn mtp_tier_streams_and_speculation_keeps_greedy_output() {
     let m = LoadedModel::open_with(dir.path(), &opts).unwrap();
     let prompt = m.tokenizer().unwrap().encode("And God said, Let there be light", true).unwrap();
     let run = |draft| {
-        let mut g = m.generator().unwrap();
-        assert!(g.has_draft(), "the container's MTP tier loads the draft layer");
+        assert!(m.draft, "the container's MTP tier loads the draft layer");
         let req = GenerateRequest {
             draft_tokens: draft,
             draft_policy: strata_engine::DraftPolicy::Fixed,
             ..GenerateRequest::new(prompt.clone(), 40, SamplingParams::default())
         };
-        g.generate(None, &req, &mut |_| true).unwrap()
+        common::generate_on(&mut m.engine(Some(3)).unwrap(), &req).unwrap()
     };
     let plain = run(0);
     let spec = run(3);
@@ -561,8 +558,7 @@ fn concurrent_drafting_requests_fit_a_small_draft_tier() {
     }
     assert!(engine.counters().mtp_drafted > 0, "{:?}", engine.counters());
     for (id, r) in ids.iter().zip(&reqs) {
-        let mut g = m.generator().unwrap();
-        let plain = g.generate(None, &GenerateRequest { draft_tokens: 0, ..r.clone() }, &mut |_| true).unwrap();
+        let plain = common::reference(&m, r, m.context);
         assert_eq!(done[id].output.tokens, plain.tokens, "request {id}");
     }
 }

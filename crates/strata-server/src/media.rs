@@ -85,10 +85,9 @@ pub fn load_images(st: &AppState, messages: &mut [Value]) -> ApiResult<Option<Lo
         let bytes = crate::media::load(&url, st.allow_private_media, &param)?;
         let img =
             Rgb8::decode(&bytes).map_err(|e| ApiError::bad_request(format!("{param}: {e:#}")).with_param(&param))?;
-        let (h, w) = processor
-            .target_size(img.height, img.width)
+        let n = strata_engine::media::soft_tokens(&spec, &processor, &img)
             .map_err(|e| ApiError::bad_request(format!("{param}: {e:#}")).with_param(&param))?;
-        counts.push(processor.soft_tokens((h / spec.patch_size) * (w / spec.patch_size)));
+        counts.push(n);
         images.push(img);
     }
     Ok(Some((images, processor, counts)))

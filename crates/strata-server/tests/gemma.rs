@@ -235,7 +235,7 @@ fn images_in_chat_requests_match_the_generator() {
         let spec = media::vision_spec(&m).unwrap();
         let ids = media::expand_runs(&spec, &ids, &enc.counts, m.model.info().bos_token_id).unwrap();
         assert_eq!(ids.len(), prompt_tokens, "{fixture}: prompt tokens");
-        let mut gen = m.generator().unwrap();
+        let mut gen = m.scorer().unwrap();
         gen.prefill_with_media(&ids, &enc).unwrap();
         let mut out = Vec::new();
         for _ in 0..12 {

@@ -113,6 +113,8 @@ pub struct CpuBackend {
     /// Staged inputs of a `linears` call, per output (int4 weights only).
     staging: Mutex<Vec<Staging>>,
     runner: Mutex<ExpertRunner>,
+    /// Buffers of index reads in flight and taken, reused (a read allocates nothing).
+    idx_reads: Mutex<Vec<Vec<u32>>>,
 }
 
 impl Default for CpuBackend {
@@ -136,6 +138,7 @@ impl CpuBackend {
             iscratch: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
             staging: Mutex::new(Vec::new()),
             runner: Mutex::new(ExpertRunner::default()),
+            idx_reads: Mutex::new(Vec::new()),
         }
     }
 
@@ -300,11 +303,15 @@ impl Backend for CpuBackend {
     }
 
     fn start_read_idx(&self, src: &Vec<u32>, len: usize) -> Vec<u32> {
-        src[..len].to_vec()
+        let mut read = self.idx_reads.lock().unwrap().pop().unwrap_or_default();
+        read.clear();
+        read.extend_from_slice(&src[..len]);
+        read
     }
 
     fn finish_read_idx(&self, read: Vec<u32>, dst: &mut Vec<u32>) {
-        *dst = read;
+        let taken = std::mem::replace(dst, read);
+        self.idx_reads.lock().unwrap().push(taken);
     }
 
     fn rms_norm(&self, rows: usize, width: usize, x: &Vec<f32>, w: Option<&Vec<f32>>, eps: f32, out: &mut Vec<f32>) {

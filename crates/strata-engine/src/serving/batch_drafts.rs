@@ -68,7 +68,7 @@ impl BatchDrafts {
     /// `prompt_rows` rows of prompts and `forwards` draft forwards in `seconds`.
     pub fn observe(&mut self, rows: usize, prompt_rows: usize, drafts: usize, forwards: usize, seconds: f64) {
         let x = [1.0, rows as f64, drafts as f64, forwards as f64, prompt_rows as f64];
-        let px: Vec<f64> = (0..N).map(|i| (0..N).map(|j| self.p[i][j] * x[j]).sum()).collect();
+        let px: [f64; N] = std::array::from_fn(|i| (0..N).map(|j| self.p[i][j] * x[j]).sum());
         let denom = FORGET + (0..N).map(|i| x[i] * px[i]).sum::<f64>();
         let err = seconds - self.predict_x(&x);
         for (t, p) in self.theta.iter_mut().zip(&px) {

@@ -6,8 +6,10 @@ use super::draft_epochs::DraftEpochs;
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
-use super::speculate::{draft_phase, Dims, DraftCounters, Spec, VerifyScratch};
+use super::speculate::{draft_phase, Dims, DraftCounters, DraftScratch, Spec, VerifyScratch};
 use super::{Finished, ServeRequest, Update};
+
+mod fed;
 use crate::generate::FinishReason;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Result};
@@ -67,6 +69,9 @@ pub struct EngineCounters {
     /// [`BatchEngine::set_device_picks`]).
     pub picked_steps: u64,
     pub picked_samples: u64,
+    /// Steps queued before the picks of the step before were read (fed steps: the device
+    /// never waited for the host between them).
+    pub fed_steps: u64,
 }
 
 pub struct BatchEngine<'m> {
@@ -98,6 +103,39 @@ pub struct BatchEngine<'m> {
     /// The draft count of the adaptive requests, chosen for the batch each step.
     batch_drafts: BatchDrafts,
     draft_epochs: DraftEpochs,
+    /// The requests whose samples the last fed step's forward picks (in its rows' order;
+    /// None where the request ended since), not read yet ([`fed`]).
+    inflight: Option<Vec<Option<u64>>>,
+    /// Scratch of the fed steps: the next step's rows' requests, and their draws.
+    fed_order: Vec<Option<u64>>,
+    fed_draws: Vec<Draw>,
+    scratch: StepScratch,
+    /// Every forward's routing, written where asked (`--trace`).
+    trace: Option<crate::generate::RouteTrace>,
+}
+
+/// What a step fills, kept from step to step so that a decode step allocates nothing.
+#[derive(Default)]
+struct StepScratch {
+    /// Per running request (in order): tokens to feed, drafts to verify.
+    pending: Vec<usize>,
+    drafts: Vec<usize>,
+    /// The adaptive requests (index, most drafts) and their bids.
+    adaptive: Vec<(usize, usize)>,
+    bids: Vec<(f64, usize)>,
+    /// Per running request: what its rows want back, and whether the device picks its
+    /// sample.
+    kinds: Vec<Logits>,
+    takes: Vec<bool>,
+    /// Logits rows read beside the picks; one draw a logits row.
+    read: Vec<u32>,
+    draws: Vec<Draw>,
+    /// Requests that ended (by index, in order), whose prompts' blocks go to the cache,
+    /// and sequences to roll back after verification (seq, length, draft length).
+    done: Vec<(usize, std::result::Result<FinishReason, String>)>,
+    publish_at: Vec<usize>,
+    truncate: Vec<(strata_models::SeqId, usize, usize)>,
+    draft: DraftScratch,
 }
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
@@ -167,6 +205,11 @@ impl<'m> BatchEngine<'m> {
             verify: VerifyScratch::default(),
             batch_drafts: BatchDrafts::new(),
             draft_epochs: DraftEpochs::new(),
+            inflight: None,
+            fed_order: Vec::with_capacity(opts.max_batch),
+            fed_draws: Vec::with_capacity(opts.max_batch),
+            scratch: StepScratch::default(),
+            trace: None,
         })
     }
 
@@ -206,6 +249,10 @@ impl<'m> BatchEngine<'m> {
         }
         let i = self.running.iter().position(|a| a.id == id)?;
         let mut a = self.running.remove(i);
+        if let Some(slot) = self.inflight.as_mut().and_then(|f| f.iter_mut().find(|s| **s == Some(id))) {
+            // Its pick in flight is dropped when read.
+            *slot = None;
+        }
         self.release(&mut a);
         Some(self.finish(&mut a, FinishReason::Cancelled))
     }
@@ -213,6 +260,7 @@ impl<'m> BatchEngine<'m> {
     /// Ends every request now (server shutdown): running ones finish with `Stop` and
     /// their output so far; waiting ones are refused with `why`.
     pub fn shut_down(&mut self, why: &str, out: &mut Vec<(u64, Update)>) {
+        self.drop_inflight();
         while let Some(mut a) = self.running.pop() {
             self.release(&mut a);
             let f = self.finish(&mut a, FinishReason::Stop);
@@ -221,6 +269,54 @@ impl<'m> BatchEngine<'m> {
         while let Some(a) = self.waiting.pop_front() {
             out.push((a.id, Update::Done(Err(why.to_string()))));
         }
+    }
+
+    /// Records every forward's routing to `trace` from now on (strata-residency's trace
+    /// format, which `strata replay` reads; a [`BatchEngine::generate`] is a segment).
+    /// Steps are then never fed (a forward queued past a request's end would be traced).
+    pub fn set_trace(&mut self, trace: crate::generate::RouteTrace) {
+        self.trace = Some(trace);
+        self.session.record_routes(true);
+    }
+
+    /// Runs `req` to its end on an idle engine (the CLI's generation: a batch of one),
+    /// calling `on_text` with each piece of text as it is decided; `on_text` returning
+    /// false cancels the request (its output so far is returned). A failure of the
+    /// request is this call's error.
+    pub fn generate(&mut self, req: ServeRequest, on_text: &mut dyn FnMut(&str) -> bool) -> Result<Finished> {
+        if !self.is_idle() {
+            bail!(
+                "generate runs one request on an idle engine ({} running, {} waiting)",
+                self.running.len(),
+                self.waiting.len()
+            );
+        }
+        let id = self.submit(req)?;
+        let mut out = Vec::new();
+        let finished = 'steps: loop {
+            self.step(&mut out)?;
+            for (_, u) in out.drain(..) {
+                match u {
+                    Update::Delta { text, .. } => {
+                        if !text.is_empty() && !on_text(&text) {
+                            let f = self.cancel(id).expect("the request is in the engine");
+                            break 'steps Ok(f);
+                        }
+                    }
+                    Update::Done(r) => break 'steps r.map(|f| *f).map_err(|e| anyhow::anyhow!(e)),
+                }
+            }
+        };
+        if let Some(t) = self.trace.as_mut() {
+            t.flush()?;
+            t.segment += 1;
+        }
+        finished
+    }
+
+    /// Tokens a running request has generated so far (None once it is not running).
+    pub fn generated(&self, id: u64) -> Option<usize> {
+        self.running.iter().chain(&self.waiting).find(|a| a.id == id).map(|a| a.out.len())
     }
 
     pub fn is_idle(&self) -> bool {
@@ -314,6 +410,8 @@ impl<'m> BatchEngine<'m> {
             }
             if let Some(log) = a.hidden_log.as_mut() {
                 *log = hidden;
+                // Room for every position the request may reach.
+                log.reserve((a.tokens.capacity() * self.dims.hidden).saturating_sub(log.len()));
             }
             self.running.push(a);
         }
@@ -344,27 +442,35 @@ impl<'m> BatchEngine<'m> {
     fn plan(&mut self, out: &mut Vec<(u64, Update)>) -> bool {
         // Drafts each decoding request would verify: within its context and token limit.
         let context = self.opts.context;
-        let mut adaptive = Vec::new();
+        let sc = &mut self.scratch;
+        sc.adaptive.clear();
+        sc.bids.clear();
         for (i, a) in self.running.iter_mut().enumerate().filter(|(_, a)| a.decoding()) {
             let room = context.saturating_sub(a.tokens.len()).min(a.req.gen.max_tokens.saturating_sub(a.out.len() + 1));
             match a.spec.as_mut() {
-                Some(s) if s.adaptive => adaptive.push((i, s.batch_bid(room))),
+                Some(s) if s.adaptive => {
+                    let bid = s.batch_bid(room);
+                    sc.adaptive.push((i, bid.1));
+                    sc.bids.push(bid);
+                }
                 Some(s) => s.want = s.choose(room),
                 None => {}
             }
         }
-        if !adaptive.is_empty() {
-            let bids: Vec<(f64, usize)> = adaptive.iter().map(|x| x.1).collect();
-            let g = self.batch_drafts.choose(&bids);
-            for (i, (_, most)) in adaptive {
+        if !sc.adaptive.is_empty() {
+            let g = self.batch_drafts.choose(&sc.bids);
+            for &(i, most) in &sc.adaptive {
                 self.running[i].spec.as_mut().expect("adaptive").want = g.min(most);
             }
         }
         loop {
-            let pending: Vec<usize> = self.running.iter().map(Active::to_feed).collect();
-            let drafts: Vec<usize> =
-                self.running.iter().map(|a| a.spec.as_ref().filter(|_| a.decoding()).map_or(0, |s| s.want)).collect();
-            self.rows = plan_rows(&pending, &drafts, self.opts.step_tokens);
+            let sc = &mut self.scratch;
+            sc.pending.clear();
+            sc.pending.extend(self.running.iter().map(Active::to_feed));
+            sc.drafts.clear();
+            sc.drafts
+                .extend(self.running.iter().map(|a| a.spec.as_ref().filter(|_| a.decoding()).map_or(0, |s| s.want)));
+            plan_rows(&sc.pending, &sc.drafts, self.opts.step_tokens, &mut self.rows);
             // A bidirectional image's run stays in one forward.
             for (a, n) in self.running.iter().zip(self.rows.iter_mut()) {
                 if let Some((m, true)) = &a.media {
@@ -401,10 +507,12 @@ impl<'m> BatchEngine<'m> {
         }
     }
 
-    /// Whether each sample of a step the device can make ([`Active::picks_on_device`]) is picked on
-    /// the device, one id read back instead of its logits (the step's other samples read
-    /// their own logits rows): `None` (the default) where the logits live off the host (a
-    /// GPU), `Some(on)` either way. Outputs are the same.
+    /// Whether each sample of a step the device can make ([`Active::picks_on_device`]) is
+    /// picked on the device, one id read back instead of its logits (the step's other
+    /// samples read their own logits rows), and whether steps where every request decodes
+    /// such a sample are fed (the picks feed the next forward on the device: [`fed`]):
+    /// `None` (the default) where the logits live off the host (a GPU), `Some(on)` either
+    /// way. Outputs are the same.
     pub fn set_device_picks(&mut self, on: Option<bool>) {
         self.device_picks = on;
     }
@@ -414,6 +522,10 @@ impl<'m> BatchEngine<'m> {
     /// drafts) for every request whose pending tokens are all in. Updates go to `out`. An
     /// error fails the requests of this forward (and only them); the engine goes on.
     pub fn step(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        if self.fed_ready() {
+            return self.step_fed(out);
+        }
+        self.settle_inflight(out)?;
         self.admit(out)?;
         if !self.plan(out) {
             return Ok(());
@@ -422,14 +534,16 @@ impl<'m> BatchEngine<'m> {
         if self.gamma > 0 {
             let (session, running, rows, batch) =
                 (&mut self.session, &mut self.running, &mut self.rows, &mut self.batch);
-            if let Err(e) = draft_phase(session.as_mut(), self.dims, running, rows, batch, &mut self.counters.draft) {
+            let (scratch, counters) = (&mut self.scratch.draft, &mut self.counters.draft);
+            if let Err(e) = draft_phase(session.as_mut(), self.dims, running, rows, batch, scratch, counters) {
                 let ids = self.running.iter().filter(|a| a.spec.is_some()).map(|a| a.id).collect();
                 self.fail(ids, &format!("generation failed: draft layer: {e:#}"), out);
                 return Ok(());
             }
         }
         self.batch.clear();
-        let mut kinds = Vec::with_capacity(self.running.len());
+        let kinds = &mut self.scratch.kinds;
+        kinds.clear();
         for (a, &n) in self.running.iter().zip(&self.rows) {
             let seq = a.seq.expect("running");
             if n > 1 && a.decoding() {
@@ -465,10 +579,13 @@ impl<'m> BatchEngine<'m> {
         // The device picks this step's plain greedy samples; the other samples' (and
         // verifications') logits rows come back beside the picks.
         let on = self.device_picks.unwrap_or_else(|| self.session.picks_on_device());
-        let (mut takes, mut read, mut k) = (Vec::with_capacity(kinds.len()), Vec::new(), 0u32);
+        let StepScratch { kinds, takes, read, draws, .. } = &mut self.scratch;
+        takes.clear();
+        read.clear();
+        draws.clear();
+        let mut k = 0u32;
         // One draw a logits row: a taken sample's (greedy or keyed), greedy for the rest.
-        let mut draws = Vec::new();
-        for ((a, &n), &kind) in self.running.iter_mut().zip(&self.rows).zip(&kinds) {
+        for ((a, &n), &kind) in self.running.iter_mut().zip(&self.rows).zip(kinds.iter()) {
             let lrows = if n == 0 { 0 } else { outputs(kind, n).0 as u32 };
             let take = on && lrows > 0 && kind != Logits::All && a.picks_on_device();
             if take {
@@ -485,25 +602,31 @@ impl<'m> BatchEngine<'m> {
         let pick = takes.iter().any(|&t| t);
         if pick {
             self.batch.pick_greedy();
-            self.batch.read_logits_rows(read);
+            self.batch.read_logits_rows(read.iter().copied());
             if draws.iter().any(|d| !d.is_greedy()) {
-                self.batch.draw_rows(draws);
+                self.batch.draw_rows(draws.iter().copied());
             }
         }
         // Grammar masks for this step's samples, computed while the forward runs.
         let vocab = self.model.info().vocab_size;
         let (session, running, rows, batch) = (&mut self.session, &mut self.running, &self.rows, &self.batch);
-        let t = Instant::now();
-        let (forward, masks) = std::thread::scope(|s| {
-            let wants_mask = |(a, n): &(&mut Active, &usize)| **n > 0 && a.computed + **n == a.tokens.len();
-            let masked: Vec<&mut Active> =
-                running.iter_mut().zip(rows).filter(|x| wants_mask(x) && x.0.constrained()).map(|x| x.0).collect();
-            let h = (!masked.is_empty())
-                .then(|| s.spawn(move || masked.into_iter().map(|a| (a.id, a.fill_mask(vocab))).collect::<Vec<_>>()));
-            let forward = session.forward(batch);
-            (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
-        });
-        let forward_s = t.elapsed().as_secs_f64();
+        let wants_mask = |(a, n): &(&mut Active, &usize)| **n > 0 && a.computed + **n == a.tokens.len();
+        let (forward, masks) = match running.iter().any(Active::constrained) {
+            false => (session.forward(batch), Vec::new()),
+            true => std::thread::scope(|s| {
+                let masked: Vec<&mut Active> =
+                    running.iter_mut().zip(rows).filter(|x| wants_mask(x) && x.0.constrained()).map(|x| x.0).collect();
+                let h = (!masked.is_empty()).then(|| {
+                    s.spawn(move || masked.into_iter().map(|a| (a.id, a.fill_mask(vocab))).collect::<Vec<_>>())
+                });
+                let forward = session.forward(batch);
+                (forward, h.map(|h| h.join().unwrap_or_default()).unwrap_or_default())
+            }),
+        };
+        let forward = match (forward, self.trace.as_mut()) {
+            (Ok(()), Some(trace)) => trace.record(self.session.routes()),
+            (r, _) => r,
+        };
         if self.gamma > 0 {
             let drafts: usize =
                 self.running.iter().zip(&self.rows).filter(|(a, &n)| n > 1 && a.decoding()).map(|(_, &n)| n - 1).sum();
@@ -524,7 +647,7 @@ impl<'m> BatchEngine<'m> {
             false => forward,
         };
         self.counters.picked_steps += u64::from(pick);
-        self.counters.picked_samples += takes.iter().filter(|&&t| t).count() as u64;
+        self.counters.picked_samples += self.scratch.takes.iter().filter(|&&t| t).count() as u64;
         if let Err(e) = forward {
             let planned = self.running.iter().zip(&self.rows).filter(|(_, &n)| n > 0).map(|(a, _)| a.id).collect();
             self.fail(planned, &format!("generation failed: {e:#}"), out);
@@ -536,9 +659,10 @@ impl<'m> BatchEngine<'m> {
         let (mut k, mut hr) = (0, 0);
         let mut emitted = 0u64;
         let decoding_step = self.running.iter().zip(&self.rows).any(|(a, &n)| n > 0 && a.decoding());
-        let mut done = Vec::new();
-        let mut publish_at = Vec::new();
-        let mut truncate = Vec::new();
+        let StepScratch { kinds, takes, done, publish_at, truncate, .. } = &mut self.scratch;
+        done.clear();
+        publish_at.clear();
+        truncate.clear();
         let (logits_all, hidden_all, context) = (self.session.logits(), self.session.hidden(), self.opts.context);
         let (h, c) = (self.dims.hidden, &mut self.counters);
         for (i, a) in self.running.iter_mut().enumerate() {
@@ -575,7 +699,7 @@ impl<'m> BatchEngine<'m> {
                     log.extend_from_slice(&hidden[..kept * h]);
                 }
                 s.record_hidden(&a.tokens, p0, &hidden[..kept * h], h);
-                s.record_round(g, accepted, kept, forward_s);
+                s.record_round(g, accepted, kept);
                 a.spec = Some(s);
                 (c.mtp_rounds, c.mtp_drafted) = (c.mtp_rounds + 1, c.mtp_drafted + g as u64);
                 (c.mtp_accepted, c.mtp_tokens) = (c.mtp_accepted + accepted as u64, c.mtp_tokens + kept as u64);
@@ -623,7 +747,7 @@ impl<'m> BatchEngine<'m> {
                         s.settle(&a.tokens, a.computed);
                         match was_decoding {
                             true => {
-                                s.record_round(0, 0, 1, forward_s);
+                                s.record_round(0, 0, 1);
                                 (c.mtp_rounds, c.mtp_tokens) = (c.mtp_rounds + 1, c.mtp_tokens + 1);
                             }
                             false => s.stats.tokens += 1,
@@ -639,7 +763,7 @@ impl<'m> BatchEngine<'m> {
                 Err(e) => done.push((i, Err(format!("generation failed: {e:#}")))),
             }
         }
-        for (seq, len, draft_len) in truncate {
+        for &(seq, len, draft_len) in truncate.iter() {
             self.session.truncate(seq, len);
             self.session.draft_truncate(seq, draft_len);
         }
@@ -651,8 +775,8 @@ impl<'m> BatchEngine<'m> {
         }
         // Prompts that are in: their full blocks join the prompt cache now, so that
         // requests arriving meanwhile can share them.
-        for i in publish_at {
-            let a = &self.running[i];
+        for j in 0..self.scratch.publish_at.len() {
+            let a = &self.running[self.scratch.publish_at[j]];
             if a.media.is_some() {
                 continue;
             }
@@ -660,7 +784,7 @@ impl<'m> BatchEngine<'m> {
             let blocks = pool.blocks_of(a.seq.expect("running"))[..a.prompt_len / BLOCK_SIZE].to_vec();
             publish(&mut self.cache, pool, a, &blocks, self.dims.hidden);
         }
-        for (i, result) in done.into_iter().rev() {
+        while let Some((i, result)) = self.scratch.done.pop() {
             let mut a = self.running.remove(i);
             self.release(&mut a);
             let update = match result {
@@ -706,6 +830,8 @@ impl<'m> BatchEngine<'m> {
     /// Fails every request (after a panic left the session in an unknown state) and
     /// starts from a fresh session.
     pub fn reset(&mut self, why: &str, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        // (The session is replaced: its picks in flight go with it.)
+        self.inflight = None;
         for a in self.running.drain(..).chain(self.waiting.drain(..)) {
             out.push((a.id, Update::Done(Err(why.to_string()))));
         }

@@ -1,8 +1,8 @@
 //! One request in the serving engine: its tokens (prompt and generated), its sampler, and
 //! what happens to each token it samples (end-of-sequence and stop ids, stop strings,
-//! the token limit, the context, a grammar), with the text streamed as
-//! [`crate::Generator`] streams it, so a request's output does not depend on what else
-//! runs beside it.
+//! the token limit, the context, a grammar), with the text streamed as it settles (held
+//! back while a stop string could still begin), so a request's output does not depend on
+//! what else runs beside it.
 
 use super::speculate::{Spec, VerifyScratch};
 use super::{ServeRequest, Update};
@@ -55,6 +55,9 @@ pub(crate) struct Active {
     /// The target's final hidden states of `tokens[..computed]` (`hidden_size` each),
     /// kept while speculation is on so the prompt cache can hand them on with its blocks.
     pub hidden_log: Option<Vec<f32>>,
+    /// Samples picked on the device and fed to the next forward there before the host
+    /// read them (the engine's fed steps).
+    pub fed: usize,
 }
 
 impl Active {
@@ -72,7 +75,10 @@ impl Active {
             prompt = &prompt[prompt.len() - keep..];
         }
         let sampler = Sampler::new(g.sampling.clone())?;
-        let tokens = prompt.to_vec();
+        // Room for every token the request may generate, so that decoding never grows it.
+        let most = g.max_tokens.min(context);
+        let mut tokens = Vec::with_capacity(prompt.len() + most + 1);
+        tokens.extend_from_slice(prompt);
         Ok(Self {
             id,
             prompt_len: tokens.len(),
@@ -81,7 +87,7 @@ impl Active {
             seq: None,
             computed: 0,
             sampler,
-            out: Vec::new(),
+            out: Vec::with_capacity(most),
             decoder: StreamDecoder::default(),
             streamed: 0,
             text: String::new(),
@@ -98,6 +104,7 @@ impl Active {
             spec: None,
             dropped_spec: None,
             hidden_log: None,
+            fed: 0,
             req,
         })
     }
@@ -457,7 +464,7 @@ impl Active {
             peak_rss_bytes: peak_rss_bytes(),
             finish_reason: finish.as_str().to_string(),
             truncated_prompt_tokens: self.truncated,
-            decode_fed: false,
+            decode_fed: self.fed > 0,
             mtp: self.spec.as_ref().map(Spec::finished_stats).or_else(|| self.dropped_spec.clone()),
         };
         let out = GenerationOutput { tokens: self.out.clone(), text: self.text.clone(), finish_reason: finish, stats };

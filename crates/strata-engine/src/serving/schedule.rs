@@ -7,8 +7,9 @@
 /// request wants verified (`drafts`), then prompt chunks, oldest request first, in what
 /// the budget leaves. A long prompt so never holds up the others' next tokens: it
 /// advances by what each step has room for.
-pub fn plan_rows(pending: &[usize], drafts: &[usize], budget: usize) -> Vec<usize> {
-    let mut rows = vec![0; pending.len()];
+pub fn plan_rows(pending: &[usize], drafts: &[usize], budget: usize, rows: &mut Vec<usize>) {
+    rows.clear();
+    rows.resize(pending.len(), 0);
     let mut left = budget;
     for (r, &p) in rows.iter_mut().zip(pending) {
         if p == 1 && left > 0 {
@@ -29,7 +30,6 @@ pub fn plan_rows(pending: &[usize], drafts: &[usize], budget: usize) -> Vec<usiz
             left -= *r;
         }
     }
-    rows
 }
 
 /// Whether a request that needs `need` more KV blocks may start while `running`
@@ -48,19 +48,26 @@ pub fn shared_blocks(a: &[u32], b: &[u32]) -> usize {
 mod tests {
     use super::*;
 
+    fn plan(pending: &[usize], drafts: &[usize], budget: usize) -> Vec<usize> {
+        // (Over what a step before left.)
+        let mut rows = vec![7; 9];
+        plan_rows(pending, drafts, budget, &mut rows);
+        rows
+    }
+
     #[test]
     fn decode_rows_come_first_then_prompt_chunks_in_order() {
         let none = [0; 4];
-        assert_eq!(plan_rows(&[300, 1, 1, 40], &none, 256), vec![254, 1, 1, 0]);
-        assert_eq!(plan_rows(&[10, 1, 40], &none, 64), vec![10, 1, 40]);
-        assert_eq!(plan_rows(&[10, 1, 60], &none, 64), vec![10, 1, 53]);
+        assert_eq!(plan(&[300, 1, 1, 40], &none, 256), vec![254, 1, 1, 0]);
+        assert_eq!(plan(&[10, 1, 40], &none, 64), vec![10, 1, 40]);
+        assert_eq!(plan(&[10, 1, 60], &none, 64), vec![10, 1, 53]);
         // More decoders than the budget: the oldest go first.
-        assert_eq!(plan_rows(&[1, 1, 1], &none, 2), vec![1, 1, 0]);
-        assert_eq!(plan_rows(&[], &none, 8), Vec::<usize>::new());
+        assert_eq!(plan(&[1, 1, 1], &none, 2), vec![1, 1, 0]);
+        assert_eq!(plan(&[], &none, 8), Vec::<usize>::new());
         // Drafts to verify come after every decoder's own row, before prompt chunks.
-        assert_eq!(plan_rows(&[1, 40, 1], &[3, 0, 3], 16), vec![4, 8, 4]);
-        assert_eq!(plan_rows(&[1, 40, 1], &[3, 0, 3], 6), vec![4, 0, 2]);
-        assert_eq!(plan_rows(&[1, 1], &[2, 2], 2), vec![1, 1]);
+        assert_eq!(plan(&[1, 40, 1], &[3, 0, 3], 16), vec![4, 8, 4]);
+        assert_eq!(plan(&[1, 40, 1], &[3, 0, 3], 6), vec![4, 0, 2]);
+        assert_eq!(plan(&[1, 1], &[2, 2], 2), vec![1, 1]);
     }
 
     #[test]

@@ -16,10 +16,9 @@
 //! its drafts do not depend on what the cache held.
 
 use super::request::Active;
-use crate::draft_policy::DraftController;
+use crate::draft_policy::Acceptance;
 use crate::speculative::MtpStats;
 use anyhow::Result;
-use std::time::Instant;
 use strata_models::{Batch, Logits, Session};
 
 /// Owed draft rows a request that is not drafting may hold before they are written.
@@ -32,9 +31,24 @@ pub(crate) struct VerifyScratch {
     pub logits: Vec<f32>,
 }
 
+/// What the draft phase fills, kept from step to step so that it allocates nothing.
+#[derive(Default)]
+pub(crate) struct DraftScratch {
+    /// Requests (by index) drafting this step, and those whose owed rows a forward writes.
+    drafters: Vec<usize>,
+    written: Vec<usize>,
+    /// The draft forward's input hidden states.
+    hidden: Vec<f32>,
+    /// Drafting requests still chaining drafts.
+    live: Vec<usize>,
+    /// Owed rows a bulk forward writes: (request, rows of its owed list).
+    parts: Vec<(usize, usize)>,
+    draw: VerifyScratch,
+}
+
 /// A request's speculation state.
 pub(crate) struct Spec {
-    ctl: DraftController,
+    acceptance: Acceptance,
     /// Most drafts a step (the request's own count, within the engine's).
     gamma: usize,
     /// Whether the engine chooses the drafts for this request with the batch's other
@@ -46,34 +60,35 @@ pub(crate) struct Spec {
     owed_tokens: Vec<u32>,
     owed_hidden: Vec<f32>,
     /// The target's hidden state at the last computed position, until the token after
-    /// it is known.
-    h_last: Option<Vec<f32>>,
+    /// it is known (`has_last`); the buffer stays to be reused.
+    h_last: Vec<f32>,
+    has_last: bool,
     /// This round's drafts.
     pub drafts: Vec<u32>,
     /// Drafts the round plans (set before the step's rows are planned).
     pub want: usize,
     /// The draft layer's hidden state after the last draft (input of the next).
     h_draft: Vec<f32>,
-    draft_s: f64,
-    timed: usize,
+    /// Draft forwards this round ran for the request.
+    forwards: usize,
 }
 
 impl Spec {
     pub fn new(gamma: usize, adaptive: bool) -> Self {
         let policy = if adaptive { "adaptive" } else { "fixed" };
         Self {
-            ctl: DraftController::new(gamma, adaptive),
+            acceptance: Acceptance::default(),
             gamma,
             adaptive,
             stats: MtpStats { draft_tokens: gamma, policy, ..Default::default() },
             owed_tokens: Vec::new(),
             owed_hidden: Vec::new(),
-            h_last: None,
+            h_last: Vec::new(),
+            has_last: false,
             drafts: Vec::new(),
             want: 0,
             h_draft: Vec::new(),
-            draft_s: 0.0,
-            timed: 0,
+            forwards: 0,
         }
     }
 
@@ -82,7 +97,7 @@ impl Spec {
     pub fn reset(&mut self) {
         self.owed_tokens.clear();
         self.owed_hidden.clear();
-        self.h_last = None;
+        self.has_last = false;
         self.drafts.clear();
         self.want = 0;
     }
@@ -96,7 +111,11 @@ impl Spec {
                     self.owed_tokens.push(t);
                     self.owed_hidden.extend_from_slice(row);
                 }
-                None => self.h_last = Some(row.to_vec()),
+                None => {
+                    self.h_last.clear();
+                    self.h_last.extend_from_slice(row);
+                    self.has_last = true;
+                }
             }
         }
     }
@@ -104,44 +123,42 @@ impl Spec {
     /// The token after the last computed position is known now (`tokens` ends with it
     /// or goes past it): its draft row is owed.
     pub fn settle(&mut self, tokens: &[u32], computed: usize) {
-        if let (Some(h), Some(&t)) = (self.h_last.as_ref(), tokens.get(computed)) {
+        if let (true, Some(&t)) = (self.has_last, tokens.get(computed)) {
             self.owed_tokens.push(t);
-            self.owed_hidden.extend_from_slice(h);
-            self.h_last = None;
+            self.owed_hidden.extend_from_slice(&self.h_last);
+            self.has_last = false;
         }
     }
 
     /// Drafts for the next round of a fixed-count request: up to `room` (context and
     /// token limit).
-    pub fn choose(&mut self, room: usize) -> usize {
-        self.ctl.choose(room)
+    pub fn choose(&self, room: usize) -> usize {
+        self.gamma.min(room)
     }
 
     /// The most an adaptive request may draft this step (room, its own count), and its
     /// acceptance estimate, for the batch's decision.
     pub fn batch_bid(&self, room: usize) -> (f64, usize) {
-        (self.ctl.acceptance(), self.gamma.min(room))
+        (self.acceptance.estimate(), self.gamma.min(room))
     }
 
     /// Books a round: `g` drafts, `accepted` of them kept, `emitted` tokens out.
-    pub fn record_round(&mut self, g: usize, accepted: usize, emitted: usize, verify_s: f64) {
+    pub fn record_round(&mut self, g: usize, accepted: usize, emitted: usize) {
         let s = &mut self.stats;
         s.rounds += 1;
         s.plain_rounds += u64::from(g == 0);
         s.drafted += g as u64;
         s.accepted += accepted as u64;
         s.tokens += emitted as u64;
-        let (draft_s, timed) = if g > 0 { (self.draft_s, self.timed) } else { (0.0, 0) };
-        s.draft_forwards += timed as u64;
-        self.ctl.record(g, accepted, verify_s + draft_s);
-        self.draft_s = 0.0;
-        self.timed = 0;
+        s.draft_forwards += if g > 0 { self.forwards as u64 } else { 0 };
+        self.acceptance.record(g, accepted);
+        self.forwards = 0;
     }
 
     /// The statistics with their rates filled in.
     pub fn finished_stats(&self) -> MtpStats {
         let mut s = self.stats.clone();
-        s.estimated_acceptance = self.ctl.acceptance();
+        s.estimated_acceptance = self.acceptance.estimate();
         s.close();
         s
     }
@@ -182,6 +199,7 @@ pub(crate) fn draft_phase(
     running: &mut [Active],
     rows: &mut [usize],
     batch: &mut Batch,
+    scratch: &mut DraftScratch,
     counters: &mut DraftCounters,
 ) -> Result<()> {
     let max_rows = session.max_rows();
@@ -217,13 +235,14 @@ pub(crate) fn draft_phase(
     // Owed rows beyond what one forward holds go first, in forwards of their own.
     let total: usize = running.iter().filter_map(|a| a.spec.as_ref()).map(Spec::owed).sum();
     if total > max_rows {
-        write_bulk(session, dims.hidden, running, rows, batch, counters)?;
+        write_bulk(session, dims.hidden, running, rows, batch, scratch, counters)?;
     }
     // One forward: the remaining owed rows, logits for each drafting request's last.
     batch.clear();
-    let mut drafters = Vec::new();
-    let mut written = Vec::new();
-    let mut hidden = Vec::new();
+    let DraftScratch { drafters, written, hidden, .. } = scratch;
+    drafters.clear();
+    written.clear();
+    hidden.clear();
     for (i, (a, &n)) in running.iter().zip(rows.iter()).enumerate() {
         let (Some(s), Some(seq)) = (a.spec.as_ref(), a.seq) else { continue };
         let m = s.owed();
@@ -243,17 +262,15 @@ pub(crate) fn draft_phase(
     if batch.is_empty() {
         return Ok(());
     }
-    let t = Instant::now();
-    session.draft_forward(batch, &hidden)?;
-    let first_s = t.elapsed().as_secs_f64();
+    session.draft_forward(batch, hidden)?;
     counters.forwards += 1;
     counters.rows += batch.len() as u64;
-    for &i in &written {
+    for &i in written.iter() {
         let s = running[i].spec.as_mut().expect("written above");
         s.owed_tokens.clear();
         s.owed_hidden.clear();
     }
-    draw_drafts(session, dims, running, rows, batch, &drafters, first_s, counters)
+    draw_drafts(session, dims, running, rows, batch, scratch, counters)
 }
 
 /// Writes owed rows in forwards of at most `max_rows`, leaving each drafting request's
@@ -264,12 +281,13 @@ fn write_bulk(
     running: &mut [Active],
     rows: &[usize],
     batch: &mut Batch,
+    scratch: &mut DraftScratch,
     counters: &mut DraftCounters,
 ) -> Result<()> {
     let max_rows = session.max_rows();
-    let mut hidden = Vec::new();
-    // (request, rows of its owed list to write)
-    let mut parts: Vec<(usize, usize)> = Vec::new();
+    let DraftScratch { hidden, parts, .. } = scratch;
+    hidden.clear();
+    parts.clear();
     let mut flush = |session: &mut dyn Session,
                      running: &mut [Active],
                      batch: &mut Batch,
@@ -301,7 +319,7 @@ fn write_bulk(
         let mut at = 0;
         while todo > 0 {
             if batch.len() == max_rows {
-                flush(session, running, batch, &mut hidden, &mut parts)?;
+                flush(session, running, batch, hidden, parts)?;
                 at = 0;
                 continue;
             }
@@ -314,31 +332,29 @@ fn write_bulk(
             todo -= n;
         }
     }
-    flush(session, running, batch, &mut hidden, &mut parts)
+    flush(session, running, batch, hidden, parts)
 }
 
 /// Draws each drafting request's drafts: the first from the drafting forward's logits
-/// (row `j` for `drafters[j]`), the rest chained through one-row draft forwards fed
+/// (row `j` for `scratch.drafters[j]`), the rest chained through one-row draft forwards fed
 /// the draft layer's own hidden state.
-#[allow(clippy::too_many_arguments)]
 fn draw_drafts(
     session: &mut dyn Session,
     dims: Dims,
     running: &mut [Active],
     rows: &[usize],
     batch: &mut Batch,
-    drafters: &[usize],
-    first_s: f64,
+    scratch: &mut DraftScratch,
     counters: &mut DraftCounters,
 ) -> Result<()> {
     let (vocab, h) = (dims.vocab, dims.hidden);
-    let mut scratch = VerifyScratch::default();
-    let mut live: Vec<usize> = drafters.to_vec();
-    for &i in drafters {
+    let DraftScratch { drafters, hidden, live, draw: scratch, .. } = scratch;
+    live.clear();
+    live.extend_from_slice(drafters);
+    for &i in drafters.iter() {
         let s = running[i].spec.as_mut().expect("drafting");
         s.drafts.clear();
-        s.draft_s = first_s;
-        s.timed = 1;
+        s.forwards = 1;
     }
     let mut k = 0;
     loop {
@@ -350,7 +366,7 @@ fn draw_drafts(
             scratch.logits.clear();
             scratch.logits.extend_from_slice(logits);
             let mut spec = a.spec.take().expect("drafting");
-            let drawn = draw_one(a, &mut spec, k, &mut scratch);
+            let drawn = draw_one(a, &mut spec, k, scratch);
             spec.h_draft.clear();
             spec.h_draft.extend_from_slice(hidden);
             a.spec = Some(spec);
@@ -362,22 +378,19 @@ fn draw_drafts(
             return Ok(());
         }
         batch.clear();
-        let mut hidden = Vec::with_capacity(live.len() * h);
-        for &i in &live {
+        hidden.clear();
+        for &i in live.iter() {
             let a = &running[i];
             let s = a.spec.as_ref().expect("drafting");
             batch.push(a.seq.expect("running"), &s.drafts[k - 1..k], Logits::Last);
             hidden.extend_from_slice(&s.h_draft);
         }
-        let t = Instant::now();
-        session.draft_forward(batch, &hidden)?;
-        let dt = t.elapsed().as_secs_f64();
+        session.draft_forward(batch, hidden)?;
         counters.forwards += 1;
         counters.rows += batch.len() as u64;
-        for &i in &live {
+        for &i in live.iter() {
             let s = running[i].spec.as_mut().expect("drafting");
-            s.draft_s += dt;
-            s.timed += 1;
+            s.forwards += 1;
         }
     }
 }

@@ -111,7 +111,7 @@ fn cuda_decode_with_graphs_equals_without() {
             set_graphs_default(true);
             set_dependent_launch_default(true);
             let m = m.unwrap_or_else(|e| panic!("{fixture}: {e:#}"));
-            let mut gen = m.generator().unwrap();
+            let mut gen = m.scorer().unwrap();
             gen.prefill(&prompt).unwrap();
             let before = launch_totals();
             let mut steps = Vec::new();
@@ -148,8 +148,8 @@ fn cuda_decode_with_graphs_equals_without() {
     }
 }
 
-/// Greedy decoding fed on the device (the default on CUDA: each pick feeds the next
-/// forward before the host reads it) gives the plain loop's tokens and cache, on its
+/// Decoding fed on the device (the default on CUDA: each pick feeds the next forward
+/// before the host reads it) gives the tokens of steps one at a time, on its
 /// token limit and on an EOS id met mid-way (a forward queued past it is dropped).
 #[test]
 fn cuda_fed_decoding_equals_plain() {
@@ -164,12 +164,11 @@ fn cuda_fed_decoding_equals_plain() {
         let vocab = m.model.info().vocab_size as u32;
         let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();
         let run = |req: &GenerateRequest, fed: Option<bool>| {
-            let mut gen = m.generator().unwrap();
-            gen.set_fed_decoding(fed);
-            let out = gen.generate(None, req, &mut |_| true).unwrap();
+            let mut engine = m.engine(Some(0)).unwrap();
+            engine.set_device_picks(fed);
+            let out = crate::common::generate_on(&mut engine, req).unwrap();
             assert_eq!(out.stats.decode_fed, fed != Some(false), "{fixture}: decode_fed with {fed:?}");
-            let cached = gen.cache_len();
-            (out.tokens, out.finish_reason, cached)
+            (out.tokens, out.finish_reason)
         };
         let req = GenerateRequest::new(prompt, 20, SamplingParams::default());
         let plain = run(&req, Some(false));

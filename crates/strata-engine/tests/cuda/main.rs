@@ -23,6 +23,8 @@
 
 mod attention;
 mod bench;
+#[path = "../common/mod.rs"]
+mod common;
 mod elementwise;
 mod graphs;
 mod models;

@@ -52,9 +52,9 @@ fn check_fixture(dir: &Path, phase: &dyn Fn(&str)) {
     let prompt = tensor_ids(&r, "prompt_ids");
     let want: Vec<f32> = tensor_f32(&r, "prompt_logits");
     phase("prompt logits on CUDA");
-    let got: Vec<f32> = gm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    let got: Vec<f32> = gm.scorer().unwrap().logits(&prompt, true).unwrap().concat();
     phase("prompt logits on CPU");
-    let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&prompt, true).unwrap().concat();
+    let on_cpu: Vec<f32> = cm.scorer().unwrap().logits(&prompt, true).unwrap().concat();
     let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -66,14 +66,14 @@ fn check_fixture(dir: &Path, phase: &dyn Fn(&str)) {
     let gen_ids = tensor_ids(&r, "generated_ids");
     let req = GenerateRequest::new(prompt.clone(), gen_ids.len(), SamplingParams::default());
     phase("greedy generation on CUDA");
-    let out = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    let out = crate::common::generate(&gm, &req);
     assert_eq!(out.tokens, gen_ids, "{name}: CUDA greedy tokens");
     phase("decode steps on CUDA");
     let mut worst_step = 0f32;
     if r.tensors().contains_key("generated_logits") {
         let vocab = gm.model.info().vocab_size;
         let steps = tensor_f32(&r, "generated_logits");
-        let mut gen = gm.generator().unwrap();
+        let mut gen = gm.scorer().unwrap();
         gen.prefill(&prompt).unwrap();
         for (i, &t) in gen_ids.iter().enumerate() {
             let d = max_diff(gen.last_logits(), &steps[i * vocab..(i + 1) * vocab]);
@@ -242,8 +242,8 @@ fn cuda_gemma4_vision_large() {
         let spec = media::vision_spec(&gm).unwrap();
         let ids = media::expand_runs(&spec, &[10, 11, 12, 30, 31], &gmedia.counts, None).unwrap();
         phase("prompt logits, one forward");
-        fn rows(m: &strata_engine::LoadedModel) -> strata_engine::Generator<'_> {
-            strata_engine::Generator::with_rows(m.model.as_ref(), 1024, 1024).unwrap()
+        fn rows(m: &strata_engine::LoadedModel) -> strata_engine::Scorer<'_> {
+            strata_engine::Scorer::with_rows(m.model.as_ref(), 1024, 1024).unwrap()
         }
         let got = rows(&gm).logits_with_media(&ids, &gmedia, true).unwrap().concat();
         let want = rows(&cm).logits_with_media(&ids, &cmedia, true).unwrap().concat();
@@ -276,15 +276,15 @@ fn image_fixture_test(name: &str) {
         let cpu_media = media::encode_images(&cm, &[img]).unwrap();
         let prompt = tensor_ids(&r, "prompt_ids");
         phase("prompt logits");
-        let got = gm.generator().unwrap().logits_with_media(&prompt, &media, true).unwrap().concat();
-        let on_cpu = cm.generator().unwrap().logits_with_media(&prompt, &cpu_media, true).unwrap().concat();
+        let got = gm.scorer().unwrap().logits_with_media(&prompt, &media, true).unwrap().concat();
+        let on_cpu = cm.scorer().unwrap().logits_with_media(&prompt, &cpu_media, true).unwrap().concat();
         let (vs_ref, vs_cpu) = (max_diff(&got, &tensor_f32(&r, "prompt_logits")), max_diff(&got, &on_cpu));
         assert!(vs_ref < TOL, "{name}: CUDA prompt logits differ from transformers by {vs_ref}");
         assert!(vs_cpu < TOL, "{name}: CUDA prompt logits differ from the CPU backend by {vs_cpu}");
         phase("decode steps");
         let (gen_ids, steps) = (tensor_ids(&r, "generated_ids"), tensor_f32(&r, "generated_logits"));
         let vocab = gm.model.info().vocab_size;
-        let mut gen = gm.generator().unwrap();
+        let mut gen = gm.scorer().unwrap();
         gen.prefill_with_media(&prompt, &media).unwrap();
         let mut worst = 0f32;
         for (i, &t) in gen_ids.iter().enumerate() {
@@ -317,15 +317,15 @@ fn cuda_strata_tiny_matches_transformers_and_cpu() {
     for i in 0..3 {
         let ids = tensor_ids(&r, &format!("prompt_ids_{i}"));
         let want = tensor_f32(&r, &format!("prompt_logits_{i}"));
-        let got: Vec<f32> = gm.generator().unwrap().logits(&ids, true).unwrap().concat();
-        let on_cpu: Vec<f32> = cm.generator().unwrap().logits(&ids, true).unwrap().concat();
+        let got: Vec<f32> = gm.scorer().unwrap().logits(&ids, true).unwrap().concat();
+        let on_cpu: Vec<f32> = cm.scorer().unwrap().logits(&ids, true).unwrap().concat();
         let (vs_ref, vs_cpu) = (max_diff(&got, &want), max_diff(&got, &on_cpu));
         assert!(vs_ref < TOL, "strata-tiny prompt {i}: CUDA vs transformers {vs_ref}");
         assert!(vs_cpu < TOL, "strata-tiny prompt {i}: CUDA vs CPU {vs_cpu}");
         // Greedy continuations (the MTP draft on where the model has one) agree.
         let req = GenerateRequest::new(ids.clone(), 32, SamplingParams::default());
-        let a = gm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
-        let b = cm.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+        let a = crate::common::generate(&gm, &req);
+        let b = crate::common::generate(&cm, &req);
         assert_eq!(a.tokens, b.tokens, "strata-tiny prompt {i}: greedy tokens CUDA vs CPU");
         eprintln!(
             "strata-tiny prompt {i} ({} tokens): CUDA vs transformers {vs_ref:.2e}, vs CPU {vs_cpu:.2e}; 32 greedy tokens equal",

@@ -34,9 +34,9 @@ fn options(gpu_budget: Option<u64>, budget: Option<u64>, working: usize) -> Load
 /// Prompt logits (every position) and 24 greedy tokens.
 fn run(m: &LoadedModel) -> (Vec<Vec<f32>>, Vec<u32>) {
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let logits = m.generator().unwrap().logits(&prompt, true).unwrap();
+    let logits = m.scorer().unwrap().logits(&prompt, true).unwrap();
     let req = GenerateRequest::new(prompt, 24, SamplingParams::default());
-    let out = m.generator().unwrap().generate(None, &req, &mut |_| true).unwrap();
+    let out = crate::common::generate(m, &req);
     (logits, out.tokens)
 }
 
@@ -187,7 +187,7 @@ fn cuda_failed_expert_read_fails_the_request_and_the_next_succeeds() {
     let saved = std::fs::read(&file).unwrap();
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 53 % 440) as u32).collect();
-    let err = m.generator().unwrap().logits(&prompt, true).expect_err("a short read must fail the request");
+    let err = m.scorer().unwrap().logits(&prompt, true).expect_err("a short read must fail the request");
     let msg = format!("{err:#}");
     assert!(msg.contains("experts-00000.bin"), "the error names the file: {msg}");
     std::fs::write(&file, saved).unwrap();
@@ -230,11 +230,11 @@ fn two_tier_replay_matches(dir: &Path, eviction: Eviction, more: (u64, u64), sco
     opts.runtime.eviction_scope = scope;
     let m = open(dir, &opts);
     let trace_path = dir.join(format!("tiers-{eviction}-{}-{}-{scope}.trace", more.0, more.1));
-    let mut g = m.generator().unwrap();
+    let mut g = m.engine(None).unwrap();
     g.set_trace(strata_engine::generate::RouteTrace::create(&trace_path).unwrap());
     let prompt: Vec<u32> = (0..12).map(|i| (i * 71 % 440) as u32).collect();
     let req = GenerateRequest::new(prompt, 60, SamplingParams { temperature: 0.9, seed: 5, ..Default::default() });
-    g.generate(None, &req, &mut |_| true).unwrap();
+    crate::common::generate_on(&mut g, &req).unwrap();
     drop(g);
     let report = m.experts.as_ref().unwrap().end_turn().unwrap();
     let tier = report.device_tier.expect("a GPU tier");

@@ -5,7 +5,8 @@ use anyhow::{bail, ensure, Result};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Instant;
-use strata_engine::{LoadedModel, SamplingParams};
+use strata_engine::serving::{BatchEngine, EngineOptions, ServeRequest, Update};
+use strata_engine::{GenerateRequest, LoadedModel, SamplingParams};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -279,32 +280,41 @@ fn decode(a: DecodeArgs) -> Result<()> {
         ..Default::default()
     };
     sampling.validate()?;
+    // The product's decode loop (a batch of one), computing its prompt each time.
+    let engine = || -> Result<BatchEngine<'_>> {
+        let o = EngineOptions { prompt_cache_bytes: 0, ..m.engine_options(Some(draft_tokens))? };
+        let mut e = BatchEngine::new(m.model.as_ref(), None, o)?;
+        e.set_device_picks(fed);
+        Ok(e)
+    };
+    let request = |n: usize| {
+        ServeRequest::new(GenerateRequest {
+            draft_tokens,
+            draft_policy,
+            ..GenerateRequest::new(prompt.clone(), n, sampling.clone())
+        })
+    };
     if a.warmup {
         // The timed loop's path, three tokens long.
-        let mut gen = m.generator()?;
-        if draft_tokens == 0 {
-            gen.disable_draft();
-        }
-        gen.set_fed_decoding(fed);
-        gen.prefill(&prompt)?;
-        gen.decode_prefilled(&strata_engine::GenerateRequest {
-            draft_tokens,
-            ..strata_engine::GenerateRequest::new(prompt.clone(), 3, sampling.clone())
-        })?;
+        engine()?.generate(request(3), &mut |_| true)?;
     }
-    // Prefill, then decode steps (greedy unless --temperature; no EOS: the full length), timed separately;
-    // allocations counted over the decode steps.
-    let mut gen = m.generator()?;
+    // Prefill (to the first token), then decode steps (greedy unless --temperature; no
+    // EOS: the full length), timed separately; allocations counted over the decode steps.
+    let mut engine = engine()?;
     if let Some(path) = &a.trace {
-        gen.set_trace(strata_engine::generate::RouteTrace::create(path)?);
+        engine.set_trace(strata_engine::generate::RouteTrace::create(path)?);
     }
-    if draft_tokens == 0 {
-        gen.disable_draft();
-    }
-    gen.set_fed_decoding(fed);
+    let mut updates = Vec::with_capacity(4);
     strata_backend::profile::enable(a.profile);
     let t0 = Instant::now();
-    gen.prefill(&prompt)?;
+    let id = engine.submit(request(a.decode_tokens))?;
+    while engine.generated(id) == Some(0) {
+        engine.step(&mut updates)?;
+        if let Some((_, Update::Done(r))) = updates.pop() {
+            bail!("the request ended in its prefill: {}", r.err().unwrap_or_default());
+        }
+        updates.clear();
+    }
     let prefill_s = t0.elapsed().as_secs_f64();
     let prefill_profile = strata_backend::profile::report();
     // Expert traffic of the prefill, so the decode's can be told apart.
@@ -315,14 +325,13 @@ fn decode(a: DecodeArgs) -> Result<()> {
     #[cfg(feature = "cuda")]
     let launches0 = strata_backend::cuda::launch_totals();
     let t1 = Instant::now();
-    // The generation loop itself (prefix cached): speculative with a draft, picks
-    // fed on the device where the session keeps them there.
-    let req = strata_engine::GenerateRequest {
-        draft_tokens,
-        draft_policy,
-        ..strata_engine::GenerateRequest::new(prompt.clone(), a.decode_tokens, sampling.clone())
+    let out = loop {
+        engine.step(&mut updates)?;
+        if let Some((_, Update::Done(r))) = updates.pop() {
+            break r.map_err(|e| anyhow::anyhow!(e))?.output;
+        }
+        updates.clear();
     };
-    let out = gen.decode_prefilled(&req)?;
     let mtp = out.stats.mtp;
     let decode_fed = out.stats.decode_fed;
     ensure!(
