@@ -88,7 +88,10 @@ fn generate_and_serve_give_the_same_tokens_for_a_seed() {
     for (cli, http) in [
         (vec!["--temperature", "0"], r#""temperature":0"#),
         (vec!["--temperature", "0.8", "--seed", "7"], r#""temperature":0.8,"seed":7"#),
-        (vec!["--temperature", "1.1", "--top-p", "0.9", "--seed", "123"], r#""temperature":1.1,"top_p":0.9,"seed":123"#),
+        (
+            vec!["--temperature", "1.1", "--top-p", "0.9", "--seed", "123"],
+            r#""temperature":1.1,"top_p":0.9,"seed":123"#,
+        ),
     ] {
         let want = generate(&cli);
         assert!(want.trim().len() > 20, "{cli:?}: {want:?}");
