@@ -290,6 +290,56 @@ pub struct RouterParams {
     pub scaling: f32,
 }
 
+/// Softmax routing's choices: the experts a row takes, and whether their probabilities
+/// are renormalised to sum to one (Gemma 4, Qwen3-MoE's `norm_topk_prob`; a softmax over
+/// the top-k logits, as gpt-oss and Mixtral route, is the same thing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftmaxRouting {
+    pub top_k: usize,
+    pub renormalize: bool,
+}
+
+/// The shared expert's rows in a [`Backend::moe_combine`]: row `r`'s is `y[row + r]`,
+/// weighed by `sigmoid(gate[r])` where a gate is given (the shared expert's gate of
+/// Qwen2-MoE and Qwen3-Next: `gate[r]` is `x_r . w`), else by one.
+pub struct SharedRows<'a, B: Backend> {
+    pub row: usize,
+    pub gate: Option<&'a B::Buf>,
+}
+
+impl<B: Backend> Clone for SharedRows<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for SharedRows<'_, B> {}
+
+impl<B: Backend> SharedRows<'_, B> {
+    /// Rows from `row` on, ungated.
+    pub fn at(row: usize) -> Self {
+        Self { row, gate: None }
+    }
+}
+
+/// A layer's expert biases (gpt-oss), held resident: `gate` and `up` are `[experts,
+/// inter]`, `down` `[experts, hidden]`; a task takes row `expert` of each (added to its
+/// gate and up products before the activation, and to its down product).
+pub struct ExpertBias<'a, B: Backend> {
+    pub gate: &'a B::Buf,
+    pub up: &'a B::Buf,
+    pub down: &'a B::Buf,
+    pub expert: usize,
+}
+
+impl<B: Backend> Clone for ExpertBias<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for ExpertBias<'_, B> {}
+
 /// One expert's share of a [`Backend::experts`] call.
 pub struct ExpertTask<'a, B: Backend + 'a> {
     pub weights: B::ExpertRef<'a>,
@@ -297,6 +347,7 @@ pub struct ExpertTask<'a, B: Backend + 'a> {
     pub rows: Option<&'a [u32]>,
     /// Its output rows start at this row of y.
     pub out_row: usize,
+    pub bias: Option<ExpertBias<'a, B>>,
 }
 
 /// The arguments of [`Backend::mla_prepare`].
@@ -525,8 +576,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         shared: Option<Self::ExpertRef<'_>>,
         y: &mut Self::Buf,
     );
-    /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus
-    /// `y[shared + r]` when given: the fixed accumulation order every expert path shares.
+    /// `out[r] += sum over r's experts in ascending id of w * y[src[r, rank]]`, plus the
+    /// shared expert's row when given ([`SharedRows`]): the fixed accumulation order every
+    /// expert path shares.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine(
         &self,
@@ -537,7 +589,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         weights: &Self::Buf,
         src: &Self::Idx,
         y: &Self::Buf,
-        shared: Option<usize>,
+        shared: Option<SharedRows<'_, Self>>,
         out: &mut Self::Buf,
     );
     /// `dst[..len] += src[..len]`.
@@ -581,9 +633,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         task: &(dyn Fn(usize) -> ExpertTask<'a, Self> + Sync),
         y: &mut Self::Buf,
     );
-    /// Softmax routing (Gemma 4): `logits = x gate^T` (f32), per row the softmax, the
-    /// `top_k` largest probabilities (ids best first, exact ties to the lower id),
-    /// renormalised to sum to one, each times `expert_scale[id]`.
+    /// Softmax routing: `logits = x gate^T` (f32), per row the softmax, the `top_k`
+    /// largest probabilities (ids best first, exact ties to the lower id), renormalised to
+    /// sum to one where `routing` says, each times `expert_scale[id]`.
     #[allow(clippy::too_many_arguments)]
     fn route_softmax(
         &self,
@@ -591,7 +643,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         gate: &Self::Mat,
         expert_scale: &Self::Buf,
-        top_k: usize,
+        routing: SoftmaxRouting,
         logits: &mut Self::Buf,
         ids: &mut Self::Idx,
         weights: &mut Self::Buf,

@@ -353,7 +353,17 @@ mod tests {
             let mut s = b.alloc_idx(rows * k).unwrap();
             b.write_idx(&mut s, 0, src);
             let mut x = b.upload(&x0).unwrap();
-            b.moe_combine(rows, hidden, k, &dev_ids, &w, &s, &y, Some(rows * k), &mut x);
+            b.moe_combine(
+                rows,
+                hidden,
+                k,
+                &dev_ids,
+                &w,
+                &s,
+                &y,
+                Some(strata_backend::SharedRows::at(rows * k)),
+                &mut x,
+            );
             let mut out = vec![0f32; rows * hidden];
             b.read(&x, 0, &mut out);
             out

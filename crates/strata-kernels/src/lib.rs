@@ -15,8 +15,8 @@ pub mod quant;
 pub use dtype::{decode_to_f32, ElementType};
 pub use expert::{
     dequant_row, matmul_t, output_share, qmatmul, qmatmul_with, swiglu_expert, swiglu_expert_with, swiglu_experts,
-    swiglu_experts_with, ExpertCall, ExpertJob, ExpertRunner, GateAct, KernelPath, Out, Product, QMatrix, Scales,
-    Staging,
+    swiglu_experts_with, ExpertBias, ExpertCall, ExpertJob, ExpertRunner, GateAct, KernelPath, Out, Product, QMatrix,
+    Scales, Staging,
 };
 pub use fp8::{dequantize_fp8_blocks, fp8_e4m3_to_f32};
 pub use pool::{Ctx, ThreadPool};

@@ -485,12 +485,19 @@ impl Backend for CpuBackend {
         let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
         let job = |i: usize| {
             let t = task(i);
+            let (inter, hidden) = (t.weights.gate.rows, t.weights.down.rows);
+            let bias = t.bias.map(|b| strata_kernels::ExpertBias {
+                gate: &b.gate[b.expert * inter..][..inter],
+                up: &b.up[b.expert * inter..][..inter],
+                down: &b.down[b.expert * hidden..][..hidden],
+            });
             strata_kernels::ExpertJob {
                 gate: t.weights.gate,
                 up: t.weights.up,
                 down: t.weights.down,
                 rows: t.rows,
                 out_row: t.out_row,
+                bias,
             }
         };
         let hidden = task(0).weights.gate.cols;
@@ -506,7 +513,7 @@ impl Backend for CpuBackend {
         weights: &Vec<f32>,
         src: &Vec<u32>,
         y: &Vec<f32>,
-        shared: Option<usize>,
+        shared: Option<crate::SharedRows<'_, Self>>,
         out: &mut Vec<f32>,
     ) {
         let _t = Timer::start(Op::Combine);
@@ -559,13 +566,13 @@ impl Backend for CpuBackend {
         rows: usize,
         gate: &CpuMat,
         expert_scale: &Vec<f32>,
-        top_k: usize,
+        routing: crate::SoftmaxRouting,
         logits: &mut Vec<f32>,
         ids: &mut Vec<u32>,
         weights: &mut Vec<f32>,
     ) {
         let _t = Timer::start(Op::Route);
-        softmax_route::route_softmax(self, x, rows, gate, expert_scale, top_k, logits, ids, weights)
+        softmax_route::route_softmax(self, x, rows, gate, expert_scale, routing, logits, ids, weights)
     }
 
     fn gqa_query(&self, step: &Step, a: crate::GqaQuery<'_, Self>) {

@@ -88,7 +88,8 @@ pub(crate) fn route_noaux(
     b.run(rows.min(8) * g.weight_bytes(), &body);
 }
 
-/// `out[r] += (sum over r's experts in ascending id of w * y[src[r, rank]]) + shared[r]`.
+/// `out[r] += (sum over r's experts in ascending id of w * y[src[r, rank]]) + shared[r]`
+/// (weighed by `sigmoid(gate[r])` where the shared rows have a gate).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn combine(
     b: &CpuBackend,
@@ -99,7 +100,7 @@ pub(crate) fn combine(
     weights: &[f32],
     src: &[u32],
     y: &[f32],
-    shared: Option<usize>,
+    shared: Option<crate::SharedRows<'_, CpuBackend>>,
     out: &mut [f32],
 ) {
     let o = Shared::new(out.as_mut_ptr());
@@ -124,8 +125,13 @@ pub(crate) fn combine(
                 axpy(weights[r * top_k + rank], &y[at * hidden..(at + 1) * hidden], acc);
             }
             if let Some(sh) = shared {
-                for (a, s) in acc.iter_mut().zip(&y[(sh + r) * hidden..(sh + r + 1) * hidden]) {
-                    *a += s;
+                let row = &y[(sh.row + r) * hidden..(sh.row + r + 1) * hidden];
+                match sh.gate {
+                    None => acc.iter_mut().zip(row).for_each(|(a, s)| *a += s),
+                    Some(g) => {
+                        let g = 1.0 / (1.0 + (-g[r]).exp());
+                        acc.iter_mut().zip(row).for_each(|(a, s)| *a += g * s);
+                    }
                 }
             }
             // SAFETY: row r is this thread's.
@@ -136,4 +142,45 @@ pub(crate) fn combine(
         }
     };
     b.run(rows * hidden * (top_k + 2) * 4, &body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests_support::rand_vec;
+    use super::*;
+    use crate::SharedRows;
+
+    /// The combine against a plain f64 sum in ascending expert id: routed rows weighed,
+    /// the shared row added, or weighed by its gate's sigmoid.
+    #[test]
+    fn combine_matches_a_plain_reference() {
+        let b = CpuBackend::new();
+        let (rows, hidden, k) = (4usize, 24usize, 3usize);
+        let ids: Vec<u32> = vec![7, 2, 5, 1, 9, 4, 3, 8, 0, 6, 2, 11];
+        let src: Vec<u32> = (0..(rows * k) as u32).rev().collect();
+        let weights: Vec<f32> = rand_vec(rows * k, 1).iter().map(|v| v.abs() + 0.1).collect();
+        let shared = rows * k;
+        let y = rand_vec((shared + rows) * hidden, 2);
+        let out0 = rand_vec(rows * hidden, 3);
+        let gate = rand_vec(rows, 4).iter().map(|v| v * 3.0).collect::<Vec<f32>>();
+        for gated in [false, true] {
+            let mut out = out0.clone();
+            let sh = SharedRows { row: shared, gate: gated.then_some(&gate) };
+            combine(&b, rows, hidden, k, &ids, &weights, &src, &y, Some(sh), &mut out);
+            for r in 0..rows {
+                let g = if gated { 1.0 / (1.0 + (-gate[r] as f64).exp()) } else { 1.0 };
+                for c in 0..hidden {
+                    let mut want = 0f64;
+                    let mut ranks: Vec<usize> = (0..k).collect();
+                    ranks.sort_by_key(|&i| ids[r * k + i]);
+                    for i in ranks {
+                        want += weights[r * k + i] as f64 * y[src[r * k + i] as usize * hidden + c] as f64;
+                    }
+                    want += g * y[(shared + r) * hidden + c] as f64;
+                    let got = (out[r * hidden + c] - out0[r * hidden + c]) as f64;
+                    assert!((got - want).abs() < 1e-5, "row {r} col {c} (gated {gated}): {got} vs {want}");
+                }
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
-//! Softmax routing (Gemma 4's MoE router) on the CPU: the router logits as one product,
+//! Softmax routing on the CPU: the router logits as one product,
 //! then per row the softmax, the top-k probabilities (exact ties to the lower id), their
-//! renormalisation and a per-expert scale.
+//! renormalisation (where asked) and a per-expert scale.
 
 use super::{CpuBackend, CpuMat, Shared};
 use strata_kernels::ops::{softmax_inplace, top_k_by};
@@ -14,13 +14,13 @@ pub(crate) fn route_softmax(
     rows: usize,
     gate: &CpuMat,
     expert_scale: &[f32],
-    top_k: usize,
+    routing: crate::SoftmaxRouting,
     logits: &mut [f32],
     ids: &mut [u32],
     weights: &mut [f32],
 ) {
     let g = gate.q();
-    let (n, hidden, k) = (g.rows, g.cols, top_k);
+    let (n, hidden, k) = (g.rows, g.cols, routing.top_k);
     assert!(k > 0 && k <= n, "route_softmax: top_k {k} outside 1..={n}");
     assert_eq!(expert_scale.len(), n, "route_softmax: {} expert scales for {n} experts", expert_scale.len());
     assert!(logits.len() >= rows * n && ids.len() >= rows * k && weights.len() >= rows * k);
@@ -54,7 +54,8 @@ pub(crate) fn route_softmax(
                 sum += out_w[i];
             }
             for (w, &e) in out_w.iter_mut().zip(out_ids.iter()) {
-                *w = *w / sum * expert_scale[e as usize];
+                let p = if routing.renormalize { *w / sum } else { *w };
+                *w = p * expert_scale[e as usize];
             }
         }
     };
@@ -75,23 +76,27 @@ mod tests {
         let w: Vec<f32> = rand_vec(n * hidden, 2).iter().map(|v| v * 2.0).collect();
         let scale: Vec<f32> = rand_vec(n, 3).iter().map(|v| 1.0 + v * 0.5).collect();
         let gate = b.matrix(HostMatrix::f32(n, hidden, &w)).unwrap();
-        let (mut logits, mut ids, mut weights) = (vec![0f32; rows * n], vec![0u32; rows * k], vec![0f32; rows * k]);
-        route_softmax(&b, &x, rows, &gate, &scale, k, &mut logits, &mut ids, &mut weights);
-        for r in 0..rows {
-            let l: Vec<f64> = (0..n)
-                .map(|e| (0..hidden).map(|i| x[r * hidden + i] as f64 * w[e * hidden + i] as f64).sum())
-                .collect();
-            let m = l.iter().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = l.iter().map(|v| (v - m).exp()).sum();
-            let p: Vec<f64> = l.iter().map(|v| (v - m).exp() / z).collect();
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|a, b| p[*b].partial_cmp(&p[*a]).unwrap());
-            let top = &order[..k];
-            let s: f64 = top.iter().map(|&e| p[e]).sum();
-            for (i, &e) in top.iter().enumerate() {
-                assert_eq!(ids[r * k + i] as usize, e, "row {r} rank {i}");
-                let want = p[e] / s * scale[e] as f64;
-                assert!((weights[r * k + i] as f64 - want).abs() < 1e-5, "row {r} rank {i}");
+        for renormalize in [true, false] {
+            let (mut logits, mut ids, mut weights) = (vec![0f32; rows * n], vec![0u32; rows * k], vec![0f32; rows * k]);
+            let routing = crate::SoftmaxRouting { top_k: k, renormalize };
+            route_softmax(&b, &x, rows, &gate, &scale, routing, &mut logits, &mut ids, &mut weights);
+            for r in 0..rows {
+                let l: Vec<f64> = (0..n)
+                    .map(|e| (0..hidden).map(|i| x[r * hidden + i] as f64 * w[e * hidden + i] as f64).sum())
+                    .collect();
+                let m = l.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = l.iter().map(|v| (v - m).exp()).sum();
+                let p: Vec<f64> = l.iter().map(|v| (v - m).exp() / z).collect();
+                let mut order: Vec<usize> = (0..n).collect();
+                order.sort_by(|a, b| p[*b].partial_cmp(&p[*a]).unwrap());
+                let top = &order[..k];
+                let s: f64 = if renormalize { top.iter().map(|&e| p[e]).sum() } else { 1.0 };
+                assert!(s < 1.0 || !renormalize, "the top {k} of {n} do not hold all the mass");
+                for (i, &e) in top.iter().enumerate() {
+                    assert_eq!(ids[r * k + i] as usize, e, "row {r} rank {i}");
+                    let want = p[e] / s * scale[e] as f64;
+                    assert!((weights[r * k + i] as f64 - want).abs() < 1e-5, "row {r} rank {i} ({renormalize})");
+                }
             }
         }
     }

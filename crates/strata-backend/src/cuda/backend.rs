@@ -336,13 +336,13 @@ impl Backend for CudaBackend {
         rows: usize,
         gate: &CudaMat,
         expert_scale: &DevBuf<f32>,
-        top_k: usize,
+        routing: crate::SoftmaxRouting,
         logits: &mut DevBuf<f32>,
         ids: &mut DevBuf<u32>,
         weights: &mut DevBuf<f32>,
     ) {
         let _t = Timer::start(Op::Route);
-        ops::route_softmax(self, x, rows, gate, expert_scale, top_k, logits, ids, weights);
+        ops::route_softmax(self, x, rows, gate, expert_scale, routing, logits, ids, weights);
         self.profiled();
     }
 
@@ -407,7 +407,7 @@ impl Backend for CudaBackend {
         weights: &DevBuf<f32>,
         src: &DevBuf<u32>,
         y: &DevBuf<f32>,
-        shared: Option<usize>,
+        shared: Option<crate::SharedRows<'_, Self>>,
         out: &mut DevBuf<f32>,
     ) {
         let _t = Timer::start(Op::Combine);
@@ -416,10 +416,15 @@ impl Backend for CudaBackend {
         assert!(out.len >= rows * hidden, "moe_combine: output too small");
         let _g = self.lock();
         let (h, k) = (hidden as i32, top_k as i32);
-        let sh = shared.map_or(-1, |s| s as i32);
+        let sh = shared.map_or(-1, |s| s.row as i32);
+        let gate = shared.and_then(|s| s.gate);
+        if let Some(g) = gate {
+            assert!(g.len >= rows, "moe_combine: {} shared gate values for {rows} rows", g.len);
+        }
+        let gp = gate.map_or(0, |g| g.ptr);
         let (ip, wp, sp, yp, op) = (ids.ptr, weights.ptr, src.ptr, y.ptr, out.ptr);
         let grid = (rows as u32, hidden.div_ceil(256) as u32, 1);
-        self.launch(&self.f.combine, grid, 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, op]);
+        self.launch(&self.f.combine, grid, 256, 0, &mut args![h, k, ip, wp, sp, yp, sh, gp, op]);
         self.profiled();
     }
 

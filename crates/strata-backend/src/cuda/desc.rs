@@ -121,12 +121,16 @@ pub(super) struct TaskDesc {
     pub(super) u: MatDesc,
     pub(super) d: MatDesc,
     pub(super) h_off: i64,
+    /// The expert's biases (device addresses of its gate, up and down rows; 0: none).
+    pub(super) bg: u64,
+    pub(super) bu: u64,
+    pub(super) bd: u64,
     pub(super) nrows: i32,
     pub(super) rows_off: i32,
     pub(super) out_row: i32,
     pub(super) blk1: i32,
     pub(super) blk2: i32,
-    /// The gate activation (`gate_act` in `kernels/common.cu`).
+    /// The gate activation (`act_mul` in `kernels/common.cu`).
     pub(super) act: i32,
     /// Whether the many-row kernels' pass 1 (gate and up) / pass 2 (down) take the
     /// tensor-core tiles (`kernels/expert_tiles.cu`; see `experts::mma_tiles`).
@@ -136,6 +140,9 @@ pub(super) struct TaskDesc {
     /// computes (1 or 2; see `experts::rounds`).
     pub(super) rounds1: i32,
     pub(super) rounds2: i32,
+    /// The clamped SwiGLU's parameters (act 2; `act_mul` in `kernels/common.cu`).
+    pub(super) alpha: f32,
+    pub(super) limit: f32,
 }
 
 /// A decode row's expert tasks from its routed ids (`struct ById` in `kernels/experts.cu`,

@@ -68,6 +68,9 @@ pub(super) fn experts_by_id(
             u: s.up.desc,
             d: s.down.desc,
             h_off: routed_h as i64,
+            bg: 0,
+            bu: 0,
+            bd: 0,
             nrows: 1,
             rows_off: 0,
             out_row: top_k as i32,
@@ -78,6 +81,8 @@ pub(super) fn experts_by_id(
             tiles2: 0,
             rounds1: r1 as i32,
             rounds2: r2 as i32,
+            alpha: 0.0,
+            limit: 0.0,
         }
     });
     let ntasks = top_k + usize::from(shared_task.is_some());

@@ -92,9 +92,10 @@ pub(crate) fn experts<'a>(
     act: GateAct,
     y: &mut DevBuf<f32>,
 ) {
-    let act: i32 = match act {
-        GateAct::Silu => 0,
-        GateAct::GeluTanh => 1,
+    let (act, alpha, limit): (i32, f32, f32) = match act {
+        GateAct::Silu => (0, 0.0, 0.0),
+        GateAct::GeluTanh => (1, 0.0, 0.0),
+        GateAct::SwigluClamped { alpha, limit } => (2, alpha, limit),
     };
     let hidden = task(0).weights.gate.cols;
     assert!(x.len() >= rows * hidden, "experts: x has {} values, expected {rows} rows x {hidden}", x.len());
@@ -108,6 +109,7 @@ pub(crate) fn experts<'a>(
         check_expert(&t.weights, hidden);
         let (g, u, d) = (t.weights.gate, t.weights.up, t.weights.down);
         let inter = g.rows;
+        let (bg, bu, bd) = t.bias.map_or((0, 0, 0), |b| bias_rows(&b, inter, hidden));
         let nrows = match t.rows {
             Some(r) => {
                 assert!(r.iter().all(|&i| (i as usize) < rows), "experts: a job row is beyond x's {rows} rows");
@@ -135,7 +137,7 @@ pub(crate) fn experts<'a>(
         let quantized = [g, u, d].iter().any(|m| m.desc.quantized());
         let tiled = tiles1 && tiles2 && (quantized || nrows < BF16_CUBLAS_ROWS);
         if nrows >= EXPERT_BIG_ROWS && !tiled {
-            big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none()));
+            big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none(), (bg, bu, bd)));
             continue;
         }
         let (r1, r2) = rounds(&g.desc, &u.desc, &d.desc);
@@ -146,6 +148,9 @@ pub(crate) fn experts<'a>(
                 u: u.desc,
                 d: d.desc,
                 h_off: h_off as i64,
+                bg,
+                bu,
+                bd,
                 nrows: part as i32,
                 rows_off: (rows_off + at) as i32,
                 out_row: (t.out_row + at) as i32,
@@ -156,6 +161,8 @@ pub(crate) fn experts<'a>(
                 tiles2: i32::from(tiles2),
                 rounds1: r1 as i32,
                 rounds2: r2 as i32,
+                alpha,
+                limit,
             });
             h_off += (part * inter).next_multiple_of(4);
         }
@@ -246,7 +253,7 @@ pub(crate) fn experts<'a>(
             }
         }
     }
-    for (w, rows_off, nrows, out_row, whole) in big {
+    for (w, rows_off, nrows, out_row, whole, (bg, bu, bd)) in big {
         let inter = w.gate.rows;
         let xin = if whole && nrows == rows {
             xp
@@ -259,13 +266,22 @@ pub(crate) fn experts<'a>(
         let gp = b.ensure(&mut st.work.g, nrows * inter).ptr();
         let up = b.ensure(&mut st.work.u, nrows * inter).ptr();
         let hp = b.ensure(&mut st.work.hb, nrows * inter).ptr();
-        b.linear(st, &Lin::plain(w.gate, xin, hidden, nrows, gp));
-        b.linear(st, &Lin::plain(w.up, xin, hidden, nrows, up));
+        b.linear(st, &Lin { bias: bg, ..Lin::plain(w.gate, xin, hidden, nrows, gp) });
+        b.linear(st, &Lin { bias: bu, ..Lin::plain(w.up, xin, hidden, nrows, up) });
         let len = (nrows * inter) as i64;
         let blocks = (nrows * inter).div_ceil(256).clamp(1, 8 * b.sms) as u32;
-        b.launch(&b.f.act_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, act, hp]);
-        b.linear(st, &Lin::plain(w.down, hp, inter, nrows, yp + (4 * out_row * hidden) as u64));
+        b.launch(&b.f.act_mul, (blocks, 1, 1), 256, 0, &mut args![len, gp, up, act, alpha, limit, hp]);
+        b.linear(st, &Lin { bias: bd, ..Lin::plain(w.down, hp, inter, nrows, yp + (4 * out_row * hidden) as u64) });
     }
+}
+
+/// The device addresses of an expert's bias rows (gate, up, down), checked against the
+/// buffers' lengths.
+fn bias_rows(b: &crate::ExpertBias<'_, CudaBackend>, inter: usize, hidden: usize) -> (u64, u64, u64) {
+    let e = b.expert;
+    assert!(b.gate.len() >= (e + 1) * inter && b.up.len() >= (e + 1) * inter, "experts: no gate/up bias row {e}");
+    assert!(b.down.len() >= (e + 1) * hidden, "experts: no down bias row {e}");
+    (b.gate.ptr() + (4 * e * inter) as u64, b.up.ptr() + (4 * e * inter) as u64, b.down.ptr() + (4 * e * hidden) as u64)
 }
 
 /// The one-row expert kernels (gate/up, then down) over `blocks` blocks, their tasks from

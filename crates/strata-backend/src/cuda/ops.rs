@@ -620,8 +620,8 @@ pub(crate) fn route_noaux(
     b.launch(&b.f.route, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, bp, ki, ng, tg, norm, sc, ip, wp]);
 }
 
-/// Softmax routing (Gemma 4): the router logits as one product, then per row the
-/// softmax, top-k and renormalised, scaled weights (`k_route_softmax`).
+/// Softmax routing: the router logits as one product, then per row the softmax, top-k
+/// and (renormalised where asked) scaled weights (`k_route_softmax`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn route_softmax(
     b: &CudaBackend,
@@ -629,12 +629,12 @@ pub(crate) fn route_softmax(
     rows: usize,
     gate: &CudaMat,
     expert_scale: &DevBuf<f32>,
-    k: usize,
+    routing: crate::SoftmaxRouting,
     logits: &mut DevBuf<f32>,
     ids: &mut DevBuf<u32>,
     weights: &mut DevBuf<f32>,
 ) {
-    let (n, hidden) = (gate.rows, gate.cols);
+    let (n, hidden, k) = (gate.rows, gate.cols, routing.top_k);
     assert!((1..=64).contains(&k) && k <= n, "route_softmax: top_k {k} of {n} experts");
     assert_eq!(expert_scale.len(), n, "route_softmax: {} expert scales for {n} experts", expert_scale.len());
     assert!(x.len() >= rows * hidden && logits.len() >= rows * n, "route_softmax: buffers");
@@ -644,5 +644,6 @@ pub(crate) fn route_softmax(
     let mut st = b.lock();
     b.linear(&mut st, &Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()));
     let (lp, sp, ip, wp, ni, ki) = (logits.ptr(), expert_scale.ptr(), ids.ptr(), weights.ptr(), n as i32, k as i32);
-    b.launch(&b.f.route_softmax, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, sp, ki, ip, wp]);
+    let renorm = i32::from(routing.renormalize);
+    b.launch(&b.f.route_softmax, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, sp, ki, renorm, ip, wp]);
 }

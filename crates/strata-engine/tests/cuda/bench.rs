@@ -43,6 +43,7 @@ fn cuda_kernel_bandwidth() {
                 weights: g.expert_ref(&mats[i][0], &mats[i][1], &mats[i][2]),
                 rows: Some(&rows[i][..]),
                 out_row: i * per.max(1),
+                bias: None,
             };
             for _ in 0..3 {
                 g.experts(&x, xrows, batch, &task, &mut y);

@@ -38,8 +38,9 @@ use std::sync::OnceLock;
 use strata_backend::cpu::CpuBackend;
 use strata_backend::cuda::CudaBackend;
 use strata_backend::{
-    Backend, DsaSelect, ExpertTask, GateAct, GqaAttend, GqaDims, GqaPrepare, GqaQuery, HostMatrix, IndexDims,
-    LinearOut, MlaAbsorb, MlaAttend, MlaDims, MlaPrepare, RouterParams, Selection, Step,
+    Backend, DsaSelect, ExpertBias, ExpertTask, GateAct, GqaAttend, GqaDims, GqaPrepare, GqaQuery, HostMatrix,
+    IndexDims, LinearOut, MlaAbsorb, MlaAttend, MlaDims, MlaPrepare, RouterParams, Selection, SharedRows,
+    SoftmaxRouting, Step,
 };
 use strata_engine::{Device, GenerateRequest, LoadOptions, LoadedModel, SamplingParams};
 use strata_kernels::{dequantize, quantize, QuantKind};

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// gpt-oss's clamped SwiGLU, its limit low enough that random products cross it.
+const CLAMPED: GateAct = GateAct::SwigluClamped { alpha: 1.702, limit: 0.1 };
+
 pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(7);
@@ -50,7 +53,7 @@ pub(crate) fn cuda_route_noaux_matches_cpu_on<G: Backend>(g: &G) {
     }
 }
 
-/// Gemma 4's softmax router: logits, ids (best first) and renormalised, scaled weights.
+/// The softmax router: logits, ids (best first) and (renormalised or not) scaled weights.
 pub(crate) fn cuda_route_softmax_matches_cpu_on<G: Backend>(g: &G) {
     let c = cpu();
     let mut rng = Rand::seed_from_u64(17);
@@ -66,21 +69,25 @@ pub(crate) fn cuda_route_softmax_matches_cpu_on<G: Backend>(g: &G) {
             x: &[f32],
             scale: &[f32],
             rows: usize,
-            k: usize,
+            routing: SoftmaxRouting,
         ) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+            let k = routing.top_k;
             let w = b.matrix(gate.clone()).unwrap();
             let (xb, sb) = (up(b, x), up(b, scale));
             let mut logits = up(b, &vec![f32::NAN; rows * gate.rows]);
             let mut ids = b.alloc_idx(rows * k).unwrap();
             let mut wts = up(b, &vec![f32::NAN; rows * k]);
-            b.route_softmax(&xb, rows, &w, &sb, k, &mut logits, &mut ids, &mut wts);
+            b.route_softmax(&xb, rows, &w, &sb, routing, &mut logits, &mut ids, &mut wts);
             (down(b, &logits, rows * gate.rows), down_idx(b, &ids, rows * k), down(b, &wts, rows * k))
         }
-        let (gl, gi, gw) = run(g, &gate, &x, &scale, rows, top_k);
-        let (cl, ci, cw) = run(c, &gate, &x, &scale, rows, top_k);
-        close("softmax router logits", &gl, &cl, 1e-6, 1e-5);
-        assert_eq!(gi, ci, "softmax router ids ({experts} experts, top {top_k}, {kind:?})");
-        close("softmax router weights", &gw, &cw, 1e-6, 1e-5);
+        for renormalize in [true, false] {
+            let routing = SoftmaxRouting { top_k, renormalize };
+            let (gl, gi, gw) = run(g, &gate, &x, &scale, rows, routing);
+            let (cl, ci, cw) = run(c, &gate, &x, &scale, rows, routing);
+            close("softmax router logits", &gl, &cl, 1e-6, 1e-5);
+            assert_eq!(gi, ci, "softmax router ids ({experts} experts, top {top_k}, {kind:?})");
+            close(&format!("softmax router weights ({routing:?})"), &gw, &cw, 1e-6, 1e-5);
+        }
     }
 }
 
@@ -105,6 +112,23 @@ fn run_experts<B: Backend>(
     hidden: usize,
     act: GateAct,
 ) -> Vec<f32> {
+    run_biased_experts(b, mats, specs, x, rows, hidden, act, None)
+}
+
+/// [`run_experts`] with the experts' biases (gate, up: a row of `inter` per spec; down: a
+/// row of `hidden`), where given.
+#[allow(clippy::too_many_arguments)]
+fn run_biased_experts<B: Backend>(
+    b: &B,
+    mats: &[[HostMatrix; 3]],
+    specs: &[ExpertSpec],
+    x: &[f32],
+    rows: usize,
+    hidden: usize,
+    act: GateAct,
+    biases: Option<&[Vec<f32>; 3]>,
+) -> Vec<f32> {
+    let biases = biases.map(|[g, u, d]| [up(b, g), up(b, u), up(b, d)]);
     let (out_rows, total) = out_rows_of(specs, rows);
     let dev: Vec<[B::Mat; 3]> = mats
         .iter()
@@ -116,6 +140,7 @@ fn run_experts<B: Backend>(
         weights: b.expert_ref(&dev[i][0], &dev[i][1], &dev[i][2]),
         rows: specs[i].2.as_deref(),
         out_row: out_rows[i],
+        bias: biases.as_ref().map(|[gate, up, down]| ExpertBias { gate, up, down, expert: i }),
     };
     b.gated_experts(act, &xb, rows, specs.len(), &task, &mut y);
     down(b, &y, total * hidden)
@@ -181,11 +206,21 @@ pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    for act in [GateAct::Silu, GateAct::GeluTanh] {
+    for act in [GateAct::Silu, GateAct::GeluTanh, CLAMPED] {
         let gy = run_experts(g, &mats, &specs, &x, rows, hidden, act);
         let cy = run_experts(c, &mats, &specs, &x, rows, hidden, act);
         close(&format!("prompt experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
     }
+    // gpt-oss: the clamped gate with expert biases, on every path above.
+    let biases = [
+        rvec(&mut rng, specs.len() * inter, 0.5),
+        rvec(&mut rng, specs.len() * inter, 0.5),
+        rvec(&mut rng, specs.len() * hidden, 0.5),
+    ];
+    let gy = run_biased_experts(g, &mats, &specs, &x, rows, hidden, CLAMPED, Some(&biases));
+    let cy = run_biased_experts(c, &mats, &specs, &x, rows, hidden, CLAMPED, Some(&biases));
+    close("prompt experts y (clamped, biased)", &gy, &cy, 1e-5, 1e-4);
+    assert!(cy != run_experts(c, &mats, &specs, &x, rows, hidden, CLAMPED), "the biases count");
 }
 
 #[test]
@@ -244,13 +279,22 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
     let (_, total) = out_rows_of(&specs, rows);
-    // SwiGLU (GLM) and GELU-tanh (Gemma 4) gates, on the grouped and the many-rows paths.
+    // SwiGLU (GLM), GELU-tanh (Gemma 4) and clamped SwiGLU (gpt-oss) gates, on the
+    // grouped and the many-rows paths.
     let mut cy = Vec::new();
-    for act in [GateAct::GeluTanh, GateAct::Silu] {
+    for act in [GateAct::GeluTanh, CLAMPED, GateAct::Silu] {
         let gy = run_experts(g, &mats, &specs, &x, rows, hidden, act);
         cy = run_experts(c, &mats, &specs, &x, rows, hidden, act);
         close(&format!("experts y ({act:?})"), &gy, &cy, 1e-5, 1e-4);
     }
+    let biases = [
+        rvec(&mut rng, specs.len() * inter, 0.5),
+        rvec(&mut rng, specs.len() * inter, 0.5),
+        rvec(&mut rng, specs.len() * hidden, 0.5),
+    ];
+    let gy = run_biased_experts(g, &mats, &specs, &x, rows, hidden, CLAMPED, Some(&biases));
+    let by = run_biased_experts(c, &mats, &specs, &x, rows, hidden, CLAMPED, Some(&biases));
+    close("experts y (clamped, biased)", &gy, &by, 1e-5, 1e-4);
 
     // The combination: each row takes top_k of the outputs above (ids ascending order
     // differs from rank order), plus a shared row.
@@ -279,6 +323,7 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
         hidden: usize,
         top_k: usize,
         shared: usize,
+        gate: Option<&[f32]>,
     ) -> Vec<f32> {
         let mut ib = b.alloc_idx(ids.len()).unwrap();
         b.write_idx(&mut ib, 0, ids);
@@ -286,14 +331,24 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
         b.write_idx(&mut sb, 0, src);
         let (wb, yb) = (up(b, w), up(b, y));
         let mut o = up(b, out0);
+        let gate = gate.map(|g| up(b, g));
+        let shared = SharedRows { row: shared, gate: gate.as_ref() };
         b.moe_combine(rows, hidden, top_k, &ib, &wb, &sb, &yb, Some(shared), &mut o);
         down(b, &o, out0.len())
     }
     let shared = total - crow;
-    let gcomb = comb(g, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared);
-    let ccomb = comb(c, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared);
+    let gcomb = comb(g, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared, None);
+    let ccomb = comb(c, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared, None);
     // Same inputs, same order, fused multiply-adds on both: equal.
     close("moe_combine", &gcomb, &ccomb, 1e-7, 1e-7);
+    // A gated shared expert (Qwen2-MoE, Qwen3-Next): the gate's sigmoid differs by an ulp
+    // or so between the two exps.
+    let gate = rvec(&mut rng, crow, 2.0);
+    let gcomb = comb(g, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared, Some(&gate));
+    let ccomb = comb(c, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared, Some(&gate));
+    close("moe_combine, gated shared rows", &gcomb, &ccomb, 1e-6, 1e-6);
+    let ungated = comb(c, &ids, &w, &src, &cy, &out0, crow, hidden, top_k, shared, None);
+    assert!(ccomb != ungated, "the gate weighs the shared rows");
 }
 
 #[test]
@@ -434,10 +489,11 @@ fn cuda_experts_by_id_equal_the_host_path() {
                         weights: b.expert_ref(&shared[0], &shared[1], &shared[2]),
                         rows: None,
                         out_row: k,
+                        bias: None,
                     };
                 }
                 let m = &mats[sorted[i] as usize];
-                ExpertTask { weights: b.expert_ref(&m[0], &m[1], &m[2]), rows: None, out_row: i }
+                ExpertTask { weights: b.expert_ref(&m[0], &m[1], &m[2]), rows: None, out_row: i, bias: None }
             };
             b.experts(&xb, 1, k + 1, &task, &mut y);
             let mut ib = b.alloc_idx(k).unwrap();
@@ -446,7 +502,7 @@ fn cuda_experts_by_id_equal_the_host_path() {
             b.write_idx(&mut sb, 0, &src);
             let wb = up(b, w);
             let mut o = up(b, out0);
-            b.moe_combine(1, hidden, k, &ib, &wb, &sb, &y, Some(k), &mut o);
+            b.moe_combine(1, hidden, k, &ib, &wb, &sb, &y, Some(SharedRows::at(k)), &mut o);
             (down(b, &y, (k + 1) * hidden), down(b, &o, hidden), src)
         }
         let dev = |b: &CudaBackend, m: &[HostMatrix; 3]| {
@@ -477,7 +533,7 @@ fn cuda_experts_by_id_equal_the_host_path() {
         g.write_idx(&mut order, 0, &(0..k as u32).collect::<Vec<_>>());
         let wb = up(g, &w);
         let mut o = up(g, &out0);
-        g.moe_combine(1, hidden, k, &ib, &wb, &order, &y, Some(k), &mut o);
+        g.moe_combine(1, hidden, k, &ib, &wb, &order, &y, Some(SharedRows::at(k)), &mut o);
         let ob = down(g, &o, hidden);
         assert!(oa.iter().zip(&ob).all(|(p, q)| p.to_bits() == q.to_bits()), "combined output differs");
 

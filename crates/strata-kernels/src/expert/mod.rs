@@ -32,7 +32,7 @@ mod runner;
 mod scales;
 mod transposed;
 
-pub use runner::{ExpertJob, ExpertRunner, GateAct};
+pub use runner::{ExpertBias, ExpertJob, ExpertRunner, GateAct};
 pub use scales::Scales;
 pub(crate) use scales::{with_scale_read, ScaleRead};
 pub use transposed::matmul_t;
@@ -432,7 +432,7 @@ pub fn swiglu_experts_with(path: KernelPath, calls: &mut [ExpertCall]) {
         .iter()
         .zip(&rows)
         .map(|(c, r)| {
-            let j = ExpertJob { gate: c.gate, up: c.up, down: c.down, rows: Some(r), out_row };
+            let j = ExpertJob { gate: c.gate, up: c.up, down: c.down, rows: Some(r), out_row, bias: None };
             out_row += c.rows;
             j
         })

@@ -1,8 +1,8 @@
 //! A set of gated experts (a layer's routed experts, the shared expert, a dense MLP) in
 //! one pool region: gather each expert's rows, then gate/up of every expert in one
-//! parallel pass (`h = act(g) * u`: SwiGLU's silu, or Gemma's tanh-approximated GELU),
-//! then down of every expert, work items split by cost
-//! into one contiguous run per thread. All scratch lives in the runner and is reused, so after the first
+//! parallel pass (`h = act(g) * u`: SwiGLU's silu, Gemma's tanh-approximated GELU, or
+//! gpt-oss's clamped SwiGLU), then down of every expert, work items split by cost into
+//! one contiguous run per thread. All scratch lives in the runner and is reused, so after the first
 //! calls a step allocates nothing.
 
 use super::{block_size, silu, KernelPath, Out, Product, QMatrix, Staging};
@@ -13,17 +13,48 @@ use crate::quant::QuantKind;
 /// Weight bytes (times rows, up to a tile) worth a thread of their own.
 const BYTES_PER_THREAD: usize = 32 << 10;
 
-/// The gate's activation in `h = act(gate x) * up x`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How the gate and up products combine into `h` (`h = act(gate x) * up x`, but for
+/// the clamped form).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub enum GateAct {
-    /// `g / (1 + e^-g)` (SwiGLU: DeepSeek, GLM).
+    /// `silu(g) * u`, `silu(g) = g / (1 + e^-g)` (SwiGLU: DeepSeek, GLM, Qwen).
     #[default]
     Silu,
-    /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (Gemma's `gelu_pytorch_tanh`).
+    /// `gelu(g) * u`, `gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`
+    /// (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`,
+    /// `h = (u' + 1) * g' * sigmoid(alpha g')`.
+    SwigluClamped { alpha: f32, limit: f32 },
 }
 
-/// One expert's work: `y = down(act(gate x) * up x)` over some rows of x.
+impl GateAct {
+    /// `h` from one gate value `g` and up value `u`.
+    #[inline]
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Self::Silu => silu(g) * u,
+            Self::GeluTanh => gelu_tanh(g) * u,
+            Self::SwigluClamped { alpha, limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+            }
+        }
+    }
+}
+
+/// One expert's biases (gpt-oss): added to its gate and up products before the
+/// activation (`inter` values each) and to its down product (`hidden` values).
+#[derive(Clone, Copy)]
+pub struct ExpertBias<'a> {
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// One expert's work: `y = down(act(gate x + bg) * (up x + bu)) + bd` over some rows of x
+/// (the biases where it has them).
 #[derive(Clone, Copy)]
 pub struct ExpertJob<'a> {
     pub gate: QMatrix<'a>,
@@ -33,6 +64,7 @@ pub struct ExpertJob<'a> {
     pub rows: Option<&'a [u32]>,
     /// Row `i` of this job's output goes to row `out_row + i` of y.
     pub out_row: usize,
+    pub bias: Option<ExpertBias<'a>>,
 }
 
 #[derive(Default)]
@@ -257,20 +289,20 @@ impl ExpertRunner {
                     let len = rows * inter;
                     Product::new(path, xin, rows, job.gate, st).run(o0, o1, &Out::raw(g_ptr, len, inter, false));
                     Product::new(path, xin, rows, job.up, st).run(o0, o1, &Out::raw(h_ptr, len, inter, false));
-                    match act {
-                        GateAct::Silu => {
+                    match job.bias {
+                        None => {
                             for r in 0..rows {
                                 for o in o0..o1 {
                                     let k = r * inter + o;
-                                    *h_ptr.add(k) *= silu(*g_ptr.add(k));
+                                    *h_ptr.add(k) = act.apply(*g_ptr.add(k), *h_ptr.add(k));
                                 }
                             }
                         }
-                        GateAct::GeluTanh => {
+                        Some(bias) => {
                             for r in 0..rows {
                                 for o in o0..o1 {
                                     let k = r * inter + o;
-                                    *h_ptr.add(k) *= gelu_tanh(*g_ptr.add(k));
+                                    *h_ptr.add(k) = act.apply(*g_ptr.add(k) + bias.gate[o], *h_ptr.add(k) + bias.up[o]);
                                 }
                             }
                         }
@@ -304,6 +336,13 @@ impl ExpertRunner {
                     let base = job.out_row * hidden;
                     let out = Out::raw(yp.ptr().add(base), y_len - base, hidden, false);
                     Product::new(path, h, rows, job.down, st).run(o0, o1, &out);
+                    if let Some(bias) = job.bias {
+                        for r in 0..rows {
+                            for o in o0..o1 {
+                                *yp.ptr().add(base + r * hidden + o) += bias.down[o];
+                            }
+                        }
+                    }
                 }
             }
         });

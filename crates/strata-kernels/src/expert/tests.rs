@@ -432,7 +432,7 @@ fn batched_experts_equal_single_calls_bit_for_bit() {
             let jobs: Vec<ExpertJob> = (0..4)
                 .map(|i| {
                     let (g, u, d) = &experts[i];
-                    let j = ExpertJob { gate: g.q(), up: u.q(), down: d.q(), rows: Some(&idx[i]), out_row };
+                    let j = ExpertJob { gate: g.q(), up: u.q(), down: d.q(), rows: Some(&idx[i]), out_row, bias: None };
                     out_row += rows[i];
                     j
                 })
@@ -503,10 +503,32 @@ fn gelu64(g: f64) -> f64 {
     0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
 }
 
-/// The GELU-tanh gate (Gemma's experts and MLP) against an f64 reference, and equal to
-/// its unfused composition bit for bit, on every path and a gathered-rows job.
+/// `GateAct::apply` in f64.
+fn act64(act: GateAct, g: f64, u: f64) -> f64 {
+    match act {
+        GateAct::Silu => g / (1.0 + (-g).exp()) * u,
+        GateAct::GeluTanh => gelu64(g) * u,
+        GateAct::SwigluClamped { alpha, limit } => {
+            let (alpha, limit) = (alpha as f64, limit as f64);
+            let g = g.min(limit);
+            (u.clamp(-limit, limit) + 1.0) * g / (1.0 + (-alpha * g).exp())
+        }
+    }
+}
+
+/// The GELU-tanh gate (Gemma's experts and MLP) and gpt-oss's clamped SwiGLU (a limit
+/// the random products cross both ways) against an f64 reference, and equal to their
+/// unfused composition bit for bit, on every path and a gathered-rows job.
 #[test]
-fn gelu_gated_experts_match_reference_and_composition() {
+fn gelu_and_clamped_gated_experts_match_reference_and_composition() {
+    for act in [GateAct::GeluTanh, GateAct::SwigluClamped { alpha: 1.702, limit: 0.6 }] {
+        gated_experts_match(act, false);
+    }
+    // gpt-oss: the clamped gate with expert biases.
+    gated_experts_match(GateAct::SwigluClamped { alpha: 1.702, limit: 0.6 }, true);
+}
+
+fn gated_experts_match(act: GateAct, biased: bool) {
     let (hidden, inter) = (96usize, 40usize);
     for kind in [QuantKind::F32, QuantKind::Bf16, QuantKind::Int8Row, QuantKind::int4(32)] {
         let g = Owned::new(kind, inter, hidden, 11);
@@ -518,17 +540,26 @@ fn gelu_gated_experts_match_reference_and_composition() {
         let x: Vec<f32> = nonzero(&mut rng, rows * hidden).iter().map(|v| v * 3.0).collect();
         let (gr, _) = reference(&gd, inter, hidden, &x, rows);
         let (ur, _) = reference(&ud, inter, hidden, &x, rows);
-        let h: Vec<f64> = gr.iter().zip(&ur).map(|(g, u)| gelu64(*g) * u).collect();
+        let bias_of = |seed| -> Vec<f32> { nonzero(&mut rand::rngs::StdRng::seed_from_u64(seed), inter.max(hidden)) };
+        let (bg, bu, bd) = (bias_of(5), bias_of(6), bias_of(7));
+        let bias = biased.then(|| ExpertBias { gate: &bg[..inter], up: &bu[..inter], down: &bd[..hidden] });
+        let b = |v: &[f32], i: usize| if biased { v[i] as f64 } else { 0.0 };
+        let h: Vec<f64> =
+            (0..rows * inter).map(|k| act64(act, gr[k] + b(&bg, k % inter), ur[k] + b(&bu, k % inter))).collect();
+        if let GateAct::SwigluClamped { limit, .. } = act {
+            let l = limit as f64;
+            assert!(gr.iter().any(|&g| g > l) && ur.iter().any(|&u| u > l) && ur.iter().any(|&u| u < -l), "clamped");
+        }
         let picked = [4u32, 1, 3];
         for path in paths() {
             let mut y = vec![0f32; (rows + picked.len()) * hidden];
-            let all = ExpertJob { gate: g.q(), up: u.q(), down: d.q(), rows: None, out_row: 0 };
+            let all = ExpertJob { gate: g.q(), up: u.q(), down: d.q(), rows: None, out_row: 0, bias };
             let jobs = [all, ExpertJob { rows: Some(&picked[..]), out_row: rows, ..all }];
             let mut runner = ExpertRunner::default();
-            runner.run_act(global(), path, GateAct::GeluTanh, &x, rows, 2, &|j| jobs[j], &mut y);
+            runner.run_act(global(), path, act, &x, rows, 2, &|j| jobs[j], &mut y);
             for r in 0..rows {
                 for o in 0..hidden {
-                    let (mut want, mut bound) = (0f64, 0f64);
+                    let (mut want, mut bound) = (b(&bd, o), b(&bd, o).abs());
                     for i in 0..inter {
                         let p = dd[o * inter + i] as f64 * h[r * inter + i];
                         want += p;
@@ -542,11 +573,14 @@ fn gelu_gated_experts_match_reference_and_composition() {
                 let r = r as usize;
                 assert_eq!(y[(rows + i) * hidden..][..hidden], y[r * hidden..][..hidden], "{} {path:?}", kind.name());
             }
+            if biased {
+                continue;
+            }
             let (mut gy, mut uy, mut y2) =
                 (vec![0f32; rows * inter], vec![0f32; rows * inter], vec![0f32; rows * hidden]);
             qmatmul_with(path, &x, rows, &g.q(), &mut gy);
             qmatmul_with(path, &x, rows, &u.q(), &mut uy);
-            let hh: Vec<f32> = gy.iter().zip(&uy).map(|(g, u)| u * crate::ops::gelu_tanh(*g)).collect();
+            let hh: Vec<f32> = gy.iter().zip(&uy).map(|(g, u)| act.apply(*g, *u)).collect();
             qmatmul_with(path, &hh, rows, &d.q(), &mut y2);
             assert_eq!(y[..rows * hidden], y2[..], "{} {path:?}", kind.name());
         }

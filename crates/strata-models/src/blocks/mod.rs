@@ -9,4 +9,6 @@ pub mod moe;
 pub use gqa::{GqaScratch, GqaWeights};
 pub use mla::{MlaCache, MlaConfig, MlaScratch, MlaWeights};
 pub use mlp::SwiGlu;
-pub use moe::{pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, Moe, MoeScratch, Router, PILOT_MAX_ROWS};
+pub use moe::{
+    pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, Moe, MoeScratch, Router, SharedExpert, PILOT_MAX_ROWS,
+};

@@ -17,7 +17,7 @@
 use super::mlp::SwiGlu;
 use anyhow::Result;
 use std::sync::Arc;
-use strata_backend::{Backend, ExpertTask, GateAct, RouterParams};
+use strata_backend::{Backend, ExpertBias, ExpertTask, GateAct, LinearOut, RouterParams, SharedRows, SoftmaxRouting};
 use strata_experts::{ExpertProvider, ReadyExperts, ResidentExperts, Routes, Union};
 
 /// Where a model's routed experts come from.
@@ -56,16 +56,18 @@ pub enum Router<B: Backend> {
     /// (grouped top-k), the unbiased scores of the chosen weigh (renormalised where
     /// `params` says), times the routed scaling factor.
     Noaux { gate: B::Mat, bias: B::Buf, params: RouterParams },
-    /// Softmax over the experts, the `top_k` largest, renormalised to sum to one, each
-    /// times `expert_scale[id]` (Gemma 4; ones where a family has no such scale).
-    Softmax { gate: B::Mat, expert_scale: B::Buf, top_k: usize },
+    /// Softmax over the experts, the `top_k` largest, renormalised to sum to one where
+    /// `routing` says (a softmax after top-k is the renormalised form), each times
+    /// `expert_scale[id]` (Gemma 4's scale; the routed scaling factor, or ones, where a
+    /// family has no such scale).
+    Softmax { gate: B::Mat, expert_scale: B::Buf, routing: SoftmaxRouting },
 }
 
 impl<B: Backend> Router<B> {
     pub fn top_k(&self) -> usize {
         match self {
             Self::Noaux { params, .. } => params.top_k,
-            Self::Softmax { top_k, .. } => *top_k,
+            Self::Softmax { routing, .. } => routing.top_k,
         }
     }
 }
@@ -78,7 +80,24 @@ pub struct Moe<B: Backend> {
     pub experts: usize,
     /// The experts' gate activation (the shared expert's too).
     pub act: GateAct,
-    pub shared: Option<SwiGlu<B>>,
+    /// The routed experts' biases, where the family has them (gpt-oss).
+    pub biases: Option<ExpertBiases<B>>,
+    pub shared: Option<SharedExpert<B>>,
+}
+
+/// A layer's routed-expert biases, resident (small beside the experts): `gate` and `up`
+/// `[experts, inter]`, added before the activation; `down` `[experts, hidden]`.
+pub struct ExpertBiases<B: Backend> {
+    pub gate: B::Buf,
+    pub up: B::Buf,
+    pub down: B::Buf,
+}
+
+/// The expert every token takes, and where a family has one (Qwen2-MoE, Qwen3-Next) its
+/// gate: a `1 x hidden` matrix whose sigmoid of `x . w` weighs the expert's output.
+pub struct SharedExpert<B: Backend> {
+    pub mlp: SwiGlu<B>,
+    pub gate: Option<B::Mat>,
 }
 
 /// Activations of MoE layers for forwards of up to `rows` rows.
@@ -95,6 +114,8 @@ pub struct MoeScratch<B: Backend> {
     y: B::Buf,
     zero_row: u32,
     host_ids: Vec<u32>,
+    /// The shared expert's gate logits, a row each (where it has a gate).
+    shared_gate: B::Buf,
     union: Union,
     /// The experts a provider handed over this forward (checked against the union).
     handed: Vec<u32>,
@@ -116,6 +137,7 @@ impl<B: Backend> MoeScratch<B> {
             y: b.alloc((y_rows + 1) * hidden)?,
             zero_row: y_rows as u32,
             host_ids: vec![0; rows * top_k],
+            shared_gate: b.alloc(rows)?,
             union: Union::default(),
             handed: Vec::with_capacity(rows * top_k),
         })
@@ -124,7 +146,7 @@ impl<B: Backend> MoeScratch<B> {
     /// What [`MoeScratch::new`] allocates, twice over (the plan's margin).
     pub fn bytes(rows: usize, hidden: usize, experts: usize, top_k: usize, shared: bool) -> u64 {
         let y_rows = rows * (top_k + usize::from(shared));
-        4 * (rows * experts + 3 * rows * top_k + (y_rows + 1) * hidden) as u64 * 2
+        4 * (rows * experts + 3 * rows * top_k + (y_rows + 1) * hidden + rows) as u64 * 2
     }
 }
 
@@ -140,8 +162,8 @@ impl<B: Backend> Moe<B> {
             Router::Noaux { gate, bias, params } => {
                 b.route_noaux(xr, rows, gate, bias, *params, &mut s.logits, &mut s.ids, &mut s.weights)
             }
-            Router::Softmax { gate, expert_scale, top_k } => {
-                b.route_softmax(xr, rows, gate, expert_scale, *top_k, &mut s.logits, &mut s.ids, &mut s.weights)
+            Router::Softmax { gate, expert_scale, routing } => {
+                b.route_softmax(xr, rows, gate, expert_scale, *routing, &mut s.logits, &mut s.ids, &mut s.weights)
             }
         }
         if to_host {
@@ -151,7 +173,25 @@ impl<B: Backend> Moe<B> {
     }
 
     fn shared_ref<'a>(&'a self, b: &B) -> Option<B::ExpertRef<'a>> {
-        self.shared.as_ref().map(|s| b.expert_ref(&s.gate, &s.up, &s.down))
+        self.shared.as_ref().map(|s| b.expert_ref(&s.mlp.gate, &s.mlp.up, &s.mlp.down))
+    }
+
+    /// The shared expert's rows from `row` on, their gate's logits computed from `xn`
+    /// into the scratch where the expert has a gate.
+    fn shared_rows<'a>(
+        &self,
+        b: &B,
+        xn: &B::Buf,
+        rows: usize,
+        row: usize,
+        gate_logits: &'a mut B::Buf,
+    ) -> Option<SharedRows<'a, B>> {
+        let shared = self.shared.as_ref()?;
+        let gate = shared.gate.as_ref().map(|w| {
+            b.linears(xn, rows, &mut [LinearOut::new(b, w, gate_logits)]);
+            &*gate_logits
+        });
+        Some(SharedRows { row, gate })
     }
 
     /// Predicts this layer's routing from `xr` (its router's input, computed one layer
@@ -177,8 +217,8 @@ impl<B: Backend> Moe<B> {
         out: &mut B::Buf,
     ) -> Result<()> {
         let k = self.top_k();
-        // (The device's expert tables dispatch SwiGLU experts.)
-        if rows == 1 && self.act == GateAct::Silu {
+        // (The device's expert tables dispatch SwiGLU experts without biases.)
+        if rows == 1 && self.act == GateAct::Silu && self.biases.is_none() {
             let table = match experts {
                 ExpertSource::Resident(r) => r.table(self.layer),
                 ExpertSource::Provider(p) => p.device_table(b, self.layer, k)?,
@@ -204,11 +244,17 @@ impl<B: Backend> Moe<B> {
             handed.extend((0..count).map(|i| ready.get(i).0));
             let with_shared = std::mem::take(&mut first) && has_shared;
             let task = |i: usize| match (i == count, self.shared_ref(b)) {
-                (true, Some(weights)) => ExpertTask { weights, rows: None, out_row: shared_row },
+                (true, Some(weights)) => ExpertTask { weights, rows: None, out_row: shared_row, bias: None },
                 _ => {
                     let (e, weights) = ready.get(i);
                     let (rows_of, out_row) = union.rows_of(e).expect("a ready expert was routed");
-                    ExpertTask { weights, rows: Some(rows_of), out_row }
+                    let bias = self.biases.as_ref().map(|x| ExpertBias {
+                        gate: &x.gate,
+                        up: &x.up,
+                        down: &x.down,
+                        expert: e as usize,
+                    });
+                    ExpertTask { weights, rows: Some(rows_of), out_row, bias }
                 }
             };
             b.gated_experts(act, xn, rows, count + usize::from(with_shared), &task, y);
@@ -216,15 +262,22 @@ impl<B: Backend> Moe<B> {
         })?;
         if let (true, Some(weights)) = (first, self.shared_ref(b)) {
             // (No routed expert was handed over: the shared expert still runs.)
-            b.gated_experts(act, xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: shared_row }, &mut s.y);
+            b.gated_experts(
+                act,
+                xn,
+                rows,
+                1,
+                &|_| ExpertTask { weights, rows: None, out_row: shared_row, bias: None },
+                &mut s.y,
+            );
         }
         if s.handed.len() < s.union.experts.len() {
             let ids = &s.host_ids[..n];
             s.union.drop_left_out(experts.provider(), self.layer, ids, &s.handed, s.zero_row)?;
         }
         b.write_idx(&mut s.src, 0, &s.union.src);
-        let shared_row = self.shared.as_ref().map(|_| shared_row);
-        b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, shared_row, out);
+        let shared = self.shared_rows(b, xn, rows, shared_row, &mut s.shared_gate);
+        b.moe_combine(rows, hidden, k, &s.ids, &s.weights, &s.src, &s.y, shared, out);
         Ok(())
     }
 
@@ -252,10 +305,9 @@ impl<B: Backend> Moe<B> {
                 p.record(self.layer, &s.host_ids[..k], k);
             }
         }
-        let shared = self.shared_ref(b);
-        let shared_row = shared.is_some().then_some(k);
-        b.experts_by_id(xn, k, &s.ids, table, shared, &mut s.y);
-        b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, shared_row, out);
+        b.experts_by_id(xn, k, &s.ids, table, self.shared_ref(b), &mut s.y);
+        let shared = self.shared_rows(b, xn, 1, k, &mut s.shared_gate);
+        b.moe_combine(1, hidden, k, &s.ids, &s.weights, &s.in_order, &s.y, shared, out);
         Ok(())
     }
 }
@@ -327,11 +379,140 @@ pub fn pilot_predict<B: Backend>(
     let from = match (cur.ffn, p.two_step_prediction()) {
         (Ffn::Moe(Moe { shared: Some(shared), .. }), true) => {
             b.rms_norm(rows, hidden, x, Some(cur.norm), eps, xn);
-            shared.forward_add_into(b, xn, rows, hidden, x, y);
+            shared.mlp.forward_add_into(b, xn, rows, hidden, x, y);
             &*y
         }
         _ => x,
     };
     b.rms_norm(rows, hidden, from, Some(next.norm), eps, xn);
     moe.predict(b, xn, rows, ms, p);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_backend::cpu::CpuBackend;
+    use strata_backend::HostMatrix;
+
+    /// Deterministic values in (-scale, scale), none zero.
+    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let v = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                scale * if v.abs() < 1e-3 { 0.5 } else { v }
+            })
+            .collect()
+    }
+
+    fn dot(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+    }
+
+    fn sigmoid(v: f64) -> f64 {
+        1.0 / (1.0 + (-v).exp())
+    }
+
+    /// The block with the parts a family like gpt-oss or Qwen3-Next takes (softmax routing
+    /// without renormalisation and a routed scale, clamped SwiGLU, expert biases, a gated
+    /// shared expert) against a plain f64 evaluation of the same formula.
+    #[test]
+    fn the_block_as_data_matches_a_plain_reference() {
+        let b = CpuBackend::new();
+        let (hidden, inter, experts, top_k, rows) = (16usize, 8usize, 6usize, 2usize, 3usize);
+        let (alpha, limit) = (1.702f32, 0.4f32);
+        let mat = |r: usize, c: usize, seed| (values(r * c, seed, 0.5), r, c);
+        let up = |(v, r, c): &(Vec<f32>, usize, usize)| b.matrix(HostMatrix::f32(*r, *c, v)).unwrap();
+        let router = mat(experts, hidden, 1);
+        let ex: Vec<[(Vec<f32>, usize, usize); 3]> = (0..experts as u64)
+            .map(|e| [mat(inter, hidden, 10 + e), mat(inter, hidden, 20 + e), mat(hidden, inter, 30 + e)])
+            .collect();
+        let shared = [mat(inter, hidden, 40), mat(inter, hidden, 41), mat(hidden, inter, 42)];
+        let shared_gate = mat(1, hidden, 43);
+        let (bg, bu, bd) =
+            (values(experts * inter, 50, 0.3), values(experts * inter, 51, 0.3), values(experts * hidden, 52, 0.3));
+        let scale = 1.5f32;
+        let moe = Moe {
+            layer: 0,
+            router: Router::Softmax {
+                gate: up(&router),
+                expert_scale: b.upload(&vec![scale; experts]).unwrap(),
+                routing: SoftmaxRouting { top_k, renormalize: false },
+            },
+            experts,
+            act: GateAct::SwigluClamped { alpha, limit },
+            biases: Some(ExpertBiases {
+                gate: b.upload(&bg).unwrap(),
+                up: b.upload(&bu).unwrap(),
+                down: b.upload(&bd).unwrap(),
+            }),
+            shared: Some(SharedExpert {
+                mlp: SwiGlu { gate: up(&shared[0]), up: up(&shared[1]), down: up(&shared[2]) },
+                gate: Some(up(&shared_gate)),
+            }),
+        };
+        let mats: Vec<[_; 3]> = ex.iter().map(|m| [up(&m[0]), up(&m[1]), up(&m[2])]).collect();
+        let source = ExpertSource::Resident(ResidentExperts::new(&b, vec![Some(mats)]).unwrap());
+        let x = values(rows * hidden, 60, 1.5);
+        let out0 = values(rows * hidden, 61, 1.0);
+        let mut s = MoeScratch::new(&b, rows, hidden, experts, top_k, true).unwrap();
+        let (xb, mut out) = (b.upload(&x).unwrap(), b.upload(&out0).unwrap());
+        let mut routes = Routes::default();
+        routes.clear(rows, top_k);
+        moe.forward_add(&b, &source, &xb, &xb, rows, hidden, &mut s, &mut routes, &mut out).unwrap();
+        let mut got = vec![0f32; rows * hidden];
+        b.read(&out, 0, &mut got);
+
+        let row = |m: &(Vec<f32>, usize, usize), i: usize| m.0[i * m.2..(i + 1) * m.2].to_vec();
+        let mut clamped = false;
+        for r in 0..rows {
+            let xr = &x[r * hidden..(r + 1) * hidden];
+            let logits: Vec<f64> = (0..experts).map(|e| dot(&row(&router, e), xr)).collect();
+            let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+            let mut order: Vec<usize> = (0..experts).collect();
+            order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
+            let mut want: Vec<f64> = out0[r * hidden..(r + 1) * hidden].iter().map(|v| *v as f64).collect();
+            for &e in &order[..top_k] {
+                let w = (logits[e] - m).exp() / z * scale as f64;
+                let h: Vec<f32> = (0..inter)
+                    .map(|i| {
+                        let g = dot(&row(&ex[e][0], i), xr) + bg[e * inter + i] as f64;
+                        let u = dot(&row(&ex[e][1], i), xr) + bu[e * inter + i] as f64;
+                        clamped |= g > limit as f64 || u.abs() > limit as f64;
+                        clamp_act(g, u, alpha, limit) as f32
+                    })
+                    .collect();
+                for (o, v) in want.iter_mut().enumerate() {
+                    *v += w * (dot(&row(&ex[e][2], o), &h) + bd[e * hidden + o] as f64);
+                }
+            }
+            let gate = sigmoid(dot(&shared_gate.0, xr));
+            let h: Vec<f32> = (0..inter)
+                .map(|i| {
+                    let g = dot(&row(&shared[0], i), xr);
+                    let u = dot(&row(&shared[1], i), xr);
+                    clamp_act(g, u, alpha, limit) as f32
+                })
+                .collect();
+            for (o, v) in want.iter_mut().enumerate() {
+                *v += gate * dot(&row(&shared[2], o), &h);
+            }
+            for (o, w) in want.iter().enumerate() {
+                let g = got[r * hidden + o] as f64;
+                assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "row {r} out {o}: {g} vs {w}");
+            }
+        }
+        assert!(clamped, "the limit is crossed");
+        assert_eq!(routes.len(), 1, "the routing is recorded");
+    }
+
+    /// The shared expert runs the layer's activation too.
+    fn clamp_act(g: f64, u: f64, alpha: f32, limit: f32) -> f64 {
+        let g = g.min(limit as f64);
+        (u.clamp(-limit as f64, limit as f64) + 1.0) * g * sigmoid(alpha as f64 * g)
+    }
 }

@@ -26,7 +26,14 @@ impl<B: Backend> Mlp<B> {
     /// `y = mlp(xn)` over `rows` rows.
     pub fn forward(&self, b: &B, xn: &B::Buf, rows: usize, y: &mut B::Buf) {
         let weights = b.expert_ref(&self.gate, &self.up, &self.down);
-        b.gated_experts(GateAct::GeluTanh, xn, rows, 1, &|_| ExpertTask { weights, rows: None, out_row: 0 }, y);
+        b.gated_experts(
+            GateAct::GeluTanh,
+            xn,
+            rows,
+            1,
+            &|_| ExpertTask { weights, rows: None, out_row: 0, bias: None },
+            y,
+        );
     }
 }
 

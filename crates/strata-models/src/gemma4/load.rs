@@ -86,10 +86,11 @@ impl<B: Backend> Loader<'_, B> {
                         router: crate::blocks::Router::Softmax {
                             gate: self.mat(k(RouterProj))?,
                             expert_scale: self.vec(k(RouterExpertScale))?,
-                            top_k: spec.top_k,
+                            routing: strata_backend::SoftmaxRouting { top_k: spec.top_k, renormalize: true },
                         },
                         experts: spec.experts,
                         act: strata_backend::GateAct::GeluTanh,
+                        biases: None,
                         shared: None,
                     },
                     router_norm: self.b.upload(&norm)?,

@@ -81,7 +81,11 @@ impl<B: Backend> Loader<'_, B> {
             },
             experts: cfg.n_routed_experts,
             act: strata_backend::GateAct::Silu,
-            shared: Some(self.swiglu(i, [SharedGate, SharedUp, SharedDown])?),
+            biases: None,
+            shared: Some(crate::blocks::SharedExpert {
+                mlp: self.swiglu(i, [SharedGate, SharedUp, SharedDown])?,
+                gate: None,
+            }),
         })
     }
 }

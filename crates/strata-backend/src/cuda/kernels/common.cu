@@ -163,8 +163,16 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(K * (x + 0.044715f * x * x * x)));
 }
 
-// An expert's gate activation: 0 SiLU (SwiGLU), 1 GELU-tanh (Gemma 4).
-__device__ __forceinline__ float gate_act(float g, int act) { return act ? gelu_tanh(g) : silu(g); }
+// h from an expert's gate value g and up value u, as strata_kernels' GateAct::apply: act 0
+// SiLU (SwiGLU), 1 GELU-tanh (Gemma 4), 2 gpt-oss's clamped SwiGLU (alpha, limit).
+__device__ __forceinline__ float act_mul(float g, float u, int act, float alpha, float limit) {
+    if (act == 2) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.0f) * g / (1.0f + expf(-alpha * g));
+    }
+    return (act ? gelu_tanh(g) : silu(g)) * u;
+}
 
 // Max over the block (every thread gets it). `sh`: 32 floats of shared memory.
 __device__ float bmax(float v, float* sh) {

@@ -317,7 +317,14 @@ __device__ __forceinline__ void xt_up(const Task& T, const u32* rowidx, const fl
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int o = o0 + xt_out(0, i, g), r = xt_xrow(n, i, t);
-            if (o < inter && r < T.nrows) h[T.h_off + (i64)r * inter + o] = gate_act(acc[0][n][i], T.act) * acc[1][n][i];
+            if (o < inter && r < T.nrows) {
+                float g = acc[0][n][i], u = acc[1][n][i];
+                if (T.bg) {
+                    g += T.bg[o];
+                    u += T.bu[o];
+                }
+                h[T.h_off + (i64)r * inter + o] = act_mul(g, u, T.act, T.alpha, T.limit);
+            }
         }
 }
 
@@ -332,7 +339,7 @@ __device__ __forceinline__ void xt_down(const Task& T, const float* h, int hidde
     float acc[2][XT_NT][4];
     xt_any(T.d, o0, T.d, o0 + 16, o0 < hidden, xrow, inter, nt, xs, acc);
     xt_each<2>(acc, o0, [&](int o, int r, float v) {
-        if (o < hidden && r < T.nrows) y[(i64)(T.out_row + r) * hidden + o] = v;
+        if (o < hidden && r < T.nrows) y[(i64)(T.out_row + r) * hidden + o] = T.bd ? v + T.bd[o] : v;
     });
 }
 #endif

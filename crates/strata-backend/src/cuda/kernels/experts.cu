@@ -8,9 +8,11 @@
 struct Task {
     Mat g, u, d;
     i64 h_off;  // first f32 of this task's h rows
-    int nrows, rows_off, out_row, blk1, blk2, act;  // act: see gate_act
+    const float *bg, *bu, *bd;  // the expert's biases (gate, up, down), or null
+    int nrows, rows_off, out_row, blk1, blk2, act;  // act: see act_mul
     int tiles1, tiles2;  // the many-row passes take the tensor-core tiles (expert_tiles.cu)
     int rounds1, rounds2;  // one-row kernels: rounds of 16 (up) / 32 (down) outputs a block (cuda/experts.rs)
+    float alpha, limit;  // act 2's parameters (act_mul)
 };
 
 __device__ __forceinline__ int find_task(const Task* t, int n, int blk, bool second) {
@@ -48,7 +50,11 @@ __device__ __forceinline__ void experts_up(const Task* tasks, int ntasks, const 
 #pragma unroll
         for (int j = 0; j < R; j++) {
             float g = wsum(ag[j]), u = wsum(au[j]);
-            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = gate_act(g, T.act) * u;
+            if (T.bg) {
+                g += T.bg[o];
+                u += T.bu[o];
+            }
+            if (lane == 0 && j < nr) h[T.h_off + (i64)(r0 + j) * inter + o] = act_mul(g, u, T.act, T.alpha, T.limit);
         }
     }
 }
@@ -74,6 +80,7 @@ __device__ __forceinline__ void experts_down(const Task* tasks, int ntasks, cons
 #pragma unroll
         for (int j = 0; j < R; j++) {
             float v = wsum(acc[j]);
+            if (T.bd) v += T.bd[o];
             if (lane == 0 && j < nr) y[(i64)(T.out_row + r0 + j) * hidden + o] = v;
         }
     }
@@ -160,7 +167,11 @@ __device__ __forceinline__ void up_row_outputs(const Task& T, int b0, const floa
 #pragma unroll
     for (int k = 0; k < UP_OUTS; k++) {
         float g = wsum(acc[k]), u = wsum(acc[UP_OUTS + k]);
-        if (lane == 0 && o0 + k < inter) h[T.h_off + o0 + k] = gate_act(g, T.act) * u;
+        if (T.bg && o0 + k < inter) {
+            g += T.bg[o0 + k];
+            u += T.bu[o0 + k];
+        }
+        if (lane == 0 && o0 + k < inter) h[T.h_off + o0 + k] = act_mul(g, u, T.act, T.alpha, T.limit);
     }
 }
 
@@ -183,9 +194,9 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_up_row(
             if (r) __syncthreads();  // the last round's sums have been read
             int o0 = b0 + r * 8 * UP_OUTS;
             bool p = pre && r == 0;
-            if (T.g.st == 1) i4_up_block<1>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
-            else if (T.g.st == 2) i4_up_block<2>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
-            else i4_up_block<0>(T.g, T.u, o0, x, T.act, h + T.h_off, p, r > 0, sm);
+            if (T.g.st == 1) i4_up_block<1>(T.g, T.u, o0, x, T.act, T.alpha, T.limit, T.bg, T.bu, h + T.h_off, p, r > 0, sm);
+            else if (T.g.st == 2) i4_up_block<2>(T.g, T.u, o0, x, T.act, T.alpha, T.limit, T.bg, T.bu, h + T.h_off, p, r > 0, sm);
+            else i4_up_block<0>(T.g, T.u, o0, x, T.act, T.alpha, T.limit, T.bg, T.bu, h + T.h_off, p, r > 0, sm);
         }
         return;
     }
@@ -210,14 +221,14 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
         float* yo = y + (i64)T.out_row * hidden;
         const float* hh = h + T.h_off;
         if (T.d.st == 1) {
-            if (rounds == 2) i4_down_block<2, 1>(T.d, b0, hh, yo, sm, pre);
-            else i4_down_block<1, 1>(T.d, b0, hh, yo, sm, pre);
+            if (rounds == 2) i4_down_block<2, 1>(T.d, b0, hh, yo, T.bd, sm, pre);
+            else i4_down_block<1, 1>(T.d, b0, hh, yo, T.bd, sm, pre);
         } else if (T.d.st == 2) {
-            if (rounds == 2) i4_down_block<2, 2>(T.d, b0, hh, yo, sm, pre);
-            else i4_down_block<1, 2>(T.d, b0, hh, yo, sm, pre);
+            if (rounds == 2) i4_down_block<2, 2>(T.d, b0, hh, yo, T.bd, sm, pre);
+            else i4_down_block<1, 2>(T.d, b0, hh, yo, T.bd, sm, pre);
         } else {
-            if (rounds == 2) i4_down_block<2, 0>(T.d, b0, hh, yo, sm, pre);
-            else i4_down_block<1, 0>(T.d, b0, hh, yo, sm, pre);
+            if (rounds == 2) i4_down_block<2, 0>(T.d, b0, hh, yo, T.bd, sm, pre);
+            else i4_down_block<1, 0>(T.d, b0, hh, yo, T.bd, sm, pre);
         }
         return;
     }
@@ -233,6 +244,6 @@ extern "C" __global__ void __launch_bounds__(256, EXPERT_MINB) k_experts_down_ro
         warp_outputs<DOWN_OUTS>(T.d, 0, o0, hidden, h + T.h_off, acc, lane, RowNorm{nullptr, 0.f}, pre && r == 0);
 #pragma unroll
         for (int k = 0; k < DOWN_OUTS; k++)
-            if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = acc[k];
+            if (lane == 0 && o0 + k < hidden) y[(i64)T.out_row * hidden + o0 + k] = T.bd ? acc[k] + T.bd[o0 + k] : acc[k];
     }
 }

@@ -130,11 +130,12 @@ extern "C" __global__ void __launch_bounds__(256) k_route_one(Mat m, const float
     route_row(logits, m.rows, bias, k, n_group, topk_group, norm, scaling, ids, wts);
 }
 
-// out[r] += sum over r's experts in ascending id of w * y[src[r, rank]] (+ y[shared + r]).
+// out[r] += sum over r's experts in ascending id of w * y[src[r, rank]] (+ y[shared + r],
+// times sigmoid(sgate[r]) where sgate is given).
 // Grid (rows, column blocks): each thread one column of a row, its experts summed in
 // ascending id (the order every expert path shares).
 extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const float* w, const u32* src, const float* y,
-                                     int shared, float* out) {
+                                     int shared, const float* sgate, float* out) {
     pdl_enter();
     __shared__ int order[64];
     __shared__ u32 rid[64];
@@ -159,15 +160,18 @@ extern "C" __global__ void k_combine(int hidden, int k, const u32* ids, const fl
         i64 at = src[(i64)r * k + rank];
         acc = fmaf(w[(i64)r * k + rank], y[at * hidden + c], acc);
     }
-    if (shared >= 0) acc += y[((i64)shared + r) * hidden + c];
+    if (shared >= 0) {
+        float s = y[((i64)shared + r) * hidden + c];
+        acc += sgate ? 1.0f / (1.0f + expf(-sgate[r])) * s : s;
+    }
     out[(i64)r * hidden + c] += acc;
 }
 
-// Softmax routing (Gemma 4), per row (256 threads): p = softmax(logits); the top k of p
-// (ties to the lower id), best first; weights p at those ids over their sum, times
+// Softmax routing, per row (256 threads): p = softmax(logits); the top k of p (ties to
+// the lower id), best first; weights p at those ids (over their sum where renorm), times
 // scale[id]. Dynamic shared memory: n floats.
 extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* logits, int n, const float* scale,
-                                                                  int k, u32* ids, float* wts) {
+                                                                  int k, int renorm, u32* ids, float* wts) {
     pdl_enter();
     extern __shared__ float p[];
     __shared__ float sh[32];
@@ -194,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(256) k_route_softmax(const float* l
         for (int i = 0; i < k; i++) total += p[chosen[i]];
         for (int i = 0; i < k; i++) {
             oi[i] = (u32)chosen[i];
-            ow[i] = p[chosen[i]] / total * scale[chosen[i]];
+            ow[i] = (renorm ? p[chosen[i]] / total : p[chosen[i]]) * scale[chosen[i]];
         }
     }
 }

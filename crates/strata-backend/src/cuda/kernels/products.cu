@@ -592,10 +592,10 @@ LINEAR_TILED(3)
 LINEAR_TILED(4)
 
 // h = act(g) * u over n values (the many-rows expert path).
-extern "C" __global__ void k_act_mul(i64 n, const float* g, const float* u, int act, float* h) {
+extern "C" __global__ void k_act_mul(i64 n, const float* g, const float* u, int act, float alpha, float limit, float* h) {
     pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-        h[i] = gate_act(g[i], act) * u[i];
+        h[i] = act_mul(g[i], u[i], act, alpha, limit);
 }
 
 // dst[i] = x[rows[i]] (rows of `width`).

@@ -256,7 +256,7 @@ __device__ __forceinline__ void i4_factors(I4Shared& sm, const Mat* const* m, in
 // sm: the kernel's one I4Shared. (Declared here, each instantiation of the template had
 // its own: three scale types made the kernel's shared memory 127 KB, one block an SM.)
 template <int ST>
-__device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float* h,
+__device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0, const float* x, int act, float alpha, float limit, const float* bg, const float* bu, float* h,
                                             bool pre, bool staged, I4Shared& sm) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
@@ -289,7 +289,11 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
             gs *= sm.fac[0];
             us *= sm.fac[1];
         }
-        h[o0 + r] = gate_act(gs, act) * us;
+        if (bg) {
+            gs += bg[o0 + r];
+            us += bu[o0 + r];
+        }
+        h[o0 + r] = act_mul(gs, us, act, alpha, limit);
     }
 }
 
@@ -298,7 +302,8 @@ __device__ __forceinline__ void i4_up_block(const Mat& gm, const Mat& um, int o0
 // rounds share its loop (one ring of loads), so a block's start-up (its task, the first
 // loads' latency) is spread over R x 32 outputs.
 template <int R, int ST>
-__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, I4Shared& sm, bool pre) {
+__device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float* h, float* y, const float* bd,
+                                              I4Shared& sm, bool pre) {
     auto& xs = sm.xs;
     auto& xsc = sm.xsc;
     auto& red = sm.red;
@@ -328,7 +333,8 @@ __device__ __forceinline__ void i4_down_block(const Mat& dm, int o0, const float
     if (r < R && o < nout) {
         float s = 0.f;
         for (int w = 0; w < 4; w++) s += red[4 * tl + w][r][i];
-        y[o] = ST == 2 ? s * sm.fac[0] : s;
+        s = ST == 2 ? s * sm.fac[0] : s;
+        y[o] = bd ? s + bd[o] : s;
     }
 }
 #endif
