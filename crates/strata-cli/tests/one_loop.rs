@@ -2,10 +2,13 @@
 //! same prompt and seed, with their defaults (MTP `auto` on a model with a draft layer),
 //! greedy and sampled.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "common/serve.rs"]
+mod serve;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 fn tiny() -> PathBuf {
@@ -40,22 +43,7 @@ impl Drop for Server {
 
 fn serve() -> Server {
     let m = tiny();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["serve", "--model", m.to_str().unwrap(), "--port", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut log = String::new();
-    let addr = loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve exited early: {log}");
-        log.push_str(&line);
-        if let Some(at) = line.find("listening on http://") {
-            break line[at + "listening on http://".len()..].trim().to_string();
-        }
-    };
+    let (child, mut stderr, addr) = serve::start(&["--model", m.to_str().unwrap(), "--port", "0"]);
     // Keep draining the log so the server never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     Server { child, addr }

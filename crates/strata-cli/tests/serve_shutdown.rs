@@ -1,10 +1,12 @@
 //! `strata serve` on SIGTERM: stops accepting, ends the running stream properly (final
 //! events and `[DONE]`), flushes the usage ledger, exits 0.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "common/serve.rs"]
+mod serve;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -15,23 +17,9 @@ fn sigterm_finishes_the_stream_flushes_the_ledger_and_exits_0() {
         let p = e.unwrap().path();
         std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["serve", "--model", dir.path().to_str().unwrap(), "--port", "0", "--budget", "200MiB"])
-        .args(["--context", "256"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let args = ["--model", dir.path().to_str().unwrap(), "--port", "0", "--budget", "200MiB", "--context", "256"];
+    let (mut child, mut stderr, addr) = serve::start(&args);
     let mut log = String::new();
-    let addr = loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve exited early: {log}");
-        log.push_str(&line);
-        if let Some(at) = line.find("listening on http://") {
-            break line[at + "listening on http://".len()..].trim().to_string();
-        }
-    };
     let body = r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"stream":true,"temperature":0}"#;
     let mut conn = TcpStream::connect(&addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -14,23 +14,7 @@ mod softmax_route;
 
 #[cfg(test)]
 mod tests_support {
-    /// Random values in [-1, 1) with none near zero (a plain xorshift: no dependency).
-    pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-                if v.abs() < 0.01 {
-                    0.37
-                } else {
-                    v
-                }
-            })
-            .collect()
-    }
+    pub use strata_kernels::ops::rand_vec;
 }
 
 use crate::profile::{Op, Timer};

@@ -394,18 +394,8 @@ mod tests {
     use strata_backend::cpu::CpuBackend;
     use strata_backend::HostMatrix;
 
-    /// Deterministic values in (-scale, scale), none zero.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let v = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                scale * if v.abs() < 1e-3 { 0.5 } else { v }
-            })
-            .collect()
+        strata_kernels::ops::rand_vec(n, seed).iter().map(|v| v * scale).collect()
     }
 
     fn dot(a: &[f32], b: &[f32]) -> f64 {
