@@ -131,7 +131,9 @@ __device__ __forceinline__ const Task& block_task(const Task* tasks, int ntasks,
             T.out_row = t;
             T.blk1 = t * by.blocks1;
             T.blk2 = t * by.blocks2;
+            T.bg = T.bu = T.bd = nullptr;  // the by-id path runs experts without biases
             T.act = 0;
+            T.alpha = T.limit = 0.f;
             T.tiles1 = T.tiles2 = 0;
             T.rounds1 = by.rounds1;
             T.rounds2 = by.rounds2;
