@@ -195,3 +195,34 @@ fn logits_rows_read_beside_the_picks() {
         assert_eq!(lens, vec![0, 0, 0], "{bad:?}: the sequences are as they were");
     }
 }
+
+/// Samples count once taken: requests that end at different steps of fed decoding (their
+/// last fed row queued past their end and rolled back) count their own samples only.
+#[test]
+fn fed_picks_count_the_samples_taken() {
+    use strata_engine::serving::{ServeRequest, Update};
+    let m = open(&root().join("fixtures/glm5/dsa-sparse"), 128);
+    let vocab = m.model.info().vocab_size as u32;
+    let mut engine = m.engine(Some(0)).unwrap();
+    engine.set_device_picks(Some(true));
+    let mut ids = Vec::new();
+    for (n, max_tokens) in [(5u32, 16usize), (23, 11), (40, 7)] {
+        let prompt: Vec<u32> = (0..n).map(|i| (i * 37 + 5 + n) % vocab).collect();
+        let mut r = ServeRequest::new(GenerateRequest::new(prompt, max_tokens, SamplingParams::default()));
+        r.ignore_eos = true;
+        ids.push(engine.submit(r).unwrap());
+    }
+    let (mut out, mut tokens) = (Vec::new(), 0);
+    while !engine.is_idle() {
+        engine.step(&mut out).unwrap();
+        for (_, u) in out.drain(..) {
+            if let Update::Done(r) = u {
+                tokens += r.unwrap().output.tokens.len();
+            }
+        }
+    }
+    let c = engine.counters();
+    assert_eq!(tokens, 16 + 11 + 7);
+    assert!(c.fed_steps > 0, "{c:?}");
+    assert_eq!(c.picked_samples, tokens as u64, "{c:?}");
+}

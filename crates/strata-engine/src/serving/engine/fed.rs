@@ -76,7 +76,6 @@ impl BatchEngine<'_> {
         self.counters.rows += self.running.len() as u64;
         self.counters.decode_rows += self.running.len() as u64;
         self.counters.picked_steps += 1;
-        self.counters.picked_samples += self.running.len() as u64;
         self.counters.fed_steps += 1;
         let mut order = std::mem::take(&mut self.fed_order);
         if let Some(mut prev) = prev {
@@ -127,6 +126,9 @@ impl BatchEngine<'_> {
             let Some(i) = self.running.iter().position(|a| a.id == id) else { continue };
             let pick = self.picks.get(j).copied();
             let a = &mut self.running[i];
+            // (A sample counts once taken: a row queued past its request's end picks
+            // nothing that counts.)
+            self.counters.picked_samples += u64::from(pick.is_some());
             let result = match pick {
                 Some(p) => a.take_pick(p, self.tok, context),
                 None => Err(anyhow::anyhow!("the device returned no pick for this request")),
