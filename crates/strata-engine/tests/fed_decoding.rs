@@ -196,8 +196,8 @@ fn logits_rows_read_beside_the_picks() {
     }
 }
 
-/// Samples count once taken: requests that end at different steps of fed decoding (their
-/// last fed row queued past their end and rolled back) count their own samples only.
+/// Samples count once taken, and fed decoding queues no row past a request's token limit:
+/// requests that end at different steps count their own samples and forwards only.
 #[test]
 fn fed_picks_count_the_samples_taken() {
     use strata_engine::serving::{ServeRequest, Update};
@@ -225,4 +225,7 @@ fn fed_picks_count_the_samples_taken() {
     assert_eq!(tokens, 16 + 11 + 7);
     assert!(c.fed_steps > 0, "{c:?}");
     assert_eq!(c.picked_samples, tokens as u64, "{c:?}");
+    // A forward a token after each request's first, none past its end (the last pick of a
+    // request at its token limit feeds no row).
+    assert_eq!(c.decode_rows, 15 + 10 + 6, "{c:?}");
 }

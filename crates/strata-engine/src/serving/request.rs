@@ -135,6 +135,12 @@ impl Active {
 
     /// Whether the request has generated and feeds its last sample next (a decode step,
     /// where speculation drafts).
+    /// Whether the next token taken ends the request by its length (its token limit, or
+    /// a full `context`), whatever it is.
+    pub fn ends_after_next(&self, context: usize) -> bool {
+        self.out.len() + 1 >= self.req.gen.max_tokens || self.tokens.len() + 1 > context
+    }
+
     pub fn decoding(&self) -> bool {
         self.pending() == 1 && !self.out.is_empty()
     }

@@ -5,10 +5,11 @@
 //! When every running request decodes one token a step and the device can make its
 //! sample (greedy, or a keyed draw without anything the host must apply first), a step
 //! queues its forward with each request's row fed the pick the step before made for it
-//! (`strata_models::fed`), then reads that step's picks and follows them. A request the
-//! read ends (an end-of-sequence id, a stop string, its token limit) had a row in the
-//! forward just queued: its position is rolled back and its pick dropped, as if the row
-//! had never been. Tokens are the same as one step at a time; anything else (a request
+//! (`strata_models::fed`), then reads that step's picks and follows them. A request whose
+//! pick in flight ends it by length (its token limit, a full context) gets no row after
+//! it. One the read ends otherwise (an end-of-sequence id, a stop string) had a row in
+//! the forward just queued: its position is rolled back and its pick dropped, as if the
+//! row had never been. Tokens are the same as one step at a time; anything else (a request
 //! waiting, a prompt, speculation, a grammar, no room in the KV pool) first reads the
 //! picks in flight and runs an ordinary step.
 
@@ -46,15 +47,23 @@ impl BatchEngine<'_> {
         self.batch.clear();
         self.fed_order.clear();
         self.fed_draws.clear();
+        let context = self.opts.context;
         for a in self.running.iter_mut() {
             let seq = a.seq.expect("running");
             let token = match prev.as_ref().and_then(|p| p.iter().position(|&id| id == Some(a.id))) {
+                // Its pick in flight is its last token: no row after it.
+                Some(_) if a.ends_after_next(context) => continue,
                 Some(j) => fed(j as u32),
                 None => a.tokens[a.computed],
             };
             self.batch.push(seq, &[token], Logits::Last);
             self.fed_draws.push(a.next_draw());
             self.fed_order.push(Some(a.id));
+        }
+        if self.batch.is_empty() {
+            // Every request ends with its pick in flight.
+            self.inflight = prev;
+            return self.settle_inflight(out);
         }
         self.batch.pick_greedy();
         if self.fed_draws.iter().any(|d| !d.is_greedy()) {
@@ -68,13 +77,14 @@ impl BatchEngine<'_> {
             self.fail(ids, &format!("generation failed: {e:#}"), out);
             return Ok(());
         }
-        for a in self.running.iter_mut() {
+        for a in self.running.iter_mut().filter(|a| self.fed_order.contains(&Some(a.id))) {
             a.computed += 1;
             a.fed += 1;
         }
+        let rows = self.batch.len() as u64;
         self.counters.steps += 1;
-        self.counters.rows += self.running.len() as u64;
-        self.counters.decode_rows += self.running.len() as u64;
+        self.counters.rows += rows;
+        self.counters.decode_rows += rows;
         self.counters.picked_steps += 1;
         self.counters.fed_steps += 1;
         let mut order = std::mem::take(&mut self.fed_order);
