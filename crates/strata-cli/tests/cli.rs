@@ -316,6 +316,9 @@ fn streaming_flags_and_their_errors() {
     assert_one_line_error(&run(&["--mtp", "on"]), &["--mtp on", "no draft (MTP) layer"]);
     assert_one_line_error(&run(&["--mtp", "maybe"]), &["--mtp `maybe`"]);
     assert_one_line_error(&run(&["--draft-policy", "sometimes"]), &["--draft-policy", "`sometimes`"]);
+    // Nothing drafts without a draft layer: the draft flags are refused, not ignored.
+    assert_one_line_error(&run(&["--draft-tokens", "2"]), &["--draft-tokens 2", "draft (MTP) layer is not loaded"]);
+    assert_one_line_error(&run(&["--draft-policy", "fixed"]), &["--draft-policy fixed", "nothing is drafted"]);
     assert_one_line_error(
         &run(&["--draft-policy", "adaptive", "--draft-tokens", "0"]),
         &["--draft-policy adaptive", "--draft-tokens 0"],
