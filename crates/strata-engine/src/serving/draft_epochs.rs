@@ -10,7 +10,8 @@
 //! an epoch begins), and compares the tokens a second each kind emitted, the first few
 //! steps after a switch left out. It starts speculating for [`EXPLORE`] steps, then
 //! tries not, then keeps the winner for a while (longer each time it wins again) before
-//! trying the other side once more.
+//! trying the other side once more. A speculating try whose batch keeps drafting nothing
+//! ends early ([`DraftEpochs::cut_short`]): it would pay the costs for no drafts.
 
 /// Decoding steps of an epoch that tries a side.
 const EXPLORE: u64 = 16;
@@ -57,6 +58,15 @@ impl DraftEpochs {
     /// Whether requests speculate in this epoch.
     pub fn on(&self) -> bool {
         self.on
+    }
+
+    /// Ends a speculating try at its next step, once some of it is measured: the batch's
+    /// draft counts chose none, so speculating pays its costs (unfed steps, the draft
+    /// layer's rows) for nothing.
+    pub fn cut_short(&mut self) {
+        if self.on && !self.keeping && self.steps > SETTLE {
+            self.left = self.left.min(1);
+        }
     }
 
     /// A decoding step emitted `tokens` in `seconds`. Returns the new setting when an
@@ -136,6 +146,23 @@ mod tests {
     fn speculation_that_loses_is_left_and_rarely_tried() {
         let s = share_on(700.0, 1000.0, 3000);
         assert!(s < 0.05, "speculated {s:.3} of the steps");
+    }
+
+    #[test]
+    fn a_speculating_try_that_drafts_nothing_ends_early() {
+        let mut e = DraftEpochs::new();
+        // Not before anything is measured.
+        for _ in 0..SETTLE {
+            e.cut_short();
+            assert_eq!(e.record(10, 0.01), None);
+        }
+        e.record(10, 0.01);
+        e.cut_short();
+        assert_eq!(e.record(10, 0.01), Some(false), "ended at the next step");
+        assert!(!e.on());
+        // A plain epoch is not cut.
+        e.cut_short();
+        assert_eq!(e.record(10, 0.01), None);
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct BatchEngine<'m> {
     /// The draft count of the adaptive requests, chosen for the batch each step.
     batch_drafts: BatchDrafts,
     draft_epochs: DraftEpochs,
+    /// Steps in a row whose adaptive requests drafted nothing.
+    undrafted: u32,
     /// The requests whose samples the last fed step's forward picks (in its rows' order;
     /// None where the request ended since), not read yet ([`fed`]).
     inflight: Option<Vec<Option<u64>>>,
@@ -137,6 +139,9 @@ struct StepScratch {
     truncate: Vec<(strata_models::SeqId, usize, usize)>,
     draft: DraftScratch,
 }
+
+/// Steps in a row that speculate but draft nothing before a speculating try ends.
+const UNDRAFTED_MAX: u32 = 3;
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
     session.kv_mut().expect("the serving engine needs a session with block KV")
@@ -205,6 +210,7 @@ impl<'m> BatchEngine<'m> {
             verify: VerifyScratch::default(),
             batch_drafts: BatchDrafts::new(),
             draft_epochs: DraftEpochs::new(),
+            undrafted: 0,
             inflight: None,
             fed_order: Vec::with_capacity(opts.max_batch),
             fed_draws: Vec::with_capacity(opts.max_batch),
@@ -461,6 +467,11 @@ impl<'m> BatchEngine<'m> {
             let g = self.batch_drafts.choose(&sc.bids);
             for &(i, most) in &sc.adaptive {
                 self.running[i].spec.as_mut().expect("adaptive").want = g.min(most);
+            }
+            // Steps in a row that speculate but draft nothing end the epoch's try.
+            self.undrafted = if g == 0 { self.undrafted + 1 } else { 0 };
+            if self.undrafted >= UNDRAFTED_MAX {
+                self.draft_epochs.cut_short();
             }
         }
         loop {
