@@ -77,7 +77,7 @@ pub struct CompareReport {
 }
 
 /// A scorer for windows of `context` positions in forwards of at most `rows` tokens
-/// (default: the model's prefill chunk), routes not recorded.
+/// (default: the model's prefill chunk). (A scorer records no routes unless asked.)
 fn scorer(model: &dyn Model, context: usize, rows: Option<usize>) -> Result<Scorer<'_>> {
     if context > model.info().max_context {
         bail!("--context {context} exceeds the model's {} positions", model.info().max_context);
@@ -85,9 +85,7 @@ fn scorer(model: &dyn Model, context: usize, rows: Option<usize>) -> Result<Scor
     if rows == Some(0) {
         bail!("forwards of 0 rows score nothing: give at least 1");
     }
-    let mut s = Scorer::with_rows(model, context, rows.unwrap_or(model.prefill_chunk()))?;
-    s.record_routes(false);
-    Ok(s)
+    Scorer::with_rows(model, context, rows.unwrap_or(model.prefill_chunk()))
 }
 
 /// `ln(sum(exp(row)))`, in f64.
