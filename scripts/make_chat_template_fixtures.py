@@ -133,6 +133,16 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "It rains.", "reasoning_content": "The tool said rain."},
         {"role": "user", "content": "Thanks"},
     ],
+    "tool_calls_string_args": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "type": "function",
+                            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "rain"},
+    ],
     "multipart": [
         {"role": "system", "content": [{"type": "text", "text": "Sys part."}]},
         {"role": "user", "content": [{"type": "text", "text": "First part. "}, {"type": "text", "text": "Second part."}]},
@@ -145,7 +155,7 @@ CONVERSATIONS = {
 }
 
 # (name, template, conversation, options)
-TEMPLATES = ["glm-4.6", "glm-4.7", "glm-5", "glm-5.1", "gemma-4"]
+TEMPLATES = ["glm-4.6", "glm-4.7", "glm-5", "glm-5.1", "gemma-4", "qwen3"]
 VARIANTS = [
     ("gen", {"add_generation_prompt": True}),
     ("nogen", {"add_generation_prompt": False}),

@@ -174,10 +174,10 @@ class RouterMargins:
 
 
 @torch.no_grad()
-def run_reference(model, prompt_ids):
+def run_reference(model, prompt_ids, margins=None):
     T = prompt_ids.numel()
     ids = prompt_ids[None]
-    rec = RouterMargins(model)
+    rec = (margins or RouterMargins)(model)
     try:
         out = model.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=N_NEW,
@@ -219,27 +219,50 @@ def write_json(path, obj):
         fh.write("\n")
 
 
-def build_fixture(name, spec, tok, tok_json_path):
+class Family:
+    """What build_fixture needs of a family (make_qwen3_moe_fixtures.py brings its own)."""
+    cls = Glm4MoeForCausalLM
+    out_root = OUT_ROOT
+    margins = None  # RouterMargins, set below
+
+    @staticmethod
+    def make_config(spec, tok):
+        return make_config(spec, tok)
+
+    @staticmethod
+    def new_model(cfg):
+        return new_model(cfg)
+
+    @staticmethod
+    def init_random(model, seed):
+        init_random(model, seed)
+
+    @staticmethod
+    def tokenizer_config(tok):
+        return g5.tokenizer_config(tok)
+
+
+def build_fixture(name, spec, tok, tok_json_path, fam=Family):
     t0 = time.time()
     prompt_ids = torch.tensor(tok.encode(spec["prompt"]).ids, dtype=torch.long)
-    cfg = make_config(spec, tok)
+    cfg = fam.make_config(spec, tok)
     seed, attempts = spec["seed"], 0
     while True:
         attempts += 1
         assert attempts <= 2000, f"{name}: no tie-free seed found"
-        model = new_model(copy.deepcopy(cfg))
-        init_random(model, seed)
+        model = fam.new_model(copy.deepcopy(cfg))
+        fam.init_random(model, seed)
         if spec["dtype"] == "bfloat16":
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(p.to(torch.bfloat16).float())
-        res = run_reference(model, prompt_ids)
+        res = run_reference(model, prompt_ids, fam.margins)
         bad = problems(res)
         if not bad:
             break
         print(f"  [{name}] seed {seed} rejected: {'; '.join(bad)}", flush=True)
         seed += 1
-    out_dir = os.path.join(OUT_ROOT, name)
+    out_dir = os.path.join(fam.out_root, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     with tempfile.TemporaryDirectory() as d:
@@ -262,7 +285,7 @@ def build_fixture(name, spec, tok, tok_json_path):
         "transformers_version": transformers.__version__,
     })
     shutil.copy(tok_json_path, os.path.join(out_dir, "tokenizer.json"))
-    write_json(os.path.join(out_dir, "tokenizer_config.json"), g5.tokenizer_config(tok))
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), fam.tokenizer_config(tok))
     save_file({
         "prompt_ids": prompt_ids.contiguous(),
         "prompt_logits": res["prompt_logits"].contiguous(),
@@ -270,8 +293,8 @@ def build_fixture(name, spec, tok, tok_json_path):
         "generated_logits": res["gen_logits"].contiguous(),
     }, os.path.join(out_dir, "reference.safetensors"), metadata={"format": "pt"})
     # Reload from disk and check the reference again.
-    m2 = Glm4MoeForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager",
-                                            experts_implementation="eager").eval()
+    m2 = fam.cls.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager",
+                                 experts_implementation="eager").eval()
     with torch.no_grad():
         d1 = (m2(input_ids=prompt_ids[None], use_cache=False).logits[0].float() - res["prompt_logits"]).abs().max().item()
     assert d1 <= 1e-5, f"reload differs by {d1}"

@@ -1,6 +1,6 @@
 //! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
-//! `fixtures/glm4_moe/*` and `fixtures/gemma4/*`, made by `scripts/make_glm5_fixtures.py`,
-//! `scripts/make_glm4_moe_fixtures.py` and `scripts/make_gemma4_fixtures.py`): logits at
+//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*` and `fixtures/gemma4/*`, made by
+//! `scripts/make_<family>_fixtures.py`): logits at
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
 
@@ -112,6 +112,18 @@ fn glm5_fixtures_match_transformers() {
 #[test]
 fn glm4_moe_fixtures_match_transformers() {
     let dirs = fixture_dirs("glm4_moe");
+    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+/// Qwen3-MoE: softmax routing with and without renormalisation, dense layers by
+/// `mlp_only_layers` and `decoder_sparse_step`, a head_dim wider than hidden / heads, and a
+/// sliding window shorter than the prompt.
+#[test]
+fn qwen3_moe_fixtures_match_transformers() {
+    let dirs = fixture_dirs("qwen3_moe");
     assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);

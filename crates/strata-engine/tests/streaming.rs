@@ -83,6 +83,8 @@ fn streamed_equals_resident_bit_for_bit() {
         ("glm4_moe/gqa-bias", QuantKind::int4_bf16(16)),
         ("glm5/dsa-sparse", QuantKind::int4_e4m3(32)),
         ("glm4_moe/bf16-mha", QuantKind::Int8Row),
+        ("qwen3_moe/gqa-renorm", QuantKind::int4(16)),
+        ("qwen3_moe/sparse-step", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));

@@ -11,12 +11,14 @@
 pub mod batch;
 pub mod blocks;
 pub mod convert;
+pub mod decoder;
 mod fields;
 pub mod gemma4;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
 pub mod media;
+pub mod qwen3_moe;
 pub mod registry;
 mod session;
 pub mod weights;

@@ -110,6 +110,10 @@ pub enum ChatFormat {
     /// Gemma 4: `<|tool_call>call:name{key:<|"|>value<|"|>,...}<tool_call|>`, reasoning in a
     /// `<|channel>thought ... <channel|>` block (see the engine's `chat::gemma4`).
     Gemma,
+    /// Qwen3: reasoning in `<think>...</think>`; calls as `<tool_call>` followed by a JSON
+    /// object `{"name": ..., "arguments": {...}}` (Qwen3) or, from Qwen3-Coder, by
+    /// `<function=NAME><parameter=KEY>VALUE</parameter>...</function>`, then `</tool_call>`.
+    Qwen,
 }
 
 pub use strata_experts::MoeLayout;
@@ -183,7 +187,8 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 3] = [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY, &crate::gemma4::FAMILY];
+    static FAMILIES: [&Family; 4] =
+        [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY, &crate::qwen3_moe::FAMILY, &crate::gemma4::FAMILY];
     &FAMILIES
 }
 

@@ -136,6 +136,32 @@ impl Grammars {
                     "call".to_string()
                 }
             }
+            Format::ToolCalls { tools, parallel } if self.syntax == Syntax::Qwen => {
+                // `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`, as the
+                // template writes a call; ARGS is JSON to the tool's schema.
+                let names: Vec<String> = tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let (name, params, _) = tool_parts(t.get("function").unwrap_or(t));
+                        let head = format!("\n{{\"name\": {}, \"arguments\": ", quote(name));
+                        g.push_str(&format!(
+                            "call{i}: {} {} call{i}_args \"}}\\n\" {}\ncall{i}_args: %json {}\n",
+                            self.marker(CALL_START),
+                            quote(&head),
+                            self.marker(CALL_END),
+                            json_options(params)
+                        ));
+                        format!("call{i}")
+                    })
+                    .collect();
+                g.push_str(&format!("call: {}\n", names.join(" | ")));
+                if *parallel {
+                    "call (\"\\n\" call)*".to_string()
+                } else {
+                    "call".to_string()
+                }
+            }
             Format::ToolCalls { .. } if self.syntax != Syntax::Glm => {
                 bail!(
                     "forced tool calls (`tool_choice` required or a named tool) are not supported for this \

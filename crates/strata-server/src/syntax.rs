@@ -9,8 +9,14 @@
 //!   `format_argument` shape: strings between `<|"|>` quotes (taken literally, no
 //!   escapes), `true`/`false`, `{k:v,...}` objects with bare keys, `[v,...]` arrays, other
 //!   scalars bare (numbers, `null`).
+//! - Qwen3: reasoning in `<think>...</think>`; a call is `<tool_call>` then a JSON object
+//!   `{"name": NAME, "arguments": {...}}` (arguments may also be a JSON string), then
+//!   `</tool_call>`; Qwen3-Coder writes the body as
+//!   `<function=NAME><parameter=KEY>\nVALUE\n</parameter>...</function>` instead, its
+//!   values raw text (one newline either side is layout), JSON where the schema says the
+//!   argument is not a string and the text parses.
 
-use crate::tools::ToolCall;
+use crate::tools::{declared_type, ToolCall};
 use serde_json::{Map, Value};
 use strata_models::ChatFormat;
 
@@ -19,6 +25,7 @@ pub enum Syntax {
     #[default]
     Glm,
     Gemma,
+    Qwen,
 }
 
 /// Gemma 4's string quote (one special token, opening and closing).
@@ -29,13 +36,14 @@ impl Syntax {
         match format {
             ChatFormat::Glm => Self::Glm,
             ChatFormat::Gemma => Self::Gemma,
+            ChatFormat::Qwen => Self::Qwen,
         }
     }
 
     /// (start, end) of a reasoning block.
     pub fn think(self) -> (&'static str, &'static str) {
         match self {
-            Self::Glm => ("<think>", "</think>"),
+            Self::Glm | Self::Qwen => ("<think>", "</think>"),
             Self::Gemma => ("<|channel>thought", "<channel|>"),
         }
     }
@@ -43,7 +51,7 @@ impl Syntax {
     /// (start, end) of one tool call.
     pub fn call(self) -> (&'static str, &'static str) {
         match self {
-            Self::Glm => ("<tool_call>", "</tool_call>"),
+            Self::Glm | Self::Qwen => ("<tool_call>", "</tool_call>"),
             Self::Gemma => ("<|tool_call>", "<tool_call|>"),
         }
     }
@@ -64,7 +72,70 @@ impl Syntax {
         match self {
             Self::Glm => crate::tools::parse_call(body, tools),
             Self::Gemma => parse_gemma_call(body, tools),
+            Self::Qwen => parse_qwen_call(body, tools),
         }
+    }
+}
+
+/// Qwen3's JSON call body, or Qwen3-Coder's `<function=...>` one.
+pub fn parse_qwen_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
+    let body = body.trim();
+    if body.starts_with("<function=") {
+        return parse_qwen_coder_call(body, tools);
+    }
+    let Value::Object(mut call) = serde_json::from_str::<Value>(body).ok()? else { return None };
+    let name = match call.remove("name") {
+        Some(Value::String(n)) if valid_name(&n) => n,
+        _ => return None,
+    };
+    let arguments = match call.remove("arguments") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(&s).ok()? {
+            Value::Object(m) => m,
+            _ => return None,
+        },
+        Some(_) => return None,
+    };
+    Some(ToolCall { name, arguments })
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['<', '>', '\n'])
+}
+
+/// `<function=NAME><parameter=KEY>VALUE</parameter>...</function>`.
+fn parse_qwen_coder_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
+    let rest = body.strip_prefix("<function=")?;
+    let close = rest.find('>')?;
+    let name = rest[..close].trim();
+    if !valid_name(name) {
+        return None;
+    }
+    let mut rest = &rest[close + 1..];
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix("</function>") {
+            return after.trim().is_empty().then(|| ToolCall { name: name.to_string(), arguments });
+        }
+        let after = rest.strip_prefix("<parameter=")?;
+        let close = after.find('>')?;
+        let key = after[..close].trim();
+        let after = &after[close + 1..];
+        let end = after.find("</parameter>")?;
+        let raw = &after[..end];
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value = match declared_type(tools, name, key) {
+            Some("string") => Value::String(raw.to_string()),
+            _ => serde_json::from_str::<Value>(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string())),
+        };
+        if key.is_empty() {
+            return None;
+        }
+        arguments.insert(key.to_string(), value);
+        rest = &after[end + "</parameter>".len()..];
     }
 }
 
@@ -287,5 +358,85 @@ mod tests {
             .parse("<tool_call>f</tool_call> <|tool_call>call:f{a:<tool_call|>");
         assert!(p.calls.is_empty());
         assert_eq!(p.content, "<tool_call>f</tool_call> <|tool_call>call:f{a:<tool_call|>");
+    }
+
+    fn qwen(s: &str, tools: Option<&Value>) -> Option<(String, Value)> {
+        parse_qwen_call(s, tools).map(|c| (c.name, Value::Object(c.arguments)))
+    }
+
+    #[test]
+    fn qwen_json_calls_parse() {
+        let (name, args) = qwen(
+            "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2, \"o\": {\"k\": [1]}}}\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!((name.as_str(), args), ("get_weather", json!({"city": "Zürich", "days": 2, "o": {"k": [1]}})));
+        // Arguments as a JSON string, or absent.
+        assert_eq!(qwen(r#"{"name": "f", "arguments": "{\"a\": 1}"}"#, None).unwrap().1, json!({"a": 1}));
+        assert_eq!(qwen(r#"{"name": "now"}"#, None).unwrap(), ("now".into(), json!({})));
+        for bad in [
+            r#"{"arguments": {}}"#,
+            r#"{"name": "", "arguments": {}}"#,
+            r#"{"name": "f", "arguments": [1]}"#,
+            r#"{"name": "f", "arguments": "nope"}"#,
+            r#"{"name": "f", "arguments": {}"#,
+            "f(1)",
+        ] {
+            assert_eq!(qwen(bad, None), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn qwen_coder_calls_parse_by_schema() {
+        let tools = json!([{"type": "function", "function": {"name": "run",
+            "parameters": {"type": "object", "properties": {"zip": {"type": "string"}, "n": {"type": "integer"},
+                "flags": {"type": "array"}}}}}]);
+        let body = "\n<function=run>\n<parameter=zip>\n02139\n</parameter>\n<parameter=n>\n7\n</parameter>\n\
+                    <parameter=flags>\n[\"-v\", 2]\n</parameter>\n<parameter=code>\nprint(1)\n  x = 2\n\n</parameter>\n</function>\n";
+        let (name, args) = qwen(body, Some(&tools)).unwrap();
+        assert_eq!(name, "run");
+        // A string keeps its inner whitespace: only one newline either side is layout.
+        assert_eq!(args, json!({"zip": "02139", "n": 7, "flags": ["-v", 2], "code": "print(1)\n  x = 2\n"}));
+        assert_eq!(qwen("<function=now>\n</function>", None).unwrap(), ("now".into(), json!({})));
+        for bad in [
+            "<function=f><parameter=a>1</function>",
+            "<function=f>",
+            "<function=>x</function>",
+            "<function=f><parameter=a>1</parameter></function> tail",
+        ] {
+            assert_eq!(qwen(bad, None), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn qwen_output_splits_reasoning_text_and_calls_at_any_chunking() {
+        use crate::output::OutputParser;
+        use crate::tools::Piece;
+        let text = "<think>\nNeed weather.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>";
+        let whole = OutputParser::with_syntax(Syntax::Qwen, Some(false), Some(json!([]))).parse(text);
+        assert_eq!((whole.reasoning.trim(), whole.content.trim()), ("Need weather.", "Checking."));
+        assert_eq!(whole.calls.len(), 2);
+        assert_eq!(Value::Object(whole.calls[0].arguments.clone()), json!({"city": "Paris"}));
+        assert_eq!(whole.calls[1].name, "now");
+        let chars: Vec<char> = text.chars().collect();
+        for step in [1, 2, 3, 5, 7, 13] {
+            let mut p = OutputParser::with_syntax(Syntax::Qwen, Some(false), Some(json!([])));
+            let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+            let mut pieces = Vec::new();
+            for c in chars.chunks(step) {
+                pieces.extend(p.push(&c.iter().collect::<String>()));
+            }
+            pieces.extend(p.finish());
+            for piece in pieces {
+                match piece {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Text(t) => content.push_str(&t),
+                    Piece::Call(c) => calls.push(c),
+                }
+            }
+            assert_eq!((reasoning.trim(), content.trim()), ("Need weather.", "Checking."), "step {step}");
+            assert_eq!(calls, whole.calls, "step {step}");
+        }
     }
 }

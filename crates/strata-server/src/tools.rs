@@ -47,7 +47,7 @@ pub enum Piece {
 
 /// The declared JSON type of `tool.arg` in OpenAI-style tool schemas
 /// (`[{"type": "function", "function": {"name", "parameters": {...}}}]`).
-fn declared_type<'a>(tools: Option<&'a Value>, tool: &str, arg: &str) -> Option<&'a str> {
+pub(crate) fn declared_type<'a>(tools: Option<&'a Value>, tool: &str, arg: &str) -> Option<&'a str> {
     tools?
         .as_array()?
         .iter()

@@ -1,6 +1,6 @@
 //! For chat templates with no tool section: the tool schemas (and the assistant's
 //! earlier calls) written into the messages in a documented text format, the model
-//! family's native call syntax (GLM's or Gemma 4's), so that tools are never silently
+//! family's native call syntax (GLM's, Gemma 4's or Qwen3's), so that tools are never silently
 //! dropped.
 
 use super::pyfmt::{json_dumps, JsonOptions};
@@ -27,9 +27,14 @@ pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
         s.push_str(&dumps(t));
         s.push('\n');
     }
-    s.push_str(
-        "</tools>\nTo call one: <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>",
-    );
+    s.push_str(match format {
+        ChatFormat::Qwen => {
+            "</tools>\nTo call one: <tool_call>\n{\"name\": NAME, \"arguments\": {ARGUMENTS}}\n</tool_call>"
+        }
+        _ => {
+            "</tools>\nTo call one: <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>"
+        }
+    });
     s
 }
 
@@ -48,7 +53,8 @@ fn gemma_value(v: &Value) -> String {
     }
 }
 
-/// One call in the family's syntax: GLM's string values as they are, others as JSON.
+/// One call in the family's syntax: GLM's string values as they are, others as JSON;
+/// Qwen3's call as one JSON object.
 fn call_text(call: &Value, format: ChatFormat) -> String {
     let f = call.get("function").unwrap_or(call);
     if format == ChatFormat::Gemma {
@@ -58,6 +64,15 @@ fn call_text(call: &Value, format: ChatFormat) -> String {
             _ => "{}".into(),
         };
         return format!("<|tool_call>call:{name}{args}<tool_call|>");
+    }
+    if format == ChatFormat::Qwen {
+        let name = f.get("name").cloned().unwrap_or(Value::String(String::new()));
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => dumps(v),
+            None => "{}".into(),
+        };
+        return format!("<tool_call>\n{{\"name\": {}, \"arguments\": {args}}}\n</tool_call>", dumps(&name));
     }
     let mut s = format!("<tool_call>{}", f.get("name").and_then(Value::as_str).unwrap_or(""));
     if let Some(Value::Object(args)) = f.get("arguments") {

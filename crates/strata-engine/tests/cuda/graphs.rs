@@ -97,7 +97,7 @@ fn cuda_decode_with_graphs_equals_without() {
         return;
     }
     let root = repo_root();
-    for fixture in ["glm5/dsa-sparse", "glm4_moe/gqa-bias", "gemma4/moe"] {
+    for fixture in ["glm5/dsa-sparse", "glm4_moe/gqa-bias", "qwen3_moe/sparse-step", "gemma4/moe"] {
         let dir = root.join("fixtures").join(fixture);
         let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
         let prompt: Vec<u32> = {
@@ -157,7 +157,9 @@ fn cuda_fed_decoding_equals_plain() {
         return;
     }
     let root = repo_root();
-    for fixture in ["glm5/dsa-sparse", "glm5/fp8", "glm4_moe/gqa-bias", "gemma4/moe", "gemma4/dense-ple"] {
+    for fixture in
+        ["glm5/dsa-sparse", "glm5/fp8", "glm4_moe/gqa-bias", "qwen3_moe/gqa-renorm", "gemma4/moe", "gemma4/dense-ple"]
+    {
         let dir = root.join("fixtures").join(fixture);
         let m = LoadedModel::open_with(&dir, &LoadOptions { device: Device::Cuda(0), ..Default::default() })
             .unwrap_or_else(|e| panic!("{fixture}: {e:#}"));

@@ -104,13 +104,15 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 11] = [
+const FIXTURES: [(&str, &str); 13] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
     ("glm5", "fp8"),
     ("glm4_moe", "bf16-mha"),
     ("glm4_moe", "gqa-bias"),
+    ("qwen3_moe", "gqa-renorm"),
+    ("qwen3_moe", "sparse-step"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -120,7 +122,7 @@ const FIXTURES: [(&str, &str); 11] = [
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "gemma4"]
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "gemma4"]
         .iter()
         .flat_map(|f| {
             fixture_dirs(f)
@@ -199,6 +201,16 @@ fn cuda_glm4_moe_bf16_mha() {
 #[test]
 fn cuda_glm4_moe_gqa_bias() {
     fixture_test("glm4_moe", "gqa-bias")
+}
+
+#[test]
+fn cuda_qwen3_moe_gqa_renorm() {
+    fixture_test("qwen3_moe", "gqa-renorm")
+}
+
+#[test]
+fn cuda_qwen3_moe_sparse_step() {
+    fixture_test("qwen3_moe", "sparse-step")
 }
 
 #[test]

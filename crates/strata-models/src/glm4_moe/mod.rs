@@ -4,27 +4,21 @@
 //! `first_k_dense_replace` dense layers. Reference: transformers
 //! `models/glm4_moe/modeling_glm4_moe.py`.
 //!
-//! Files: `config.rs` (config.json, validated), `weights.rs` (every tensor's name, shape
-//! and role), `load.rs` (tensors onto a backend), `model.rs` (the forward pass over the
-//! shared blocks). The checkpoint's MTP layer is described (inspect, convert, the plan)
-//! but not run: speculative decoding is GLM-5's for now.
+//! The model is the shared [`crate::decoder`]: this folder holds the config and how it
+//! fills a [`DecoderSpec`]. The checkpoint's MTP layer is described (inspect, convert,
+//! the plan) but not run: speculative decoding is GLM-5's for now.
 
 mod config;
-mod load;
-mod model;
-pub mod weights;
 
 pub use config::Glm4MoeConfig;
-pub use model::{Glm4, Glm4Session};
 
-use crate::blocks::{GqaScratch, MoeScratch};
-use crate::registry::{Arch, ChatFormat, Device, Family, LoadSpec, MoeLayout};
+use crate::decoder::{weights, DecoderSpec, Routing};
+use crate::registry::{Arch, ChatFormat, Family, LoadSpec, MoeLayout};
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use strata_backend::cpu::CpuBackend;
 use strata_storage::WeightStore;
 
 pub static FAMILY: Family =
@@ -47,6 +41,41 @@ fn info(cfg: &Glm4MoeConfig) -> ModelInfo {
     }
 }
 
+impl Glm4MoeConfig {
+    pub fn decoder(&self) -> DecoderSpec {
+        DecoderSpec {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            rotary_dim: self.rotary_dim(),
+            rope_theta: self.rope_theta,
+            rms_norm_eps: self.rms_norm_eps,
+            max_position_embeddings: self.max_position_embeddings,
+            window: None,
+            attention_bias: self.attention_bias,
+            qk_norm: self.use_qk_norm,
+            tie_word_embeddings: self.tie_word_embeddings,
+            intermediate_size: self.intermediate_size,
+            sparse: (0..self.num_hidden_layers).map(|l| self.is_sparse(l)).collect(),
+            experts: self.n_routed_experts,
+            top_k: self.num_experts_per_tok,
+            moe_intermediate_size: self.moe_intermediate_size,
+            routing: Routing::Noaux {
+                n_group: self.n_group,
+                topk_group: self.topk_group,
+                norm_topk_prob: self.norm_topk_prob,
+                scaling: self.routed_scaling_factor,
+            },
+            shared_intermediate_size: self.n_shared_experts * self.moe_intermediate_size,
+            mtp_layers: self.num_nextn_predict_layers,
+            fp8_block: self.fp8_block,
+        }
+    }
+}
+
 impl Arch for Glm4MoeConfig {
     fn family(&self) -> &'static Family {
         &FAMILY
@@ -61,54 +90,19 @@ impl Arch for Glm4MoeConfig {
     }
 
     fn weight_map(&self) -> WeightMap {
-        weights::weight_map(self)
+        weights::weight_map(&self.decoder())
     }
 
     fn moe(&self) -> Option<MoeLayout> {
-        let layers: Vec<usize> = (0..self.num_hidden_layers).filter(|&l| self.is_sparse(l)).collect();
-        if layers.is_empty() {
-            return None;
-        }
-        Some(MoeLayout {
-            layers,
-            experts_per_layer: self.n_routed_experts,
-            top_k: self.num_experts_per_tok,
-            hidden: self.hidden_size,
-            inter: self.moe_intermediate_size,
-            // The MTP layer is not run (see the module docs), so its experts are not planned.
-            mtp_layers: Vec::new(),
-        })
+        self.decoder().moe_layout()
     }
 
     fn kv_bytes_per_token(&self) -> u64 {
-        4 * (self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim) as u64
+        self.decoder().kv_bytes_per_token()
     }
 
     fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
-        let (h, r) = (self.hidden_size as u64, rows as u64);
-        let k = self.num_experts_per_tok as u64;
-        let moe = match self.sparse_layers() > 0 {
-            true => MoeScratch::<CpuBackend>::bytes(
-                rows,
-                self.hidden_size,
-                self.n_routed_experts,
-                self.num_experts_per_tok,
-                true,
-            ),
-            false => 0,
-        };
-        let inter = self.intermediate_size.max(self.moe_intermediate_size * (self.num_experts_per_tok + 1)) as u64;
-        let threads = strata_kernels::pool::default_threads() as u64;
-        let group = (self.num_attention_heads / self.num_key_value_heads) as u64;
-        // Residual, normed input, MLP output, rotary tables; attention and MoE scratch;
-        // one row of logits; the expert runner's gathered inputs and intermediates;
-        // per-thread attention scores.
-        4 * (3 * r * h + r * self.rotary_dim() as u64)
-            + GqaScratch::<CpuBackend>::bytes(&load::gqa_dims(self), rows)
-            + moe
-            + 4 * (2 * h + self.vocab_size as u64)
-            + 4 * r * (h * (k + 1) + 2 * inter)
-            + 4 * threads * group * context.max(1) as u64
+        self.decoder().activation_bytes(rows, context)
     }
 
     fn fp8_block(&self) -> Option<(usize, usize)> {
@@ -141,22 +135,6 @@ impl Arch for Glm4MoeConfig {
     }
 
     fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
-        if spec.draft.is_some() {
-            bail!("--mtp on: speculative decoding is not implemented for glm4_moe (use --mtp off)");
-        }
-        match spec.device {
-            Device::Cpu => {
-                let provider = crate::registry::cpu_provider(spec.experts)?;
-                Ok(Box::new(model::Glm4::load(CpuBackend::new(), self.clone(), store, provider)?))
-            }
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => {
-                let provider = crate::registry::cuda_provider(spec.experts)?;
-                let b = crate::registry::cuda_backend(n)?;
-                Ok(Box::new(model::Glm4::load(b, self.clone(), store, provider)?))
-            }
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),
-        }
+        self.decoder().load(info(self), store, spec)
     }
 }

@@ -1,7 +1,7 @@
-//! Every tensor of a `glm4_moe` checkpoint, named as on the Hub: the only place these
-//! names are spelled.
+//! Every tensor of a Llama-style MoE checkpoint, named as on the Hub: the only place
+//! these names are spelled.
 
-use super::config::Glm4MoeConfig;
+use super::{DecoderSpec, Routing};
 use crate::weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,13 +85,14 @@ pub fn name(k: Key) -> String {
     }
 }
 
-pub fn spec(cfg: &Glm4MoeConfig, k: Key) -> (Vec<usize>, Role, TensorGroup) {
+pub fn spec(cfg: &DecoderSpec, k: Key) -> (Vec<usize>, Role, TensorGroup) {
     use LayerKey::*;
     use Role::*;
     use TensorGroup::*;
     let h = cfg.hidden_size;
-    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
-    let (inter, moe, n) = (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.n_routed_experts);
+    let (q, kv) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+    let (inter, moe, n) = (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.experts);
+    let shared = cfg.shared_intermediate_size;
     let (layer, lk) = match k {
         Key::Embed => return (vec![cfg.vocab_size, h], Embedding, Embeddings),
         Key::Norm => return (vec![h], NormScale, Norms),
@@ -110,28 +111,34 @@ pub fn spec(cfg: &Glm4MoeConfig, k: Key) -> (Vec<usize>, Role, TensorGroup) {
         MlpDown => (vec![h, inter], Linear, DenseMlp),
         LayerKey::Router => (vec![n, h], Linear, TensorGroup::Router),
         LayerKey::RouterBias => (vec![n], Role::RouterBias, TensorGroup::Router),
-        SharedGate | SharedUp => (vec![moe * cfg.n_shared_experts, h], Linear, SharedExperts),
-        SharedDown => (vec![h, moe * cfg.n_shared_experts], Linear, SharedExperts),
+        SharedGate | SharedUp => (vec![shared, h], Linear, SharedExperts),
+        SharedDown => (vec![h, shared], Linear, SharedExperts),
         Expert(_, ExpertMatrix::Down) => (vec![h, moe], Linear, RoutedExperts),
         Expert(_, _) => (vec![moe, h], Linear, RoutedExperts),
         MtpEhProj => (vec![h, 2 * h], Linear, Attention),
     };
-    let group = if layer >= cfg.num_hidden_layers { Mtp } else { group };
+    let group = if layer >= cfg.num_layers { Mtp } else { group };
     (shape, role, group)
 }
 
-fn layer_keys(cfg: &Glm4MoeConfig, sparse: bool) -> Vec<LayerKey> {
+fn layer_keys(cfg: &DecoderSpec, sparse: bool) -> Vec<LayerKey> {
     use LayerKey::*;
     let mut keys = vec![InputNorm, PostNorm, Q, K, V, O];
     if cfg.attention_bias {
         keys.extend([QBias, KBias, VBias]);
     }
-    if cfg.use_qk_norm {
+    if cfg.qk_norm {
         keys.extend([QNorm, KNorm]);
     }
     if sparse {
-        keys.extend([Router, RouterBias, SharedGate, SharedUp, SharedDown]);
-        for e in 0..cfg.n_routed_experts {
+        keys.push(Router);
+        if matches!(cfg.routing, Routing::Noaux { .. }) {
+            keys.push(RouterBias);
+        }
+        if cfg.has_shared_expert() {
+            keys.extend([SharedGate, SharedUp, SharedDown]);
+        }
+        for e in 0..cfg.experts {
             keys.extend([ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down].map(|m| Expert(e, m)));
         }
     } else {
@@ -141,7 +148,7 @@ fn layer_keys(cfg: &Glm4MoeConfig, sparse: bool) -> Vec<LayerKey> {
 }
 
 /// Every tensor: the main model, then the (optional) MTP layers.
-pub fn weight_map(cfg: &Glm4MoeConfig) -> WeightMap {
+pub fn weight_map(cfg: &DecoderSpec) -> WeightMap {
     let mut map = WeightMap::default();
     let mut add = |k: Key, optional: bool| {
         let (shape, role, group) = spec(cfg, k);
@@ -152,7 +159,7 @@ pub fn weight_map(cfg: &Glm4MoeConfig) -> WeightMap {
         map.specs.push(WeightSpec { name: name(k), shape, role, group, expert, optional });
     };
     add(Key::Embed, false);
-    for i in 0..cfg.num_hidden_layers {
+    for i in 0..cfg.num_layers {
         for lk in layer_keys(cfg, cfg.is_sparse(i)) {
             add(Key::Layer(i, lk), false);
         }
@@ -161,7 +168,7 @@ pub fn weight_map(cfg: &Glm4MoeConfig) -> WeightMap {
     if !cfg.tie_word_embeddings {
         add(Key::LmHead, false);
     }
-    for i in cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers {
+    for i in cfg.num_layers..cfg.num_layers + cfg.mtp_layers {
         use LayerKey::*;
         for lk in [MtpEnorm, MtpHnorm, MtpEhProj, MtpHeadNorm] {
             add(Key::Layer(i, lk), true);

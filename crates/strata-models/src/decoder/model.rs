@@ -1,7 +1,7 @@
 //! The whole model: embedding -> decoder layers (grouped-query attention; dense SwiGLU or
-//! `noaux_tc` MoE with a shared expert) -> final norm -> LM head, and its session.
+//! routed MoE) -> final norm -> LM head, and its session.
 
-use super::config::Glm4MoeConfig;
+use super::DecoderSpec;
 use crate::batch::{Batch, SeqId};
 use crate::blocks::{
     pilot_predict, ExpertSource, Ffn, FfnBufs, FfnLayer, GqaScratch, GqaWeights, MoeScratch, PILOT_MAX_ROWS,
@@ -20,9 +20,9 @@ pub(super) struct Layer<B: Backend> {
     pub ffn: Ffn<B>,
 }
 
-pub struct Glm4<B: Backend> {
+pub struct Decoder<B: Backend> {
     pub(super) b: B,
-    pub(super) cfg: Glm4MoeConfig,
+    pub(super) cfg: DecoderSpec,
     pub(super) info: ModelInfo,
     pub(super) dims: GqaDims,
     pub(super) embed: B::Mat,
@@ -33,7 +33,7 @@ pub struct Glm4<B: Backend> {
     pub(super) rope_inv: Vec<f32>,
 }
 
-impl<B: Backend> Model for Glm4<B> {
+impl<B: Backend> Model for Decoder<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
@@ -47,7 +47,7 @@ impl<B: Backend> Model for Glm4<B> {
     }
 
     fn new_session(&self, opts: SessionOptions) -> Result<Box<dyn Session + '_>> {
-        Ok(Box::new(Glm4Session::new(self, opts)?))
+        Ok(Box::new(DecoderSession::new(self, opts)?))
     }
 }
 
@@ -63,8 +63,8 @@ struct Scratch<B: Backend> {
 }
 
 /// The model with K/V caches for a set of sequences.
-pub struct Glm4Session<'m, B: Backend> {
-    m: &'m Glm4<B>,
+pub struct DecoderSession<'m, B: Backend> {
+    m: &'m Decoder<B>,
     kv: KvBlocks,
     /// Per layer: `[slots, 2 * kv_heads * head_dim]` (keys, then values).
     caches: Vec<B::Buf>,
@@ -74,22 +74,21 @@ pub struct Glm4Session<'m, B: Backend> {
     routes: Routes,
 }
 
-impl<'m, B: Backend> Glm4Session<'m, B> {
-    fn new(m: &'m Glm4<B>, opts: SessionOptions) -> Result<Self> {
+impl<'m, B: Backend> DecoderSession<'m, B> {
+    fn new(m: &'m Decoder<B>, opts: SessionOptions) -> Result<Self> {
         let (b, cfg) = (&m.b, &m.cfg);
         ensure!(opts.max_rows > 0 && opts.max_seqs > 0, "a session needs room for at least one row and one sequence");
         let max_len = opts.max_len.min(cfg.max_position_embeddings).max(1);
         let kv = KvBlocks::new(opts.kv_tokens.max(1), opts.max_seqs, max_len);
-        let caches = (0..cfg.num_hidden_layers)
-            .map(|_| b.alloc(kv.slots() * m.dims.cache_width()))
-            .collect::<Result<Vec<_>>>()?;
+        let caches =
+            (0..cfg.num_layers).map(|_| b.alloc(kv.slots() * m.dims.cache_width())).collect::<Result<Vec<_>>>()?;
         let (rows, h) = (opts.max_rows, cfg.hidden_size);
         let moe = match cfg.sparse_layers() > 0 {
-            true => Some(MoeScratch::new(b, rows, h, cfg.n_routed_experts, cfg.num_experts_per_tok, true)?),
+            true => Some(MoeScratch::new(b, rows, h, cfg.experts, cfg.top_k, cfg.has_shared_expert())?),
             false => None,
         };
         // Attention scores: one row per head of a KV group over the visible context.
-        b.reserve_workspace(cfg.num_attention_heads / cfg.num_key_value_heads, max_len, max_len);
+        b.reserve_workspace(cfg.heads / cfg.kv_heads, max_len, max_len);
         let s = Scratch {
             x: b.alloc(rows * h)?,
             xn: b.alloc(rows * h)?,
@@ -111,7 +110,7 @@ impl<'m, B: Backend> Glm4Session<'m, B> {
     }
 }
 
-impl<B: Backend> Session for Glm4Session<'_, B> {
+impl<B: Backend> Session for DecoderSession<'_, B> {
     fn add_sequence(&mut self) -> Result<SeqId> {
         self.kv.add()
     }
@@ -147,7 +146,7 @@ impl<B: Backend> Session for Glm4Session<'_, B> {
         self.rows.embed(b, batch, &self.out, &m.embed, h, &mut self.s.x)?;
         let step = &self.rows.step;
         let s = &mut self.s;
-        self.routes.clear(rows, cfg.num_experts_per_tok);
+        self.routes.clear(rows, cfg.top_k);
         let predict = m.experts.provider().filter(|p| p.wants_prediction() && rows <= PILOT_MAX_ROWS);
         for (i, layer) in m.layers.iter().enumerate() {
             b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);

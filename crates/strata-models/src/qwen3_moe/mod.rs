@@ -1,0 +1,103 @@
+//! Qwen3-MoE (`qwen3_moe`: Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder): grouped-query
+//! attention with per-head q/k RMSNorm and RoPE over the whole head, then per layer a
+//! routed MoE (softmax over the experts, the top-k, renormalised where
+//! `norm_topk_prob`; no shared expert) or, by `mlp_only_layers` / `decoder_sparse_step`,
+//! a dense SwiGLU. Reference: transformers `models/qwen3_moe/modeling_qwen3_moe.py`.
+//!
+//! The model is the shared [`crate::decoder`]; this folder holds the config
+//! (`config.rs`) and how it fills a [`crate::decoder::DecoderSpec`].
+
+mod config;
+
+pub use config::Qwen3MoeConfig;
+
+use crate::decoder::weights;
+use crate::registry::{Arch, ChatFormat, Family, LoadSpec, MoeLayout};
+use crate::weights::WeightMap;
+use crate::{Model, ModelInfo};
+use anyhow::Result;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use strata_storage::WeightStore;
+
+pub static FAMILY: Family =
+    Family { name: "qwen3_moe", model_types: &["qwen3_moe"], chat: ChatFormat::Qwen, parse: parse_arch };
+
+fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
+    Ok(Arc::new(Qwen3MoeConfig::from_json(json)?))
+}
+
+fn info(cfg: &Qwen3MoeConfig) -> ModelInfo {
+    ModelInfo {
+        family: FAMILY.name,
+        model_type: Qwen3MoeConfig::MODEL_TYPE.into(),
+        vocab_size: cfg.vocab_size,
+        hidden_size: cfg.hidden_size,
+        max_context: cfg.max_position_embeddings,
+        eos_token_ids: cfg.eos_token_ids.clone(),
+        bos_token_id: cfg.bos_token_id,
+        num_layers: cfg.num_hidden_layers,
+    }
+}
+
+impl Arch for Qwen3MoeConfig {
+    fn family(&self) -> &'static Family {
+        &FAMILY
+    }
+
+    fn model_type(&self) -> &str {
+        Self::MODEL_TYPE
+    }
+
+    fn info(&self) -> ModelInfo {
+        info(self)
+    }
+
+    fn weight_map(&self) -> WeightMap {
+        weights::weight_map(&self.decoder())
+    }
+
+    fn moe(&self) -> Option<MoeLayout> {
+        self.decoder().moe_layout()
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.decoder().kv_bytes_per_token()
+    }
+
+    fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
+        self.decoder().activation_bytes(rows, context)
+    }
+
+    fn fp8_block(&self) -> Option<(usize, usize)> {
+        self.fp8_block
+    }
+
+    fn describe(&self) -> Value {
+        json!({
+            "model_type": Self::MODEL_TYPE,
+            "hidden_size": self.hidden_size,
+            "layers": self.num_hidden_layers,
+            "dense_layers": self.num_hidden_layers - self.sparse_layers(),
+            "moe_layers": self.sparse_layers(),
+            "attention_heads": self.num_attention_heads,
+            "kv_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "sliding_window": self.sliding_window,
+            "routed_experts": self.num_experts,
+            "experts_per_token": self.num_experts_per_tok,
+            "norm_topk_prob": self.norm_topk_prob,
+            "shared_experts": 0,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "fp8_block": self.fp8_block,
+        })
+    }
+
+    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
+        self.decoder().load(info(self), store, spec)
+    }
+}
