@@ -214,3 +214,36 @@ fn a_full_draft_pool_stops_drafting_not_requests() {
     assert!(c.draft.dropped > 0, "{c:?}");
     assert!(got.iter().all(|(f, _)| f.output.stats.mtp.is_some()), "dropped requests keep their statistics");
 }
+
+/// A request that does not speculate, on an engine that does, keeps its positions'
+/// hidden states only for its prompt: it decodes in fed steps (device picks), and all its
+/// full blocks still reach the prompt cache (the generated ones without hidden states).
+/// A later speculating request over that text drafts exactly as on a fresh engine: the
+/// draft layer never reads hidden states that are not its positions'.
+#[test]
+fn plain_requests_on_a_speculating_engine_cache_every_block() {
+    let m = model();
+    let p = prompts(&m)[0].clone();
+    let greedy = SamplingParams::default();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 24, 3)).unwrap();
+    engine.set_device_picks(Some(true));
+    let first = run_all(&mut engine, vec![request(&m, p.clone(), greedy.clone(), 48, 0)]);
+    let out = &first[0].0.output;
+    assert!(out.stats.decode_fed, "the plain request decoded in fed steps");
+    // The prompt and its answer again: every full block comes from the cache.
+    let mut again = p.clone();
+    again.extend(&out.tokens);
+    let hits = engine.counters().cache_hit_tokens;
+    run_all(&mut engine, vec![request(&m, again.clone(), greedy.clone(), 4, 0)]);
+    let full = (again.len() - 1) / 16 * 16;
+    assert_eq!(engine.counters().cache_hit_tokens - hits, full as u64, "every full block was cached");
+    // Speculating over the same text drafts as it does with nothing cached.
+    let spec = request(&m, again, greedy, 24, 3);
+    let cached = run_all(&mut engine, vec![spec.clone()]);
+    let mut fresh = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 24, 3)).unwrap();
+    fresh.set_device_picks(Some(true));
+    let fresh = run_all(&mut fresh, vec![spec]);
+    let (a, b) = (cached[0].0.output.stats.mtp.as_ref().unwrap(), fresh[0].0.output.stats.mtp.as_ref().unwrap());
+    assert_eq!(cached[0].0.output.tokens, fresh[0].0.output.tokens);
+    assert_eq!((a.drafted, a.accepted), (b.drafted, b.accepted), "the draft layer saw the same hidden states");
+}

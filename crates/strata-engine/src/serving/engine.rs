@@ -380,7 +380,9 @@ impl<'m> BatchEngine<'m> {
             // (Image placeholders say nothing of the image: such prompts share no cache.)
             let media = a.media.is_some();
             let mut hidden = Vec::new();
-            let want_hidden = a.hidden_log.is_some().then_some(&mut hidden);
+            // Only a speculating request needs the cached positions' hidden states (for
+            // its draft layer); a plain one takes every cached block.
+            let want_hidden = a.spec.is_some().then_some(&mut hidden);
             let cached = if media { Vec::new() } else { self.cache.lookup_with(&a.tokens, want_hidden) };
             // A prompt that shares more whole blocks with one still being computed waits
             // for it (then finds them in the cache) instead of computing them twice: the
@@ -413,6 +415,10 @@ impl<'m> BatchEngine<'m> {
             // The cached positions' draft rows are owed: the draft cache starts complete.
             if let Some(s) = a.spec.as_mut() {
                 s.record_hidden(&a.tokens, 0, &hidden, self.dims.hidden);
+            }
+            if a.spec.is_none() && !cached.is_empty() {
+                // Its log could not start at position 0: it keeps none.
+                a.hidden_log = None;
             }
             if let Some(log) = a.hidden_log.as_mut() {
                 *log = hidden;
@@ -794,6 +800,13 @@ impl<'m> BatchEngine<'m> {
             let pool = kv(&mut self.session);
             let blocks = pool.blocks_of(a.seq.expect("running"))[..a.prompt_len / BLOCK_SIZE].to_vec();
             publish(&mut self.cache, pool, a, &blocks, self.dims.hidden);
+            // A request that does not speculate has no use for its decode rows' hidden
+            // states: its prompt's went to the cache with its blocks; logging on would
+            // read a hidden row back every step and keep it from fed steps' logs.
+            let a = &mut self.running[self.scratch.publish_at[j]];
+            if a.spec.is_none() {
+                a.hidden_log = None;
+            }
         }
         while let Some((i, result)) = self.scratch.done.pop() {
             let mut a = self.running.remove(i);
@@ -819,6 +832,10 @@ impl<'m> BatchEngine<'m> {
             stats.dormant_after_tokens = Some(stats.tokens);
             s.reset();
             a.dropped_spec = Some(stats);
+            // Its hidden states stop here (see the prompt publication in `step`).
+            if a.computed >= a.prompt_len {
+                a.hidden_log = None;
+            }
             if let Some(seq) = a.seq {
                 self.session.draft_truncate(seq, 0);
             }
@@ -872,12 +889,11 @@ fn outputs(kind: Logits, n: usize) -> (usize, usize) {
 /// Offers `blocks` (the first of `a`'s sequence) to the prompt cache, with their
 /// positions' hidden states where the request keeps them.
 fn publish(cache: &mut PrefixCache, pool: &mut KvBlocks, a: &Active, blocks: &[u32], h: usize) {
-    match a.hidden_log.as_deref() {
-        Some(log) => {
-            let n = blocks.len().min(log.len() / (h * BLOCK_SIZE).max(1));
-            let t = n * BLOCK_SIZE;
-            cache.insert_with(pool, &a.tokens[..t], &blocks[..n], Some(&log[..t * h]));
-        }
-        None => cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], blocks),
+    if let Some(log) = a.hidden_log.as_deref() {
+        let n = blocks.len().min(log.len() / (h * BLOCK_SIZE).max(1));
+        let t = n * BLOCK_SIZE;
+        cache.insert_with(pool, &a.tokens[..t], &blocks[..n], Some(&log[..t * h]));
     }
+    // The blocks past the log (all of them without one) go in without hidden states.
+    cache.insert(pool, &a.tokens[..blocks.len() * BLOCK_SIZE], blocks);
 }

@@ -53,7 +53,8 @@ pub(crate) struct Active {
     /// The statistics of speculation the request gave up (its draft cache found no room).
     pub dropped_spec: Option<MtpStats>,
     /// The target's final hidden states of `tokens[..computed]` (`hidden_size` each),
-    /// kept while speculation is on so the prompt cache can hand them on with its blocks.
+    /// kept while speculation is on so the prompt cache can hand them on with its blocks
+    /// (a request that does not speculate keeps them only for its prompt).
     pub hidden_log: Option<Vec<f32>>,
     /// Samples picked on the device and fed to the next forward there before the host
     /// read them (the engine's fed steps).

@@ -32,7 +32,9 @@ impl BatchEngine<'_> {
         for a in &self.running {
             let Some(seq) = a.seq else { return false };
             let ready = a.decoding() || (in_flight(a.id) && a.tokens.len() == a.computed);
-            if !ready || a.spec.is_some() || !a.picks_on_device() || a.computed + 1 >= self.opts.context {
+            // (A fed row reads back no hidden state: a request that logs them steps plainly.)
+            let logs = a.spec.is_some() || a.hidden_log.is_some();
+            if !ready || logs || !a.picks_on_device() || a.computed + 1 >= self.opts.context {
                 return false;
             }
             need += pool.blocks_needed(seq, 1);
