@@ -11,12 +11,19 @@
 //! steps after a switch left out. It starts speculating for [`EXPLORE`] steps, then
 //! tries not, then keeps the winner for a while (longer each time it wins again) before
 //! trying the other side once more. A speculating try whose batch keeps drafting nothing
-//! ends early ([`DraftEpochs::cut_short`]): it would pay the costs for no drafts.
+//! ends early ([`DraftEpochs::cut_short`]): it would pay the costs for no drafts. So does
+//! one that is slower than plain decoding could be at its slowest: a plain step decodes a
+//! token for each of the step's requests in at most the time of the speculating step's
+//! own target forward (fewer rows, and fed steps keep the host out of the way), so
+//! speculation that emits fewer tokens a second than `requests / forward seconds` over
+//! [`BOUND_STEPS`] measured steps is losing, whatever plain decoding turns out to do.
 
 /// Decoding steps of an epoch that tries a side.
 const EXPLORE: u64 = 16;
 /// Steps after a switch not measured (requests admitted before it still run as they were).
 const SETTLE: u64 = 2;
+/// Measured steps of a speculating try before it may end as surely losing.
+const BOUND_STEPS: u64 = 3;
 /// Steps the winner keeps at first, and at most (doubling each time it wins again).
 const KEEP_FIRST: u64 = 64;
 const KEEP_MAX: u64 = 1024;
@@ -31,6 +38,10 @@ pub(crate) struct DraftEpochs {
     steps: u64,
     tokens: u64,
     seconds: f64,
+    /// Of the measured steps: the requests decoding, and their target forwards' seconds
+    /// (what plain decoding would take at most to emit a token each).
+    requests: u64,
+    forward_seconds: f64,
     /// The last rate (tokens a second) measured without and with speculation.
     rate: [Option<f64>; 2],
     /// Whether this epoch keeps a winner (else it tries a side), and the next keep's length.
@@ -48,6 +59,8 @@ impl DraftEpochs {
             steps: 0,
             tokens: 0,
             seconds: 0.0,
+            requests: 0,
+            forward_seconds: 0.0,
             rate: [None, None],
             keeping: false,
             keep: KEEP_FIRST,
@@ -69,15 +82,30 @@ impl DraftEpochs {
         }
     }
 
-    /// A decoding step emitted `tokens` in `seconds`. Returns the new setting when an
-    /// epoch ends with a switch.
-    pub fn record(&mut self, tokens: u64, seconds: f64) -> Option<bool> {
+    /// Whether the measured steps emitted fewer tokens a second than plain decoding would
+    /// at its slowest (see the module's doc).
+    fn surely_losing(&self) -> bool {
+        self.seconds > 0.0
+            && self.forward_seconds > 0.0
+            && (self.tokens as f64 / self.seconds) < (self.requests as f64 / self.forward_seconds)
+    }
+
+    /// A decoding step of `requests` decoding requests emitted `tokens` in `seconds`, its
+    /// target forward (with reading its outputs back) taking `forward_seconds`. Returns
+    /// the new setting when an epoch ends with a switch.
+    pub fn record(&mut self, tokens: u64, seconds: f64, requests: u64, forward_seconds: f64) -> Option<bool> {
         self.steps += 1;
         if self.steps > SETTLE {
             self.tokens += tokens;
             self.seconds += seconds;
+            self.requests += requests;
+            self.forward_seconds += forward_seconds;
         }
         self.left = self.left.saturating_sub(1);
+        let trying = self.on && !self.keeping;
+        if trying && self.steps >= SETTLE + BOUND_STEPS && self.surely_losing() {
+            self.left = 0;
+        }
         if self.left > 0 {
             return None;
         }
@@ -110,6 +138,7 @@ impl DraftEpochs {
         self.keeping = both_tried && !self.keeping;
         self.left = if self.keeping { self.keep } else { EXPLORE };
         (self.steps, self.tokens, self.seconds) = (0, 0, 0.0);
+        (self.requests, self.forward_seconds) = (0, 0.0);
         let switched = next != self.on;
         self.on = next;
         self.switches += u64::from(switched);
@@ -131,7 +160,7 @@ mod tests {
             if i >= 100 && e.on() {
                 spec += 1;
             }
-            e.record((rate * 0.01) as u64, 0.01);
+            e.record((rate * 0.01) as u64, 0.01, 1, 0.0);
         }
         spec as f64 / (steps - 100) as f64
     }
@@ -154,26 +183,45 @@ mod tests {
         // Not before anything is measured.
         for _ in 0..SETTLE {
             e.cut_short();
-            assert_eq!(e.record(10, 0.01), None);
+            assert_eq!(e.record(10, 0.01, 1, 0.0), None);
         }
-        e.record(10, 0.01);
+        e.record(10, 0.01, 1, 0.0);
         e.cut_short();
-        assert_eq!(e.record(10, 0.01), Some(false), "ended at the next step");
+        assert_eq!(e.record(10, 0.01, 1, 0.0), Some(false), "ended at the next step");
         assert!(!e.on());
         // A plain epoch is not cut.
         e.cut_short();
-        assert_eq!(e.record(10, 0.01), None);
+        assert_eq!(e.record(10, 0.01, 1, 0.0), None);
     }
 
     #[test]
     fn epochs_start_speculating_then_try_without() {
         let mut e = DraftEpochs::new();
         assert!(e.on());
-        let switches: Vec<Option<bool>> = (0..EXPLORE * 2).map(|_| e.record(10, 0.01)).collect();
+        let switches: Vec<Option<bool>> = (0..EXPLORE * 2).map(|_| e.record(10, 0.01, 1, 0.0)).collect();
         assert_eq!(switches[EXPLORE as usize - 1], Some(false), "after the first epoch: without");
         assert!(!e.on());
         // Equal rates: not speculating wins the tie, and keeps.
         assert_eq!(switches[2 * EXPLORE as usize - 1], None);
         assert!(!e.on());
+    }
+
+    #[test]
+    fn a_try_slower_than_plain_at_its_slowest_ends_once_measured() {
+        // Speculating: 2 tokens a step of 1.5 ms whose target forward took 0.6 ms; plain
+        // decoding would emit at least one token per 0.6 ms (1,667/s > 1,333/s).
+        let mut e = DraftEpochs::new();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(2, 0.0015, 1, 0.0006)).collect();
+        let end = (SETTLE + BOUND_STEPS) as usize - 1;
+        assert_eq!(steps[end], Some(false), "{steps:?}");
+        assert!(steps[..end].iter().all(Option::is_none));
+        // Where the forward is most of the step, the bound proves nothing: the try runs on.
+        let mut e = DraftEpochs::new();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(2, 0.0015, 1, 0.0012)).collect();
+        assert_eq!(steps.iter().position(Option::is_some), Some(EXPLORE as usize - 1));
+        // A batch: four requests, 6 tokens a step; their forward bounds plain at 4 per step.
+        let mut e = DraftEpochs::new();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(6, 0.002, 4, 0.0015)).collect();
+        assert_eq!(steps.iter().position(Option::is_some), Some(EXPLORE as usize - 1), "6/2ms beats 4/1.5ms");
     }
 }

@@ -628,6 +628,7 @@ impl<'m> BatchEngine<'m> {
         let vocab = self.model.info().vocab_size;
         let (session, running, rows, batch) = (&mut self.session, &mut self.running, &self.rows, &self.batch);
         let wants_mask = |(a, n): &(&mut Active, &usize)| **n > 0 && a.computed + **n == a.tokens.len();
+        let t_forward = Instant::now();
         let (forward, masks) = match running.iter().any(Active::constrained) {
             false => (session.forward(batch), Vec::new()),
             true => std::thread::scope(|s| {
@@ -663,6 +664,7 @@ impl<'m> BatchEngine<'m> {
             true => forward.and_then(|()| self.session.take_picks(&mut self.picks)),
             false => forward,
         };
+        let forward_s = t_forward.elapsed().as_secs_f64();
         self.counters.picked_steps += u64::from(pick);
         self.counters.picked_samples += self.scratch.takes.iter().filter(|&&t| t).count() as u64;
         if let Err(e) = forward {
@@ -675,7 +677,8 @@ impl<'m> BatchEngine<'m> {
         // Samples and verifications, in batch order (the order of the output rows).
         let (mut k, mut hr) = (0, 0);
         let mut emitted = 0u64;
-        let decoding_step = self.running.iter().zip(&self.rows).any(|(a, &n)| n > 0 && a.decoding());
+        let decoding_requests = self.running.iter().zip(&self.rows).filter(|(a, &n)| n > 0 && a.decoding()).count();
+        let decoding_step = decoding_requests > 0;
         let StepScratch { kinds, takes, done, publish_at, truncate, .. } = &mut self.scratch;
         done.clear();
         publish_at.clear();
@@ -786,7 +789,8 @@ impl<'m> BatchEngine<'m> {
         }
         if self.gamma > 0
             && decoding_step
-            && self.draft_epochs.record(emitted, t_step.elapsed().as_secs_f64()) == Some(false)
+            && self.draft_epochs.record(emitted, t_step.elapsed().as_secs_f64(), decoding_requests as u64, forward_s)
+                == Some(false)
         {
             self.stop_speculating();
         }
