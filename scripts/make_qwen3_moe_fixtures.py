@@ -62,7 +62,8 @@ BASE = dict(
     decoder_sparse_step=1,
     mlp_only_layers=[],
     rms_norm_eps=1e-6,
-    max_position_embeddings=256,
+    # Room for the official template's tools section (the server test renders it).
+    max_position_embeddings=1024,
     hidden_act="silu",
     tie_word_embeddings=False,
     attention_bias=False,
@@ -155,7 +156,7 @@ class Family(g4.Family):
             "pad_token": "<|endoftext|>",
             "clean_up_tokenization_spaces": False,
             "errors": "replace",
-            "model_max_length": 256,
+            "model_max_length": 1024,
             "split_special_tokens": False,
             "chat_template": open(TEMPLATE).read(),
         }
