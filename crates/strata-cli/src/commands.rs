@@ -63,6 +63,8 @@ impl SamplingArgs {
             bail!("--draft-tokens {n}: the model's draft (MTP) layer is not loaded (--mtp off, or the model has none)");
         }
         let mut engine = m.engine(self.draft_tokens)?;
+        // Whether speculating pays here was measured by earlier runs: start from it.
+        engine.remember_speculation(&m.dir);
         if let (Some(p), 0) = (&self.draft_policy, engine.options().draft_tokens) {
             match self.draft_tokens {
                 Some(0) => bail!("--draft-policy {p}: --draft-tokens 0 drafts nothing"),

@@ -123,6 +123,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             max_body: max_body as usize,
             draft_tokens: a.draft_tokens,
             draft_policy,
+            // Whether speculating pays here was measured by earlier runs: start from it.
+            remember_speculation: true,
         },
     })
 }

@@ -96,6 +96,9 @@ pub struct ServeOptions {
     /// 3 where the model's draft layer is loaded, else 0; 0 turns speculation off).
     pub draft_tokens: Option<usize>,
     pub draft_policy: strata_engine::DraftPolicy,
+    /// Keep what the engine measures about speculating in the model directory, and start
+    /// from what earlier runs kept (`strata serve` does; off by default).
+    pub remember_speculation: bool,
 }
 
 impl Default for ServeOptions {
@@ -113,6 +116,7 @@ impl Default for ServeOptions {
             max_body: MAX_BODY_BYTES,
             draft_tokens: None,
             draft_policy: strata_engine::DraftPolicy::Adaptive,
+            remember_speculation: false,
         }
     }
 }
@@ -158,7 +162,7 @@ pub fn state_opts(model: LoadedModel, opts: &ServeOptions) -> Shared {
         tok.map_or(usize::MAX, |t| context.saturating_mul(t.max_token_bytes().max(1)).saturating_mul(2));
     Arc::new(AppState {
         model_id: display_name(&model.dir),
-        worker: Worker::start(model.clone(), opts.queue, engine, metrics.clone()),
+        worker: Worker::start(model.clone(), opts.queue, engine, metrics.clone(), opts.remember_speculation),
         model,
         api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
         metrics,

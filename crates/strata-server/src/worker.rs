@@ -41,14 +41,22 @@ const TURN_EVERY: Duration = Duration::from_secs(2);
 impl Worker {
     /// Starts the worker thread: up to `opts.max_batch` requests run at once and
     /// `capacity` more may wait.
-    pub fn start(model: Arc<LoadedModel>, capacity: usize, opts: EngineOptions, metrics: Arc<Metrics>) -> Self {
+    /// `remember`: the engine keeps what it measures about speculating in the model
+    /// directory and starts from what was kept there (`strata serve`; tests leave it off).
+    pub fn start(
+        model: Arc<LoadedModel>,
+        capacity: usize,
+        opts: EngineOptions,
+        metrics: Arc<Metrics>,
+        remember: bool,
+    ) -> Self {
         let (tx, rx) = channel::<Job>();
         let m = metrics.clone();
         let shutdown = Arc::new(AtomicBool::new(false));
         let stop = shutdown.clone();
         std::thread::Builder::new()
             .name("strata-generate".into())
-            .spawn(move || run(model, rx, opts, m, stop))
+            .spawn(move || run(model, rx, opts, m, stop, remember))
             .expect("spawn the generation thread");
         Self { tx, capacity, max_batch: opts.max_batch, metrics, shutdown }
     }
@@ -122,9 +130,15 @@ fn run(
     opts: EngineOptions,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
+    remember: bool,
 ) {
     let mut engine = match BatchEngine::new(model.model.as_ref(), model.tokenizer.as_ref(), opts) {
-        Ok(e) => e,
+        Ok(mut e) => {
+            if remember {
+                e.remember_speculation(&model.dir);
+            }
+            e
+        }
         Err(e) => {
             let msg = format!("the serving engine could not start: {e:#}");
             eprintln!("error: {msg}");

@@ -364,7 +364,7 @@ fn reasoning_is_reported_apart_from_the_answer() {
     };
     let st = Arc::new(AppState {
         model_id: "m".into(),
-        worker: Worker::start(model.clone(), 4, engine, metrics.clone()),
+        worker: Worker::start(model.clone(), 4, engine, metrics.clone(), false),
         grammars: strata_server::grammar::Grammars::new(model.clone()).map_err(|e| e.to_string()),
         model,
         api_key: None,

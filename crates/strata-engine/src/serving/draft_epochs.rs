@@ -22,6 +22,19 @@
 const EXPLORE: u64 = 16;
 /// Steps after a switch not measured (requests admitted before it still run as they were).
 const SETTLE: u64 = 2;
+/// One decoding step, as [`DraftEpochs::record`] measures it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Step {
+    /// Tokens the step emitted, in `seconds`.
+    pub tokens: u64,
+    pub seconds: f64,
+    /// Requests decoding in it, and its target forward's seconds (with reading back).
+    pub requests: u64,
+    pub forward_seconds: f64,
+    /// Whether any of them speculated.
+    pub speculating: bool,
+}
+
 /// Measured steps of a speculating try before it may end as surely losing.
 const BOUND_STEPS: u64 = 3;
 /// Steps the winner keeps at first, and at most (doubling each time it wins again).
@@ -44,6 +57,8 @@ pub(crate) struct DraftEpochs {
     forward_seconds: f64,
     /// The last rate (tokens a second) measured without and with speculation.
     rate: [Option<f64>; 2],
+    /// Which rates this engine measured (not kept from an earlier one).
+    measured_here: [bool; 2],
     /// Whether this epoch keeps a winner (else it tries a side), and the next keep's length.
     keeping: bool,
     keep: u64,
@@ -62,9 +77,25 @@ impl DraftEpochs {
             requests: 0,
             forward_seconds: 0.0,
             rate: [None, None],
+            measured_here: [false, false],
             keeping: false,
             keep: KEEP_FIRST,
             switches: 0,
+        }
+    }
+
+    /// Epochs that start by keeping the faster side of rates measured before (a kept
+    /// verdict: [`super::speculation_memory`]), trying the other side when the keep ends.
+    pub fn from_rates(plain: f64, speculating: f64) -> Self {
+        let on = speculating > plain;
+        Self { on, left: KEEP_FIRST, rate: [Some(plain), Some(speculating)], keeping: true, ..Self::new() }
+    }
+
+    /// Both rates (plain, speculating), once this engine measured each side itself.
+    pub fn measured(&self) -> Option<(f64, f64)> {
+        match (self.measured_here, self.rate) {
+            ([true, true], [Some(off), Some(on)]) => Some((off, on)),
+            _ => None,
         }
     }
 
@@ -93,9 +124,12 @@ impl DraftEpochs {
     /// A decoding step of `requests` decoding requests emitted `tokens` in `seconds`, its
     /// target forward (with reading its outputs back) taking `forward_seconds`. Returns
     /// the new setting when an epoch ends with a switch.
-    pub fn record(&mut self, tokens: u64, seconds: f64, requests: u64, forward_seconds: f64) -> Option<bool> {
+    pub fn record(&mut self, step: Step) -> Option<bool> {
+        let Step { tokens, seconds, requests, forward_seconds, speculating } = step;
         self.steps += 1;
-        if self.steps > SETTLE {
+        // A step measures its epoch's side only when it runs that side: requests admitted
+        // before a switch still run as they were admitted.
+        if self.steps > SETTLE && speculating == self.on {
             self.tokens += tokens;
             self.seconds += seconds;
             self.requests += requests;
@@ -113,6 +147,7 @@ impl DraftEpochs {
         let side = usize::from(self.on);
         if measured.is_some() {
             self.rate[side] = measured;
+            self.measured_here[side] = true;
         }
         let next = match (self.keeping, self.rate) {
             // A side is untried: try it.
@@ -150,6 +185,11 @@ impl DraftEpochs {
 mod tests {
     use super::*;
 
+    /// Records a step of the epoch's own side.
+    fn run(e: &mut DraftEpochs, tokens: u64, seconds: f64, requests: u64, forward_seconds: f64) -> Option<bool> {
+        e.record(Step { tokens, seconds, requests, forward_seconds, speculating: e.on() })
+    }
+
     /// Runs `steps` decoding steps where speculating emits `on` tokens a second and not
     /// `off`; returns the share of steps that speculated after the first 100.
     fn share_on(on: f64, off: f64, steps: usize) -> f64 {
@@ -160,7 +200,7 @@ mod tests {
             if i >= 100 && e.on() {
                 spec += 1;
             }
-            e.record((rate * 0.01) as u64, 0.01, 1, 0.0);
+            run(&mut e, (rate * 0.01) as u64, 0.01, 1, 0.0);
         }
         spec as f64 / (steps - 100) as f64
     }
@@ -183,22 +223,22 @@ mod tests {
         // Not before anything is measured.
         for _ in 0..SETTLE {
             e.cut_short();
-            assert_eq!(e.record(10, 0.01, 1, 0.0), None);
+            assert_eq!(run(&mut e, 10, 0.01, 1, 0.0), None);
         }
-        e.record(10, 0.01, 1, 0.0);
+        run(&mut e, 10, 0.01, 1, 0.0);
         e.cut_short();
-        assert_eq!(e.record(10, 0.01, 1, 0.0), Some(false), "ended at the next step");
+        assert_eq!(run(&mut e, 10, 0.01, 1, 0.0), Some(false), "ended at the next step");
         assert!(!e.on());
         // A plain epoch is not cut.
         e.cut_short();
-        assert_eq!(e.record(10, 0.01, 1, 0.0), None);
+        assert_eq!(run(&mut e, 10, 0.01, 1, 0.0), None);
     }
 
     #[test]
     fn epochs_start_speculating_then_try_without() {
         let mut e = DraftEpochs::new();
         assert!(e.on());
-        let switches: Vec<Option<bool>> = (0..EXPLORE * 2).map(|_| e.record(10, 0.01, 1, 0.0)).collect();
+        let switches: Vec<Option<bool>> = (0..EXPLORE * 2).map(|_| run(&mut e, 10, 0.01, 1, 0.0)).collect();
         assert_eq!(switches[EXPLORE as usize - 1], Some(false), "after the first epoch: without");
         assert!(!e.on());
         // Equal rates: not speculating wins the tie, and keeps.
@@ -211,17 +251,48 @@ mod tests {
         // Speculating: 2 tokens a step of 1.5 ms whose target forward took 0.6 ms; plain
         // decoding would emit at least one token per 0.6 ms (1,667/s > 1,333/s).
         let mut e = DraftEpochs::new();
-        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(2, 0.0015, 1, 0.0006)).collect();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| run(&mut e, 2, 0.0015, 1, 0.0006)).collect();
         let end = (SETTLE + BOUND_STEPS) as usize - 1;
         assert_eq!(steps[end], Some(false), "{steps:?}");
         assert!(steps[..end].iter().all(Option::is_none));
         // Where the forward is most of the step, the bound proves nothing: the try runs on.
         let mut e = DraftEpochs::new();
-        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(2, 0.0015, 1, 0.0012)).collect();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| run(&mut e, 2, 0.0015, 1, 0.0012)).collect();
         assert_eq!(steps.iter().position(Option::is_some), Some(EXPLORE as usize - 1));
         // A batch: four requests, 6 tokens a step; their forward bounds plain at 4 per step.
         let mut e = DraftEpochs::new();
-        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| e.record(6, 0.002, 4, 0.0015)).collect();
+        let steps: Vec<Option<bool>> = (0..EXPLORE).map(|_| run(&mut e, 6, 0.002, 4, 0.0015)).collect();
         assert_eq!(steps.iter().position(Option::is_some), Some(EXPLORE as usize - 1), "6/2ms beats 4/1.5ms");
+    }
+
+    #[test]
+    fn kept_rates_start_with_the_faster_side_and_try_the_other_later() {
+        let mut e = DraftEpochs::from_rates(2000.0, 1500.0);
+        assert!(!e.on(), "plain was faster");
+        assert_eq!(e.measured(), None, "nothing measured here yet");
+        let switches: Vec<Option<bool>> = (0..KEEP_FIRST).map(|_| run(&mut e, 10, 0.005, 1, 0.0)).collect();
+        assert_eq!(switches[KEEP_FIRST as usize - 1], Some(true), "the keep ends with a try of speculating");
+        assert!(DraftEpochs::from_rates(1000.0, 1800.0).on());
+        // Measured here on both sides: rates to keep.
+        let mut e = DraftEpochs::new();
+        for _ in 0..2 * EXPLORE {
+            run(&mut e, 10, 0.01, 1, 0.0);
+        }
+        let (plain, spec) = e.measured().expect("both sides measured");
+        assert!((plain - 1000.0).abs() < 1e-6 && (spec - 1000.0).abs() < 1e-6, "{plain} {spec}");
+    }
+
+    #[test]
+    fn steps_of_the_other_side_measure_nothing() {
+        // A speculating epoch whose requests all run plain (admitted before the switch)
+        // leaves the speculating rate unmeasured.
+        let mut e = DraftEpochs::from_rates(2000.0, 1500.0);
+        while !e.on() {
+            run(&mut e, 10, 0.005, 1, 0.0);
+        }
+        for _ in 0..EXPLORE {
+            e.record(Step { tokens: 10, seconds: 0.004, requests: 1, forward_seconds: 0.0, speculating: false });
+        }
+        assert_eq!(e.measured(), None);
     }
 }

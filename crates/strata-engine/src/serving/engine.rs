@@ -2,11 +2,12 @@
 //! step over the rows the scheduler picked, a sample per request whose tokens are in.
 
 use super::batch_drafts::BatchDrafts;
-use super::draft_epochs::DraftEpochs;
+use super::draft_epochs::{DraftEpochs, Step};
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
 use super::speculate::{draft_phase, Dims, DraftCounters, DraftScratch, Spec, VerifyScratch};
+use super::speculation_memory::SpeculationMemory;
 use super::{Finished, ServeRequest, Update};
 
 mod fed;
@@ -103,6 +104,8 @@ pub struct BatchEngine<'m> {
     /// The draft count of the adaptive requests, chosen for the batch each step.
     batch_drafts: BatchDrafts,
     draft_epochs: DraftEpochs,
+    /// Where the measured rates with and without speculation are kept across runs.
+    speculation_memory: Option<SpeculationMemory>,
     /// Steps in a row whose adaptive requests drafted nothing.
     undrafted: u32,
     /// The requests whose samples the last fed step's forward picks (in its rows' order;
@@ -210,6 +213,7 @@ impl<'m> BatchEngine<'m> {
             verify: VerifyScratch::default(),
             batch_drafts: BatchDrafts::new(),
             draft_epochs: DraftEpochs::new(),
+            speculation_memory: None,
             undrafted: 0,
             inflight: None,
             fed_order: Vec::with_capacity(opts.max_batch),
@@ -223,6 +227,20 @@ impl<'m> BatchEngine<'m> {
         &self.opts
     }
 
+    /// Keeps what the engine measures about speculating in `model_dir` (see
+    /// [`super::speculation_memory`]), and starts from what an earlier engine kept there
+    /// for this device and batch size. Without a draft layer it does nothing.
+    pub fn remember_speculation(&mut self, model_dir: &std::path::Path) {
+        if self.gamma == 0 {
+            return;
+        }
+        let memory = SpeculationMemory::new(model_dir, &self.model.device(), self.opts.max_batch);
+        if let Some(r) = memory.start() {
+            self.draft_epochs = DraftEpochs::from_rates(r.plain_tokens_per_s, r.speculating_tokens_per_s);
+        }
+        self.speculation_memory = Some(memory);
+    }
+
     /// Queues a request; its updates come out of [`BatchEngine::step`] under the id.
     pub fn submit(&mut self, req: ServeRequest) -> Result<u64> {
         let id = self.next_id;
@@ -234,8 +252,17 @@ impl<'m> BatchEngine<'m> {
             let gamma = g.draft_tokens.min(self.gamma);
             // An adaptive request speculates when admitted in an epoch that does.
             let pays = !g.draft_policy.adapts() || self.draft_epochs.on();
-            if a.req.constraint.is_none() && gamma > 0 && pays {
-                a.spec = Some(Spec::new(gamma, g.draft_policy.adapts()));
+            if a.req.constraint.is_none() && gamma > 0 {
+                let spec = Spec::new(gamma, g.draft_policy.adapts());
+                match pays {
+                    true => a.spec = Some(spec),
+                    // Not speculating now: its stats say so (dormant from the first token).
+                    false => {
+                        let mut stats = spec.finished_stats();
+                        stats.dormant_after_tokens = Some(0);
+                        a.dropped_spec = Some(stats);
+                    }
+                }
             }
             if self.log_hidden {
                 a.hidden_log = Some(Vec::new());
@@ -787,12 +814,24 @@ impl<'m> BatchEngine<'m> {
             self.session.truncate(seq, len);
             self.session.draft_truncate(seq, draft_len);
         }
-        if self.gamma > 0
-            && decoding_step
-            && self.draft_epochs.record(emitted, t_step.elapsed().as_secs_f64(), decoding_requests as u64, forward_s)
-                == Some(false)
-        {
-            self.stop_speculating();
+        if self.gamma > 0 && decoding_step {
+            let measured = self.draft_epochs.measured();
+            let speculating = self.running.iter().any(|a| a.spec.is_some() && a.decoding());
+            let switch = self.draft_epochs.record(Step {
+                tokens: emitted,
+                seconds: t_step.elapsed().as_secs_f64(),
+                requests: decoding_requests as u64,
+                forward_seconds: forward_s,
+                speculating,
+            });
+            if switch == Some(false) {
+                self.stop_speculating();
+            }
+            if let (Some(memory), Some((plain, spec))) = (&self.speculation_memory, self.draft_epochs.measured()) {
+                if measured != Some((plain, spec)) {
+                    memory.keep(plain, spec);
+                }
+            }
         }
         // Prompts that are in: their full blocks join the prompt cache now, so that
         // requests arriving meanwhile can share them.

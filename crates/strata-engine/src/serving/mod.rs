@@ -23,6 +23,7 @@ pub mod prefix;
 mod request;
 pub mod schedule;
 mod speculate;
+pub mod speculation_memory;
 
 pub use engine::{BatchEngine, EngineCounters, EngineOptions};
 pub use speculate::DraftCounters;
