@@ -285,6 +285,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
         let o = EngineOptions { prompt_cache_bytes: 0, ..m.engine_options(Some(draft_tokens))? };
         let mut e = BatchEngine::new(m.model.as_ref(), None, o)?;
         e.set_device_picks(fed);
+        // As `strata generate`: it starts from the speculation rates earlier runs kept.
+        e.remember_speculation(&m.dir);
         Ok(e)
     };
     let request = |n: usize| {

@@ -87,6 +87,8 @@ pub fn serve(a: ServeBenchArgs) -> Result<()> {
     };
     let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts)?;
     engine.set_device_picks(a.device_picks.forced());
+    // As `strata serve`: it starts from the speculation rates earlier runs kept.
+    engine.remember_speculation(&m.dir);
     let requests = || -> Vec<ServeRequest> {
         prompts
             .iter()
