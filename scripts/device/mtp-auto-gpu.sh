@@ -3,7 +3,10 @@
 # strata-tiny, REPS rounds alternating auto/off: `strata generate` of 200 tokens (greedy
 # and T=0.8), `bench decode` (64 + 256 tokens), and `bench serve` at 1, 4 and 16 requests
 # (greedy and sampled; auto = the default draft length, off = --draft-tokens 0).
-# Writes $OUT/mtp-auto.jsonl and prints medians and auto/off per case.
+# Starts from no kept speculation rates (models/strata-tiny/.strata/speculation.json is
+# removed), so the first auto run of each case measures both sides and later ones start
+# from what it kept. Writes $OUT/mtp-auto.jsonl; prints medians, auto/off per case, and the
+# first round's auto/off (the run that had to measure).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 if [ ! -s models/strata-tiny/model.safetensors ] && [ -f $C/tiny-model.safetensors.xz ]; then
@@ -11,6 +14,7 @@ if [ ! -s models/strata-tiny/model.safetensors ] && [ -f $C/tiny-model.safetenso
 fi
 res="$OUT/mtp-auto.jsonl"
 : >"$res"
+rm -f models/strata-tiny/.strata/speculation.json
 M=models/strata-tiny
 rec() { # case mode tok/s
   echo "{\"case\":\"$1\",\"mode\":\"$2\",\"tps\":${3:-null}}" >>"$res"
@@ -51,13 +55,15 @@ python3 - "$res" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 cases = list(dict.fromkeys(r["case"] for r in rows))
-print(f"{'case':18} {'auto tok/s':>10} {'off tok/s':>10} {'auto/off':>8}")
+print(f"{'case':18} {'auto tok/s':>10} {'off tok/s':>10} {'auto/off':>8} {'first':>6}")
 for c in cases:
     med = {}
     for m in ("auto", "off"):
         v = [r["tps"] for r in rows if r["case"] == c and r["mode"] == m and r["tps"] is not None]
         med[m] = statistics.median(v) if v else None
     ratio = med["auto"] / med["off"] if med["auto"] and med["off"] else None
+    first = [next((r["tps"] for r in rows if r["case"] == c and r["mode"] == m), None) for m in ("auto", "off")]
+    first = round(first[0] / first[1], 3) if all(first) else None
     fmt = lambda x: f"{x:10.0f}" if x else f"{'-':>10}"
-    print(f"{c:18} {fmt(med['auto'])} {fmt(med['off'])} {ratio if ratio is None else round(ratio, 3)!s:>8}")
+    print(f"{c:18} {fmt(med['auto'])} {fmt(med['off'])} {ratio if ratio is None else round(ratio, 3)!s:>8} {first!s:>6}")
 PY
