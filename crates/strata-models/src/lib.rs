@@ -18,6 +18,7 @@ pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod kv;
 pub mod media;
+pub mod minimax_m2;
 pub mod qwen3_moe;
 pub mod registry;
 mod session;

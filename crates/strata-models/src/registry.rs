@@ -114,6 +114,10 @@ pub enum ChatFormat {
     /// object `{"name": ..., "arguments": {...}}` (Qwen3) or, from Qwen3-Coder, by
     /// `<function=NAME><parameter=KEY>VALUE</parameter>...</function>`, then `</tool_call>`.
     Qwen,
+    /// MiniMax-M2: reasoning in `<think>...</think>`; calls as `<minimax:tool_call>` holding
+    /// one or more `<invoke name="NAME"><parameter name="KEY">VALUE</parameter></invoke>`,
+    /// then `</minimax:tool_call>`.
+    MiniMax,
 }
 
 pub use strata_experts::MoeLayout;
@@ -187,8 +191,13 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 4] =
-        [&crate::glm_moe_dsa::FAMILY, &crate::glm4_moe::FAMILY, &crate::qwen3_moe::FAMILY, &crate::gemma4::FAMILY];
+    static FAMILIES: [&Family; 5] = [
+        &crate::glm_moe_dsa::FAMILY,
+        &crate::glm4_moe::FAMILY,
+        &crate::qwen3_moe::FAMILY,
+        &crate::minimax_m2::FAMILY,
+        &crate::gemma4::FAMILY,
+    ];
     &FAMILIES
 }
 

@@ -1,6 +1,7 @@
 //! Grouped-query attention (Llama / GLM-4 / Gemma shape): q/k/v projections (optionally
-//! biased), optional per-head q/k RMSNorm, half-split RoPE on the leading rotary dims,
-//! K/V cached per position, softmax attention, output projection added to the residual.
+//! biased), optional q/k RMSNorm (per head, or over the whole projection as MiniMax-M2
+//! does), half-split RoPE on the leading rotary dims, K/V cached per position, softmax
+//! attention, output projection added to the residual.
 
 use anyhow::Result;
 use strata_backend::{Backend, GqaAttend, GqaDims, GqaPrepare, LinearOut, Step};
@@ -14,6 +15,9 @@ pub struct GqaWeights<B: Backend> {
     pub v_bias: Option<B::Buf>,
     pub q_norm: Option<B::Buf>,
     pub k_norm: Option<B::Buf>,
+    /// Whether `q_norm` / `k_norm` span the whole projection (`heads * head_dim`, and
+    /// `kv_heads * head_dim`) instead of one head.
+    pub full_norm: bool,
     pub o: B::Mat,
 }
 
@@ -23,16 +27,30 @@ pub struct GqaScratch<B: Backend> {
     k: B::Buf,
     v: B::Buf,
     attn: B::Buf,
+    /// q and k after a whole-projection norm (`full_norm` weights only).
+    normed: Option<(B::Buf, B::Buf)>,
 }
 
 impl<B: Backend> GqaScratch<B> {
-    pub fn new(b: &B, d: &GqaDims, rows: usize) -> Result<Self> {
+    /// `full_norm`: room for q and k normed over the whole projection.
+    pub fn new(b: &B, d: &GqaDims, rows: usize, full_norm: bool) -> Result<Self> {
         let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        Ok(Self { q: b.alloc(rows * q)?, k: b.alloc(rows * kv)?, v: b.alloc(rows * kv)?, attn: b.alloc(rows * q)? })
+        let normed = match full_norm {
+            true => Some((b.alloc(rows * q)?, b.alloc(rows * kv)?)),
+            false => None,
+        };
+        Ok(Self {
+            q: b.alloc(rows * q)?,
+            k: b.alloc(rows * kv)?,
+            v: b.alloc(rows * kv)?,
+            attn: b.alloc(rows * q)?,
+            normed,
+        })
     }
 
-    pub fn bytes(d: &GqaDims, rows: usize) -> u64 {
-        4 * (rows * (2 * d.heads * d.head_dim + 2 * d.kv_heads * d.head_dim)) as u64
+    pub fn bytes(d: &GqaDims, rows: usize, full_norm: bool) -> u64 {
+        let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        4 * (rows * (2 * q + 2 * kv + if full_norm { q + kv } else { 0 })) as u64
     }
 }
 
@@ -62,22 +80,17 @@ impl<B: Backend> GqaWeights<B> {
                 LinearOut::biased(b, &self.v, self.v_bias.as_ref(), &mut s.v),
             ],
         );
-        b.gqa_prepare(
-            step,
-            GqaPrepare {
-                dims: d,
-                q: &mut s.q,
-                k: &s.k,
-                v: &s.v,
-                q_norm: self.q_norm.as_ref(),
-                k_norm: self.k_norm.as_ref(),
-                eps,
-                cos,
-                sin,
-                cache,
-            },
-        );
-        b.gqa_attend(step, GqaAttend { dims: d, q: &s.q, cache, out: &mut s.attn });
+        let (q, k, q_norm, k_norm) = match (self.full_norm, s.normed.as_mut()) {
+            (true, Some((nq, nk))) => {
+                let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+                b.rms_norm(rows, qw, &s.q, self.q_norm.as_ref(), eps, nq);
+                b.rms_norm(rows, kw, &s.k, self.k_norm.as_ref(), eps, nk);
+                (nq, &*nk, None, None)
+            }
+            _ => (&mut s.q, &s.k, self.q_norm.as_ref(), self.k_norm.as_ref()),
+        };
+        b.gqa_prepare(step, GqaPrepare { dims: d, q: &mut *q, k, v: &s.v, q_norm, k_norm, eps, cos, sin, cache });
+        b.gqa_attend(step, GqaAttend { dims: d, q: &*q, cache, out: &mut s.attn });
         b.linears(&s.attn, rows, &mut [LinearOut::add(b, &self.o, x)]);
     }
 }

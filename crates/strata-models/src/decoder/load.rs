@@ -4,7 +4,7 @@
 
 use super::model::{Decoder, Layer};
 use super::weights::{name, spec, weight_map, Key, LayerKey};
-use super::{DecoderSpec, Routing};
+use super::{DecoderSpec, QkNorm, Routing};
 use crate::blocks::{ExpertSource, Ffn, GqaWeights, Moe, SwiGlu};
 use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
 use crate::ModelInfo;
@@ -23,11 +23,11 @@ struct Loader<'a, B: Backend> {
 impl<B: Backend> Loader<'_, B> {
     fn mat(&self, k: Key) -> Result<B::Mat> {
         let (shape, role, _) = spec(self.cfg, k);
-        self.b.matrix(load_matrix(self.store, &name(k), [shape[0], shape[1]], role, self.cfg.fp8_block)?)
+        self.b.matrix(load_matrix(self.store, &name(self.cfg.naming, k), [shape[0], shape[1]], role, self.cfg.fp8_block)?)
     }
     fn vec(&self, k: Key) -> Result<B::Buf> {
         let (shape, _, _) = spec(self.cfg, k);
-        self.b.upload(&load_vector(self.store, &name(k), shape[0])?)
+        self.b.upload(&load_vector(self.store, &name(self.cfg.naming, k), shape[0])?)
     }
     fn opt_vec(&self, k: Key, present: bool) -> Result<Option<B::Buf>> {
         present.then(|| self.vec(k)).transpose()
@@ -38,7 +38,7 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn expert(&self, layer: usize, e: usize) -> Result<[B::Mat; 3]> {
-        let per = |m| name(Key::Layer(layer, LayerKey::Expert(e, m)));
+        let per = |m| name(self.cfg.naming, Key::Layer(layer, LayerKey::Expert(e, m)));
         let names = [per(ExpertMatrix::Gate), per(ExpertMatrix::Up), per(ExpertMatrix::Down)];
         let cfg = self.cfg;
         let shape = ExpertShape { experts: cfg.experts, hidden: cfg.hidden_size, inter: cfg.moe_intermediate_size };
@@ -49,7 +49,7 @@ impl<B: Backend> Loader<'_, B> {
     fn attention(&self, i: usize) -> Result<GqaWeights<B>> {
         use LayerKey::*;
         let k = |lk| Key::Layer(i, lk);
-        let (bias, qk_norm) = (self.cfg.attention_bias, self.cfg.qk_norm);
+        let (bias, qk_norm) = (self.cfg.attention_bias, self.cfg.qk_norm != QkNorm::None);
         Ok(GqaWeights {
             q: self.mat(k(Q))?,
             k: self.mat(k(K))?,
@@ -59,6 +59,7 @@ impl<B: Backend> Loader<'_, B> {
             v_bias: self.opt_vec(k(VBias), bias)?,
             q_norm: self.opt_vec(k(QNorm), qk_norm)?,
             k_norm: self.opt_vec(k(KNorm), qk_norm)?,
+            full_norm: self.cfg.qk_norm == QkNorm::Full,
             o: self.mat(k(O))?,
         })
     }

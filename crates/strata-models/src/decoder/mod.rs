@@ -19,9 +19,11 @@ pub mod weights;
 pub use model::{Decoder, DecoderSession};
 
 use crate::blocks::{GqaScratch, MoeScratch};
-use crate::registry::{Device, LoadSpec, MoeLayout};
+use crate::registry::{Arch, Device, Family, LoadSpec, MoeLayout};
+use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{bail, Result};
+use serde_json::Value;
 use strata_backend::cpu::CpuBackend;
 use strata_backend::GqaDims;
 use strata_storage::WeightStore;
@@ -34,6 +36,26 @@ pub enum Routing {
     Noaux { n_group: usize, topk_group: usize, norm_topk_prob: bool, scaling: f32 },
     /// Softmax over every expert, the top-k, renormalised to sum to one where asked.
     Softmax { renormalize: bool },
+}
+
+/// The q/k RMSNorm of the attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// One `head_dim` weight for every head (GLM-4.5, Qwen3).
+    PerHead,
+    /// One weight over the whole q projection and one over the whole k (MiniMax-M2).
+    Full,
+}
+
+/// How a checkpoint names its MoE tensors (everything else is named alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// `mlp.gate`, `mlp.gate.e_score_correction_bias`, `mlp.experts.E.{gate,up,down}_proj`.
+    Llama,
+    /// Mixtral's: `block_sparse_moe.gate`, `block_sparse_moe.e_score_correction_bias`,
+    /// `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+    Mixtral,
 }
 
 /// Everything about a checkpoint's decoder that shapes its tensors and its forward.
@@ -53,7 +75,8 @@ pub struct DecoderSpec {
     /// Sliding-window attention on every layer, where the config turns it on.
     pub window: Option<usize>,
     pub attention_bias: bool,
-    pub qk_norm: bool,
+    pub qk_norm: QkNorm,
+    pub naming: Naming,
     pub tie_word_embeddings: bool,
     /// The dense layers' SwiGLU width.
     pub intermediate_size: usize,
@@ -132,7 +155,7 @@ impl DecoderSpec {
         // one row of logits; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
         4 * (3 * r * h + r * self.rotary_dim as u64)
-            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(), rows)
+            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(), rows, self.qk_norm == QkNorm::Full)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)
             + 4 * r * (h * (k + 1) + 2 * inter)
@@ -158,5 +181,58 @@ impl DecoderSpec {
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),
         }
+    }
+}
+
+/// A family whose model is this decoder: its config answers these, and the family's
+/// [`Arch`] follows from them.
+pub trait DecoderConfig: Clone + std::fmt::Debug + Send + Sync + 'static {
+    const MODEL_TYPE: &'static str;
+    fn family() -> &'static Family;
+    fn decoder(&self) -> DecoderSpec;
+    fn info(&self) -> ModelInfo;
+    /// Architecture fields for `inspect`.
+    fn describe(&self) -> Value;
+}
+
+impl<T: DecoderConfig> Arch for T {
+    fn family(&self) -> &'static Family {
+        T::family()
+    }
+
+    fn model_type(&self) -> &str {
+        T::MODEL_TYPE
+    }
+
+    fn info(&self) -> ModelInfo {
+        DecoderConfig::info(self)
+    }
+
+    fn weight_map(&self) -> WeightMap {
+        weights::weight_map(&self.decoder())
+    }
+
+    fn moe(&self) -> Option<MoeLayout> {
+        self.decoder().moe_layout()
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.decoder().kv_bytes_per_token()
+    }
+
+    fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
+        self.decoder().activation_bytes(rows, context)
+    }
+
+    fn fp8_block(&self) -> Option<(usize, usize)> {
+        self.decoder().fp8_block
+    }
+
+    fn describe(&self) -> Value {
+        DecoderConfig::describe(self)
+    }
+
+    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
+        self.decoder().load(DecoderConfig::info(self), store, spec)
     }
 }

@@ -95,7 +95,7 @@ impl<'m, B: Backend> DecoderSession<'m, B> {
             y: b.alloc(rows * h)?,
             cos: b.alloc(rows * m.dims.rotary / 2)?,
             sin: b.alloc(rows * m.dims.rotary / 2)?,
-            gqa: GqaScratch::new(b, &m.dims, rows)?,
+            gqa: GqaScratch::new(b, &m.dims, rows, cfg.qk_norm == super::QkNorm::Full)?,
             moe,
         };
         Ok(Self {

@@ -1,7 +1,7 @@
 //! Every tensor of a Llama-style MoE checkpoint, named as on the Hub: the only place
 //! these names are spelled.
 
-use super::{DecoderSpec, Routing};
+use super::{DecoderSpec, Naming, QkNorm, Routing};
 use crate::weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub enum LayerKey {
     MtpHeadNorm,
 }
 
-pub fn name(k: Key) -> String {
+pub fn name(naming: Naming, k: Key) -> String {
     use LayerKey::*;
     let (i, lk) = match k {
         Key::Embed => return "model.embed_tokens.weight".into(),
@@ -65,6 +65,16 @@ pub fn name(k: Key) -> String {
         MlpGate => format!("{p}.mlp.gate_proj.weight"),
         MlpUp => format!("{p}.mlp.up_proj.weight"),
         MlpDown => format!("{p}.mlp.down_proj.weight"),
+        Router if naming == Naming::Mixtral => format!("{p}.block_sparse_moe.gate.weight"),
+        RouterBias if naming == Naming::Mixtral => format!("{p}.block_sparse_moe.e_score_correction_bias"),
+        Expert(e, m) if naming == Naming::Mixtral => format!(
+            "{p}.block_sparse_moe.experts.{e}.{}.weight",
+            match m {
+                ExpertMatrix::Gate => "w1",
+                ExpertMatrix::Up => "w3",
+                ExpertMatrix::Down => "w2",
+            }
+        ),
         Router => format!("{p}.mlp.gate.weight"),
         RouterBias => format!("{p}.mlp.gate.e_score_correction_bias"),
         SharedGate => format!("{p}.mlp.shared_experts.gate_proj.weight"),
@@ -105,6 +115,8 @@ pub fn spec(cfg: &DecoderSpec, k: Key) -> (Vec<usize>, Role, TensorGroup) {
         K | V => (vec![kv, h], Linear, Attention),
         QBias => (vec![q], NormBias, Attention),
         KBias | VBias => (vec![kv], NormBias, Attention),
+        QNorm if cfg.qk_norm == QkNorm::Full => (vec![q], NormScale, Norms),
+        KNorm if cfg.qk_norm == QkNorm::Full => (vec![kv], NormScale, Norms),
         QNorm | KNorm => (vec![cfg.head_dim], NormScale, Norms),
         O => (vec![h, q], Linear, Attention),
         MlpGate | MlpUp => (vec![inter, h], Linear, DenseMlp),
@@ -127,7 +139,7 @@ fn layer_keys(cfg: &DecoderSpec, sparse: bool) -> Vec<LayerKey> {
     if cfg.attention_bias {
         keys.extend([QBias, KBias, VBias]);
     }
-    if cfg.qk_norm {
+    if cfg.qk_norm != QkNorm::None {
         keys.extend([QNorm, KNorm]);
     }
     if sparse {
@@ -156,7 +168,7 @@ pub fn weight_map(cfg: &DecoderSpec) -> WeightMap {
             Key::Layer(l, LayerKey::Expert(e, m)) => Some((l, e, m)),
             _ => None,
         };
-        map.specs.push(WeightSpec { name: name(k), shape, role, group, expert, optional });
+        map.specs.push(WeightSpec { name: name(cfg.naming, k), shape, role, group, expert, optional });
     };
     add(Key::Embed, false);
     for i in 0..cfg.num_layers {

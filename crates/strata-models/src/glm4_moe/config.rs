@@ -38,12 +38,10 @@ pub struct Glm4MoeConfig {
 }
 
 impl Glm4MoeConfig {
-    pub const MODEL_TYPE: &'static str = "glm4_moe";
-
     pub fn from_json(json: &Value) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        f.model_type(&[Self::MODEL_TYPE])?;
+        f.model_type(&["glm4_moe"])?;
         f.str_is("hidden_act", "silu")?;
         let hidden_size = f.usize_req("hidden_size")?;
         let num_attention_heads = f.usize_req("num_attention_heads")?;

@@ -12,33 +12,18 @@ mod config;
 
 pub use config::Glm4MoeConfig;
 
-use crate::decoder::{weights, DecoderSpec, Routing};
-use crate::registry::{Arch, ChatFormat, Family, LoadSpec, MoeLayout};
-use crate::weights::WeightMap;
-use crate::{Model, ModelInfo};
+use crate::decoder::{DecoderConfig, DecoderSpec, Naming, QkNorm, Routing};
+use crate::registry::{Arch, ChatFormat, Family};
+use crate::ModelInfo;
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use strata_storage::WeightStore;
 
 pub static FAMILY: Family =
     Family { name: "glm4_moe", model_types: &["glm4_moe"], chat: ChatFormat::Glm, parse: parse_arch };
 
 fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
     Ok(Arc::new(Glm4MoeConfig::from_json(json)?))
-}
-
-fn info(cfg: &Glm4MoeConfig) -> ModelInfo {
-    ModelInfo {
-        family: FAMILY.name,
-        model_type: Glm4MoeConfig::MODEL_TYPE.into(),
-        vocab_size: cfg.vocab_size,
-        hidden_size: cfg.hidden_size,
-        max_context: cfg.max_position_embeddings,
-        eos_token_ids: cfg.eos_token_ids.clone(),
-        bos_token_id: cfg.bos_token_id,
-        num_layers: cfg.num_hidden_layers,
-    }
 }
 
 impl Glm4MoeConfig {
@@ -56,7 +41,8 @@ impl Glm4MoeConfig {
             max_position_embeddings: self.max_position_embeddings,
             window: None,
             attention_bias: self.attention_bias,
-            qk_norm: self.use_qk_norm,
+            qk_norm: if self.use_qk_norm { QkNorm::PerHead } else { QkNorm::None },
+            naming: Naming::Llama,
             tie_word_embeddings: self.tie_word_embeddings,
             intermediate_size: self.intermediate_size,
             sparse: (0..self.num_hidden_layers).map(|l| self.is_sparse(l)).collect(),
@@ -76,37 +62,28 @@ impl Glm4MoeConfig {
     }
 }
 
-impl Arch for Glm4MoeConfig {
-    fn family(&self) -> &'static Family {
+impl DecoderConfig for Glm4MoeConfig {
+    const MODEL_TYPE: &'static str = "glm4_moe";
+
+    fn family() -> &'static Family {
         &FAMILY
     }
 
-    fn model_type(&self) -> &str {
-        Self::MODEL_TYPE
+    fn decoder(&self) -> DecoderSpec {
+        Glm4MoeConfig::decoder(self)
     }
 
     fn info(&self) -> ModelInfo {
-        info(self)
-    }
-
-    fn weight_map(&self) -> WeightMap {
-        weights::weight_map(&self.decoder())
-    }
-
-    fn moe(&self) -> Option<MoeLayout> {
-        self.decoder().moe_layout()
-    }
-
-    fn kv_bytes_per_token(&self) -> u64 {
-        self.decoder().kv_bytes_per_token()
-    }
-
-    fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
-        self.decoder().activation_bytes(rows, context)
-    }
-
-    fn fp8_block(&self) -> Option<(usize, usize)> {
-        self.fp8_block
+        ModelInfo {
+            family: FAMILY.name,
+            model_type: Self::MODEL_TYPE.into(),
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            max_context: self.max_position_embeddings,
+            eos_token_ids: self.eos_token_ids.clone(),
+            bos_token_id: self.bos_token_id,
+            num_layers: self.num_hidden_layers,
+        }
     }
 
     fn describe(&self) -> Value {
@@ -132,9 +109,5 @@ impl Arch for Glm4MoeConfig {
             "mtp_layers": self.num_nextn_predict_layers,
             "fp8_block": self.fp8_block,
         })
-    }
-
-    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
-        self.decoder().load(info(self), store, spec)
     }
 }

@@ -2,7 +2,7 @@
 //! validated once at load. Field names and defaults as transformers' `Qwen3MoeConfig`;
 //! every error names the field.
 
-use crate::decoder::{DecoderSpec, Routing};
+use crate::decoder::{DecoderSpec, Naming, QkNorm, Routing};
 use crate::fields::Fields;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
@@ -35,12 +35,10 @@ pub struct Qwen3MoeConfig {
 }
 
 impl Qwen3MoeConfig {
-    pub const MODEL_TYPE: &'static str = "qwen3_moe";
-
     pub fn from_json(json: &Value) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        f.model_type(&[Self::MODEL_TYPE])?;
+        f.model_type(&["qwen3_moe"])?;
         f.str_is("hidden_act", "silu")?;
         // transformers gives `o_proj` a bias too where this is on; no Qwen3-MoE checkpoint has it.
         if f.bool_or("attention_bias", false)? {
@@ -173,7 +171,8 @@ impl Qwen3MoeConfig {
             max_position_embeddings: self.max_position_embeddings,
             window: self.sliding_window,
             attention_bias: false,
-            qk_norm: true,
+            qk_norm: QkNorm::PerHead,
+            naming: Naming::Llama,
             tie_word_embeddings: self.tie_word_embeddings,
             intermediate_size: self.intermediate_size,
             sparse: (0..self.num_hidden_layers).map(|l| self.is_sparse(l)).collect(),
@@ -219,7 +218,7 @@ mod tests {
         let c = with(json!({})).unwrap();
         assert_eq!((c.sparse_layers(), c.num_experts, c.rope_theta), (4, 8, 1e6));
         let d = c.decoder();
-        assert_eq!((d.rotary_dim, d.window, d.qk_norm, d.has_shared_expert()), (16, None, true, false));
+        assert_eq!((d.rotary_dim, d.window, d.qk_norm, d.has_shared_expert()), (16, None, QkNorm::PerHead, false));
         assert_eq!(d.routing, Routing::Softmax { renormalize: true });
         // Defaults as transformers': no renormalisation, every layer sparse.
         let mut j = base();

@@ -11,14 +11,12 @@ mod config;
 
 pub use config::Qwen3MoeConfig;
 
-use crate::decoder::weights;
-use crate::registry::{Arch, ChatFormat, Family, LoadSpec, MoeLayout};
-use crate::weights::WeightMap;
-use crate::{Model, ModelInfo};
+use crate::decoder::DecoderConfig;
+use crate::registry::{Arch, ChatFormat, Family};
+use crate::ModelInfo;
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use strata_storage::WeightStore;
 
 pub static FAMILY: Family =
     Family { name: "qwen3_moe", model_types: &["qwen3_moe"], chat: ChatFormat::Qwen, parse: parse_arch };
@@ -27,50 +25,28 @@ fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
     Ok(Arc::new(Qwen3MoeConfig::from_json(json)?))
 }
 
-fn info(cfg: &Qwen3MoeConfig) -> ModelInfo {
-    ModelInfo {
-        family: FAMILY.name,
-        model_type: Qwen3MoeConfig::MODEL_TYPE.into(),
-        vocab_size: cfg.vocab_size,
-        hidden_size: cfg.hidden_size,
-        max_context: cfg.max_position_embeddings,
-        eos_token_ids: cfg.eos_token_ids.clone(),
-        bos_token_id: cfg.bos_token_id,
-        num_layers: cfg.num_hidden_layers,
-    }
-}
+impl DecoderConfig for Qwen3MoeConfig {
+    const MODEL_TYPE: &'static str = "qwen3_moe";
 
-impl Arch for Qwen3MoeConfig {
-    fn family(&self) -> &'static Family {
+    fn family() -> &'static Family {
         &FAMILY
     }
 
-    fn model_type(&self) -> &str {
-        Self::MODEL_TYPE
+    fn decoder(&self) -> crate::decoder::DecoderSpec {
+        Qwen3MoeConfig::decoder(self)
     }
 
     fn info(&self) -> ModelInfo {
-        info(self)
-    }
-
-    fn weight_map(&self) -> WeightMap {
-        weights::weight_map(&self.decoder())
-    }
-
-    fn moe(&self) -> Option<MoeLayout> {
-        self.decoder().moe_layout()
-    }
-
-    fn kv_bytes_per_token(&self) -> u64 {
-        self.decoder().kv_bytes_per_token()
-    }
-
-    fn activation_bytes(&self, rows: usize, context: usize) -> u64 {
-        self.decoder().activation_bytes(rows, context)
-    }
-
-    fn fp8_block(&self) -> Option<(usize, usize)> {
-        self.fp8_block
+        ModelInfo {
+            family: FAMILY.name,
+            model_type: Self::MODEL_TYPE.into(),
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            max_context: self.max_position_embeddings,
+            eos_token_ids: self.eos_token_ids.clone(),
+            bos_token_id: self.bos_token_id,
+            num_layers: self.num_hidden_layers,
+        }
     }
 
     fn describe(&self) -> Value {
@@ -95,9 +71,5 @@ impl Arch for Qwen3MoeConfig {
             "max_position_embeddings": self.max_position_embeddings,
             "fp8_block": self.fp8_block,
         })
-    }
-
-    fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
-        self.decoder().load(info(self), store, spec)
     }
 }
