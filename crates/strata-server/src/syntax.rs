@@ -15,6 +15,10 @@
 //!   `<function=NAME><parameter=KEY>\nVALUE\n</parameter>...</function>` instead, its
 //!   values raw text (one newline either side is layout), JSON where the schema says the
 //!   argument is not a string and the text parses.
+//! - MiniMax-M2: reasoning in `<think>...</think>`; one `<minimax:tool_call>` block holds
+//!   one or more `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>`,
+//!   values raw text (JSON where the schema says the argument is not a string and the
+//!   text parses), as the official template writes them.
 
 use crate::tools::{declared_type, ToolCall};
 use serde_json::{Map, Value};
@@ -26,6 +30,7 @@ pub enum Syntax {
     Glm,
     Gemma,
     Qwen,
+    MiniMax,
 }
 
 /// Gemma 4's string quote (one special token, opening and closing).
@@ -37,13 +42,14 @@ impl Syntax {
             ChatFormat::Glm => Self::Glm,
             ChatFormat::Gemma => Self::Gemma,
             ChatFormat::Qwen => Self::Qwen,
+            ChatFormat::MiniMax => Self::MiniMax,
         }
     }
 
     /// (start, end) of a reasoning block.
     pub fn think(self) -> (&'static str, &'static str) {
         match self {
-            Self::Glm | Self::Qwen => ("<think>", "</think>"),
+            Self::Glm | Self::Qwen | Self::MiniMax => ("<think>", "</think>"),
             Self::Gemma => ("<|channel>thought", "<channel|>"),
         }
     }
@@ -52,6 +58,7 @@ impl Syntax {
     pub fn call(self) -> (&'static str, &'static str) {
         match self {
             Self::Glm | Self::Qwen => ("<tool_call>", "</tool_call>"),
+            Self::MiniMax => ("<minimax:tool_call>", "</minimax:tool_call>"),
             Self::Gemma => ("<|tool_call>", "<tool_call|>"),
         }
     }
@@ -67,14 +74,62 @@ impl Syntax {
         m
     }
 
-    /// Parses the text between a call's markers; `None` when it is not a well-formed call.
-    pub fn parse_call(self, body: &str, tools: Option<&Value>) -> Option<ToolCall> {
+    /// Parses the text between a call block's markers into its calls (one, except
+    /// MiniMax's blocks, which may hold several); `None` when it is not well formed.
+    pub fn parse_calls(self, body: &str, tools: Option<&Value>) -> Option<Vec<ToolCall>> {
         match self {
-            Self::Glm => crate::tools::parse_call(body, tools),
-            Self::Gemma => parse_gemma_call(body, tools),
-            Self::Qwen => parse_qwen_call(body, tools),
+            Self::Glm => crate::tools::parse_call(body, tools).map(|c| vec![c]),
+            Self::Gemma => parse_gemma_call(body, tools).map(|c| vec![c]),
+            Self::Qwen => parse_qwen_call(body, tools).map(|c| vec![c]),
+            Self::MiniMax => parse_minimax_calls(body, tools),
         }
     }
+}
+
+/// A value written raw: text where the schema says string, else JSON where it parses.
+fn raw_value(tools: Option<&Value>, tool: &str, key: &str, raw: &str) -> Value {
+    match declared_type(tools, tool, key) {
+        Some("string") => Value::String(raw.to_string()),
+        _ => serde_json::from_str::<Value>(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string())),
+    }
+}
+
+/// The text of `s` after `prefix` up to the next `"`, and what follows the `"`.
+fn quoted_attr<'a>(s: &'a str, prefix: &str) -> Option<(&'a str, &'a str)> {
+    let rest = s.strip_prefix(prefix)?;
+    let end = rest.find('"')?;
+    Some((&rest[..end], &rest[end + 1..]))
+}
+
+/// `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>...`.
+pub fn parse_minimax_calls(body: &str, tools: Option<&Value>) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    let mut rest = body.trim_start();
+    while !rest.is_empty() {
+        let (name, after) = quoted_attr(rest, "<invoke name=\"")?;
+        if !valid_name(name) {
+            return None;
+        }
+        rest = after.strip_prefix('>')?;
+        let mut arguments = Map::new();
+        loop {
+            rest = rest.trim_start();
+            if let Some(after) = rest.strip_prefix("</invoke>") {
+                rest = after.trim_start();
+                break;
+            }
+            let (key, after) = quoted_attr(rest, "<parameter name=\"")?;
+            let after = after.strip_prefix('>')?;
+            let end = after.find("</parameter>")?;
+            if key.is_empty() {
+                return None;
+            }
+            arguments.insert(key.to_string(), raw_value(tools, name, key, &after[..end]));
+            rest = &after[end + "</parameter>".len()..];
+        }
+        calls.push(ToolCall { name: name.to_string(), arguments });
+    }
+    (!calls.is_empty()).then_some(calls)
 }
 
 /// Qwen3's JSON call body, or Qwen3-Coder's `<function=...>` one.
@@ -127,14 +182,10 @@ fn parse_qwen_coder_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> 
         let raw = &after[..end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = match declared_type(tools, name, key) {
-            Some("string") => Value::String(raw.to_string()),
-            _ => serde_json::from_str::<Value>(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string())),
-        };
         if key.is_empty() {
             return None;
         }
-        arguments.insert(key.to_string(), value);
+        arguments.insert(key.to_string(), raw_value(tools, name, key, raw));
         rest = &after[end + "</parameter>".len()..];
     }
 }
@@ -436,6 +487,50 @@ mod tests {
                 }
             }
             assert_eq!((reasoning.trim(), content.trim()), ("Need weather.", "Checking."), "step {step}");
+            assert_eq!(calls, whole.calls, "step {step}");
+        }
+    }
+
+    #[test]
+    fn minimax_blocks_parse_every_call_by_schema() {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+        let body = "\n<invoke name=\"get_weather\">\n<parameter name=\"city\">02139</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n<invoke name=\"now\">\n</invoke>\n";
+        let calls = parse_minimax_calls(body, Some(&tools)).unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (calls[0].name.as_str(), Value::Object(calls[0].arguments.clone())),
+            ("get_weather", json!({"city": "02139", "days": 3}))
+        );
+        assert_eq!((calls[1].name.as_str(), calls[1].arguments.len()), ("now", 0));
+        // Without a schema a value is JSON where it parses.
+        let c = parse_minimax_calls("<invoke name=\"f\"><parameter name=\"o\">{\"a\": [1]}</parameter><parameter name=\"s\">hi there</parameter></invoke>", None).unwrap();
+        assert_eq!(Value::Object(c[0].arguments.clone()), json!({"o": {"a": [1]}, "s": "hi there"}));
+        for bad in [
+            "",
+            "<invoke name=\"f\">",
+            "<invoke name=f></invoke>",
+            "<invoke name=\"f\"><parameter name=\"a\">1</invoke>",
+            "<invoke name=\"f\"></invoke> tail",
+            "<invoke name=\"\"></invoke>",
+        ] {
+            assert_eq!(parse_minimax_calls(bad, None), None, "{bad}");
+        }
+        // Streamed at any chunking, beside reasoning and text.
+        use crate::output::OutputParser;
+        let text = format!("<think>\nplan\n</think>\n\nOK.\n<minimax:tool_call>{body}</minimax:tool_call>");
+        let whole = OutputParser::with_syntax(Syntax::MiniMax, Some(false), Some(tools.clone())).parse(&text);
+        assert_eq!((whole.reasoning.trim(), whole.content.trim(), whole.calls.len()), ("plan", "OK.", 2));
+        let chars: Vec<char> = text.chars().collect();
+        for step in [1, 3, 7] {
+            let mut p = OutputParser::with_syntax(Syntax::MiniMax, Some(false), Some(tools.clone()));
+            let mut calls = Vec::new();
+            for c in chars.chunks(step) {
+                calls.extend(p.push(&c.iter().collect::<String>()).into_iter().filter_map(|x| match x {
+                    crate::tools::Piece::Call(c) => Some(c),
+                    _ => None,
+                }));
+            }
             assert_eq!(calls, whole.calls, "step {step}");
         }
     }

@@ -168,10 +168,10 @@ impl ToolStream {
             let body = self.buf[..j].to_string();
             self.buf.drain(..j + call_end.len());
             self.inside = false;
-            match self.syntax.parse_call(&body, self.tools.as_ref()) {
-                Some(call) => {
-                    self.calls += 1;
-                    out.push(Piece::Call(call));
+            match self.syntax.parse_calls(&body, self.tools.as_ref()) {
+                Some(calls) => {
+                    self.calls += calls.len();
+                    out.extend(calls.into_iter().map(Piece::Call));
                 }
                 None => {
                     let raw = format!("{}{call_start}{body}{call_end}", self.gap);

@@ -28,6 +28,7 @@ pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
         s.push('\n');
     }
     s.push_str(match format {
+        ChatFormat::MiniMax => "</tools>\nTo call one: <minimax:tool_call>\n<invoke name=\"NAME\">\n<parameter name=\"KEY\">VALUE</parameter>\n</invoke>\n</minimax:tool_call>",
         ChatFormat::Qwen => {
             "</tools>\nTo call one: <tool_call>\n{\"name\": NAME, \"arguments\": {ARGUMENTS}}\n</tool_call>"
         }
@@ -64,6 +65,21 @@ fn call_text(call: &Value, format: ChatFormat) -> String {
             _ => "{}".into(),
         };
         return format!("<|tool_call>call:{name}{args}<tool_call|>");
+    }
+    if format == ChatFormat::MiniMax {
+        let mut s =
+            format!("<minimax:tool_call>\n<invoke name=\"{}\">", f.get("name").and_then(Value::as_str).unwrap_or(""));
+        if let Some(Value::Object(args)) = f.get("arguments") {
+            for (k, v) in args {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    v => dumps(v),
+                };
+                s.push_str(&format!("\n<parameter name=\"{k}\">{v}</parameter>"));
+            }
+        }
+        s.push_str("\n</invoke>\n</minimax:tool_call>");
+        return s;
     }
     if format == ChatFormat::Qwen {
         let name = f.get("name").cloned().unwrap_or(Value::String(String::new()));

@@ -23,7 +23,13 @@ struct Loader<'a, B: Backend> {
 impl<B: Backend> Loader<'_, B> {
     fn mat(&self, k: Key) -> Result<B::Mat> {
         let (shape, role, _) = spec(self.cfg, k);
-        self.b.matrix(load_matrix(self.store, &name(self.cfg.naming, k), [shape[0], shape[1]], role, self.cfg.fp8_block)?)
+        self.b.matrix(load_matrix(
+            self.store,
+            &name(self.cfg.naming, k),
+            [shape[0], shape[1]],
+            role,
+            self.cfg.fp8_block,
+        )?)
     }
     fn vec(&self, k: Key) -> Result<B::Buf> {
         let (shape, _, _) = spec(self.cfg, k);

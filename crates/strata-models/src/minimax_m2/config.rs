@@ -53,7 +53,9 @@ impl MiniMaxM2Config {
         if let Some(list) = f.get("attn_type_list") {
             let full = list.as_array().is_some_and(|l| l.iter().all(|t| t.as_u64() == Some(1)));
             if !full {
-                bail!("field `attn_type_list` must be all 1 (full attention); linear-attention layers are not supported");
+                bail!(
+                    "field `attn_type_list` must be all 1 (full attention); linear-attention layers are not supported"
+                );
             }
         }
         let hidden_size = f.usize_req("hidden_size")?;
@@ -223,7 +225,9 @@ mod tests {
         assert!(err(json!({"qk_norm_type": "per_head"})).contains("qk_norm_type"));
         assert!(err(json!({"shared_intermediate_size": 64})).contains("shared_intermediate_size"));
         assert!(err(json!({"attn_type_list": [0, 1]})).contains("attn_type_list"));
-        assert!(err(json!({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.01}})).contains("rotary"));
+        assert!(
+            err(json!({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.01}})).contains("rotary")
+        );
         assert!(err(json!({"eos_token_id": 600})).contains("eos_token_id"));
         assert!(err(json!({"model_type": "minimax"})).contains("minimax_m2"));
         assert!(err(json!({"quantization_config": {"quant_method": "awq"}})).contains("quant_method"));
