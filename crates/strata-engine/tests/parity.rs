@@ -1,5 +1,5 @@
 //! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
-//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*` and `fixtures/gemma4/*`, made by
+//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*` and `fixtures/gemma4/*`, made by
 //! `scripts/make_<family>_fixtures.py`): logits at
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
@@ -124,6 +124,17 @@ fn glm4_moe_fixtures_match_transformers() {
 #[test]
 fn qwen3_moe_fixtures_match_transformers() {
     let dirs = fixture_dirs("qwen3_moe");
+    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+/// MiniMax-M2: q/k norms over the whole projections, partial rotary, sigmoid routing with
+/// a correction bias, Mixtral's expert names.
+#[test]
+fn minimax_m2_fixtures_match_transformers() {
+    let dirs = fixture_dirs("minimax_m2");
     assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);

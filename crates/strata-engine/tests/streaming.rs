@@ -85,6 +85,8 @@ fn streamed_equals_resident_bit_for_bit() {
         ("glm4_moe/bf16-mha", QuantKind::Int8Row),
         ("qwen3_moe/gqa-renorm", QuantKind::int4(16)),
         ("qwen3_moe/sparse-step", QuantKind::Int8Row),
+        ("minimax_m2/gqa-full", QuantKind::int4(16)),
+        ("minimax_m2/bf16-rot", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));

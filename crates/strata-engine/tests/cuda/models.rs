@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 13] = [
+const FIXTURES: [(&str, &str); 15] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -113,6 +113,8 @@ const FIXTURES: [(&str, &str); 13] = [
     ("glm4_moe", "gqa-bias"),
     ("qwen3_moe", "gqa-renorm"),
     ("qwen3_moe", "sparse-step"),
+    ("minimax_m2", "bf16-rot"),
+    ("minimax_m2", "gqa-full"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -122,7 +124,7 @@ const FIXTURES: [(&str, &str); 13] = [
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "gemma4"]
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "gemma4"]
         .iter()
         .flat_map(|f| {
             fixture_dirs(f)
@@ -211,6 +213,16 @@ fn cuda_qwen3_moe_gqa_renorm() {
 #[test]
 fn cuda_qwen3_moe_sparse_step() {
     fixture_test("qwen3_moe", "sparse-step")
+}
+
+#[test]
+fn cuda_minimax_m2_bf16_rot() {
+    fixture_test("minimax_m2", "bf16-rot")
+}
+
+#[test]
+fn cuda_minimax_m2_gqa_full() {
+    fixture_test("minimax_m2", "gqa-full")
 }
 
 #[test]
