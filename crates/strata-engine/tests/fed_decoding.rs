@@ -97,9 +97,15 @@ fn cases(name: &str, m: &LoadedModel, prompt: Vec<u32>) {
 
 #[test]
 fn fed_equals_plain_on_every_family() {
-    for name in
-        ["glm5/dsa-sparse", "glm5/fp8", "glm4_moe/gqa-bias", "qwen3_moe/gqa-renorm", "minimax_m2/gqa-full", "gemma4/moe", "gemma4/dense-ple"]
-    {
+    for name in [
+        "glm5/dsa-sparse",
+        "glm5/fp8",
+        "glm4_moe/gqa-bias",
+        "qwen3_moe/gqa-renorm",
+        "minimax_m2/gqa-full",
+        "gemma4/moe",
+        "gemma4/dense-ple",
+    ] {
         let m = open(&root().join("fixtures").join(name), 40);
         cases(name, &m, (0..20).map(|i| i * 37 + 5).collect());
     }

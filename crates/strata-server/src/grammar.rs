@@ -9,7 +9,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::output::{THINK_END, THINK_START};
 use crate::syntax::{Syntax, GEMMA_QUOTE};
 use crate::tools::{CALL_END, CALL_START};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
@@ -162,13 +162,6 @@ impl Grammars {
                     "call".to_string()
                 }
             }
-            Format::ToolCalls { .. } if self.syntax != Syntax::Glm => {
-                bail!(
-                    "forced tool calls (`tool_choice` required or a named tool) are not supported for this \
-                     model's call syntax ({:?}); use `tool_choice` auto",
-                    self.syntax
-                )
-            }
             Format::ToolCalls { tools, parallel } => {
                 let names: Vec<String> = tools
                     .iter()
@@ -201,14 +194,19 @@ impl Grammars {
     /// are JSON per their schema.
     fn call_rule(&self, i: usize, f: &Value) -> String {
         let (name, params, required) = tool_parts(f);
-        let mut rule = format!("call{i}: {} {} \"\\n\"", self.marker(CALL_START), quote(name));
+        let (start, end) = self.syntax.call();
+        let minimax = self.syntax == Syntax::MiniMax;
+        let mut rule = match minimax {
+            true => format!("call{i}: {} {}", self.marker(start), quote(&format!("\n<invoke name=\"{name}\">\n"))),
+            false => format!("call{i}: {} {} \"\\n\"", self.marker(CALL_START), quote(name)),
+        };
         let mut extra = String::new();
         if let Some(props) = params.get("properties").and_then(Value::as_object) {
             for (j, (key, schema)) in props.iter().enumerate() {
                 let string = schema.get("type").and_then(Value::as_str) == Some("string");
                 let v = format!("call{i}_v{j}");
-                // String values are written raw (GLM's convention; the parser keeps them
-                // strings), everything else as JSON.
+                // String values are written raw (GLM's and MiniMax's convention; the parser
+                // keeps them strings), everything else as JSON.
                 let value = match (string, string_text(schema)) {
                     (true, Some(text)) => {
                         extra.push_str(&format!("{v}: {text}\n"));
@@ -220,15 +218,18 @@ impl Grammars {
                         v
                     }
                 };
-                let pair = format!(
-                    "{} {} {} {} {} {} \"\\n\"",
-                    self.marker(ARG_KEY.0),
-                    quote(key),
-                    self.marker(ARG_KEY.1),
-                    self.marker(ARG_VALUE.0),
-                    value,
-                    self.marker(ARG_VALUE.1)
-                );
+                let pair = match minimax {
+                    true => format!("{} {value} \"</parameter>\\n\"", quote(&format!("<parameter name=\"{key}\">"))),
+                    false => format!(
+                        "{} {} {} {} {} {} \"\\n\"",
+                        self.marker(ARG_KEY.0),
+                        quote(key),
+                        self.marker(ARG_KEY.1),
+                        self.marker(ARG_VALUE.0),
+                        value,
+                        self.marker(ARG_VALUE.1)
+                    ),
+                };
                 if required.contains(key) {
                     rule.push_str(&format!(" {pair}"));
                 } else {
@@ -236,7 +237,10 @@ impl Grammars {
                 }
             }
         }
-        rule.push_str(&format!(" {}\n", self.marker(CALL_END)));
+        match minimax {
+            true => rule.push_str(&format!(" \"</invoke>\\n\" {}\n", self.marker(end))),
+            false => rule.push_str(&format!(" {}\n", self.marker(CALL_END))),
+        }
         format!("{rule}{extra}")
     }
 
