@@ -316,20 +316,25 @@ def build_fixture(name, spec, tok, tok_json_path, fam=Family):
           f"{res['router'].min[0]:.3g}, greedy gap {res['greedy_min']:.3g}", flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
+def run_main(doc, fixtures, build_tokenizer, fam):
+    """The fixture scripts' command line: build the named fixtures (default all)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", default=list(fixtures))
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()
-    tok = g5.build_tokenizer()
+    tok = build_tokenizer()
     with tempfile.TemporaryDirectory() as d:
         tok_path = os.path.join(d, "tokenizer.json")
         tok.save(tok_path)
         for name in args.names:
             print(f"building {name}", flush=True)
-            build_fixture(name, FIXTURES[name], tok, tok_path)
+            build_fixture(name, fixtures[name], tok, tok_path, fam)
+
+
+def main():
+    run_main(__doc__, FIXTURES, g5.build_tokenizer, Family)
 
 
 if __name__ == "__main__":

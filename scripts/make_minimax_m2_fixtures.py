@@ -22,11 +22,9 @@ Seeds are searched until the greedy top-1/top-2 gap and every router top-k bound
 biased sigmoid scores) exceed MARGIN, in the prefill, each decode step and a no-cache forward.
 """
 
-import argparse
 import math
 import os
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -60,7 +58,7 @@ BASE = dict(
 
 FIXTURES = {
     "gqa-full": dict(
-        dtype="float32", seed=500,
+        dtype="float32", seed=501,
         cfg=dict(rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}),
         prompt="The licenses for most software are designed to take away your freedom to share and change it.",
     ),
@@ -175,19 +173,7 @@ Family.margins = RouterMargins
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    tok = build_tokenizer()
-    with tempfile.TemporaryDirectory() as d:
-        tok_path = os.path.join(d, "tokenizer.json")
-        tok.save(tok_path)
-        for name in args.names:
-            print(f"building {name}", flush=True)
-            g4.build_fixture(name, FIXTURES[name], tok, tok_path, Family)
+    g4.run_main(__doc__, FIXTURES, build_tokenizer, Family)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,9 @@ Seeds are searched until the greedy top-1/top-2 gap and every router top-k bound
 router logits) exceed MARGIN, in the prefill, each decode step and a no-cache forward.
 """
 
-import argparse
 import math
 import os
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -186,19 +184,7 @@ Family.margins = RouterMargins
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    tok = build_tokenizer()
-    with tempfile.TemporaryDirectory() as d:
-        tok_path = os.path.join(d, "tokenizer.json")
-        tok.save(tok_path)
-        for name in args.names:
-            print(f"building {name}", flush=True)
-            g4.build_fixture(name, FIXTURES[name], tok, tok_path, Family)
+    g4.run_main(__doc__, FIXTURES, build_tokenizer, Family)
 
 
 if __name__ == "__main__":

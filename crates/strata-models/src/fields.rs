@@ -191,3 +191,27 @@ pub(crate) fn check_noaux_routing(n_routed: usize, per_tok: usize, n_group: usiz
 fn token_id(v: &Value) -> Option<u32> {
     v.as_u64().and_then(|x| u32::try_from(x).ok())
 }
+
+/// Each `(field, value)` must be positive.
+pub(crate) fn check_positive(fields: &[(&str, usize)]) -> Result<()> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => bail!("field `{name}` must be positive"),
+        None => Ok(()),
+    }
+}
+
+/// Grouped-query attention's head counts: query heads a multiple of the KV heads.
+pub(crate) fn check_gqa_heads(heads: usize, kv_heads: usize) -> Result<()> {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        bail!("field `num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` ({kv_heads})");
+    }
+    Ok(())
+}
+
+/// End-of-sequence ids inside the vocabulary.
+pub(crate) fn check_eos(ids: &[u32], vocab_size: usize) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(id) => bail!("field `eos_token_id` ({id}) is outside the vocabulary ({vocab_size})"),
+        None => Ok(()),
+    }
+}

@@ -190,7 +190,8 @@ pub trait DecoderConfig: Clone + std::fmt::Debug + Send + Sync + 'static {
     const MODEL_TYPE: &'static str;
     fn family() -> &'static Family;
     fn decoder(&self) -> DecoderSpec;
-    fn info(&self) -> ModelInfo;
+    /// The config's end-of-sequence ids and beginning-of-sequence id.
+    fn special_ids(&self) -> (Vec<u32>, Option<u32>);
     /// Architecture fields for `inspect`.
     fn describe(&self) -> Value;
 }
@@ -205,7 +206,18 @@ impl<T: DecoderConfig> Arch for T {
     }
 
     fn info(&self) -> ModelInfo {
-        DecoderConfig::info(self)
+        let d = self.decoder();
+        let (eos_token_ids, bos_token_id) = self.special_ids();
+        ModelInfo {
+            family: T::family().name,
+            model_type: T::MODEL_TYPE.into(),
+            vocab_size: d.vocab_size,
+            hidden_size: d.hidden_size,
+            max_context: d.max_position_embeddings,
+            eos_token_ids,
+            bos_token_id,
+            num_layers: d.num_layers,
+        }
     }
 
     fn weight_map(&self) -> WeightMap {
@@ -233,6 +245,6 @@ impl<T: DecoderConfig> Arch for T {
     }
 
     fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
-        self.decoder().load(DecoderConfig::info(self), store, spec)
+        self.decoder().load(Arch::info(self), store, spec)
     }
 }

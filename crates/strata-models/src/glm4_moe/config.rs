@@ -1,7 +1,7 @@
 //! `config.json` of a `glm4_moe` model (GLM-4.5, 4.6, 4.7), validated once at load. Field
 //! names and defaults as transformers' `Glm4MoeConfig`; every error names the field.
 
-use crate::fields::{check_noaux_routing, Fields};
+use crate::fields::{check_eos, check_gqa_heads, check_noaux_routing, check_positive, Fields};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -101,25 +101,15 @@ impl Glm4MoeConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        for (name, v) in [
+        check_positive(&[
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
             ("n_group", self.n_group),
-        ] {
-            if v == 0 {
-                bail!("field `{name}` must be positive");
-            }
-        }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            bail!(
-                "field `num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
-                self.num_attention_heads,
-                self.num_key_value_heads
-            );
-        }
+        ])?;
+        check_gqa_heads(self.num_attention_heads, self.num_key_value_heads)?;
         let rot = self.rotary_dim();
         if rot == 0 || !rot.is_multiple_of(2) || rot > self.head_dim {
             bail!(
@@ -132,12 +122,7 @@ impl Glm4MoeConfig {
         if self.sparse_layers() > 0 {
             check_noaux_routing(self.n_routed_experts, self.num_experts_per_tok, self.n_group, self.topk_group)?;
         }
-        for &id in &self.eos_token_ids {
-            if id as usize >= self.vocab_size {
-                bail!("field `eos_token_id` ({id}) is outside the vocabulary ({})", self.vocab_size);
-            }
-        }
-        Ok(())
+        check_eos(&self.eos_token_ids, self.vocab_size)
     }
 }
 

@@ -5,7 +5,7 @@
 //! read and anything transformers does not run is refused by name.
 
 use crate::decoder::{DecoderSpec, Naming, QkNorm, Routing};
-use crate::fields::Fields;
+use crate::fields::{check_eos, check_gqa_heads, check_positive, Fields};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -102,25 +102,15 @@ impl MiniMaxM2Config {
     }
 
     fn validate(&self) -> Result<()> {
-        for (name, v) in [
+        check_positive(&[
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
-        ] {
-            if v == 0 {
-                bail!("field `{name}` must be positive");
-            }
-        }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            bail!(
-                "field `num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
-                self.num_attention_heads,
-                self.num_key_value_heads
-            );
-        }
+        ])?;
+        check_gqa_heads(self.num_attention_heads, self.num_key_value_heads)?;
         let rot = self.rotary_dim;
         if rot == 0 || !rot.is_multiple_of(2) || rot > self.head_dim {
             bail!(
@@ -136,12 +126,7 @@ impl MiniMaxM2Config {
                 self.num_local_experts
             );
         }
-        for &id in &self.eos_token_ids {
-            if id as usize >= self.vocab_size {
-                bail!("field `eos_token_id` ({id}) is outside the vocabulary ({})", self.vocab_size);
-            }
-        }
-        Ok(())
+        check_eos(&self.eos_token_ids, self.vocab_size)
     }
 
     pub fn decoder(&self) -> DecoderSpec {

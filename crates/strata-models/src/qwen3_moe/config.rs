@@ -3,7 +3,7 @@
 //! every error names the field.
 
 use crate::decoder::{DecoderSpec, Naming, QkNorm, Routing};
-use crate::fields::Fields;
+use crate::fields::{check_eos, check_gqa_heads, check_positive, Fields};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -112,25 +112,15 @@ impl Qwen3MoeConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        for (name, v) in [
+        check_positive(&[
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
             ("decoder_sparse_step", self.decoder_sparse_step),
-        ] {
-            if v == 0 {
-                bail!("field `{name}` must be positive");
-            }
-        }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            bail!(
-                "field `num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
-                self.num_attention_heads,
-                self.num_key_value_heads
-            );
-        }
+        ])?;
+        check_gqa_heads(self.num_attention_heads, self.num_key_value_heads)?;
         if !self.head_dim.is_multiple_of(2) {
             bail!("field `head_dim` ({}) must be even (RoPE rotates pairs)", self.head_dim);
         }
@@ -149,12 +139,7 @@ impl Qwen3MoeConfig {
         if self.sparse_layers() < self.num_hidden_layers && self.intermediate_size == 0 {
             bail!("field `intermediate_size` must be positive (the dense layers' width)");
         }
-        for &id in &self.eos_token_ids {
-            if id as usize >= self.vocab_size {
-                bail!("field `eos_token_id` ({id}) is outside the vocabulary ({})", self.vocab_size);
-            }
-        }
-        Ok(())
+        check_eos(&self.eos_token_ids, self.vocab_size)
     }
 
     pub fn decoder(&self) -> DecoderSpec {

@@ -13,7 +13,6 @@ pub use config::Qwen3MoeConfig;
 
 use crate::decoder::DecoderConfig;
 use crate::registry::{Arch, ChatFormat, Family};
-use crate::ModelInfo;
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -36,17 +35,8 @@ impl DecoderConfig for Qwen3MoeConfig {
         Qwen3MoeConfig::decoder(self)
     }
 
-    fn info(&self) -> ModelInfo {
-        ModelInfo {
-            family: FAMILY.name,
-            model_type: Self::MODEL_TYPE.into(),
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            max_context: self.max_position_embeddings,
-            eos_token_ids: self.eos_token_ids.clone(),
-            bos_token_id: self.bos_token_id,
-            num_layers: self.num_hidden_layers,
-        }
+    fn special_ids(&self) -> (Vec<u32>, Option<u32>) {
+        (self.eos_token_ids.clone(), self.bos_token_id)
     }
 
     fn describe(&self) -> Value {
