@@ -361,3 +361,45 @@ fn check_image_fixture(name: &str) {
     assert_eq!(spec.bidirectional, name != "vision");
     eprintln!("{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e}, features {d:.2e})", prompt.len());
 }
+
+/// A checkpoint holding a tensor its config does not predict is refused, naming the
+/// tensor (every decoder family); its scales and quantized parts beside a mapped tensor
+/// are not strangers.
+#[test]
+fn tensors_the_config_does_not_predict_are_refused_by_name() {
+    use strata_storage::{SafetensorsWriter, TensorSpec};
+    for family in ["glm4_moe", "qwen3_moe", "minimax_m2"] {
+        let src = &fixture_dirs(family)[0];
+        let dir = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() && p.file_name().unwrap() != "model.safetensors" {
+                std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let file = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+        let mut names: Vec<&String> = file.tensors().keys().collect();
+        names.sort();
+        let write = |extra: &str| {
+            let mut specs: Vec<TensorSpec> = names
+                .iter()
+                .map(|n| {
+                    let t = &file.tensors()[*n];
+                    TensorSpec { name: n.to_string(), dtype: t.dtype, shape: t.shape.clone() }
+                })
+                .collect();
+            specs.push(TensorSpec { name: extra.into(), dtype: ElementType::F32, shape: vec![3] });
+            let mut w = SafetensorsWriter::create(&dir.path().join("model.safetensors"), specs).unwrap();
+            for n in &names {
+                w.write_next(file.bytes(&file.tensors()[*n]).unwrap()).unwrap();
+            }
+            w.write_next(&[0u8; 12]).unwrap();
+            w.finish().unwrap();
+        };
+        write("model.layers.0.mlp.surprise.weight");
+        let err = format!("{:#}", LoadedModel::open(dir.path()).err().expect("refused"));
+        assert!(err.contains("`model.layers.0.mlp.surprise.weight` is not one the config predicts"), "{family}: {err}");
+        write("model.layers.0.self_attn.o_proj.weight_scale_inv");
+        assert!(LoadedModel::open(dir.path()).is_ok(), "{family}: a scale beside a mapped tensor");
+    }
+}

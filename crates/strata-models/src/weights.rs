@@ -166,6 +166,35 @@ impl WeightMap {
         Ok(())
     }
 
+    /// Refuses a tensor in `store` that the map does not predict, naming it: a tensor of
+    /// the map, one beside it (its FP8 scales, its quantized parts: names that extend a
+    /// mapped name), a layer's fused experts, or a rotary table buffer is expected.
+    pub fn check_no_strangers(&self, store: &WeightStore) -> Result<()> {
+        let mapped: std::collections::BTreeSet<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+        let fused: Vec<String> = self
+            .specs
+            .iter()
+            .filter_map(|s| s.expert.map(|e| e.0))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .flat_map(|l| {
+                let (a, b) = self.fused_names(l);
+                [a, b]
+            })
+            .collect();
+        for name in store.names() {
+            // A mapped name, or one extended at a `.` or `_` (`x.weight_scale_inv`, `x.weight.qs`).
+            let extends = mapped.contains(name)
+                || name.char_indices().any(|(i, c)| (c == '.' || c == '_') && mapped.contains(&name[..i]));
+            if extends || fused.iter().any(|f| name.starts_with(f.as_str())) || name.ends_with("rotary_emb.inv_freq") {
+                continue;
+            }
+            let file = store.get(name).map(|(f, _)| f.path().display().to_string()).unwrap_or_default();
+            bail!("{file}: tensor `{name}` is not one the config predicts (a different architecture or config?)");
+        }
+        Ok(())
+    }
+
     /// Bytes the non-expert tensors (main model and, with `mtp`, the MTP layer) take as
     /// held in memory, by [`held_kind`].
     pub fn resident_held_bytes(&self, store: &WeightStore, include_mtp: bool) -> u64 {

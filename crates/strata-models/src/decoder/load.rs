@@ -107,7 +107,9 @@ impl<B: Backend> Decoder<B> {
         store: &WeightStore,
         provider: Option<Arc<dyn ExpertProvider<B>>>,
     ) -> Result<Self> {
-        weight_map(&cfg).check(store, provider.is_some())?;
+        let map = weight_map(&cfg);
+        map.check(store, provider.is_some())?;
+        map.check_no_strangers(store)?;
         let ld = Loader { b: &b, store, cfg: &cfg };
         let embed = ld.mat(Key::Embed)?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(ld.mat(Key::LmHead)?) };
