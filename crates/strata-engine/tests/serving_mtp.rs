@@ -247,3 +247,23 @@ fn plain_requests_on_a_speculating_engine_cache_every_block() {
     assert_eq!(cached[0].0.output.tokens, fresh[0].0.output.tokens);
     assert_eq!((a.drafted, a.accepted), (b.drafted, b.accepted), "the draft layer saw the same hidden states");
 }
+
+/// The draft epochs measure fed steps too: an engine whose plain decoding runs fed (device
+/// picks) still finishes its plain epoch, and keeps both rates where it remembers them.
+#[test]
+fn fed_plain_epochs_are_measured_and_kept() {
+    let m = model();
+    let p = prompts(&m)[0].clone();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 1, 1024, 24, 3)).unwrap();
+    engine.set_device_picks(Some(true));
+    let dir = tempfile::tempdir().unwrap();
+    engine.remember_speculation(dir.path());
+    let req = GenerateRequest { draft_policy: DraftPolicy::Adaptive, ..request(&m, p, SamplingParams::default(), 96, 3) };
+    let out = run_all(&mut engine, vec![req]);
+    assert!(out[0].0.output.stats.decode_fed, "plain decoding ran fed");
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(".strata/speculation.json")).unwrap()).unwrap();
+    let rates = kept["rates"].as_object().unwrap().values().next().unwrap().clone();
+    assert!(rates["plain_tokens_per_s"].as_f64().unwrap() > 0.0, "{kept}");
+    assert!(rates["speculating_tokens_per_s"].as_f64().unwrap() > 0.0, "{kept}");
+}

@@ -2,7 +2,8 @@
 //! step over the rows the scheduler picked, a sample per request whose tokens are in.
 
 use super::batch_drafts::BatchDrafts;
-use super::draft_epochs::{DraftEpochs, Step};
+use super::draft_epochs::DraftEpochs;
+pub(super) use super::draft_epochs::Step;
 use super::prefix::PrefixCache;
 use super::request::Active;
 use super::schedule::{admits, plan_rows, shared_blocks};
@@ -814,24 +815,15 @@ impl<'m> BatchEngine<'m> {
             self.session.truncate(seq, len);
             self.session.draft_truncate(seq, draft_len);
         }
-        if self.gamma > 0 && decoding_step {
-            let measured = self.draft_epochs.measured();
+        if decoding_step {
             let speculating = self.running.iter().any(|a| a.spec.is_some() && a.decoding());
-            let switch = self.draft_epochs.record(Step {
+            self.record_epoch_step(Step {
                 tokens: emitted,
                 seconds: t_step.elapsed().as_secs_f64(),
                 requests: decoding_requests as u64,
                 forward_seconds: forward_s,
                 speculating,
             });
-            if switch == Some(false) {
-                self.stop_speculating();
-            }
-            if let (Some(memory), Some((plain, spec))) = (&self.speculation_memory, self.draft_epochs.measured()) {
-                if measured != Some((plain, spec)) {
-                    memory.keep(plain, spec);
-                }
-            }
         }
         // Prompts that are in: their full blocks join the prompt cache now, so that
         // requests arriving meanwhile can share them.
@@ -865,6 +857,23 @@ impl<'m> BatchEngine<'m> {
 
     /// An epoch without speculation begins: the adaptive requests running decode on
     /// without the draft layer (their draft caches are dropped).
+    /// A decoding step (ordinary or fed) for the draft epochs: the switch it brings, and
+    /// newly measured rates kept where the engine remembers them.
+    pub(super) fn record_epoch_step(&mut self, step: Step) {
+        if self.gamma == 0 {
+            return;
+        }
+        let measured = self.draft_epochs.measured();
+        if self.draft_epochs.record(step) == Some(false) {
+            self.stop_speculating();
+        }
+        if let (Some(memory), Some((plain, spec))) = (&self.speculation_memory, self.draft_epochs.measured()) {
+            if measured != Some((plain, spec)) {
+                memory.keep(plain, spec);
+            }
+        }
+    }
+
     fn stop_speculating(&mut self) {
         for a in self.running.iter_mut() {
             if a.spec.as_ref().is_none_or(|s| !s.adaptive) {

@@ -13,7 +13,7 @@
 //! waiting, a prompt, speculation, a grammar, no room in the KV pool) first reads the
 //! picks in flight and runs an ordinary step.
 
-use super::BatchEngine;
+use super::{BatchEngine, Step};
 use crate::serving::Update;
 use anyhow::Result;
 use strata_models::{fed, Logits};
@@ -45,7 +45,10 @@ impl BatchEngine<'_> {
     /// One fed step: queue this step's forward, then read and follow the picks of the one
     /// before (see the module's doc).
     pub(super) fn step_fed(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        let t_step = std::time::Instant::now();
         let prev = self.inflight.take();
+        // The samples this step reads (one a request in flight): its tokens.
+        let taken = prev.as_ref().map_or(0, |p| p.iter().flatten().count()) as u64;
         self.batch.clear();
         self.fed_order.clear();
         self.fed_draws.clear();
@@ -96,6 +99,15 @@ impl BatchEngine<'_> {
             prev.clear();
             self.fed_order = prev;
         }
+        // Fed steps are plain decoding's steps: the draft epochs measure them too.
+        let step = Step {
+            tokens: taken,
+            seconds: t_step.elapsed().as_secs_f64(),
+            requests: rows,
+            forward_seconds: 0.0,
+            speculating: false,
+        };
+        self.record_epoch_step(step);
         if order.iter().any(Option::is_some) {
             self.inflight = Some(order);
         } else {
