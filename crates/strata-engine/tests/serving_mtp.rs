@@ -258,7 +258,8 @@ fn fed_plain_epochs_are_measured_and_kept() {
     engine.set_device_picks(Some(true));
     let dir = tempfile::tempdir().unwrap();
     engine.remember_speculation(dir.path());
-    let req = GenerateRequest { draft_policy: DraftPolicy::Adaptive, ..request(&m, p, SamplingParams::default(), 96, 3) };
+    let req =
+        GenerateRequest { draft_policy: DraftPolicy::Adaptive, ..request(&m, p, SamplingParams::default(), 96, 3) };
     let out = run_all(&mut engine, vec![req]);
     assert!(out[0].0.output.stats.decode_fed, "plain decoding ran fed");
     let kept: serde_json::Value =
