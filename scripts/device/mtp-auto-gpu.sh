@@ -34,16 +34,21 @@ dec() { # case mode
 srv() { # case mode requests temperature
   local d=()
   [ "$2" = off ] && d=(--draft-tokens 0)
-  rec "$1" "$2" "$(timeout 120 $C/strata-bench serve --model $M --device cuda --warmup --json --usage off \
-    --requests "$3" --prompt-tokens 32 --decode-tokens 128 --temperature "$4" "${d[@]}" 2>>"$OUT/side.log" |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("tokens_per_s") or r.get("decode_tokens_per_s"))')"
+  timeout 120 $C/strata-bench serve --model $M --device cuda --warmup --json --usage off \
+    --requests "$3" --prompt-tokens 32 --decode-tokens 128 --temperature "$4" "${d[@]}" 2>>"$OUT/side.log" \
+    >"$OUT/s.json"
+  echo "{\"case\":\"$1\",\"mode\":\"$2\",\"report\":$(cat "$OUT/s.json")}" >>"$OUT/serve-reports.jsonl"
+  rec "$1" "$2" "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$OUT/s.json")"
 }
 since "start"
+# SERVE_ONLY=1 runs only the serve cases.
 for rep in $(seq 1 "${REPS:-3}"); do
   for mode in auto off; do
-    gen gen-greedy $mode 0
-    gen gen-t0.8 $mode 0.8
-    dec decode $mode
+    if [ -z "${SERVE_ONLY:-}" ]; then
+      gen gen-greedy $mode 0
+      gen gen-t0.8 $mode 0.8
+      dec decode $mode
+    fi
     for n in 1 4 16; do
       srv serve-$n-greedy $mode $n 0
       srv serve-$n-t0.8 $mode $n 0.8
@@ -51,6 +56,7 @@ for rep in $(seq 1 "${REPS:-3}"); do
   done
 done
 since "done"
+cp models/strata-tiny/.strata/speculation.json "$OUT/" 2>/dev/null
 python3 - "$res" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -5,8 +5,11 @@
 # HEAD has them. The files on disk are never touched.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-# SLIM_PATHS (space-separated) overrides the default list; give `off` the same list.
-read -r -a SLIM <<<"${SLIM_PATHS:-fixtures/gemma4}"
+# SLIM_PATHS (space-separated) overrides the default list; `off` reads back what `on` took.
+kept=.git/slim-paths
+list=${SLIM_PATHS:-fixtures/gemma4}
+[ "${1:-}" = off ] && [ -s "$kept" ] && list=$(cat "$kept")
+read -r -a SLIM <<<"$list"
 ex=.git/info/exclude
 # While slim, a commit would record the fixtures as deleted: a pre-commit hook refuses.
 hook=.git/hooks/pre-commit
@@ -17,12 +20,14 @@ on)
   printf '#!/bin/sh\necho "slim.sh is on (fixtures out of the index): run scripts/device/slim.sh off first" >&2\nexit 1\n' >"$hook"
   chmod +x "$hook"
   git rm -r -q --cached "${SLIM[@]}"
+  echo "$list" >"$kept"
   for p in "${SLIM[@]}"; do grep -qxF "/$p" "$ex" || echo "/$p" >>"$ex"; done
   echo "tracked: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes" ;;
 off)
   for p in "${SLIM[@]}"; do sed -i "\#^/$p\$#d" "$ex"; done
   git reset -q -- "${SLIM[@]}"
   grep -q "slim.sh is on" "$hook" 2>/dev/null && rm -f "$hook"
+  rm -f "$kept"
   git status --short -- "${SLIM[@]}" ;;
 *) echo "usage: slim.sh on|off" >&2; exit 2 ;;
 esac
