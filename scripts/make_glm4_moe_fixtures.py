@@ -144,7 +144,7 @@ class RouterMargins:
         self.min = (float("inf"), None)
         self.rows = 0
         self.handles = [m.register_forward_hook(self.hook(n)) for n, m in model.named_modules()
-                        if type(m).__name__ == "Glm4MoeTopkRouter"]
+                        if type(m).__name__ in ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")]
 
     def hook(self, name):
         def f(mod, inputs, _out):
@@ -200,6 +200,28 @@ def run_reference(model, prompt_ids, margins=None):
     )
 
 
+@torch.no_grad()
+def quantize_fp8(model):
+    """Stores the weights GLM-5's fixtures store as FP8 (attention, dense MLP, experts) in
+    128x128 blocks with `weight_scale_inv`, and loads the dequantized values back into
+    `model` so the reference is computed from exactly what the checkpoint holds."""
+    disk, _ = g5.disk_state_dict(model)
+    out, deq = {}, {}
+    for k, v in disk.items():
+        if g5.is_fp8_target(k):
+            q, s = g5.fp8_quantize(v)
+            out[k], out[k + "_scale_inv"], deq[k] = q, s, g5.fp8_dequantize(q, s)
+        else:
+            out[k] = v.contiguous()
+    g5.load_disk_into_model(model, {**disk, **deq})
+    return out
+
+
+def dequantize_fp8(disk):
+    return {k: (g5.fp8_dequantize(v, disk[k + "_scale_inv"]) if v.dtype == torch.float8_e4m3fn else v.float())
+            for k, v in disk.items() if not k.endswith("_scale_inv")}
+
+
 def problems(res):
     p = []
     if not res["argmax_ok"]:
@@ -252,10 +274,13 @@ def build_fixture(name, spec, tok, tok_json_path, fam=Family):
         assert attempts <= 2000, f"{name}: no tie-free seed found"
         model = fam.new_model(copy.deepcopy(cfg))
         fam.init_random(model, seed)
+        fp8_disk = None
         if spec["dtype"] == "bfloat16":
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(p.to(torch.bfloat16).float())
+        elif spec["dtype"] == "fp8":
+            fp8_disk = quantize_fp8(model)
         res = run_reference(model, prompt_ids, fam.margins)
         bad = problems(res)
         if not bad:
@@ -274,10 +299,16 @@ def build_fixture(name, spec, tok, tok_json_path, fam=Family):
         shutil.copy(os.path.join(d, "config.json"), os.path.join(out_dir, "config.json"))
     if spec["dtype"] == "bfloat16":
         disk = {k: (v if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)) for k, v in disk.items()}
+    elif fp8_disk is not None:
+        disk = fp8_disk
     save_file({k: v.contiguous() for k, v in sorted(disk.items())}, os.path.join(out_dir, "model.safetensors"),
               metadata={"format": "pt"})
     cj = json.load(open(os.path.join(out_dir, "config.json")))
-    cj["dtype"] = spec["dtype"]
+    cj["dtype"] = "float32" if fp8_disk is not None else spec["dtype"]
+    if fp8_disk is not None:
+        cj["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [g5.FP8_BLOCK, g5.FP8_BLOCK]}
+    cj.update(spec.get("config_extra", {}))
     write_json(os.path.join(out_dir, "config.json"), cj)
     write_json(os.path.join(out_dir, "generation_config.json"), {
         "_from_model_config": False, "eos_token_id": list(model.config.eos_token_id),
@@ -292,9 +323,14 @@ def build_fixture(name, spec, tok, tok_json_path, fam=Family):
         "generated_ids": res["gen_ids"].long().contiguous(),
         "generated_logits": res["gen_logits"].contiguous(),
     }, os.path.join(out_dir, "reference.safetensors"), metadata={"format": "pt"})
-    # Reload from disk and check the reference again.
-    m2 = fam.cls.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager",
-                                 experts_implementation="eager").eval()
+    # Reload from disk and check the reference again (an FP8 checkpoint dequantized here:
+    # transformers' FP8 loader needs a GPU).
+    if fp8_disk is None:
+        m2 = fam.cls.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager",
+                                     experts_implementation="eager").eval()
+    else:
+        m2 = fam.new_model(copy.deepcopy(model.config))
+        g5.load_disk_into_model(m2, dequantize_fp8(load_file(os.path.join(out_dir, "model.safetensors"))))
     with torch.no_grad():
         d1 = (m2(input_ids=prompt_ids[None], use_cache=False).logits[0].float() - res["prompt_logits"]).abs().max().item()
     assert d1 <= 1e-5, f"reload differs by {d1}"

@@ -1,5 +1,6 @@
 //! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
-//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*` and `fixtures/gemma4/*`, made by
+//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*`, `fixtures/deepseek_v3/*`
+//! and `fixtures/gemma4/*`, made by
 //! `scripts/make_<family>_fixtures.py`): logits at
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
@@ -135,6 +136,18 @@ fn qwen3_moe_fixtures_match_transformers() {
 #[test]
 fn minimax_m2_fixtures_match_transformers() {
     let dirs = fixture_dirs("minimax_m2");
+    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
+    for d in dirs {
+        check_fixture(&d);
+    }
+}
+
+/// DeepSeek-V3 and Kimi K2: MLA without the DSA indexer, YaRN RoPE (interpolated low
+/// frequencies, the softmax scale grown by mscale^2), grouped noaux_tc routing, and an FP8
+/// block-scaled checkpoint with `model_type` kimi_k2.
+#[test]
+fn deepseek_v3_fixtures_match_transformers() {
+    let dirs = fixture_dirs("deepseek_v3");
     assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);

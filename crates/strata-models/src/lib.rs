@@ -12,6 +12,7 @@ pub mod batch;
 pub mod blocks;
 pub mod convert;
 pub mod decoder;
+pub mod deepseek_v3;
 mod fields;
 pub mod gemma4;
 pub mod glm4_moe;
@@ -21,6 +22,7 @@ pub mod media;
 pub mod minimax_m2;
 pub mod qwen3_moe;
 pub mod registry;
+pub mod rope;
 mod session;
 pub mod weights;
 

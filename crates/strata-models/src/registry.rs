@@ -118,6 +118,16 @@ pub enum ChatFormat {
     /// one or more `<invoke name="NAME"><parameter name="KEY">VALUE</parameter></invoke>`,
     /// then `</minimax:tool_call>`.
     MiniMax,
+    /// DeepSeek-V3 / R1 / V3.1: reasoning in `<think>...</think>`; calls inside
+    /// `<｜tool▁calls▁begin｜>...<｜tool▁calls▁end｜>`, each
+    /// `<｜tool▁call▁begin｜>[function<｜tool▁sep｜>]NAME` then its JSON arguments (V3 fences
+    /// them in a json code block after a newline, V3.1 follows `<｜tool▁sep｜>`), then
+    /// `<｜tool▁call▁end｜>`.
+    DeepSeek,
+    /// Kimi K2: reasoning in `<think>...</think>`; calls inside
+    /// `<|tool_calls_section_begin|>...<|tool_calls_section_end|>`, each
+    /// `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>JSON<|tool_call_end|>`.
+    Kimi,
 }
 
 pub use strata_experts::MoeLayout;
@@ -191,8 +201,10 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 5] = [
+    static FAMILIES: [&Family; 7] = [
         &crate::glm_moe_dsa::FAMILY,
+        &crate::deepseek_v3::FAMILY,
+        &crate::deepseek_v3::KIMI_FAMILY,
         &crate::glm4_moe::FAMILY,
         &crate::qwen3_moe::FAMILY,
         &crate::minimax_m2::FAMILY,

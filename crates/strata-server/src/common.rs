@@ -174,6 +174,22 @@ pub fn template_tool_call(id: &str, name: &str, arguments: &Value) -> Value {
     })
 }
 
+/// Messages with tool calls in the shape the template renders: arguments as JSON text
+/// (Python's `json.dumps` layout, as clients write them) and a null content as `""` where
+/// the template concatenates them.
+fn shape_call_messages(messages: &mut [Value], shape: strata_engine::chat::CallShape) {
+    for m in messages.iter_mut().filter(|m| m.get("tool_calls").is_some_and(|c| !c.is_null())) {
+        if shape.content_text && m.get("content").is_none_or(Value::is_null) {
+            m["content"] = Value::String(String::new());
+        }
+        for c in m.get_mut("tool_calls").and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(a) = c.pointer_mut("/function/arguments").filter(|a| shape.arguments_text && !a.is_string()) {
+                *a = Value::String(strata_engine::chat::python_json(a));
+            }
+        }
+    }
+}
+
 /// Tool-call arguments sent as a JSON string, parsed (key order kept); anything else as
 /// it came.
 pub fn parse_arguments(arguments: &Value) -> Value {
@@ -350,6 +366,9 @@ impl AppState {
         }
         if !template.reads_content_parts() {
             flatten_parts(&mut messages);
+        }
+        if messages.iter().any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null())) {
+            shape_call_messages(&mut messages, template.call_message_shape());
         }
         let mut tools_fallback = None;
         let calls =

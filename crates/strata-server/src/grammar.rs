@@ -7,7 +7,7 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::output::{THINK_END, THINK_START};
-use crate::syntax::{Syntax, GEMMA_QUOTE};
+use crate::syntax::{Syntax, DEEPSEEK_SEP, GEMMA_QUOTE, KIMI_ARGS};
 use crate::tools::{CALL_END, CALL_START};
 use anyhow::{anyhow, Result};
 use llguidance::api::TopLevelGrammar;
@@ -150,7 +150,7 @@ impl Grammars {
                             self.marker(CALL_START),
                             quote(&head),
                             self.marker(CALL_END),
-                            json_options(params)
+                            call_arguments(params)
                         ));
                         format!("call{i}")
                     })
@@ -161,6 +161,40 @@ impl Grammars {
                 } else {
                     "call".to_string()
                 }
+            }
+            Format::ToolCalls { tools, parallel } if matches!(self.syntax, Syntax::DeepSeek | Syntax::Kimi) => {
+                // One block of calls, each its name then JSON arguments to the tool's
+                // schema, as the official templates write them: DeepSeek V3.1's
+                // `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`, Kimi's
+                // `<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>ARGS<|tool_call_end|>`.
+                let ((open, close), (begin, end)) = (self.syntax.call(), self.syntax.call_parts());
+                let names: Vec<String> = tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let (name, params, _) = tool_parts(t.get("function").unwrap_or(t));
+                        let head = match self.syntax {
+                            Syntax::Kimi => format!(
+                                "{} {} INDEX {}",
+                                self.marker(begin),
+                                quote(&format!("functions.{name}:")),
+                                self.marker(KIMI_ARGS)
+                            ),
+                            _ => format!("{} {} {}", self.marker(begin), quote(name), self.marker(DEEPSEEK_SEP)),
+                        };
+                        g.push_str(&format!(
+                            "call{i}: {head} call{i}_args {}\ncall{i}_args: %json {}\n",
+                            self.marker(end),
+                            call_arguments(params)
+                        ));
+                        format!("call{i}")
+                    })
+                    .collect();
+                // Kimi numbers a block's calls from 0.
+                let index = if *parallel { "/[0-9]{1,2}/" } else { "\"0\"" };
+                g.push_str(&format!("call: {}\nINDEX: {index}\n", names.join(" | ")));
+                let calls = if *parallel { "call (call)*" } else { "call" };
+                format!("{} {calls} {}", self.marker(open), self.marker(close))
             }
             Format::ToolCalls { tools, parallel } => {
                 let names: Vec<String> = tools
@@ -374,6 +408,15 @@ fn string_text(schema: &Value) -> Option<String> {
 
 /// JSON as `json.dumps` writes it (`, ` and `: `, no other whitespace): a model cannot
 /// wander off in whitespace. A schema's own `x-guidance` options win.
+/// A tool's arguments as JSON: only the keys its schema declares, unless the schema
+/// says otherwise (as GLM's and MiniMax's call rules write only declared keys).
+fn call_arguments(mut params: Value) -> Value {
+    if let Some(o) = params.as_object_mut().filter(|o| o.contains_key("properties")) {
+        o.entry("additionalProperties").or_insert(Value::Bool(false));
+    }
+    json_options(params)
+}
+
 fn json_options(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert(json!({

@@ -19,6 +19,15 @@
 //!   one or more `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>`,
 //!   values raw text (JSON where the schema says the argument is not a string and the
 //!   text parses), as the official template writes them.
+//! - DeepSeek-V3 / R1 / V3.1: reasoning in `<think>...</think>`; one
+//!   `<｜tool▁calls▁begin｜>...<｜tool▁calls▁end｜>` block holds one or more
+//!   `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` (V3.1, ARGS JSON), or
+//!   V3 / R1's `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` + a newline + ARGS in a
+//!   json code fence.
+//! - Kimi K2: reasoning in `<think>...</think>`; one
+//!   `<|tool_calls_section_begin|>...<|tool_calls_section_end|>` block holds one or more
+//!   `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`,
+//!   ARGS JSON.
 
 use crate::tools::{declared_type, ToolCall};
 use serde_json::{Map, Value};
@@ -31,7 +40,16 @@ pub enum Syntax {
     Gemma,
     Qwen,
     MiniMax,
+    DeepSeek,
+    Kimi,
 }
+
+/// DeepSeek's markers inside a call block.
+pub const DEEPSEEK_CALL: (&str, &str) = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>");
+pub const DEEPSEEK_SEP: &str = "<｜tool▁sep｜>";
+/// Kimi K2's markers inside a call block.
+pub const KIMI_CALL: (&str, &str) = ("<|tool_call_begin|>", "<|tool_call_end|>");
+pub const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 
 /// Gemma 4's string quote (one special token, opening and closing).
 pub const GEMMA_QUOTE: &str = "<|\"|>";
@@ -43,13 +61,15 @@ impl Syntax {
             ChatFormat::Gemma => Self::Gemma,
             ChatFormat::Qwen => Self::Qwen,
             ChatFormat::MiniMax => Self::MiniMax,
+            ChatFormat::DeepSeek => Self::DeepSeek,
+            ChatFormat::Kimi => Self::Kimi,
         }
     }
 
     /// (start, end) of a reasoning block.
     pub fn think(self) -> (&'static str, &'static str) {
         match self {
-            Self::Glm | Self::Qwen | Self::MiniMax => ("<think>", "</think>"),
+            Self::Glm | Self::Qwen | Self::MiniMax | Self::DeepSeek | Self::Kimi => ("<think>", "</think>"),
             Self::Gemma => ("<|channel>thought", "<channel|>"),
         }
     }
@@ -60,6 +80,18 @@ impl Syntax {
             Self::Glm | Self::Qwen => ("<tool_call>", "</tool_call>"),
             Self::MiniMax => ("<minimax:tool_call>", "</minimax:tool_call>"),
             Self::Gemma => ("<|tool_call>", "<tool_call|>"),
+            Self::DeepSeek => ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+            Self::Kimi => ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+        }
+    }
+
+    /// (start, end) of one call inside a block, for the syntaxes whose blocks hold several
+    /// marked calls (DeepSeek, Kimi); the block's own markers otherwise.
+    pub fn call_parts(self) -> (&'static str, &'static str) {
+        match self {
+            Self::DeepSeek => DEEPSEEK_CALL,
+            Self::Kimi => KIMI_CALL,
+            _ => self.call(),
         }
     }
 
@@ -68,22 +100,82 @@ impl Syntax {
         let (t0, t1) = self.think();
         let (c0, c1) = self.call();
         let mut m = vec![c0, c1, t0, t1];
-        if self == Self::Gemma {
-            m.push(GEMMA_QUOTE);
+        match self {
+            Self::Gemma => m.push(GEMMA_QUOTE),
+            Self::DeepSeek => m.extend([DEEPSEEK_CALL.0, DEEPSEEK_CALL.1, DEEPSEEK_SEP]),
+            Self::Kimi => m.extend([KIMI_CALL.0, KIMI_CALL.1, KIMI_ARGS]),
+            _ => {}
         }
         m
     }
 
     /// Parses the text between a call block's markers into its calls (one, except
-    /// MiniMax's blocks, which may hold several); `None` when it is not well formed.
+    /// MiniMax's, DeepSeek's and Kimi's blocks, which may hold several); `None` when it is
+    /// not well formed.
     pub fn parse_calls(self, body: &str, tools: Option<&Value>) -> Option<Vec<ToolCall>> {
         match self {
             Self::Glm => crate::tools::parse_call(body, tools).map(|c| vec![c]),
             Self::Gemma => parse_gemma_call(body, tools).map(|c| vec![c]),
             Self::Qwen => parse_qwen_call(body, tools).map(|c| vec![c]),
             Self::MiniMax => parse_minimax_calls(body, tools),
+            Self::DeepSeek => parse_marked_calls(body, DEEPSEEK_CALL, deepseek_call),
+            Self::Kimi => parse_marked_calls(body, KIMI_CALL, kimi_call),
         }
     }
+}
+
+/// A block of `open BODY close` calls (whitespace between them), each body parsed by `one`.
+fn parse_marked_calls(
+    body: &str,
+    (open, close): (&str, &str),
+    one: fn(&str) -> Option<ToolCall>,
+) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix(open)?;
+        let end = after.find(close)?;
+        calls.push(one(&after[..end])?);
+        rest = after[end + close.len()..].trim_start();
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
+/// JSON arguments: an object, or a string holding one.
+fn json_arguments(text: &str) -> Option<Map<String, Value>> {
+    match serde_json::from_str::<Value>(text.trim()).ok()? {
+        Value::Object(m) => Some(m),
+        Value::String(s) => match serde_json::from_str::<Value>(&s).ok()? {
+            Value::Object(m) => Some(m),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `NAME<｜tool▁sep｜>JSON` (V3.1), or `function<｜tool▁sep｜>NAME\n```json\nJSON\n```` (V3, R1).
+fn deepseek_call(body: &str) -> Option<ToolCall> {
+    let (head, rest) = body.split_once(DEEPSEEK_SEP)?;
+    let (name, args) = match rest.split_once("\n```json") {
+        Some((name, fenced)) if head.trim() == "function" => (name, fenced.trim_end().strip_suffix("```")?),
+        _ => (head, rest),
+    };
+    let name = name.trim();
+    valid_name(name).then_some(())?;
+    Some(ToolCall { name: name.to_string(), arguments: json_arguments(args)? })
+}
+
+/// `functions.NAME:INDEX<|tool_call_argument_begin|>JSON`.
+fn kimi_call(body: &str) -> Option<ToolCall> {
+    let (id, args) = body.split_once(KIMI_ARGS)?;
+    let id = id.trim();
+    let id = id.strip_prefix("functions.").unwrap_or(id);
+    let name = match id.rsplit_once(':') {
+        Some((name, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => id,
+    };
+    valid_name(name).then_some(())?;
+    Some(ToolCall { name: name.to_string(), arguments: json_arguments(args)? })
 }
 
 /// A value written raw: text where the schema says string, else JSON where it parses.
@@ -532,6 +624,64 @@ mod tests {
                 }));
             }
             assert_eq!(calls, whole.calls, "step {step}");
+        }
+    }
+
+    /// DeepSeek's two call forms and Kimi K2's, several to a block, streamed at any chunking.
+    #[test]
+    fn deepseek_and_kimi_calls_parse() {
+        use crate::output::OutputParser;
+        use crate::tools::Piece;
+        let v31 = "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜>\
+                   <｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>";
+        let r1 = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜>\n\
+                  <｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜>";
+        let kimi = "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\":\"Paris\",\"days\":2}<|tool_call_end|>\
+                    <|tool_call_begin|>functions.now:1<|tool_call_argument_begin|>\"{}\"<|tool_call_end|>";
+        for (syntax, body) in [(Syntax::DeepSeek, v31), (Syntax::DeepSeek, r1), (Syntax::Kimi, kimi)] {
+            let calls = syntax.parse_calls(body, None).unwrap_or_else(|| panic!("{body}"));
+            assert_eq!(calls.len(), 2, "{body}");
+            assert_eq!((calls[0].name.as_str(), calls[1].name.as_str()), ("get_weather", "now"));
+            assert_eq!(Value::Object(calls[0].arguments.clone()), json!({"city": "Paris", "days": 2}));
+            assert!(calls[1].arguments.is_empty());
+            let (open, close) = syntax.call();
+            let text = format!("<think>plan</think>Checking.{open}{body}{close}");
+            let whole = OutputParser::with_syntax(syntax, Some(false), Some(json!([]))).parse(&text);
+            assert_eq!((whole.reasoning.trim(), whole.content.trim()), ("plan", "Checking."));
+            assert_eq!(whole.calls, calls);
+            let chars: Vec<char> = text.chars().collect();
+            for step in [1, 2, 5, 11] {
+                let mut p = OutputParser::with_syntax(syntax, Some(false), Some(json!([])));
+                let mut got = Vec::new();
+                for c in chars.chunks(step) {
+                    got.extend(p.push(&c.iter().collect::<String>()));
+                }
+                got.extend(p.finish());
+                let got: Vec<_> = got
+                    .into_iter()
+                    .filter_map(|x| match x {
+                        Piece::Call(c) => Some(c),
+                        Piece::Text(t) => {
+                            assert!(!t.contains("tool"), "a marker leaked as text: {t:?}");
+                            None
+                        }
+                        Piece::Reasoning(_) => None,
+                    })
+                    .collect();
+                assert_eq!(got, calls, "{syntax:?} step {step}");
+            }
+        }
+        for (syntax, bad) in [
+            (Syntax::DeepSeek, ""),
+            (Syntax::DeepSeek, "<｜tool▁call▁begin｜>f{}<｜tool▁call▁end｜>"),
+            (Syntax::DeepSeek, "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]<｜tool▁call▁end｜>"),
+            (Syntax::DeepSeek, "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"),
+            (Syntax::DeepSeek, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}<｜tool▁call▁end｜>"),
+            (Syntax::Kimi, "<|tool_call_begin|>functions.f:0{}<|tool_call_end|>"),
+            (Syntax::Kimi, "<|tool_call_begin|><|tool_call_argument_begin|>{}<|tool_call_end|>"),
+            (Syntax::Kimi, "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|> x"),
+        ] {
+            assert_eq!(syntax.parse_calls(bad, None), None, "{bad}");
         }
     }
 }

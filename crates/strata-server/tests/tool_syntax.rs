@@ -172,3 +172,55 @@ fn minimax_models_serve_with_their_own_tool_syntax() {
         forced_calls(&app, fixture, minimax_history_call);
     }
 }
+
+/// The first call in the history of a rendered DeepSeek or Kimi prompt.
+fn marked_history_call(syntax: Syntax, p: &str) -> Option<(String, Value)> {
+    let (open, close) = syntax.call();
+    // (The tool section may show the syntax with placeholders first.)
+    let calls =
+        p.split(open).skip(1).find_map(|b| syntax.parse_calls(b.split(close).next()?, Some(&strict_tools())))?;
+    Some((calls[0].name.clone(), Value::Object(calls[0].arguments.clone())))
+}
+
+#[test]
+fn deepseek_and_kimi_models_serve_with_their_own_tool_syntax() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]);
+    for (fixture, syntax) in [("yarn-groups", Syntax::DeepSeek), ("kimi-fp8", Syntax::Kimi)] {
+        let app = app("deepseek_v3", fixture, syntax);
+        let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
+        assert_eq!(status, 200, "{body}");
+        let p = t["prompt"].as_str().unwrap();
+        eprintln!("{fixture}: {p}");
+        assert_eq!(
+            marked_history_call(syntax, p),
+            Some(("get_weather".to_string(), json!({"city": "Paris", "days": 2}))),
+            "{p}"
+        );
+        match syntax {
+            Syntax::Kimi => {
+                assert!(p.starts_with("<|im_system|>tool_declare<|im_middle|>[{"), "{p}");
+                assert!(p.contains("<|im_system|>tool<|im_middle|>## Return of c1\\nsunny<|im_end|>"), "{p}");
+                assert!(p.ends_with("<|im_assistant|>assistant<|im_middle|>"), "{p}");
+            }
+            _ => {
+                assert!(p.starts_with("<｜begin▁of▁sentence｜>## Tools\nYou have access to the following tools:\n\n### get_weather\nDescription: Weather now\n\nParameters: {\"type\": \"object\""), "{p}");
+                assert!(p.contains("<｜tool▁output▁begin｜>sunny<｜tool▁output▁end｜>"), "{p}");
+            }
+        }
+        forced_calls(
+            &app,
+            fixture,
+            match syntax {
+                Syntax::Kimi => |p| marked_history_call(Syntax::Kimi, p),
+                _ => |p| marked_history_call(Syntax::DeepSeek, p),
+            },
+        );
+    }
+}

@@ -1,16 +1,11 @@
 //! For chat templates with no tool section: the tool schemas (and the assistant's
 //! earlier calls) written into the messages in a documented text format, the model
-//! family's native call syntax (GLM's, Gemma 4's or Qwen3's), so that tools are never silently
-//! dropped.
+//! family's native call syntax (GLM's, Gemma 4's, Qwen3's, MiniMax's, DeepSeek's or Kimi's),
+//! so that tools are never silently dropped.
 
-use super::pyfmt::{json_dumps, JsonOptions};
+use super::python_json as dumps;
 use serde_json::{Map, Value};
 use strata_models::ChatFormat;
-
-fn dumps(v: &Value) -> String {
-    json_dumps(&minijinja::Value::from(minijinja::value::Serde(v)), &JsonOptions::default())
-        .unwrap_or_else(|_| v.to_string())
-}
 
 /// The text that describes `tools` (OpenAI-style schemas) to the model.
 pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
@@ -22,6 +17,9 @@ pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
         s.push_str("To call one: <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|> (strings between <|\"|> quotes)");
         return s;
     }
+    if format == ChatFormat::DeepSeek {
+        return deepseek_tools_text(tools);
+    }
     let mut s = String::from("# Tools\n<tools>\n");
     for t in tools.as_array().into_iter().flatten() {
         s.push_str(&dumps(t));
@@ -32,10 +30,33 @@ pub fn tools_system_text(tools: &Value, format: ChatFormat) -> String {
         ChatFormat::Qwen => {
             "</tools>\nTo call one: <tool_call>\n{\"name\": NAME, \"arguments\": {ARGUMENTS}}\n</tool_call>"
         }
+        ChatFormat::Kimi => {
+            "</tools>\nTo call: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{ARGUMENTS}<|tool_call_end|><|tool_calls_section_end|>"
+        }
         _ => {
             "</tools>\nTo call one: <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>"
         }
     });
+    s
+}
+
+/// DeepSeek-V3.1's tool section, as its model card lays it out (its template has none).
+fn deepseek_tools_text(tools: &Value) -> String {
+    let mut s = String::from("## Tools\nYou have access to the following tools:\n");
+    for t in tools.as_array().into_iter().flatten() {
+        let f = t.get("function").unwrap_or(t);
+        let text = |k: &str| f.get(k).and_then(Value::as_str).unwrap_or("");
+        let params = f.get("parameters").map(dumps).unwrap_or_else(|| "{}".into());
+        s.push_str(&format!("\n### {}\nDescription: {}\n\nParameters: {params}\n", text("name"), text("description")));
+    }
+    s.push_str(
+        "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n\
+         <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>\
+         {{additional_tool_calls}}<｜tool▁calls▁end｜>\n\nWhere:\n\n\
+         - `tool_call_name` must be an exact match to one of the available tools\n\
+         - `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n\
+         - For multiple tool calls, chain them directly without separators or spaces\n",
+    );
     s
 }
 
@@ -80,6 +101,22 @@ fn call_text(call: &Value, format: ChatFormat) -> String {
         }
         s.push_str("\n</invoke>\n</minimax:tool_call>");
         return s;
+    }
+    if matches!(format, ChatFormat::DeepSeek | ChatFormat::Kimi) {
+        let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => dumps(v),
+            None => "{}".into(),
+        };
+        return match format {
+            ChatFormat::Kimi => format!(
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>"
+            ),
+            _ => format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+        };
     }
     if format == ChatFormat::Qwen {
         let name = f.get("name").cloned().unwrap_or(Value::String(String::new()));

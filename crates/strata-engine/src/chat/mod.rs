@@ -13,6 +13,23 @@ pub use fallback::{inject_tool_calls, inject_tools, tools_system_text};
 pub use pyenv::Clock;
 pub use pyfmt::{json_dumps, JsonOptions};
 
+/// How an assistant message with tool calls is given to a template
+/// ([`ChatTemplate::call_message_shape`]); the default is transformers' own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallShape {
+    /// Arguments as JSON text (else an object).
+    pub arguments_text: bool,
+    /// A missing or null content as an empty string (else left out).
+    pub content_text: bool,
+}
+
+/// `v` as Python's `json.dumps` writes it by default (`", "` and `": "` separators, ASCII
+/// escapes): how transformers' templates and most clients lay JSON out.
+pub fn python_json(v: &Value) -> String {
+    json_dumps(&minijinja::Value::from(minijinja::value::Serde(v)), &JsonOptions::default())
+        .unwrap_or_else(|_| v.to_string())
+}
+
 use anyhow::{anyhow, bail, Result};
 use minijinja::Environment;
 use serde::{Deserialize, Serialize};
@@ -224,6 +241,37 @@ impl ChatTemplate {
     /// Whether the template renders the assistant's `tool_calls`.
     pub fn reads_tool_calls(&self, with_tools: bool) -> bool {
         self.pick(with_tools).source.contains("tool_calls")
+    }
+
+    /// How an assistant message with tool calls must reach this template. Most templates
+    /// iterate over a call's arguments or `tojson` them, and want an object; DeepSeek-V3.1's
+    /// concatenates them and its content to strings, which needs the arguments as JSON text
+    /// and the content (which clients send as null, and transformers drops) as a string.
+    /// Told by rendering such a message each way, transformers' own first.
+    pub fn call_message_shape(&self) -> CallShape {
+        let renders = |shape: CallShape| {
+            let arguments = match shape.arguments_text {
+                true => Value::String("{\"a\": 1}".into()),
+                false => serde_json::json!({"a": 1}),
+            };
+            let mut call = serde_json::json!({"role": "assistant", "tool_calls": [{"id": "c0", "type": "function",
+                "function": {"name": "f", "arguments": arguments}}]});
+            if shape.content_text {
+                call["content"] = Value::String(String::new());
+            }
+            let msgs = [
+                serde_json::json!({"role": "user", "content": "x"}),
+                call,
+                serde_json::json!({"role": "tool", "tool_call_id": "c0", "content": "y"}),
+            ];
+            let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "description": "d",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]);
+            let opts = RenderOptions { tools: Some(tools), ..Default::default() };
+            self.render_json(&msgs, &opts).is_ok()
+        };
+        let shapes = [(false, false), (true, false), (false, true), (true, true)]
+            .map(|(arguments_text, content_text)| CallShape { arguments_text, content_text });
+        shapes.into_iter().find(|s| renders(*s)).unwrap_or_default()
     }
 
     /// Renders `messages` (and optional tool schemas) as transformers'

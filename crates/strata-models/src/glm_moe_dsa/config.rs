@@ -1,9 +1,11 @@
-//! `config.json` of a `glm_moe_dsa` model (GLM-5, 5.1, 5.2), validated once at load.
+//! `config.json` of an MLA MoE model, validated once at load: `glm_moe_dsa` (GLM-5, 5.1,
+//! 5.2) and `deepseek_v3` / `kimi_k2` (the same network without the DSA indexer, with YaRN).
 //!
-//! Fields that fix tensor shapes are required; the rest take transformers' defaults.
-//! Every error names the field.
+//! Fields that fix tensor shapes are required; the rest take transformers' defaults (which
+//! differ between the two). Every error names the field.
 
 use crate::fields::{check_noaux_routing, Fields};
+use crate::rope::Rope;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -19,10 +21,24 @@ pub enum IndexerKind {
     Full,
     /// The layer reuses the top-k selection of the previous full layer.
     Shared,
+    /// No DeepSeek Sparse Attention at all (DeepSeek-V3, Kimi K2): dense MLA.
+    Absent,
+}
+
+/// Which of the models sharing this network a config describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// GLM-5.x: MLA with the DSA indexer, plain RoPE.
+    Glm5,
+    /// DeepSeek-V3 / R1 and Kimi K2: dense MLA, YaRN RoPE.
+    DeepseekV3,
 }
 
 #[derive(Clone, Debug)]
 pub struct GlmMoeDsaConfig {
+    pub variant: Variant,
+    /// The checkpoint's own `model_type`.
+    pub model_type: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -45,7 +61,7 @@ pub struct GlmMoeDsaConfig {
     pub index_head_dim: usize,
     pub index_n_heads: usize,
     pub rms_norm_eps: f64,
-    pub rope_theta: f64,
+    pub rope: Rope,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub num_nextn_predict_layers: usize,
@@ -59,22 +75,53 @@ pub struct GlmMoeDsaConfig {
 
 impl GlmMoeDsaConfig {
     pub const MODEL_TYPE: &'static str = "glm_moe_dsa";
+    pub const DEEPSEEK_MODEL_TYPES: &'static [&'static str] = &["deepseek_v3", "kimi_k2"];
 
-    /// Parses and validates; errors name the offending field (the caller adds the file).
+    /// Parses and validates a GLM-5 config; errors name the offending field (the caller
+    /// adds the file).
     pub fn from_json(json: &Value) -> Result<Self> {
+        Self::parse(json, Variant::Glm5)
+    }
+
+    /// Parses and validates a DeepSeek-V3 or Kimi K2 config.
+    pub fn from_deepseek_json(json: &Value) -> Result<Self> {
+        Self::parse(json, Variant::DeepseekV3)
+    }
+
+    fn parse(json: &Value, variant: Variant) -> Result<Self> {
         let obj = json.as_object().ok_or_else(|| anyhow!("config is not a JSON object"))?;
         let f = Fields(obj);
-        f.model_type(&[Self::MODEL_TYPE])?;
+        let deepseek = variant == Variant::DeepseekV3;
+        let model_type =
+            f.model_type(if deepseek { Self::DEEPSEEK_MODEL_TYPES } else { &[Self::MODEL_TYPE] })?.to_string();
         let num_hidden_layers = f.layers("num_hidden_layers")?;
         let num_attention_heads = f.usize_req("num_attention_heads")?;
         let n_routed_experts = match f.get("n_routed_experts") {
             Some(_) => f.experts("n_routed_experts")?,
             None => f.experts("num_experts").map_err(|_| anyhow!("missing field `n_routed_experts`"))?,
         };
-        if f.get("q_lora_rank").is_none() {
-            bail!("missing field `q_lora_rank` (glm_moe_dsa needs the low-rank query path)");
+        if f.get("q_lora_rank").is_none_or(Value::is_null) {
+            bail!("field `q_lora_rank` is missing or null; strata runs MLA with the low-rank query path only");
         }
-        let rope_theta = f.rope_theta(10000.0)?;
+        let rope = f.rope_kind(10000.0)?;
+        if let (Variant::Glm5, Some(_)) = (variant, &rope.yarn) {
+            bail!("field `rope_parameters.rope_type` is `yarn`; glm_moe_dsa runs only `default` RoPE");
+        }
+        if rope.attention_factor() != 1.0 {
+            bail!(
+                "field `rope_parameters`: YaRN with attention_factor {} (`mscale` differs from `mscale_all_dim`) \
+                 is not supported on MLA",
+                rope.attention_factor()
+            );
+        }
+        if !f.bool_or("rope_interleave", true)? {
+            bail!("field `rope_interleave` is false; strata runs MLA with interleaved rotary pairs only");
+        }
+        for (k, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
+            if f.get(k).is_some_and(|v| !v.is_null()) {
+                f.str_is(k, want)?;
+            }
+        }
         f.str_is("hidden_act", "silu")?;
         if f.bool_or("attention_bias", false)? {
             bail!("field `attention_bias` is true; biased attention projections are not supported");
@@ -93,42 +140,17 @@ impl GlmMoeDsaConfig {
                 .map(|i| if i < first_k_dense { MlpKind::Dense } else { MlpKind::Sparse })
                 .collect(),
         };
-        let indexer_types = match f.str_list("indexer_types")? {
-            Some(kinds) => kinds
-                .iter()
-                .map(|k| match k.as_str() {
-                    "full" => Ok(IndexerKind::Full),
-                    "shared" => Ok(IndexerKind::Shared),
-                    other => bail!("field `indexer_types` has unknown kind `{other}`"),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => match f.get("index_topk_pattern").and_then(Value::as_str) {
-                Some(p) => p
-                    .chars()
-                    .map(|c| match c {
-                        'F' => Ok(IndexerKind::Full),
-                        'S' => Ok(IndexerKind::Shared),
-                        other => bail!("field `index_topk_pattern` has unknown letter `{other}`"),
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-                None => {
-                    // transformers: layer i is full iff max(i - offset + 1, 0) % freq == 0.
-                    let freq = f.usize_or("index_topk_freq", 1)?.max(1);
-                    let offset = f.usize_or("index_skip_topk_offset", 2)?;
-                    (0..num_hidden_layers)
-                        .map(|i| {
-                            if (i + 1).saturating_sub(offset) % freq == 0 {
-                                IndexerKind::Full
-                            } else {
-                                IndexerKind::Shared
-                            }
-                        })
-                        .collect()
-                }
-            },
+        let indexer_types = if deepseek {
+            vec![IndexerKind::Absent; num_hidden_layers]
+        } else {
+            glm_indexer_types(&f, num_hidden_layers)?
         };
+        let (groups, max_positions) = if deepseek { (8, 4096) } else { (1, 202752) };
         let fp8_block = f.fp8_block()?;
+        let index = |k: &str| if deepseek { Ok(0) } else { f.usize_req(k) };
         let cfg = Self {
+            variant,
+            model_type,
             vocab_size: f.usize_req("vocab_size")?,
             hidden_size: f.usize_req("hidden_size")?,
             intermediate_size: f.usize_req("intermediate_size")?,
@@ -138,8 +160,8 @@ impl GlmMoeDsaConfig {
             n_shared_experts: f.usize_or("n_shared_experts", 1)?,
             n_routed_experts,
             num_experts_per_tok: f.usize_req("num_experts_per_tok")?,
-            n_group: f.usize_or("n_group", 1)?,
-            topk_group: f.usize_or("topk_group", 1)?,
+            n_group: f.usize_or("n_group", groups)?,
+            topk_group: f.usize_or("topk_group", if deepseek { 4 } else { 1 })?,
             norm_topk_prob: f.bool_or("norm_topk_prob", true)?,
             routed_scaling_factor: f.f64_or("routed_scaling_factor", 2.5)? as f32,
             q_lora_rank: f.usize_req("q_lora_rank")?,
@@ -147,12 +169,12 @@ impl GlmMoeDsaConfig {
             qk_nope_head_dim: f.usize_req("qk_nope_head_dim")?,
             qk_rope_head_dim: f.usize_req("qk_rope_head_dim")?,
             v_head_dim: f.usize_req("v_head_dim")?,
-            index_topk: f.usize_req("index_topk")?,
-            index_head_dim: f.usize_req("index_head_dim")?,
-            index_n_heads: f.usize_req("index_n_heads")?,
-            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-5)?,
-            rope_theta,
-            max_position_embeddings: f.usize_or("max_position_embeddings", 202752)?,
+            index_topk: index("index_topk")?,
+            index_head_dim: index("index_head_dim")?,
+            index_n_heads: index("index_n_heads")?,
+            rms_norm_eps: f.f64_or("rms_norm_eps", if deepseek { 1e-6 } else { 1e-5 })?,
+            rope,
+            max_position_embeddings: f.usize_or("max_position_embeddings", max_positions)?,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             num_nextn_predict_layers: f.nextn_layers()?,
             mlp_layer_types,
@@ -175,11 +197,11 @@ impl GlmMoeDsaConfig {
             ("kv_lora_rank", self.kv_lora_rank),
             ("qk_rope_head_dim", self.qk_rope_head_dim),
             ("v_head_dim", self.v_head_dim),
-            ("index_topk", self.index_topk),
-            ("index_n_heads", self.index_n_heads),
             ("n_group", self.n_group),
         ];
-        for (name, v) in positive {
+        let dsa = [("index_topk", self.index_topk), ("index_n_heads", self.index_n_heads)];
+        let dsa = if self.variant == Variant::Glm5 { &dsa[..] } else { &[] };
+        for &(name, v) in positive.iter().chain(dsa) {
             if v == 0 {
                 bail!("field `{name}` must be positive");
             }
@@ -187,7 +209,7 @@ impl GlmMoeDsaConfig {
         if !self.qk_rope_head_dim.is_multiple_of(2) {
             bail!("field `qk_rope_head_dim` must be even, got {}", self.qk_rope_head_dim);
         }
-        if self.index_head_dim < self.qk_rope_head_dim {
+        if self.variant == Variant::Glm5 && self.index_head_dim < self.qk_rope_head_dim {
             bail!(
                 "field `index_head_dim` ({}) is smaller than `qk_rope_head_dim` ({})",
                 self.index_head_dim,
@@ -236,6 +258,45 @@ impl GlmMoeDsaConfig {
     pub fn sparse_layers(&self) -> usize {
         self.mlp_layer_types.iter().filter(|k| **k == MlpKind::Sparse).count()
     }
+}
+
+/// GLM-5's indexer schedule: `indexer_types`, else `index_topk_pattern`, else the
+/// frequency and offset transformers derives it from.
+fn glm_indexer_types(f: &Fields, num_hidden_layers: usize) -> Result<Vec<IndexerKind>> {
+    Ok(match f.str_list("indexer_types")? {
+        Some(kinds) => kinds
+            .iter()
+            .map(|k| match k.as_str() {
+                "full" => Ok(IndexerKind::Full),
+                "shared" => Ok(IndexerKind::Shared),
+                other => bail!("field `indexer_types` has unknown kind `{other}`"),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => match f.get("index_topk_pattern").and_then(Value::as_str) {
+            Some(p) => p
+                .chars()
+                .map(|c| match c {
+                    'F' => Ok(IndexerKind::Full),
+                    'S' => Ok(IndexerKind::Shared),
+                    other => bail!("field `index_topk_pattern` has unknown letter `{other}`"),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => {
+                // transformers: layer i is full iff max(i - offset + 1, 0) % freq == 0.
+                let freq = f.usize_or("index_topk_freq", 1)?.max(1);
+                let offset = f.usize_or("index_skip_topk_offset", 2)?;
+                (0..num_hidden_layers)
+                    .map(|i| {
+                        if (i + 1).saturating_sub(offset) % freq == 0 {
+                            IndexerKind::Full
+                        } else {
+                            IndexerKind::Shared
+                        }
+                    })
+                    .collect()
+            }
+        },
+    })
 }
 
 #[cfg(test)]
@@ -287,7 +348,13 @@ mod tests {
             (with("indexer_types", json!(["full"])), "`indexer_types` has 1 entries for 4 layers"),
             (with("n_group", json!(3)), "`n_group` (3) must divide"),
             (with("eos_token_id", json!(99)), "`eos_token_id` (99) is outside"),
-            (with("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})), "only `default` RoPE"),
+            (
+                with(
+                    "rope_parameters",
+                    json!({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4, "original_max_position_embeddings": 64}),
+                ),
+                "only `default` RoPE",
+            ),
             (with("rope_parameters", json!({"rope_theta": "1e6"})), "`rope_parameters.rope_theta` must be a number"),
             (with("rope_parameters", json!(5)), "field `rope_parameters` must be an object"),
             (with("hidden_act", json!(5)), "field `hidden_act` must be `silu`, got 5"),

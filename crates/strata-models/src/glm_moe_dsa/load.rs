@@ -168,7 +168,7 @@ pub fn mla_config(cfg: &GlmMoeDsaConfig) -> MlaConfig {
             rope: cfg.qk_rope_head_dim,
             v: cfg.v_head_dim,
             kv_lora: cfg.kv_lora_rank,
-            scale: (cfg.qk_head_dim() as f32).powf(-0.5),
+            scale: ((cfg.qk_head_dim() as f64).powf(-0.5) * cfg.rope.deepseek_softmax_factor()) as f32,
         },
         index: IndexDims {
             heads: cfg.index_n_heads,
@@ -237,7 +237,7 @@ impl<B: Backend> Glm<B> {
         };
         Ok(Self {
             info: super::info(&cfg),
-            rope_inv: strata_kernels::ops::rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta),
+            rope_inv: cfg.rope.inv_freq(cfg.qk_rope_head_dim),
             mla: mla_config(&cfg),
             b,
             embed,

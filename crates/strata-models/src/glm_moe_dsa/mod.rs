@@ -12,7 +12,7 @@ mod model;
 mod synth;
 pub mod weights;
 
-pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind};
+pub use config::{GlmMoeDsaConfig, IndexerKind, MlpKind, Variant};
 pub use model::{Glm, GlmSession};
 pub use synth::{synth_config, synthesize, Preset, SynthFormat, SynthRng, SynthSpec};
 
@@ -35,8 +35,8 @@ fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
 
 pub(crate) fn info(cfg: &GlmMoeDsaConfig) -> ModelInfo {
     ModelInfo {
-        family: FAMILY.name,
-        model_type: GlmMoeDsaConfig::MODEL_TYPE.into(),
+        family: cfg.family().name,
+        model_type: cfg.model_type.clone(),
         vocab_size: cfg.vocab_size,
         hidden_size: cfg.hidden_size,
         max_context: cfg.max_position_embeddings,
@@ -58,11 +58,15 @@ impl GlmMoeDsaConfig {
 
 impl Arch for GlmMoeDsaConfig {
     fn family(&self) -> &'static Family {
-        &FAMILY
+        match self.variant {
+            Variant::Glm5 => &FAMILY,
+            Variant::DeepseekV3 if self.model_type == "kimi_k2" => &crate::deepseek_v3::KIMI_FAMILY,
+            Variant::DeepseekV3 => &crate::deepseek_v3::FAMILY,
+        }
     }
 
     fn model_type(&self) -> &str {
-        Self::MODEL_TYPE
+        &self.model_type
     }
 
     fn info(&self) -> ModelInfo {
@@ -128,7 +132,8 @@ impl Arch for GlmMoeDsaConfig {
 
     fn describe(&self) -> Value {
         json!({
-            "model_type": Self::MODEL_TYPE,
+            "model_type": self.model_type,
+            "rope": {"theta": self.rope.theta, "yarn_factor": self.rope.yarn.as_ref().map(|y| y.factor)},
             "hidden_size": self.hidden_size,
             "layers": self.num_hidden_layers,
             "dense_layers": self.mlp_layer_types.iter().filter(|k| **k == MlpKind::Dense).count(),

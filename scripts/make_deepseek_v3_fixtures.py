@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Generate the DeepSeek-V3 / Kimi K2 (`deepseek_v3`, `kimi_k2`) parity fixtures under
+fixtures/deepseek_v3/<name>/.
+
+Reference: Hugging Face transformers `DeepseekV3ForCausalLM` (Kimi K2 runs the same class),
+CPU, float32, eager attention and experts. CI never runs this script; it is committed so the
+fixtures can be regenerated:
+
+    python scripts/make_deepseek_v3_fixtures.py               # all fixtures
+    python scripts/make_deepseek_v3_fixtures.py yarn-groups   # just one
+
+Requirements: torch, transformers (>= 5.x), safetensors, tokenizers. The tokenizer is the
+GLM-5 fixtures' BPE (scripts/make_glm5_fixtures.py) with the model's own special tokens
+appended; the chat templates are the official ones in fixtures/chat_templates/templates/.
+
+Each directory holds what make_glm4_moe_fixtures.py writes (config.json, model.safetensors,
+generation_config.json, tokenizer files, reference.safetensors, reference.json).
+
+Fixtures:
+  yarn-groups  f32 DeepSeek-V3 in miniature: MLA (q and kv low-rank latents), YaRN RoPE
+               (factor 4 over an original 256 positions, mscale = mscale_all_dim = 1, so the
+               softmax scale grows by mscale(4)^2 and the low frequencies are interpolated),
+               16 experts in 4 groups of which 2 are kept, top-4, a shared expert, layer 0
+               dense. DeepSeek-V3.1's chat template.
+  kimi-fp8     Kimi K2 in miniature (`model_type` kimi_k2): one group, 12 experts top-3,
+               routed_scaling_factor 2.827, YaRN factor 32; hidden 128 with attention, dense
+               MLP and experts stored as F8_E4M3 in 128x128 blocks with `weight_scale_inv`
+               (the reference computed from the dequantized weights). Kimi K2's chat template.
+
+Seeds are searched until the greedy top-1/top-2 gap and every routing boundary (group and
+expert, in biased scores) exceed MARGIN, in the prefill, each decode step and a no-cache forward.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+import transformers
+from tokenizers import AddedToken
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_glm4_moe_fixtures as g4  # noqa: E402  (the fixture builder)
+import make_glm5_fixtures as g5  # noqa: E402  (the tokenizer)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATES = os.path.join(REPO, "fixtures", "chat_templates", "templates")
+
+DEEPSEEK = dict(
+    template="deepseek-v3.1.jinja", bos="<｜begin▁of▁sentence｜>", eos=["<｜end▁of▁sentence｜>"],
+    special=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+             "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+             "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+             "<｜tool▁output▁end｜>"],
+    added=["<think>", "</think>"],
+)
+KIMI = dict(
+    template="kimi-k2.jinja", bos="[BOS]", eos=["<|im_end|>", "[EOS]"],
+    special=["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+             "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+             "<|tool_call_argument_begin|>", "<|tool_call_end|>"],
+    added=["<think>", "</think>"],
+)
+
+BASE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_shared_experts=1,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=1024,
+    rope_interleave=True,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    attention_bias=False,
+)
+
+FIXTURES = {
+    "yarn-groups": dict(
+        dtype="float32", seed=500, chat=DEEPSEEK,
+        cfg=dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                  "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1,
+                                  "mscale": 1.0, "mscale_all_dim": 1.0}),
+        prompt="The licenses for most software are designed to take away your freedom to share and change it.",
+    ),
+    "kimi-fp8": dict(
+        dtype="fp8", seed=600, chat=KIMI, config_extra={"model_type": "kimi_k2"},
+        cfg=dict(hidden_size=128, n_routed_experts=12, num_experts_per_tok=3, n_group=1, topk_group=1,
+                 routed_scaling_factor=2.827,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0,
+                                  "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+                                  "mscale": 1.0, "mscale_all_dim": 1.0}),
+        prompt="You may convey verbatim copies of the Program's source code as you receive it, in any medium.",
+    ),
+}
+
+
+def build_tokenizer(chat):
+    tok = g5.build_tokenizer()
+    tok.add_special_tokens(chat["special"])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in chat["added"]])
+    return tok
+
+
+def family(chat):
+    class Family(g4.Family):
+        cls = DeepseekV3ForCausalLM
+        out_root = os.path.join(REPO, "fixtures", "deepseek_v3")
+        margins = g4.RouterMargins
+
+        @staticmethod
+        def make_config(spec, tok):
+            kw = dict(BASE)
+            kw.update(spec["cfg"])
+            eos = [tok.token_to_id(t) for t in chat["eos"]]
+            kw.update(bos_token_id=tok.token_to_id(chat["bos"]), eos_token_id=eos,
+                      pad_token_id=tok.token_to_id(chat["eos"][-1]))
+            return DeepseekV3Config(**kw)
+
+        @staticmethod
+        def new_model(cfg):
+            model = DeepseekV3ForCausalLM(cfg)
+            model.set_attn_implementation("eager")
+            model.set_experts_implementation("eager")
+            return model.float().eval()
+
+        @staticmethod
+        def init_random(model, seed):
+            g4.init_random(model, seed)
+
+        @staticmethod
+        def tokenizer_config(tok):
+            added = {}
+            for t in g5.SPECIALS + chat["special"] + chat["added"]:
+                added[str(tok.token_to_id(t))] = {
+                    "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                    "special": t not in chat["added"],
+                }
+            return {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "added_tokens_decoder": added,
+                "bos_token": chat["bos"],
+                "eos_token": chat["eos"][0],
+                "pad_token": chat["eos"][-1],
+                "add_bos_token": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": 1024,
+                "chat_template": open(os.path.join(TEMPLATES, chat["template"])).read(),
+            }
+
+    return Family
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", default=list(FIXTURES))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
+    for name in args.names:
+        spec = FIXTURES[name]
+        tok = build_tokenizer(spec["chat"])
+        with tempfile.TemporaryDirectory() as d:
+            tok_path = os.path.join(d, "tokenizer.json")
+            tok.save(tok_path)
+            print(f"building {name}", flush=True)
+            g4.build_fixture(name, spec, tok, tok_path, family(spec["chat"]))
+
+
+if __name__ == "__main__":
+    main()
