@@ -103,6 +103,8 @@ fn fed_equals_plain_on_every_family() {
         "glm4_moe/gqa-bias",
         "qwen3_moe/gqa-renorm",
         "minimax_m2/gqa-full",
+        "deepseek_v3/yarn-groups",
+        "deepseek_v3/kimi-fp8",
         "gemma4/moe",
         "gemma4/dense-ple",
     ] {

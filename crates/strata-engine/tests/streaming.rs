@@ -87,6 +87,9 @@ fn streamed_equals_resident_bit_for_bit() {
         ("qwen3_moe/sparse-step", QuantKind::Int8Row),
         ("minimax_m2/gqa-full", QuantKind::int4(16)),
         ("minimax_m2/bf16-rot", QuantKind::Int8Row),
+        ("deepseek_v3/yarn-groups", QuantKind::int4(16)),
+        // FP8 block-scaled experts (Kimi K2's form), converted to int8 rows.
+        ("deepseek_v3/kimi-fp8", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));

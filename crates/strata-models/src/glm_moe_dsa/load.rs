@@ -201,7 +201,9 @@ impl<B: Backend> Glm<B> {
             ExpertsFrom::Provider(p) => Some(p.clone()),
             ExpertsFrom::Checkpoint => None,
         };
-        super::weights::weight_map(&cfg).check(store, provider.is_some())?;
+        let map = super::weights::weight_map(&cfg);
+        map.check(store, provider.is_some())?;
+        map.check_no_strangers(store)?;
         let ld = Loader { b: &b, store, cfg: &cfg };
         let embed = ld.mat(Key::Embed)?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(ld.mat(Key::LmHead)?) };

@@ -131,7 +131,7 @@ impl Arch for GlmMoeDsaConfig {
     }
 
     fn describe(&self) -> Value {
-        json!({
+        let mut d = json!({
             "model_type": self.model_type,
             "rope": {"theta": self.rope.theta, "yarn_factor": self.rope.yarn.as_ref().map(|y| y.factor)},
             "hidden_size": self.hidden_size,
@@ -157,7 +157,12 @@ impl Arch for GlmMoeDsaConfig {
             "max_position_embeddings": self.max_position_embeddings,
             "mtp_layers": self.num_nextn_predict_layers,
             "fp8_block": self.fp8_block,
-        })
+        });
+        if self.variant == Variant::DeepseekV3 {
+            // No DSA: its fields mean nothing here.
+            d.as_object_mut().expect("an object").retain(|k, _| !k.starts_with("index_") && k != "indexer_layers_full");
+        }
+        d
     }
 
     fn has_draft(&self, store: &WeightStore) -> bool {

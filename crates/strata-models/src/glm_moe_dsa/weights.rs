@@ -191,7 +191,8 @@ pub fn weight_map(cfg: &GlmMoeDsaConfig) -> WeightMap {
         for lk in [MtpEnorm, MtpHnorm, MtpEhProj, MtpHeadNorm, MtpEmbed, MtpHead] {
             add(Key::Layer(i, lk), true);
         }
-        for lk in layer_keys(cfg, i, true, true) {
+        // GLM-5's MTP layer may run its own indexer; DeepSeek's has none.
+        for lk in layer_keys(cfg, i, cfg.variant == super::Variant::Glm5, true) {
             add(Key::Layer(i, lk), true);
         }
     }
