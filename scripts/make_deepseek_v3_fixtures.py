@@ -22,6 +22,10 @@ Fixtures:
                softmax scale grows by mscale(4)^2 and the low frequencies are interpolated),
                16 experts in 4 groups of which 2 are kept, top-4, a shared expert, layer 0
                dense. DeepSeek-V3.1's chat template.
+  kimi-tiktoken  a tokenizer only, shipped as Kimi K2's is: `tiktoken.model` (ranks trained
+               here as tiktoken's `bpe_train` does, with Kimi's split pattern on license texts and
+               Chinese), `tokenizer_config.json` with Kimi's special tokens past the ranks, and
+               `encodings.json`: what the `tiktoken` library encodes for a set of texts.
   kimi-fp8     Kimi K2 in miniature (`model_type` kimi_k2): one group, 12 experts top-3,
                routed_scaling_factor 2.827, YaRN factor 32; hidden 128 with attention, dense
                MLP and experts stored as F8_E4M3 in 128x128 blocks with `weight_scale_inv`
@@ -32,6 +36,8 @@ expert, in biased scores) exceed MARGIN, in the prefill, each decode step and a 
 """
 
 import argparse
+import base64
+import json
 import os
 import sys
 import tempfile
@@ -169,14 +175,92 @@ def family(chat):
     return Family
 
 
+# Kimi K2's `pat_str` (tokenization_kimi.py).
+KIMI_PAT = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+TIKTOKEN_TEXTS = [
+    "The licenses for most software are designed to take away your freedom to share and change it.",
+    "I'm sure you'LL see: DON'T panic; it's 12345 or 3.14159 -- isn't it?",
+    "你好，世界！今天的天气很好。Mixed 中文 and English 2024年",
+    "  leading spaces\n\n\ttabs\r\n  and trailing   ",
+    "emoji 😀 and accents: café naïve Ångström",
+    "<|im_user|>user<|im_middle|>Hi there<|im_end|><|im_assistant|>assistant<|im_middle|>",
+    "[BOS]text[EOS] and a <|reserved_token_9|> wait",
+]
+
+
+def build_tiktoken_fixture():
+    """Kimi K2's tokenizer files with small trained ranks, and tiktoken's encodings."""
+    import collections
+
+    import regex
+    import tiktoken
+
+    out_dir = os.path.join(REPO, "fixtures", "deepseek_v3", "kimi-tiktoken")
+    os.makedirs(out_dir, exist_ok=True)
+    text = "".join(open(f).read()[:20000] for f in g5.TRAIN_FILES[:3])
+    text += "你好世界今天的天气很好我们一起学习中文吧这是一个测试" * 20
+    # Byte-level BPE training as tiktoken's `_educational.bpe_train` does it, splitting with
+    # `regex` in V1 mode (where `&&` is class intersection, as in tiktoken's own engine).
+    ranks = {bytes([b]): b for b in range(256)}
+    words = [[bytes([b]) for b in w.encode()] for w in regex.findall(KIMI_PAT, text, flags=regex.V1)]
+    while len(ranks) < 600:
+        pairs = collections.Counter(p for w in words for p in zip(w, w[1:]))
+        if not pairs:
+            break
+        a, b = max(pairs, key=lambda p: (pairs[p], p))
+        ranks[a + b] = len(ranks)
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if w[i] == a and w[i + 1] == b:
+                    w[i:i + 2] = [a + b]
+                i += 1
+    base = len(ranks)
+    with open(os.path.join(out_dir, "tiktoken.model"), "w") as fh:
+        for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            fh.write(f"{base64.b64encode(tok).decode()} {rank}\n")
+    named = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", None, "<|start_header_id|>",
+             "<|end_header_id|>", None, "[EOT]", "<|im_system|>", None, None, None, None, "<|im_middle|>"]
+    special = {}
+    for i in range(256):
+        name = named[i] if i < len(named) and named[i] else f"<|reserved_token_{base + i}|>"
+        special[name] = base + i
+    enc = tiktoken.Encoding(name="kimi-fixture", pat_str=KIMI_PAT, mergeable_ranks=ranks, special_tokens=special)
+    added = {str(i): {"content": n, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                      "special": True} for n, i in special.items() if not n.startswith("<|reserved_token_")}
+    g4.write_json(os.path.join(out_dir, "tokenizer_config.json"), {
+        "added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[EOS]",
+        "tokenizer_class": "TikTokenTokenizer", "model_max_length": 1048576,
+    })
+    texts = TIKTOKEN_TEXTS[:6] + [TIKTOKEN_TEXTS[6].replace("_9|", f"_{base + 9}|")]
+    g4.write_json(os.path.join(out_dir, "encodings.json"), {
+        "generated_by": "scripts/make_deepseek_v3_fixtures.py kimi-tiktoken",
+        "tiktoken": tiktoken.__version__, "ranks": base,
+        "cases": [{"text": t, "ids": enc.encode(t, allowed_special="all")} for t in texts],
+    })
+    print(f"  [kimi-tiktoken] {base} ranks, {len(texts)} encodings", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
+    ap.add_argument("names", nargs="*", default=list(FIXTURES) + ["kimi-tiktoken"])
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()
     for name in args.names:
+        if name == "kimi-tiktoken":
+            build_tiktoken_fixture()
+            continue
         spec = FIXTURES[name]
         tok = build_tokenizer(spec["chat"])
         with tempfile.TemporaryDirectory() as d:

@@ -17,6 +17,7 @@ pub mod scorer;
 pub mod serving;
 pub mod speculative;
 pub mod stats;
+pub mod tiktoken;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};

@@ -234,8 +234,7 @@ impl LoadedModel {
                 )?
             }
         };
-        let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.exists() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let tokenizer = TextTokenizer::from_model_dir(dir)?;
         let chat_template = ChatTemplate::from_model_dir(dir)?;
         let generation = read_generation_defaults(dir)?;
         let info = model.info().clone();
@@ -316,7 +315,7 @@ impl LoadedModel {
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
         self.tokenizer
             .as_ref()
-            .ok_or_else(|| anyhow!("{}: tokenizer not found", self.dir.join("tokenizer.json").display()))
+            .ok_or_else(|| anyhow!("{}: tokenizer not found (tokenizer.json or tiktoken.model)", self.dir.display()))
     }
 
     pub fn chat_template(&self) -> Result<&ChatTemplate> {

@@ -1,4 +1,5 @@
-//! `tokenizer.json` through the `tokenizers` crate, and streaming detokenization.
+//! `tokenizer.json` (or a tiktoken file, [`crate::tiktoken`]) through the `tokenizers`
+//! crate, and streaming detokenization.
 
 use anyhow::{anyhow, Result};
 use std::path::Path;
@@ -15,6 +16,29 @@ impl TextTokenizer {
         }
         let inner = Tokenizer::from_file(path).map_err(|e| anyhow!("{}: invalid tokenizer: {e}", path.display()))?;
         Ok(Self { inner })
+    }
+
+    /// The tokenizer of a model directory: `tokenizer.json`, else `tiktoken.model`;
+    /// `None` when it has neither.
+    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
+        let json = dir.join("tokenizer.json");
+        if json.exists() {
+            return Self::from_file(&json).map(Some);
+        }
+        if !dir.join(crate::tiktoken::TIKTOKEN_FILE).exists() {
+            return Ok(None);
+        }
+        let doc = crate::tiktoken::tokenizer_json(dir)?;
+        let inner = doc.parse::<Tokenizer>().map_err(|e| {
+            anyhow!("{}: cannot build a tokenizer: {e}", dir.join(crate::tiktoken::TIKTOKEN_FILE).display())
+        })?;
+        Ok(Some(Self { inner }))
+    }
+
+    /// The tokenizer as `tokenizer.json` would hold it (for grammar engines that read one).
+    pub fn to_json(&self) -> Result<serde_json::Value> {
+        let text = self.inner.to_string(false).map_err(|e| anyhow!("tokenizer: {e}"))?;
+        Ok(serde_json::from_str(&text)?)
     }
 
     /// Encodes as the tokenizer does, adding only what its post-processor adds when

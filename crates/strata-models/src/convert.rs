@@ -22,6 +22,8 @@ const SIDE_FILES: &[&str] = &[
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    // Kimi K2's tokenizer (no tokenizer.json).
+    "tiktoken.model",
 ];
 
 #[derive(Clone, Debug)]

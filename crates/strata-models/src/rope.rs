@@ -129,10 +129,10 @@ impl Fields<'_> {
                     Some(f) => f,
                     None => self.usize_req("max_position_embeddings")? as f64 / original,
                 };
-                if !(factor >= 1.0 && factor.is_finite()) {
+                if factor < 1.0 || !factor.is_finite() {
                     bail!("field `rope_parameters.factor` must be at least 1, got {factor}");
                 }
-                if !(original >= 1.0) {
+                if original < 1.0 || !original.is_finite() {
                     bail!("field `rope_parameters.original_max_position_embeddings` must be positive");
                 }
                 let (m, m_all) = (num("mscale")?.unwrap_or(0.0), num("mscale_all_dim")?.unwrap_or(0.0));

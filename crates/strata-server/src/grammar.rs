@@ -71,8 +71,7 @@ fn quote(s: &str) -> String {
 impl Grammars {
     pub fn new(model: Arc<LoadedModel>) -> Result<Self> {
         let tok = model.tokenizer()?;
-        let path = model.dir.join("tokenizer.json");
-        let json: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        let json = tok.to_json()?;
         let mut words = llguidance::token_bytes_from_tokenizer_json(&json)?;
         let vocab = model.model.info().vocab_size;
         words.resize(vocab.max(words.len()), Vec::new());
