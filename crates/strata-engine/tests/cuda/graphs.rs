@@ -97,9 +97,14 @@ fn cuda_decode_with_graphs_equals_without() {
         return;
     }
     let root = repo_root();
-    for fixture in
-        ["glm5/dsa-sparse", "glm4_moe/gqa-bias", "qwen3_moe/sparse-step", "minimax_m2/gqa-full", "gemma4/moe"]
-    {
+    for fixture in [
+        "glm5/dsa-sparse",
+        "glm4_moe/gqa-bias",
+        "qwen3_moe/sparse-step",
+        "minimax_m2/gqa-full",
+        "deepseek_v3/yarn-groups",
+        "gemma4/moe",
+    ] {
         let dir = root.join("fixtures").join(fixture);
         let r = SafetensorsFile::open(&dir.join("reference.safetensors")).unwrap();
         let prompt: Vec<u32> = {

@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 15] = [
+const FIXTURES: [(&str, &str); 17] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -115,6 +115,8 @@ const FIXTURES: [(&str, &str); 15] = [
     ("qwen3_moe", "sparse-step"),
     ("minimax_m2", "bf16-rot"),
     ("minimax_m2", "gqa-full"),
+    ("deepseek_v3", "kimi-fp8"),
+    ("deepseek_v3", "yarn-groups"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -124,7 +126,7 @@ const FIXTURES: [(&str, &str); 15] = [
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "gemma4"]
+    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gemma4"]
         .iter()
         .flat_map(|f| {
             fixture_dirs(f)
@@ -223,6 +225,16 @@ fn cuda_minimax_m2_bf16_rot() {
 #[test]
 fn cuda_minimax_m2_gqa_full() {
     fixture_test("minimax_m2", "gqa-full")
+}
+
+#[test]
+fn cuda_deepseek_v3_kimi_fp8() {
+    fixture_test("deepseek_v3", "kimi-fp8")
+}
+
+#[test]
+fn cuda_deepseek_v3_yarn_groups() {
+    fixture_test("deepseek_v3", "yarn-groups")
 }
 
 #[test]

@@ -16,6 +16,9 @@ pub enum Preset {
     Glm5,
     /// Same architecture, narrow: hidden 1024, experts 1024 x 1024 (tests).
     Small,
+    /// DeepSeek-V3's real widths (`deepseek_v3`: no indexer, YaRN): hidden 7168, MLA 128
+    /// heads, experts 7168 x 2048 in groups of the routed experts / 8.
+    DeepseekV3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +50,7 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
     let (h, inter, moe, heads, q_lora, kv_lora, nope, rope, v, ih, id) = match s.preset {
         Preset::Glm5 => (6144, 12288, 2048, 64, 2048, 512, 192, 64, 256, 32, 128),
         Preset::Small => (1024, 2048, 1024, 8, 256, 128, 64, 32, 64, 4, 64),
+        Preset::DeepseekV3 => (7168, 18432, 2048, 128, 1536, 512, 128, 64, 128, 0, 0),
     };
     let mut cfg = serde_json::json!({
         "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
@@ -62,6 +66,23 @@ pub fn synth_config(s: &SynthSpec) -> serde_json::Value {
         "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "hidden_act": "silu",
         "tie_word_embeddings": false, "eos_token_id": [0], "torch_dtype": "bfloat16"
     });
+    if s.preset == Preset::DeepseekV3 {
+        let o = cfg.as_object_mut().expect("an object");
+        for k in ["index_topk", "index_head_dim", "index_n_heads", "rope_parameters"] {
+            o.remove(k);
+        }
+        // Groups as DeepSeek-V3's (8, keep 4) where the experts divide into them.
+        let groups = if s.experts.is_multiple_of(8) && s.experts / 8 >= 2 { (8, 4) } else { (1, 1) };
+        cfg["architectures"] = serde_json::json!(["DeepseekV3ForCausalLM"]);
+        cfg["model_type"] = serde_json::json!("deepseek_v3");
+        cfg["n_group"] = serde_json::json!(groups.0);
+        cfg["topk_group"] = serde_json::json!(groups.1);
+        cfg["rms_norm_eps"] = serde_json::json!(1e-6);
+        cfg["max_position_embeddings"] = serde_json::json!(163840);
+        cfg["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0});
+        cfg["rope_theta"] = serde_json::json!(10000);
+    }
     if s.fp8 {
         cfg["quantization_config"] = serde_json::json!({
             "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [FP8_EDGE, FP8_EDGE]
@@ -173,7 +194,10 @@ pub fn synthesize(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(usize, 
     }
     std::fs::create_dir_all(out)?;
     let json = synth_config(spec);
-    let cfg = GlmMoeDsaConfig::from_json(&json)?;
+    let cfg = match spec.preset {
+        Preset::DeepseekV3 => GlmMoeDsaConfig::from_deepseek_json(&json)?,
+        _ => GlmMoeDsaConfig::from_json(&json)?,
+    };
     let map = super::weights::weight_map(&cfg);
     // The only optional tensors are the MTP layer's.
     let tensors: Vec<_> = map.specs.iter().filter(|s| !s.optional || spec.mtp).collect();

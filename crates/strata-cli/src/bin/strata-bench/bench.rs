@@ -48,7 +48,8 @@ pub struct IoArgs {
 pub struct SynthArgs {
     #[arg(long)]
     out: PathBuf,
-    /// Widths: glm5 (hidden 6144, experts 6144 x 2048) or small (hidden 1024).
+    /// Widths: glm5 (hidden 6144, experts 6144 x 2048), deepseek-v3 (hidden 7168, experts
+    /// 7168 x 2048, no indexer, YaRN) or small (hidden 1024).
     #[arg(long, default_value = "glm5")]
     preset: String,
     /// Decoder layers in all.
@@ -185,7 +186,8 @@ fn synth(a: SynthArgs) -> Result<()> {
     let preset = match a.preset.as_str() {
         "glm5" => Preset::Glm5,
         "small" => Preset::Small,
-        other => bail!("--preset `{other}`: expected glm5 or small"),
+        "deepseek-v3" => Preset::DeepseekV3,
+        other => bail!("--preset `{other}`: expected glm5, deepseek-v3 or small"),
     };
     let format = match &a.container {
         None => SynthFormat::HfBf16,
