@@ -142,24 +142,12 @@ def family(chat):
             return DeepseekV3Config(**kw)
 
         @staticmethod
-        def new_model(cfg):
-            model = DeepseekV3ForCausalLM(cfg)
-            model.set_attn_implementation("eager")
-            model.set_experts_implementation("eager")
-            return model.float().eval()
-
-        @staticmethod
         def init_random(model, seed):
             g4.init_random(model, seed)
 
         @staticmethod
         def tokenizer_config(tok):
-            added = {}
-            for t in g5.SPECIALS + chat["special"] + chat["added"]:
-                added[str(tok.token_to_id(t))] = {
-                    "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                    "special": t not in chat["added"],
-                }
+            added = g4.added_tokens(tok, g5.SPECIALS + chat["special"], chat["added"])
             return {
                 "tokenizer_class": "PreTrainedTokenizerFast",
                 "added_tokens_decoder": added,

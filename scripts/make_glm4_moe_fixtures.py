@@ -95,8 +95,9 @@ def make_config(spec, tok):
     return Glm4MoeConfig(**kw)
 
 
-def new_model(cfg):
-    model = Glm4MoeForCausalLM(cfg)
+def new_model(cfg, cls=Glm4MoeForCausalLM):
+    """A `cls` model with eager attention and experts, in f32, for inference."""
+    model = cls(cfg)
     model.set_attn_implementation("eager")
     model.set_experts_implementation("eager")
     return model.float().eval()
@@ -222,6 +223,14 @@ def dequantize_fp8(disk):
             for k, v in disk.items() if not k.endswith("_scale_inv")}
 
 
+def added_tokens(tok, special, plain):
+    """`added_tokens_decoder` for the tokenizer's added tokens: `special` ones and `plain`
+    (not special) ones, by id."""
+    return {str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                      "single_word": False, "special": t not in plain}
+            for t in list(special) + list(plain)}
+
+
 def problems(res):
     p = []
     if not res["argmax_ok"]:
@@ -251,9 +260,9 @@ class Family:
     def make_config(spec, tok):
         return make_config(spec, tok)
 
-    @staticmethod
-    def new_model(cfg):
-        return new_model(cfg)
+    @classmethod
+    def new_model(cls, cfg):
+        return new_model(cfg, cls.cls)
 
     @staticmethod
     def init_random(model, seed):

@@ -91,12 +91,6 @@ class Family(g4.Family):
         kw.update(bos_token_id=tok.token_to_id("]~!b["), eos_token_id=eos, pad_token_id=tok.token_to_id("<|endoftext|>"))
         return MiniMaxM2Config(**kw)
 
-    @staticmethod
-    def new_model(cfg):
-        model = MiniMaxM2ForCausalLM(cfg)
-        model.set_attn_implementation("eager")
-        model.set_experts_implementation("eager")
-        return model.float().eval()
 
     @staticmethod
     @torch.no_grad()
@@ -130,12 +124,7 @@ class Family(g4.Family):
 
     @staticmethod
     def tokenizer_config(tok):
-        added = {}
-        for t in g5.SPECIALS + SPECIAL + ADDED:
-            added[str(tok.token_to_id(t))] = {
-                "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                "special": t not in ADDED,
-            }
+        added = g4.added_tokens(tok, g5.SPECIALS + SPECIAL, ADDED)
         return {
             "tokenizer_class": "GPT2Tokenizer",
             "added_tokens_decoder": added,

@@ -102,12 +102,6 @@ class Family(g4.Family):
         kw.update(bos_token_id=None, eos_token_id=eos, pad_token_id=tok.token_to_id("<|endoftext|>"))
         return Qwen3MoeConfig(**kw)
 
-    @staticmethod
-    def new_model(cfg):
-        model = Qwen3MoeForCausalLM(cfg)
-        model.set_attn_implementation("eager")
-        model.set_experts_implementation("eager")
-        return model.float().eval()
 
     @staticmethod
     @torch.no_grad()
@@ -139,12 +133,7 @@ class Family(g4.Family):
 
     @staticmethod
     def tokenizer_config(tok):
-        added = {}
-        for t in g5.SPECIALS + SPECIAL + ADDED:
-            added[str(tok.token_to_id(t))] = {
-                "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                "special": t not in ADDED,
-            }
+        added = g4.added_tokens(tok, g5.SPECIALS + SPECIAL, ADDED)
         return {
             "tokenizer_class": "Qwen2Tokenizer",
             "added_tokens_decoder": added,

@@ -39,6 +39,19 @@ fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value, String) {
     })
 }
 
+/// A tool, and a conversation that called it and got its result.
+fn round_trip() -> (Value, Value) {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]);
+    (tools, messages)
+}
+
 fn strict_tools() -> Value {
     json!([{"type": "function", "function": {"name": "get_weather", "description": "W", "parameters": {
         "type": "object", "required": ["city", "days"],
@@ -50,14 +63,7 @@ fn strict_tools() -> Value {
 
 #[test]
 fn qwen_models_serve_with_their_own_tool_syntax() {
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
-            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]);
+    let (tools, messages) = round_trip();
     for fixture in ["gqa-renorm", "sparse-step"] {
         let app = app("qwen3_moe", fixture, Syntax::Qwen);
         let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
@@ -142,14 +148,7 @@ fn minimax_history_call(p: &str) -> Option<(String, Value)> {
 
 #[test]
 fn minimax_models_serve_with_their_own_tool_syntax() {
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
-            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]);
+    let (tools, messages) = round_trip();
     for fixture in ["gqa-full", "bf16-rot"] {
         let app = app("minimax_m2", fixture, Syntax::MiniMax);
         let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
@@ -184,14 +183,7 @@ fn marked_history_call(syntax: Syntax, p: &str) -> Option<(String, Value)> {
 
 #[test]
 fn deepseek_and_kimi_models_serve_with_their_own_tool_syntax() {
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
-            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]);
+    let (tools, messages) = round_trip();
     for (fixture, syntax) in [("yarn-groups", Syntax::DeepSeek), ("kimi-fp8", Syntax::Kimi)] {
         let app = app("deepseek_v3", fixture, syntax);
         let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
