@@ -268,3 +268,76 @@ fn fed_plain_epochs_are_measured_and_kept() {
     assert!(rates["plain_tokens_per_s"].as_f64().unwrap() > 0.0, "{kept}");
     assert!(rates["speculating_tokens_per_s"].as_f64().unwrap() > 0.0, "{kept}");
 }
+
+/// DeepSeek-V3's MTP layer (`model.layers.{n}.{enorm,hnorm,eh_proj,shared_head.*}` and a
+/// full decoder layer, as its checkpoints ship it; random here, transformers runs none)
+/// drafts through the GLM-5 draft path, and greedy decoding with drafts gives the tokens
+/// plain decoding gives.
+#[test]
+fn deepseek_v3_mtp_layer_drafts_exactly() {
+    use strata_storage::{ElementType, SafetensorsFile, SafetensorsWriter, TensorSpec};
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/deepseek_v3/yarn-groups");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() && p.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let file = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+    let arch = strata_models::registry::read_arch(&src).unwrap();
+    let layers = arch.info().num_layers;
+    let mtp: Vec<_> = arch
+        .weight_map()
+        .specs
+        .into_iter()
+        .filter(|s| s.optional && s.name.starts_with(&format!("model.layers.{layers}.")))
+        .collect();
+    assert!(mtp.iter().any(|s| s.name.ends_with("eh_proj.weight")), "the map predicts the MTP layer");
+    let mut names: Vec<&String> = file.tensors().keys().collect();
+    names.sort();
+    let mut specs: Vec<TensorSpec> = names
+        .iter()
+        .map(|n| TensorSpec {
+            name: n.to_string(),
+            dtype: file.tensors()[*n].dtype,
+            shape: file.tensors()[*n].shape.clone(),
+        })
+        .collect();
+    specs.extend(mtp.iter().map(|s| TensorSpec {
+        name: s.name.clone(),
+        dtype: ElementType::F32,
+        shape: s.shape.clone(),
+    }));
+    let mut w = SafetensorsWriter::create(&dir.path().join("model.safetensors"), specs).unwrap();
+    for n in &names {
+        w.write_next(file.bytes(&file.tensors()[*n]).unwrap()).unwrap();
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for s in &mtp {
+        let n: usize = s.shape.iter().product();
+        let std = if s.shape.len() == 2 { 1.0 / (s.shape[1] as f32).sqrt() } else { 0.1 };
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                let norm = s.name.contains("norm") && s.shape.len() == 1;
+                (if norm { 1.0 + 0.1 * u } else { std * u }).to_le_bytes()
+            })
+            .collect();
+        w.write_next(&bytes).unwrap();
+    }
+    w.finish().unwrap();
+    let m = LoadedModel::open(dir.path()).unwrap();
+    let ps = prompts(&m);
+    let greedy = SamplingParams::default();
+    let want: Vec<_> = ps.iter().map(|p| alone(&m, &request(&m, p.clone(), greedy.clone(), 24, 0))).collect();
+    let reqs: Vec<_> = ps.iter().map(|p| request(&m, p.clone(), greedy.clone(), 24, 2)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), m.tokenizer.as_ref(), opts(&m, 4, 1024, 24, 2)).unwrap();
+    let got = run_all(&mut engine, reqs);
+    check(&got, &want, "deepseek_v3 with drafts");
+    let c = engine.counters();
+    assert!(c.mtp_drafted > 0 && c.draft.forwards > 0, "{c:?}");
+}
