@@ -11,7 +11,8 @@
 # that script, llamacpp-peer.sh.
 # Each strata figure is taken with CUDA graphs (the default) and with `--cuda-graphs off`.
 # SKIP_TESTS_MATCHING names tests to skip (the device tool's 64 MiB limit can leave
-# fixtures behind); EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
+# fixtures behind), SKIP_TESTS=1 skips the suite; PRESET (glm5, or deepseek-v3) the
+# slice's widths; EXPERTS (default 48) the slice's routed experts; FULL_VOCAB=1 also
 # times the slice with GLM-5's vocabulary (154880): strata (bf16, int4 experts),
 # llama.cpp (bf16, Q4_0) and transformers (bf16); SERVE=1
 # times the serving engine on the bf16 slice with device picks on and off; FP8=1 also times
@@ -34,8 +35,8 @@ L=/tmp/llama-cuda
 # slice, convert it to GGUF and to strata's int4 container.
 (
   TARGETS="llama-bench llama-quantize" bash "$PEER" build "$C/llama-src.tar.xz" "$L" cuda >/tmp/llama-build.log 2>&1 &
-  timeout 200 $C/strata-bench synth --out "$slice" --preset glm5 --layers 2 --dense-layers 1 --experts "${EXPERTS:-48}" \
-    --vocab 16384 >>"$OUT/side.log" 2>&1
+  timeout 200 $C/strata-bench synth --out "$slice" --preset "${PRESET:-glm5}" --layers 2 --dense-layers 1 \
+    --experts "${EXPERTS:-48}" --vocab 16384 >>"$OUT/side.log" 2>&1
   # llama.cpp's converter needs a tokenizer; strata-tiny's (8192 ids) is padded to the vocab.
   tok=${TOKENIZER_DIR:-models/strata-tiny}
   cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$slice/"
@@ -61,9 +62,11 @@ L=/tmp/llama-cuda
   touch /tmp/cpu-work.done
 ) &
 
-cuda_tests "^test |test result|panicked|FAILED|STALL"
-timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | tee "$OUT/bandwidth.log" |
-  grep -E "GB/s|test result|panicked"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  cuda_tests "^test |test result|panicked|FAILED|STALL"
+  timeout 120 $C/cuda-tests --ignored --nocapture cuda_kernel_bandwidth 2>&1 | tee "$OUT/bandwidth.log" |
+    grep -E "GB/s|test result|panicked"
+fi
 
 since "waiting for llama.cpp and the slice"
 for _ in $(seq 1 300); do [ -f /tmp/cpu-work.done ] && break; sleep 1; done
