@@ -105,8 +105,11 @@ pub struct BatchEngine<'m> {
     /// The draft count of the adaptive requests, chosen for the batch each step.
     batch_drafts: BatchDrafts,
     draft_epochs: DraftEpochs,
-    /// Where the measured rates with and without speculation are kept across runs.
+    /// Where the measured rates with and without speculation are kept across runs, and
+    /// rates measured but not yet written (written when the engine goes idle or is
+    /// dropped: never from inside a step).
     speculation_memory: Option<SpeculationMemory>,
+    unsaved_rates: Option<(f64, f64)>,
     /// Steps in a row whose adaptive requests drafted nothing.
     undrafted: u32,
     /// The requests whose samples the last fed step's forward picks (in its rows' order;
@@ -149,6 +152,12 @@ const UNDRAFTED_MAX: u32 = 3;
 
 fn kv<'a, 'm>(session: &'a mut Box<dyn Session + 'm>) -> &'a mut KvBlocks {
     session.kv_mut().expect("the serving engine needs a session with block KV")
+}
+
+impl Drop for BatchEngine<'_> {
+    fn drop(&mut self) {
+        self.save_rates();
+    }
 }
 
 impl<'m> BatchEngine<'m> {
@@ -215,6 +224,7 @@ impl<'m> BatchEngine<'m> {
             batch_drafts: BatchDrafts::new(),
             draft_epochs: DraftEpochs::new(),
             speculation_memory: None,
+            unsaved_rates: None,
             undrafted: 0,
             inflight: None,
             fed_order: Vec::with_capacity(opts.max_batch),
@@ -567,6 +577,21 @@ impl<'m> BatchEngine<'m> {
     /// drafts) for every request whose pending tokens are all in. Updates go to `out`. An
     /// error fails the requests of this forward (and only them); the engine goes on.
     pub fn step(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
+        let r = self.step_once(out);
+        if self.is_idle() {
+            self.save_rates();
+        }
+        r
+    }
+
+    /// Writes measured rates not yet kept.
+    fn save_rates(&mut self) {
+        if let (Some(memory), Some((plain, spec))) = (&self.speculation_memory, self.unsaved_rates.take()) {
+            memory.keep(plain, spec);
+        }
+    }
+
+    fn step_once(&mut self, out: &mut Vec<(u64, Update)>) -> Result<()> {
         if self.fed_ready() {
             return self.step_fed(out);
         }
@@ -855,10 +880,8 @@ impl<'m> BatchEngine<'m> {
         Ok(())
     }
 
-    /// An epoch without speculation begins: the adaptive requests running decode on
-    /// without the draft layer (their draft caches are dropped).
     /// A decoding step (ordinary or fed) for the draft epochs: the switch it brings, and
-    /// newly measured rates kept where the engine remembers them.
+    /// newly measured rates noted for the memory (see `unsaved_rates`).
     pub(super) fn record_epoch_step(&mut self, step: Step) {
         if self.gamma == 0 {
             return;
@@ -867,13 +890,14 @@ impl<'m> BatchEngine<'m> {
         if self.draft_epochs.record(step) == Some(false) {
             self.stop_speculating();
         }
-        if let (Some(memory), Some((plain, spec))) = (&self.speculation_memory, self.draft_epochs.measured()) {
-            if measured != Some((plain, spec)) {
-                memory.keep(plain, spec);
-            }
+        let now = self.draft_epochs.measured();
+        if self.speculation_memory.is_some() && now.is_some() && now != measured {
+            self.unsaved_rates = now;
         }
     }
 
+    /// An epoch without speculation begins: the adaptive requests running decode on
+    /// without the draft layer (their draft caches are dropped).
     fn stop_speculating(&mut self) {
         for a in self.running.iter_mut() {
             if a.spec.as_ref().is_none_or(|s| !s.adaptive) {
