@@ -155,7 +155,7 @@ CONVERSATIONS = {
 }
 
 # (name, template, conversation, options)
-TEMPLATES = ["glm-4.6", "glm-4.7", "glm-5", "glm-5.1", "gemma-4", "qwen3", "qwen3-coder", "minimax-m2", "deepseek-v3.1",
+TEMPLATES = ["glm-4.6", "glm-4.7", "glm-5", "glm-5.1", "gemma-4", "qwen3", "qwen3-coder", "minimax-m2", "deepseek-v3.1", "gpt-oss",
              "kimi-k2"]
 VARIANTS = [
     ("gen", {"add_generation_prompt": True}),
