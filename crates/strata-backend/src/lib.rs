@@ -89,6 +89,12 @@ impl HostMatrix {
     pub fn split_cols(self, at: usize) -> Result<(Self, Self)> {
         let (rows, cols) = (self.rows, self.cols);
         anyhow::ensure!(at > 0 && at < cols, "split_cols: cut {at} outside 1..{cols}");
+        let unit = match self.kind {
+            QuantKind::Int4Group { group, .. } => group,
+            QuantKind::Mxfp4 => strata_kernels::MXFP4_GROUP,
+            QuantKind::Fp8 { block_cols, .. } => block_cols,
+            _ => 1,
+        };
         let take = |kind: QuantKind, c0: usize, c1: usize| -> Self {
             let width = c1 - c0;
             let (payload, scales) = match kind {
@@ -103,7 +109,8 @@ impl HostMatrix {
                     let p = (0..rows).flat_map(|r| self.payload[r * cols + c0..r * cols + c1].to_vec()).collect();
                     (p, self.scales.clone())
                 }
-                QuantKind::Int4Group { group, .. } => {
+                QuantKind::Int4Group { .. } | QuantKind::Mxfp4 => {
+                    let group = unit;
                     let half = cols.div_ceil(2);
                     let groups = cols.div_ceil(group);
                     let p = (0..rows)
@@ -126,11 +133,6 @@ impl HostMatrix {
                 }
             };
             Self { kind, rows, cols: width, payload, scales }
-        };
-        let unit = match self.kind {
-            QuantKind::Int4Group { group, .. } => group,
-            QuantKind::Fp8 { block_cols, .. } => block_cols,
-            _ => 1,
         };
         anyhow::ensure!(
             at.is_multiple_of(unit),

@@ -16,7 +16,8 @@ pub struct ConvertArgs {
     /// Output directory (a model directory with an expert container).
     #[arg(long)]
     out: PathBuf,
-    /// Routed-expert encoding: int4, int8, bf16 or f32.
+    /// Routed-expert encoding: int4, int8, bf16, f32 or mxfp4 (OCP MXFP4: FP4 values, a
+    /// power-of-two scale a 32 inputs; CPU only).
     #[arg(long, default_value = "int4")]
     experts: String,
     /// int4 scale group (inputs per scale; even, >= 2).

@@ -88,6 +88,7 @@ fn streamed_equals_resident_bit_for_bit() {
         ("minimax_m2/gqa-full", QuantKind::int4(16)),
         ("minimax_m2/bf16-rot", QuantKind::Int8Row),
         ("deepseek_v3/yarn-groups", QuantKind::int4(16)),
+        ("qwen3_moe/gqa-renorm", QuantKind::Mxfp4),
         // FP8 block-scaled experts (Kimi K2's form), converted to int8 rows.
         ("deepseek_v3/kimi-fp8", QuantKind::Int8Row),
     ] {
@@ -316,7 +317,7 @@ fn colibri_int4_converts_keeping_every_nibble() {
         let limit = match kind.scale_type() {
             ScaleType::F32 => 1e-4,
             ScaleType::Bf16 => 0.05 * spread,
-            ScaleType::E4m3 => 0.5 * spread,
+            ScaleType::E4m3 | ScaleType::E8m0 => 0.5 * spread,
         };
         assert!(worst < limit, "{}: logits moved by {worst} (largest {spread})", kind.name());
     }

@@ -63,8 +63,11 @@ impl Matrix {
         let mut scales = vec![0.01f32; kind.scale_count(rows, cols)];
         strata_kernels::round_scales(kind, &mut scales);
         let bf16 = scales.iter().map(|&s| half::bf16::from_f32(s).to_bits()).collect();
+        // e4m3's region (factor and codes), or e8m0's codes.
         let e4m3 = match kind.scale_type() {
-            ScaleType::E4m3 => strata_kernels::encode_scales(kind, &scales).expect("rounded e4m3 scales encode"),
+            ScaleType::E4m3 | ScaleType::E8m0 => {
+                strata_kernels::encode_scales(kind, &scales).expect("rounded scales encode")
+            }
             _ => Vec::new(),
         };
         Self { kind, rows, cols, payload, scales, bf16, e4m3 }
@@ -75,6 +78,7 @@ impl Matrix {
             ScaleType::F32 => Scales::F32(&self.scales),
             ScaleType::Bf16 => Scales::Bf16(&self.bf16),
             ScaleType::E4m3 => Scales::e4m3(&self.e4m3).expect("an e4m3 region has its factor"),
+            ScaleType::E8m0 => Scales::E8m0(&self.e4m3),
         };
         QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
     }

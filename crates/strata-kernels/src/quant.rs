@@ -21,8 +21,53 @@ pub enum QuantKind {
     F32,
     Bf16,
     Int8Row,
-    Int4Group { group: usize, scales: ScaleType },
-    Fp8 { block_rows: usize, block_cols: usize },
+    Int4Group {
+        group: usize,
+        scales: ScaleType,
+    },
+    Fp8 {
+        block_rows: usize,
+        block_cols: usize,
+    },
+    /// OCP MXFP4 (gpt-oss's experts): FP4 e2m1 nibbles (low nibble first), one e8m0 scale
+    /// (`2^(code - 127)`) for each 32 columns, in int4's layout: `cols / 2` bytes a row,
+    /// the scales row-major by (row, group). Columns must be a multiple of 32.
+    Mxfp4,
+}
+
+/// MXFP4's columns per scale.
+pub const MXFP4_GROUP: usize = 32;
+
+/// FP4 e2m1's values by code: sign in bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+pub const FP4_VALUES: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// The FP4 code nearest `v` (at most 6 in magnitude; ties to the even code).
+pub fn fp4_code(v: f32) -> u8 {
+    let a = v.abs().min(6.0);
+    let mut best = 0u8;
+    for c in 1..8u8 {
+        let (d, db) = ((FP4_VALUES[c as usize] - a).abs(), (FP4_VALUES[best as usize] - a).abs());
+        if d < db || (d == db && c % 2 == 0) {
+            best = c;
+        }
+    }
+    if v.is_sign_negative() && best != 0 {
+        best | 8
+    } else {
+        best
+    }
+}
+
+/// The value of e8m0 scale `code`: `2^(code - 127)` (255, NaN in the standard, reads as
+/// infinity; no checkpoint stores it).
+#[inline(always)]
+pub fn e8m0_scale(code: u8) -> f32 {
+    if code == 0 {
+        f32::from_bits(1 << 22)
+    } else {
+        f32::from_bits((code as u32) << 23)
+    }
 }
 
 /// How an encoding's scales are stored (every kernel computes with them as f32).
@@ -38,6 +83,8 @@ pub enum ScaleType {
     /// rest keep its 4 significant bits down to `2^(k-6)` (a range of 2^15, far more than
     /// one matrix's groups span). Exact to widen: `f32(code << 20) * 2^120 * 2^k`.
     E4m3,
+    /// One byte a scale, a power of two `2^(code - 127)` (MXFP4's).
+    E8m0,
 }
 
 /// Bytes ahead of an e4m3 matrix's scale codes: its factor `2^k` as f32.
@@ -49,7 +96,7 @@ impl ScaleType {
         match self {
             Self::F32 => 4,
             Self::Bf16 => 2,
-            Self::E4m3 => 1,
+            Self::E4m3 | Self::E8m0 => 1,
         }
     }
 
@@ -69,6 +116,7 @@ impl ScaleType {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
             Self::E4m3 => "e4m3",
+            Self::E8m0 => "e8m0",
         }
     }
 
@@ -77,7 +125,7 @@ impl ScaleType {
         [Self::F32, Self::Bf16, Self::E4m3]
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown scale type `{s}` (f32, bf16 or e4m3)"))
+            .ok_or_else(|| format!("unknown scale type `{s}` (f32, bf16 or e4m3; e8m0 comes with mxfp4 only)"))
     }
 
     /// A matrix's scales as this type stores them: to nearest bf16; to nearest e4m3 times
@@ -107,6 +155,7 @@ impl ScaleType {
             Self::F32 => s,
             Self::Bf16 => bf16::from_f32(s).to_f32(),
             Self::E4m3 => e4m3_round(s, factor),
+            Self::E8m0 => e8m0_scale(e8m0_code(s)),
         }
     }
 }
@@ -155,6 +204,24 @@ pub fn e4m3_round(s: f32, factor: f32) -> f32 {
         return s;
     }
     e4m3_scale(e4m3_code(s, factor), factor)
+}
+
+/// The e8m0 code of the least power of two at or above `s` (`s` positive and finite;
+/// clamped to the codes 0..=254).
+pub fn e8m0_code(s: f32) -> u8 {
+    if !(s > 0.0 && s.is_finite()) {
+        return 127;
+    }
+    let e = s.log2().ceil() as i32;
+    let mut c = (e + 127).clamp(0, 254);
+    // log2 rounds: step to the least code whose scale reaches `s`.
+    while c > 0 && e8m0_scale((c - 1) as u8) >= s {
+        c -= 1;
+    }
+    while c < 254 && e8m0_scale(c as u8) < s {
+        c += 1;
+    }
+    c as u8
 }
 
 /// The int4 level (-8..=7) nearest `v` at scale `s`: the nibble minus 8, as `quantize`
@@ -240,6 +307,7 @@ impl QuantKind {
     pub fn scale_type(self) -> ScaleType {
         match self {
             Self::Int4Group { scales, .. } => scales,
+            Self::Mxfp4 => ScaleType::E8m0,
             _ => ScaleType::F32,
         }
     }
@@ -268,7 +336,7 @@ impl QuantKind {
             Self::F32 => rows * cols * 4,
             Self::Bf16 => rows * cols * 2,
             Self::Int8Row => rows * cols,
-            Self::Int4Group { .. } => rows * cols.div_ceil(2),
+            Self::Int4Group { .. } | Self::Mxfp4 => rows * cols.div_ceil(2),
             Self::Fp8 { .. } => rows * cols,
         }
     }
@@ -279,6 +347,7 @@ impl QuantKind {
             Self::F32 | Self::Bf16 => 0,
             Self::Int8Row => rows,
             Self::Int4Group { group, .. } => rows * cols.div_ceil(group),
+            Self::Mxfp4 => rows * cols.div_ceil(MXFP4_GROUP),
             Self::Fp8 { block_rows, block_cols } => rows.div_ceil(block_rows) * cols.div_ceil(block_cols),
         }
     }
@@ -291,13 +360,16 @@ impl QuantKind {
             Self::Int4Group { group, scales: ScaleType::F32 } => format!("int4-g{group}"),
             Self::Int4Group { group, scales } => format!("int4-g{group}-{}", scales.name()),
             Self::Fp8 { block_rows, block_cols } => format!("fp8-b{block_rows}x{block_cols}"),
+            Self::Mxfp4 => "mxfp4".into(),
         }
     }
 
-    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `int4-gN-bf16`, `int4-gN-e4m3`, `fp8-bRxC`.
+    /// Parses `f32`, `bf16`, `int8`, `int4-gN`, `int4-gN-bf16`, `int4-gN-e4m3`, `fp8-bRxC`,
+    /// `mxfp4`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "f32" => Ok(Self::F32),
+            "mxfp4" => Ok(Self::Mxfp4),
             "bf16" => Ok(Self::Bf16),
             "int8" => Ok(Self::Int8Row),
             _ if s.starts_with("fp8-b") => {
@@ -319,7 +391,7 @@ impl QuantKind {
                     .filter(|&g| g >= 2 && g % 2 == 0)
                     .ok_or_else(|| {
                         format!(
-                            "unknown expert encoding `{s}` (f32, bf16, int8, int4-gN, int4-gN-bf16 or int4-gN-e4m3 with even N)"
+                            "unknown expert encoding `{s}` (f32, bf16, int8, int4-gN, int4-gN-bf16 or int4-gN-e4m3 with even N, mxfp4)"
                         )
                     })?;
                 Ok(Self::Int4Group { group, scales })
@@ -409,6 +481,26 @@ fn quantize_band(kind: QuantKind, w: &[f32], rows: usize, cols: usize, factor: f
             }
             (payload, scales)
         }
+        QuantKind::Mxfp4 => {
+            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(MXFP4_GROUP));
+            let mut payload = vec![0u8; rows * half];
+            let mut scales = Vec::with_capacity(rows * groups);
+            for (r, row) in w.chunks_exact(cols).enumerate() {
+                let dst = &mut payload[r * half..(r + 1) * half];
+                for (g, chunk) in row.chunks(MXFP4_GROUP).enumerate() {
+                    // The least power of two that keeps the group within FP4's +-6.
+                    let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let s = e8m0_scale(if amax > 0.0 { e8m0_code(amax / 6.0) } else { 127 });
+                    scales.push(s);
+                    for (j, v) in chunk.iter().enumerate() {
+                        let c = g * MXFP4_GROUP + j;
+                        let nib = fp4_code(v / s);
+                        dst[c / 2] |= if c.is_multiple_of(2) { nib } else { nib << 4 };
+                    }
+                }
+            }
+            (payload, scales)
+        }
         QuantKind::Fp8 { block_rows, block_cols } => {
             let (nrb, ncb) = (rows.div_ceil(block_rows), cols.div_ceil(block_cols));
             let mut scales = vec![1f32; nrb * ncb];
@@ -470,6 +562,15 @@ pub fn encode_scales(kind: QuantKind, scales: &[f32]) -> Result<Vec<u8>, String>
                 out.push(c);
             }
         }
+        ScaleType::E8m0 => {
+            for (i, &v) in scales.iter().enumerate() {
+                let c = e8m0_code(v);
+                if e8m0_scale(c).to_bits() != v.to_bits() {
+                    return Err(not(i, v, "a power of two"));
+                }
+                out.push(c);
+            }
+        }
     }
     Ok(out)
 }
@@ -486,6 +587,7 @@ pub fn decode_scales(kind: QuantKind, bytes: &[u8]) -> Vec<f32> {
             Some((f, codes)) => codes.iter().map(|&c| e4m3_scale(c, f32::from_le_bytes(*f))).collect(),
             None => Vec::new(),
         },
+        ScaleType::E8m0 => bytes.iter().map(|&c| e8m0_scale(c)).collect(),
     }
 }
 
@@ -519,6 +621,16 @@ pub fn dequantize(kind: QuantKind, payload: &[u8], scales: &[f32], rows: usize, 
                     let byte = payload[r * half + c / 2];
                     let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
                     out[r * cols + c] = (nib as f32 - 8.0) * scales[r * groups + c / group];
+                }
+            }
+        }
+        QuantKind::Mxfp4 => {
+            let (half, groups) = (cols.div_ceil(2), cols.div_ceil(MXFP4_GROUP));
+            for r in 0..rows {
+                for c in 0..cols {
+                    let byte = payload[r * half + c / 2];
+                    let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    out[r * cols + c] = FP4_VALUES[nib as usize] * scales[r * groups + c / MXFP4_GROUP];
                 }
             }
         }
@@ -712,6 +824,27 @@ mod tests {
         assert!(encode_scales(kind, &[1.0, -1.0]).unwrap_err().contains("scale 1 (-1e0)"));
         assert!(encode_scales(kind, &[1.0, f32::NAN]).is_err());
         assert!(QuantKind::parse("int4-g64-e5m2").unwrap_err().contains("unknown expert encoding"));
+    }
+
+    #[test]
+    fn mxfp4_codes_and_scales() {
+        assert_eq!(QuantKind::parse("mxfp4"), Ok(QuantKind::Mxfp4));
+        assert_eq!(QuantKind::Mxfp4.name(), "mxfp4");
+        assert_eq!(QuantKind::Mxfp4.stored_bytes(4, 64), 4 * 32 + 4 * 2);
+        for (c, v) in FP4_VALUES.iter().enumerate() {
+            let want = if *v == 0.0 { 0 } else { c as u8 };
+            assert_eq!(fp4_code(*v), want, "{v}");
+        }
+        // Between grid points: nearest, ties to the even code; beyond 6 saturates.
+        assert_eq!((fp4_code(0.25), fp4_code(0.26), fp4_code(2.5), fp4_code(5.0), fp4_code(9.0)), (0, 1, 4, 6, 7));
+        assert_eq!(fp4_code(-1.2), 8 | 2);
+        for k in [-127i32, -20, -1, 0, 1, 30, 127] {
+            let s = 2f32.powi(k);
+            assert_eq!(e8m0_code(s) as i32, k + 127, "2^{k}");
+            assert_eq!(e8m0_scale(e8m0_code(s)), s);
+        }
+        assert_eq!(e8m0_scale(e8m0_code(3.0)), 4.0, "the least power of two at or above");
+        assert!(encode_scales(QuantKind::Mxfp4, &[3.0]).unwrap_err().contains("power of two"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
-use strata_kernels::{decode_to_f32, quantize, round_scales, ElementType, QuantKind};
+use strata_kernels::{decode_to_f32, quantize, round_scales, ElementType, QuantKind, MXFP4_GROUP};
 use strata_storage::{ContainerWriter, ExpertLayout, SafetensorsWriter, TensorSpec, TierSpec, WeightStore};
 
 /// Files copied verbatim next to the weights.
@@ -177,6 +177,15 @@ pub fn convert(
     let map = arch.weight_map();
     map.check(&store, false)?;
     let names = ExpertNames::new(&map);
+    let (h, inter) = (moe.hidden, moe.inter);
+    for kind in [opts.experts, opts.mtp_experts] {
+        if kind == QuantKind::Mxfp4 && (h % MXFP4_GROUP != 0 || inter % MXFP4_GROUP != 0) {
+            bail!(
+                "{}: mxfp4 needs the experts' widths to be multiples of {MXFP4_GROUP} (hidden {h}, intermediate {inter})",
+                src.display()
+            );
+        }
+    }
     if src.canonicalize().ok() == out.canonicalize().ok() {
         bail!("{}: --out must differ from --model", out.display());
     }

@@ -403,6 +403,7 @@ pub fn load_matrix(
                 .map_err(|e| anyhow!("{}: tensor `{qs}`: {e}", qf.path().display()))?;
             HostMatrix { kind, rows, cols, payload: file.bytes(t)?.to_vec(), scales }
         }
+        QuantKind::Mxfp4 => bail!("{}: tensor `{name}`: MXFP4 is an expert encoding only", file.path().display()),
     };
     file.release(t);
     Ok(m)

@@ -111,6 +111,7 @@ impl MatrixLayout {
             },
             // Bytes at any address; the factor is read as little-endian bytes.
             ScaleType::E4m3 => Scales::e4m3(bytes).ok_or_else(|| anyhow!("e4m3 scales shorter than their factor")),
+            ScaleType::E8m0 => Ok(Scales::E8m0(bytes)),
         }
     }
 

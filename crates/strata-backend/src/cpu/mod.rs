@@ -41,6 +41,7 @@ pub fn row_view<'a>(m: &QMatrix<'a>, r0: usize, r1: usize) -> QMatrix<'a> {
         QuantKind::F32 | QuantKind::Bf16 => 0,
         QuantKind::Int8Row => 1,
         QuantKind::Int4Group { group, .. } => m.cols.div_ceil(group),
+        QuantKind::Mxfp4 => m.cols.div_ceil(strata_kernels::MXFP4_GROUP),
         QuantKind::Fp8 { block_rows, block_cols } => {
             assert_eq!(block_rows, 1, "row views of FP8 need per-row scales");
             m.cols.div_ceil(block_cols)

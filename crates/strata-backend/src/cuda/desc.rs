@@ -50,6 +50,10 @@ impl MatDesc {
     /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
     /// address `w` and its scales (stored as `kind` says) at `s`.
     pub(super) fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
+        anyhow::ensure!(
+            kind != QuantKind::Mxfp4,
+            "{rows}x{cols} MXFP4 matrix: MXFP4 experts run on the CPU (--device cpu); no CUDA kernel reads them yet"
+        );
         let ld = kind.payload_bytes(1, cols);
         let (group, brow, bcol, spr, width) = match kind {
             QuantKind::F32 => (1, 1, 1, 0, VEC_WIDTH[0]),
@@ -59,6 +63,7 @@ impl MatDesc {
             QuantKind::Fp8 { block_rows, block_cols } => {
                 (1, block_rows, block_cols, cols.div_ceil(block_cols), VEC_WIDTH[4])
             }
+            QuantKind::Mxfp4 => unreachable!("refused above"),
         };
         let one_scale_per_vector = match kind {
             QuantKind::Int4Group { group, .. } => group % 32 == 0,
@@ -71,6 +76,7 @@ impl MatDesc {
             ScaleType::F32 => 0,
             ScaleType::Bf16 => 1,
             ScaleType::E4m3 => 2,
+            ScaleType::E8m0 => unreachable!("MXFP4 is refused above"),
         };
         // e4m3's region starts with its f32 factor.
         anyhow::ensure!(s.is_multiple_of(if st == 1 { 2 } else { 4 }), "matrix scales at a misaligned address");
@@ -170,5 +176,6 @@ pub(super) fn kind_code(k: QuantKind) -> i32 {
         QuantKind::Int8Row => 2,
         QuantKind::Int4Group { .. } => 3,
         QuantKind::Fp8 { .. } => 4,
+        QuantKind::Mxfp4 => unreachable!("MatDesc::new refuses MXFP4, so no device matrix has it"),
     }
 }

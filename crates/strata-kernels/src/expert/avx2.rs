@@ -337,6 +337,58 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int4Group { group, .. } => with_scale_read!(w.scales, s => int4_block(job, s, group, o0, o1, out)),
+        QuantKind::Mxfp4 => {
+            let crate::expert::Scales::E8m0(codes) = w.scales else {
+                unreachable!("mxfp4 scales are e8m0 (validated)")
+            };
+            let d = Mxfp4Dec { p: w.payload, codes, half: cols / 2, groups: cols / 32 };
+            rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
+        }
+    }
+}
+
+/// MXFP4: a chunk's 16 nibbles (8 bytes) in column order, each looked up as twice its
+/// FP4 value (an int8: 0, 1, 2, 3, 4, 6, 8, 12 and negatives), summed a group (two
+/// chunks) at a time and folded with half the group's power-of-two scale. Columns are a
+/// multiple of 32 (validated), so there is no tail.
+struct Mxfp4Dec<'a> {
+    p: &'a [u8],
+    codes: &'a [u8],
+    half: usize,
+    groups: usize,
+}
+impl Decode for Mxfp4Dec<'_> {
+    const CHUNK_BYTES: usize = 8;
+    const WIDE: usize = 4;
+    const SEGMENTED: bool = true;
+    fn seg_chunks(&self) -> usize {
+        2
+    }
+    #[inline(always)]
+    fn chunk_ptr(&self, o: usize, k: usize) -> *const u8 {
+        self.p.as_ptr().wrapping_add(o * self.half + k * 8)
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, o: usize, k: usize) -> (__m256, __m256) {
+        let bytes = _mm_loadl_epi64(self.p.as_ptr().add(o * self.half + k * 8) as *const __m128i);
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(bytes, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        // Column order: byte j's low nibble, then its high one.
+        let nibs = _mm_unpacklo_epi8(lo, hi);
+        let lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        let v = _mm_shuffle_epi8(lut, nibs);
+        let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+        (a, b)
+    }
+    #[inline(always)]
+    unsafe fn seg_end(&self, o: usize, s: usize, _r: usize, g: __m256, acc: __m256) -> __m256 {
+        let scale = crate::quant::e8m0_scale(*self.codes.get_unchecked(o * self.groups + s)) * 0.5;
+        _mm256_fmadd_ps(g, _mm256_set1_ps(scale), acc)
+    }
+    fn finish(&self, _o: usize, simd: f32, _x: &[f32]) -> f32 {
+        simd
     }
 }
 

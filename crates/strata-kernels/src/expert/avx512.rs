@@ -293,6 +293,7 @@ pub(super) unsafe fn block(job: &Product, o0: usize, o1: usize, out: &Out) {
             rows_block(&Ctx { d, xs: plain, x: job.x, cols, nfull }, job.rows, o0, o1, out)
         }
         QuantKind::Int4Group { group, .. } => with_scale_read!(w.scales, s => int4_block(job, s, group, o0, o1, out)),
+        QuantKind::Mxfp4 => unreachable!("mxfp4 runs the AVX2 code (chunk width 16)"),
     }
 }
 

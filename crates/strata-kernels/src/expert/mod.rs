@@ -1,5 +1,5 @@
 //! Matrix products computed directly on stored weights (encodings in [`crate::quant`]:
-//! f32, bf16, FP8 e4m3 with block scales, int8-row, int4-group), for one row (decode: a
+//! f32, bf16, FP8 e4m3 with block scales, int8-row, int4-group, MXFP4), for one row (decode: a
 //! memory-bound matvec) or many (prefill chunks, verify rows: each weight chunk is decoded
 //! once per tile of up to 8 rows and applied to all of them).
 //!
@@ -76,6 +76,11 @@ impl<'a> QMatrix<'a> {
             QuantKind::Fp8 { block_rows, block_cols } => {
                 assert!(block_rows > 0 && block_cols > 0, "QMatrix: FP8 blocks must be non-empty")
             }
+            QuantKind::Mxfp4 => assert!(
+                self.cols.is_multiple_of(crate::quant::MXFP4_GROUP),
+                "QMatrix mxfp4: {} columns, not a multiple of 32",
+                self.cols
+            ),
             _ => {}
         }
         let want = self.kind.payload_bytes(self.rows, self.cols);
@@ -149,6 +154,8 @@ impl KernelPath {
         match (self, kind) {
             (Self::Scalar, _) => 0,
             (Self::Avx512, QuantKind::Int4Group { group, .. }) if group % 32 != 0 => 16,
+            // MXFP4 runs the AVX2 code on AVX-512 machines too.
+            (Self::Avx512, QuantKind::Mxfp4) => 16,
             (_, QuantKind::Fp8 { block_cols, .. }) if block_cols % 16 != 0 => 0,
             (Self::Avx512, QuantKind::Fp8 { block_cols, .. }) if block_cols % 32 != 0 => 16,
             (Self::Avx512, _) => 32,
@@ -518,6 +525,18 @@ pub fn dequant_row(w: &QMatrix, o: usize, dst: &mut [f32]) {
                 }
             }
         }
+        QuantKind::Mxfp4 => {
+            let (half, group) = (cols / 2, crate::quant::MXFP4_GROUP);
+            let src = &w.payload[o * half..(o + 1) * half];
+            for (g, dchunk) in dst.chunks_mut(group).enumerate() {
+                let s = w.scales.get(o * (cols / group) + g);
+                for (j, d) in dchunk.iter_mut().enumerate() {
+                    let byte = src[(g * group + j) / 2];
+                    let nib = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    *d = crate::quant::FP4_VALUES[nib as usize] * s;
+                }
+            }
+        }
     }
 }
 
@@ -542,6 +561,12 @@ pub(crate) fn weight_at(w: &QMatrix, r: usize, c: usize) -> f32 {
             let byte = w.payload[r * cols.div_ceil(2) + c / 2];
             let nib = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
             (nib as i32 - 8) as f32 * w.scales.get(r * cols.div_ceil(group) + c / group)
+        }
+        QuantKind::Mxfp4 => {
+            let byte = w.payload[r * cols / 2 + c / 2];
+            let nib = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
+            let group = crate::quant::MXFP4_GROUP;
+            crate::quant::FP4_VALUES[nib as usize] * w.scales.get(r * (cols / group) + c / group)
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A matrix's scales as stored (f32; bf16 for `int4-gN-bf16`; e4m3 codes and a factor for
 //! `int4-gN-e4m3`), and how the SIMD int4 decoders read them.
 
-use crate::quant::{e4m3_scale, ScaleType, E4M3_HEADER, E4M3_WIDEN};
+use crate::quant::{e4m3_scale, e8m0_scale, ScaleType, E4M3_HEADER, E4M3_WIDEN};
 
 /// A matrix's scales as stored, borrowed (see [`ScaleType`]).
 #[derive(Clone, Copy, Debug)]
@@ -14,6 +14,8 @@ pub enum Scales<'a> {
         factor: f32,
         codes: &'a [u8],
     },
+    /// Power-of-two codes (MXFP4's).
+    E8m0(&'a [u8]),
 }
 
 impl<'a> Scales<'a> {
@@ -22,6 +24,7 @@ impl<'a> Scales<'a> {
             Self::F32(s) => s.len(),
             Self::Bf16(s) => s.len(),
             Self::E4m3 { codes, .. } => codes.len(),
+            Self::E8m0(codes) => codes.len(),
         }
     }
 
@@ -41,6 +44,7 @@ impl<'a> Scales<'a> {
             Self::F32(_) => ScaleType::F32,
             Self::Bf16(_) => ScaleType::Bf16,
             Self::E4m3 { .. } => ScaleType::E4m3,
+            Self::E8m0(_) => ScaleType::E8m0,
         }
     }
 
@@ -51,6 +55,7 @@ impl<'a> Scales<'a> {
             Self::F32(s) => s[i],
             Self::Bf16(s) => bf16_to_f32(s[i]),
             Self::E4m3 { factor, codes } => e4m3_scale(codes[i], *factor),
+            Self::E8m0(codes) => e8m0_scale(codes[i]),
         }
     }
 
@@ -58,8 +63,8 @@ impl<'a> Scales<'a> {
     pub(crate) fn f32(&self) -> &'a [f32] {
         match *self {
             Self::F32(s) => s,
-            Self::Bf16(_) | Self::E4m3 { .. } => {
-                unreachable!("only int4 scales are stored as bf16 or e4m3 (validated)")
+            Self::Bf16(_) | Self::E4m3 { .. } | Self::E8m0(_) => {
+                unreachable!("only int4 and mxfp4 scales are stored as bf16, e4m3 or e8m0 (validated)")
             }
         }
     }
@@ -70,6 +75,7 @@ impl<'a> Scales<'a> {
             Self::F32(s) => Self::F32(&s[range]),
             Self::Bf16(s) => Self::Bf16(&s[range]),
             Self::E4m3 { factor, codes } => Self::E4m3 { factor, codes: &codes[range] },
+            Self::E8m0(codes) => Self::E8m0(&codes[range]),
         }
     }
 
@@ -164,6 +170,29 @@ impl ScaleRead for Bf16Scales<'_> {
 
 /// e4m3 scales (codes and the matrix factor) for [`ScaleRead`]: widened as
 /// [`e4m3_scale`] does, code bits into an f32 and two exact products.
+/// MXFP4's power-of-two scales.
+#[derive(Clone, Copy)]
+pub(crate) struct E8m0Scales<'a>(pub(crate) &'a [u8]);
+
+impl ScaleRead for E8m0Scales<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        e8m0_scale(*self.0.get_unchecked(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(self, i: usize) -> std::arch::x86_64::__m256 {
+        let v: [f32; 8] = std::array::from_fn(|j| self.at(i + j));
+        std::arch::x86_64::_mm256_loadu_ps(v.as_ptr())
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(self, i: usize) -> std::arch::x86_64::__m512 {
+        let v: [f32; 16] = std::array::from_fn(|j| self.at(i + j));
+        std::arch::x86_64::_mm512_loadu_ps(v.as_ptr())
+    }
+}
+
 #[derive(Clone, Copy)]
 pub(crate) struct E4m3Scales<'a> {
     pub(crate) factor: f32,
@@ -209,6 +238,10 @@ macro_rules! with_scale_read {
             }
             $crate::expert::Scales::E4m3 { factor, codes } => {
                 let $s = $crate::expert::scales::E4m3Scales { factor, codes };
+                $body
+            }
+            $crate::expert::Scales::E8m0(codes) => {
+                let $s = $crate::expert::scales::E8m0Scales(codes);
                 $body
             }
         }

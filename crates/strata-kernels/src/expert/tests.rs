@@ -30,6 +30,8 @@ struct Owned {
     bf16: Vec<u16>,
     /// The stored region (factor, codes) where `kind` stores e4m3 scales.
     e4m3: Vec<u8>,
+    /// The codes where `kind` stores e8m0 scales (MXFP4).
+    e8m0: Vec<u8>,
 }
 impl Owned {
     fn new(kind: QuantKind, rows: usize, cols: usize, seed: u64) -> Self {
@@ -37,19 +39,21 @@ impl Owned {
         let w = nonzero(&mut rng, rows * cols);
         let (payload, scales) = quantize(kind, &w, rows, cols);
         let stored = crate::quant::encode_scales(kind, &scales).unwrap();
-        let (mut bf16, mut e4m3) = (Vec::new(), Vec::new());
+        let (mut bf16, mut e4m3, mut e8m0) = (Vec::new(), Vec::new(), Vec::new());
         match kind.scale_type() {
             ScaleType::Bf16 => bf16 = stored.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
             ScaleType::E4m3 => e4m3 = stored,
+            ScaleType::E8m0 => e8m0 = stored,
             ScaleType::F32 => {}
         }
-        Self { kind, rows, cols, payload, scales, bf16, e4m3 }
+        Self { kind, rows, cols, payload, scales, bf16, e4m3, e8m0 }
     }
     fn q(&self) -> QMatrix<'_> {
         let scales = match self.kind.scale_type() {
             ScaleType::F32 => Scales::F32(&self.scales),
             ScaleType::Bf16 => Scales::Bf16(&self.bf16),
             ScaleType::E4m3 => Scales::e4m3(&self.e4m3).unwrap(),
+            ScaleType::E8m0 => Scales::E8m0(&self.e8m0),
         };
         QMatrix::new(self.kind, self.rows, self.cols, &self.payload, scales)
     }
@@ -89,7 +93,59 @@ fn kinds(cols: usize) -> Vec<QuantKind> {
     for (br, bc) in [(128, 128), (1, 16), (3, 32), (2, 5), (4, 48)] {
         k.push(QuantKind::Fp8 { block_rows: br, block_cols: bc });
     }
+    if cols.is_multiple_of(32) {
+        k.push(QuantKind::Mxfp4);
+    }
     k
+}
+
+/// MXFP4 (gpt-oss's experts) on every path, for one row and many, against the f64
+/// product of the plain decoder's values; every FP4 code and scales far from 1 occur.
+#[test]
+fn mxfp4_matches_the_plain_decoder() {
+    for (si, &(out, cols)) in [(37usize, 64usize), (9, 32), (16, 2880), (24, 96), (5, 608)].iter().enumerate() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(500 + si as u64);
+        // Groups of very different magnitudes, so the scales span many powers of two.
+        let w: Vec<f32> = nonzero(&mut rng, out * cols)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f32.powi(((i / 32) % 13) as i32 - 6))
+            .collect();
+        let kind = QuantKind::Mxfp4;
+        let (payload, scales) = quantize(kind, &w, out, cols);
+        let codes = crate::quant::encode_scales(kind, &scales).unwrap();
+        assert_eq!(crate::quant::decode_scales(kind, &codes), scales);
+        let mut seen = [false; 16];
+        for b in &payload {
+            seen[(b & 15) as usize] = true;
+            seen[(b >> 4) as usize] = true;
+        }
+        assert!(seen.iter().skip(1).filter(|s| **s).count() >= 14, "most FP4 codes occur: {seen:?}");
+        let dense = dequantize(kind, &payload, &scales, out, cols);
+        // Quantized within half FP4's coarsest step (1 at the top of the range) of each group.
+        for (o, (d, v)) in dense.iter().zip(&w).enumerate() {
+            let s = scales[(o / cols) * (cols / 32) + (o % cols) / 32];
+            assert!((d - v).abs() <= s, "[{o}] {v} became {d} at scale {s}");
+        }
+        let q = QMatrix::new(kind, out, cols, &payload, Scales::E8m0(&codes));
+        for rows in [1usize, 2, 5, 8, 13] {
+            let x = nonzero(&mut rng, rows * cols);
+            let (want, bound) = reference(&dense, out, cols, &x, rows);
+            for path in paths() {
+                let mut y = vec![f32::NAN; rows * out];
+                qmatmul_with(path, &x, rows, &q, &mut y);
+                for i in 0..rows * out {
+                    let err = (y[i] as f64 - want[i]).abs();
+                    assert!(
+                        err <= 1e-5 * bound[i],
+                        "mxfp4 {path:?} {out}x{cols} rows={rows} [{i}]: {} vs {}",
+                        y[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
 }
 
 const SHAPES: [(usize, usize); 5] = [(37, 150), (19, 200), (9, 7), (16, 64), (24, 1)];
