@@ -94,11 +94,17 @@ pub fn parse_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
     Some(ToolCall { name: name.to_string(), arguments })
 }
 
-/// The length of the longest suffix of `text` that is a proper prefix of `marker`.
+/// The length of the longest suffix of `text` that is a proper prefix of `marker` (in
+/// whole characters: DeepSeek's markers are not ASCII).
 pub(crate) fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
-        .find(|&k| k <= text.len() && text.is_char_boundary(text.len() - k) && text.ends_with(&marker[..k]))
+        .find(|&k| {
+            k <= text.len()
+                && marker.is_char_boundary(k)
+                && text.is_char_boundary(text.len() - k)
+                && text.ends_with(&marker[..k])
+        })
         .unwrap_or(0)
 }
 
