@@ -101,22 +101,23 @@ fn check_fixture(dir: &Path) {
     eprintln!("{name}: parity ok (prompt {} tokens, worst prefill diff {worst:.2e})", prompt.len());
 }
 
-#[test]
-fn glm5_fixtures_match_transformers() {
-    let dirs = fixture_dirs("glm5");
-    assert!(dirs.len() >= 3, "expected at least three fixtures, found {dirs:?}");
+/// Every fixture of `family` (at least `at_least` of them) against its reference.
+fn check_family(family: &str, at_least: usize) {
+    let dirs = fixture_dirs(family);
+    assert!(dirs.len() >= at_least, "{family}: expected at least {at_least} fixtures, found {dirs:?}");
     for d in dirs {
         check_fixture(&d);
     }
 }
 
 #[test]
+fn glm5_fixtures_match_transformers() {
+    check_family("glm5", 3);
+}
+
+#[test]
 fn glm4_moe_fixtures_match_transformers() {
-    let dirs = fixture_dirs("glm4_moe");
-    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+    check_family("glm4_moe", 2);
 }
 
 /// Qwen3-MoE: softmax routing with and without renormalisation, dense layers by
@@ -124,22 +125,14 @@ fn glm4_moe_fixtures_match_transformers() {
 /// sliding window shorter than the prompt.
 #[test]
 fn qwen3_moe_fixtures_match_transformers() {
-    let dirs = fixture_dirs("qwen3_moe");
-    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+    check_family("qwen3_moe", 2);
 }
 
 /// MiniMax-M2: q/k norms over the whole projections, partial rotary, sigmoid routing with
 /// a correction bias, Mixtral's expert names.
 #[test]
 fn minimax_m2_fixtures_match_transformers() {
-    let dirs = fixture_dirs("minimax_m2");
-    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+    check_family("minimax_m2", 2);
 }
 
 /// DeepSeek-V3 and Kimi K2: MLA without the DSA indexer, YaRN RoPE (interpolated low
@@ -147,11 +140,7 @@ fn minimax_m2_fixtures_match_transformers() {
 /// block-scaled checkpoint with `model_type` kimi_k2.
 #[test]
 fn deepseek_v3_fixtures_match_transformers() {
-    let dirs = fixture_dirs("deepseek_v3");
-    assert!(dirs.len() >= 2, "expected at least two fixtures, found {dirs:?}");
-    for d in dirs {
-        check_fixture(&d);
-    }
+    check_family("deepseek_v3", 2);
 }
 
 /// Gemma 4 dense (PLE, KV sharing, double-wide MLP, soft cap) and MoE (dense MLP beside
