@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh TARGET SECONDS
 #
 # Targets: safetensors_header container_manifest colibri ledger config chat_template
-# http_body. Needs `cargo install cargo-afl` (the first run builds AFL++'s runtime).
+# http_body tiktoken. Needs `cargo install cargo-afl` (the first run builds AFL++'s runtime).
 # Seeds: fuzz/corpus/TARGET; dictionary (if any): fuzz/dict/TARGET.dict; findings: fuzz/out/TARGET/default/{crashes,hangs}; a run
 # resumes where the last one stopped. Turn every crash into fuzz/regressions/TARGET/<name>
 # (replayed by `cargo test -p strata-fuzz`) and fix it. Set STRATA_CARGO_LOCK to a lock

@@ -31,6 +31,10 @@ pub const KIMI_PATTERN: &str = concat!(
     r"|\s+",
 );
 
+/// The longest token accepted: real vocabularies stay far below it, and deriving a token's
+/// merge costs the square of its length.
+const MAX_TOKEN_BYTES: usize = 1024;
+
 /// Special-token ids reserved past the base vocabulary (Kimi's `num_reserved_special_tokens`).
 const RESERVED_SPECIAL: u32 = 256;
 
@@ -51,10 +55,12 @@ fn byte_chars() -> [char; 256] {
     out
 }
 
-/// Parses `tiktoken.model`: every line `BASE64 RANK`, the ranks exactly 0..n.
-fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let mut by_rank: Vec<Option<Vec<u8>>> = Vec::new();
+/// Parses a `tiktoken.model` (`path` names it in errors): every line `BASE64 RANK`, the
+/// ranks exactly 0..n.
+fn read_ranks(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
+    // Dense ranks: each is below the number of tokens (which bounds what is allocated).
+    let n = text.lines().filter(|l| !l.trim().is_empty()).count();
+    let mut by_rank: Vec<Option<Vec<u8>>> = vec![None; n];
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |why: &str| anyhow!("{}: line {}: {why}", path.display(), i + 1);
         let mut it = line.split_whitespace();
@@ -63,17 +69,16 @@ fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
         };
         let bytes = base64::decode(b64).map_err(|e| bad(&format!("bad base64: {e}")))?;
         let rank: usize = rank.parse().map_err(|_| bad(&format!("bad rank `{rank}`")))?;
-        if bytes.is_empty() || rank > 1 << 24 {
-            return Err(bad("an empty token or an absurd rank"));
+        if bytes.is_empty() || bytes.len() > MAX_TOKEN_BYTES {
+            return Err(bad(&format!("a token of {} bytes (1..={MAX_TOKEN_BYTES})", bytes.len())));
         }
-        if by_rank.len() <= rank {
-            by_rank.resize(rank + 1, None);
+        if rank >= n {
+            return Err(bad(&format!("rank {rank} but {n} tokens (ranks must be 0..{n})")));
         }
         if by_rank[rank].replace(bytes).is_some() {
             return Err(bad(&format!("rank {rank} given twice")));
         }
     }
-    let n = by_rank.len();
     let ranks: Vec<Vec<u8>> = by_rank
         .into_iter()
         .enumerate()
@@ -107,7 +112,14 @@ fn bpe_parts<'a>(rank_of: &HashMap<&[u8], u32>, piece: &'a [u8], below: u32) -> 
 /// `tokenizer.json` for the tiktoken tokenizer in `dir`.
 pub fn tokenizer_json(dir: &Path) -> Result<String> {
     let path = dir.join(TIKTOKEN_FILE);
-    let ranks = read_ranks(&path)?;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+    tokenizer_json_from(&text, &read_config(dir)?, &path)
+}
+
+/// `tokenizer.json` for a `tiktoken.model`'s `text` and a `tokenizer_config.json` value
+/// (`Null` where there is none); `path` names the file in errors.
+pub fn tokenizer_json_from(text: &str, cfg: &Value, path: &Path) -> Result<String> {
+    let ranks = read_ranks(text, path)?;
     let rank_of: HashMap<&[u8], u32> = ranks.iter().enumerate().map(|(r, b)| (b.as_slice(), r as u32)).collect();
     if rank_of.len() != ranks.len() {
         bail!("{}: a token appears under two ranks", path.display());
@@ -128,7 +140,6 @@ pub fn tokenizer_json(dir: &Path) -> Result<String> {
             }
         }
     }
-    let cfg = read_config(dir)?;
     let base = ranks.len() as u32;
     let mut named: HashMap<u32, (String, bool)> = HashMap::new();
     if let Some(Value::Object(decoder)) = cfg.get("added_tokens_decoder") {
@@ -241,9 +252,11 @@ mod tests {
             std::fs::write(&p, text).unwrap();
             format!("{:#}", tokenizer_json(dir.path()).unwrap_err())
         };
-        assert!(err("YQ== 0\nYg== 2\n").contains("no token has rank 1"));
+        assert!(err("YQ== 0\nYg== 2\n").contains("rank 2 but 2 tokens"));
+        assert!(err("YQ== 0\nYg== 16777216\n").contains("rank 16777216 but 2 tokens"));
         assert!(err("YQ== x\n").contains("bad rank"));
         assert!(err("!!! 0\n").contains("bad base64"));
+        assert!(err(&format!("{} 0\n", "QUFB".repeat(400))).contains("a token of 1200 bytes"));
         assert!(err("YQ== 0\nYQ== 1\n").contains("two ranks"));
         assert!(err("YQ== 0\n").contains("byte 0x00 has no rank"));
     }

@@ -29,10 +29,15 @@ impl TextTokenizer {
             return Ok(None);
         }
         let doc = crate::tiktoken::tokenizer_json(dir)?;
-        let inner = doc.parse::<Tokenizer>().map_err(|e| {
-            anyhow!("{}: cannot build a tokenizer: {e}", dir.join(crate::tiktoken::TIKTOKEN_FILE).display())
-        })?;
-        Ok(Some(Self { inner }))
+        Self::from_json(&doc)
+            .map(Some)
+            .map_err(|e| anyhow!("{}: {e:#}", dir.join(crate::tiktoken::TIKTOKEN_FILE).display()))
+    }
+
+    /// A tokenizer from the text of a `tokenizer.json`.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let inner = json.parse::<Tokenizer>().map_err(|e| anyhow!("cannot build a tokenizer: {e}"))?;
+        Ok(Self { inner })
     }
 
     /// The tokenizer as `tokenizer.json` would hold it (for grammar engines that read one).

@@ -22,6 +22,7 @@ pub const TARGETS: &[(&str, Entry)] = &[
     ("config", config),
     ("chat_template", chat_template),
     ("http_body", http_body),
+    ("tiktoken", tiktoken),
 ];
 
 /// The entry point called `name`.
@@ -102,10 +103,25 @@ pub fn ledger(data: &[u8]) {
     }
 }
 
-/// `config.json` parsing (`GlmMoeDsaConfig::from_json`).
+/// `config.json` parsing through the family registry (every family's parser, by
+/// `model_type`; RoPE variants included), then what inspect and the plan ask of it.
 pub fn config(data: &[u8]) {
     if let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) {
-        let _ = strata_models::glm_moe_dsa::GlmMoeDsaConfig::from_json(&json);
+        if let Ok(arch) = strata_models::registry::parse_config(&json) {
+            let _ = (arch.describe(), arch.moe(), arch.kv_bytes_per_token());
+        }
+    }
+}
+
+/// A `tiktoken.model` file (Kimi K2's tokenizer) turned into a BPE tokenizer, which then
+/// encodes a text with every kind of character.
+pub fn tiktoken(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let path = Path::new("tiktoken.model");
+    if let Ok(json) = strata_engine::tiktoken::tokenizer_json_from(text, &serde_json::Value::Null, path) {
+        if let Ok(tok) = strata_engine::tokenizer::TextTokenizer::from_json(&json) {
+            let _ = tok.encode("Hi 你好 it's 123\n  x", false);
+        }
     }
 }
 

@@ -1,0 +1,4 @@
+//! AFL harness: `strata_fuzz::tiktoken`.
+fn main() {
+    afl::fuzz!(|data: &[u8]| strata_fuzz::tiktoken(data));
+}
