@@ -102,28 +102,41 @@ impl Fields<'_> {
     /// `rope_theta` alone, as [`Self::rope`] reads it (for families whose rotary width is
     /// a field of its own).
     pub(crate) fn rope_theta(&self, default: f64) -> Result<f64> {
-        let kind = self
-            .rope_params()?
-            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let kind = self.rope_type()?;
         if kind != "default" {
             bail!("field `rope_parameters.rope_type` is `{kind}`; only `default` RoPE is supported");
         }
         self.rope_param("rope_theta", default)
     }
+    /// `rope_parameters.rope_type` (or the legacy `type`), `default` where not given.
+    pub(crate) fn rope_type(&self) -> Result<&str> {
+        Ok(self
+            .rope_params()?
+            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+            .and_then(Value::as_str)
+            .unwrap_or("default"))
+    }
     /// `rope_parameters` (or the legacy `rope_scaling`), where given.
-    fn rope_params(&self) -> Result<Option<&serde_json::Map<String, Value>>> {
+    pub(crate) fn rope_params(&self) -> Result<Option<&serde_json::Map<String, Value>>> {
         match self.get("rope_parameters").or_else(|| self.get("rope_scaling")) {
             Some(Value::Object(p)) => Ok(Some(p)),
             Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
             None => Ok(None),
         }
     }
-    /// A number from `rope_parameters`, else the top-level field, else `default`.
-    fn rope_param(&self, k: &str, default: f64) -> Result<f64> {
+    /// A number from `rope_parameters`, where given there.
+    pub(crate) fn rope_number(&self, k: &str) -> Result<Option<f64>> {
         match self.rope_params()?.and_then(|p| p.get(k)).filter(|v| !v.is_null()) {
-            Some(v) => v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}")),
+            Some(v) => {
+                Ok(Some(v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}"))?))
+            }
+            None => Ok(None),
+        }
+    }
+    /// A number from `rope_parameters`, else the top-level field, else `default`.
+    pub(crate) fn rope_param(&self, k: &str, default: f64) -> Result<f64> {
+        match self.rope_number(k)? {
+            Some(v) => Ok(v),
             None => self.f64_or(k, default),
         }
     }

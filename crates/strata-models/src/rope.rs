@@ -3,7 +3,7 @@
 //! across a ramp and scales attention. transformers' `modeling_rope_utils` is the reference.
 
 use crate::fields::Fields;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use serde_json::Value;
 
 /// A model's rotary embedding: the base and, for YaRN, the context extension.
@@ -91,30 +91,12 @@ impl Fields<'_> {
     /// The rotary embedding from `rope_parameters` (or the legacy `rope_scaling` and
     /// top-level fields): `default` or `yarn`; any other type is refused by name.
     pub(crate) fn rope_kind(&self, theta_default: f64) -> Result<Rope> {
-        let params = match self.get("rope_parameters").or_else(|| self.get("rope_scaling")) {
-            Some(Value::Object(p)) => Some(p),
-            None | Some(Value::Null) => None,
-            Some(v) => bail!("field `rope_parameters` must be an object, got {v}"),
-        };
-        let num = |k: &str| -> Result<Option<f64>> {
-            match params.and_then(|p| p.get(k)).filter(|v| !v.is_null()) {
-                Some(v) => Ok(Some(
-                    v.as_f64().ok_or_else(|| anyhow!("field `rope_parameters.{k}` must be a number, got {v}"))?,
-                )),
-                None => Ok(None),
-            }
-        };
-        let theta = match num("rope_theta")? {
-            Some(t) => t,
-            None => self.f64_or("rope_theta", theta_default)?,
-        };
+        let num = |k: &str| self.rope_number(k);
+        let theta = self.rope_param("rope_theta", theta_default)?;
         if !(theta > 1.0 && theta.is_finite()) {
             bail!("field `rope_theta` must be a finite number above 1, got {theta}");
         }
-        let kind = params
-            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let kind = self.rope_type()?;
         match kind {
             "default" => Ok(Rope::plain(theta)),
             "yarn" => {
@@ -141,7 +123,7 @@ impl Fields<'_> {
                     None if m != 0.0 && m_all != 0.0 => mscale(factor, m) / mscale(factor, m_all),
                     None => mscale(factor, 1.0),
                 };
-                let truncate = match params.and_then(|p| p.get("truncate")) {
+                let truncate = match self.rope_params()?.and_then(|p| p.get("truncate")) {
                     None | Some(Value::Null) => true,
                     Some(Value::Bool(b)) => *b,
                     Some(v) => bail!("field `rope_parameters.truncate` must be a boolean, got {v}"),

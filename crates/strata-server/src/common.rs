@@ -367,9 +367,7 @@ impl AppState {
         if !template.reads_content_parts() {
             flatten_parts(&mut messages);
         }
-        if messages.iter().any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null())) {
-            shape_call_messages(&mut messages, template.call_message_shape());
-        }
+        shape_call_messages(&mut messages, template.call_message_shape());
         let mut tools_fallback = None;
         let calls =
             !template.reads_tool_calls(with_tools) && inject_tool_calls(&mut messages, self.model.arch.family().chat);

@@ -405,8 +405,6 @@ fn string_text(schema: &Value) -> Option<String> {
     Some(format!("/[^<]{{{lo},{}}}/", hi.map_or(String::new(), |h| h.to_string())))
 }
 
-/// JSON as `json.dumps` writes it (`, ` and `: `, no other whitespace): a model cannot
-/// wander off in whitespace. A schema's own `x-guidance` options win.
 /// A tool's arguments as JSON: only the keys its schema declares, unless the schema
 /// says otherwise (as GLM's and MiniMax's call rules write only declared keys).
 fn call_arguments(mut params: Value) -> Value {
@@ -416,6 +414,8 @@ fn call_arguments(mut params: Value) -> Value {
     json_options(params)
 }
 
+/// JSON as `json.dumps` writes it (`, ` and `: `, no other whitespace): a model cannot
+/// wander off in whitespace. A schema's own `x-guidance` options win.
 fn json_options(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert(json!({

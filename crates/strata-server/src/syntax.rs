@@ -141,9 +141,9 @@ fn parse_marked_calls(
     (!calls.is_empty()).then_some(calls)
 }
 
-/// JSON arguments: an object, or a string holding one.
-fn json_arguments(text: &str) -> Option<Map<String, Value>> {
-    match serde_json::from_str::<Value>(text.trim()).ok()? {
+/// A call's arguments: an object, or a JSON string holding one.
+fn object_arguments(v: Value) -> Option<Map<String, Value>> {
+    match v {
         Value::Object(m) => Some(m),
         Value::String(s) => match serde_json::from_str::<Value>(&s).ok()? {
             Value::Object(m) => Some(m),
@@ -151,6 +151,11 @@ fn json_arguments(text: &str) -> Option<Map<String, Value>> {
         },
         _ => None,
     }
+}
+
+/// Arguments written as JSON text (see [`object_arguments`]).
+fn json_arguments(text: &str) -> Option<Map<String, Value>> {
+    object_arguments(serde_json::from_str::<Value>(text.trim()).ok()?)
 }
 
 /// `NAME<｜tool▁sep｜>JSON` (V3.1), or `function<｜tool▁sep｜>NAME\n```json\nJSON\n```` (V3, R1).
@@ -237,12 +242,7 @@ pub fn parse_qwen_call(body: &str, tools: Option<&Value>) -> Option<ToolCall> {
     };
     let arguments = match call.remove("arguments") {
         None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(Value::String(s)) => match serde_json::from_str::<Value>(&s).ok()? {
-            Value::Object(m) => m,
-            _ => return None,
-        },
-        Some(_) => return None,
+        Some(v) => object_arguments(v)?,
     };
     Some(ToolCall { name, arguments })
 }

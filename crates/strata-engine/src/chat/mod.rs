@@ -112,6 +112,8 @@ pub struct ChatTemplate {
     /// `unk_token`, `pad_token`, ... as the tokenizer config sets them.
     special_tokens: Map<String, Value>,
     clock: Clock,
+    /// What [`Self::call_message_shape`] found (its sources never change).
+    call_shape: std::sync::OnceLock<CallShape>,
 }
 
 fn special_token(cfg: &Value, key: &str) -> Option<String> {
@@ -189,6 +191,7 @@ impl ChatTemplate {
             eos_token,
             special_tokens,
             clock: Clock::Local,
+            call_shape: std::sync::OnceLock::new(),
         })
     }
 
@@ -247,8 +250,12 @@ impl ChatTemplate {
     /// iterate over a call's arguments or `tojson` them, and want an object; DeepSeek-V3.1's
     /// concatenates them and its content to strings, which needs the arguments as JSON text
     /// and the content (which clients send as null, and transformers drops) as a string.
-    /// Told by rendering such a message each way, transformers' own first.
+    /// Told by rendering such a message each way, transformers' own first, once.
     pub fn call_message_shape(&self) -> CallShape {
+        *self.call_shape.get_or_init(|| self.probe_call_shape())
+    }
+
+    fn probe_call_shape(&self) -> CallShape {
         let renders = |shape: CallShape| {
             let arguments = match shape.arguments_text {
                 true => Value::String("{\"a\": 1}".into()),

@@ -58,11 +58,8 @@ impl GlmMoeDsaConfig {
 
 impl Arch for GlmMoeDsaConfig {
     fn family(&self) -> &'static Family {
-        match self.variant {
-            Variant::Glm5 => &FAMILY,
-            Variant::DeepseekV3 if self.model_type == "kimi_k2" => &crate::deepseek_v3::KIMI_FAMILY,
-            Variant::DeepseekV3 => &crate::deepseek_v3::FAMILY,
-        }
+        // GLM-5, DeepSeek-V3 and Kimi K2 share this config: the registry knows whose it is.
+        crate::registry::family_of(&self.model_type).expect("a config is parsed through its family")
     }
 
     fn model_type(&self) -> &str {
