@@ -55,12 +55,52 @@ impl HostMatrix {
         }
     }
 
+    /// The rows `keep` picks, in order (an encoding whose payload and scales are per row:
+    /// every one but FP8's blocks).
+    pub fn rows_where(&self, keep: impl Fn(usize) -> bool) -> Self {
+        assert!(!matches!(self.kind, QuantKind::Fp8 { .. }), "rows_where: FP8 blocks span rows");
+        let pb = self.kind.payload_bytes(1, self.cols);
+        let sc = self.kind.scale_count(1, self.cols);
+        let picked: Vec<usize> = (0..self.rows).filter(|&r| keep(r)).collect();
+        Self {
+            kind: self.kind,
+            rows: picked.len(),
+            cols: self.cols,
+            payload: picked.iter().flat_map(|&r| &self.payload[r * pb..(r + 1) * pb]).copied().collect(),
+            scales: picked.iter().flat_map(|&r| &self.scales[r * sc..(r + 1) * sc]).copied().collect(),
+        }
+    }
+
+    /// (rows `..at`, rows `at..`).
+    pub fn split_rows(&self, at: usize) -> (Self, Self) {
+        (self.rows_where(|r| r < at), self.rows_where(|r| r >= at))
+    }
+
+    /// The transpose of a bf16 or f32 matrix.
+    pub fn transposed(&self) -> Self {
+        let w = match self.kind {
+            QuantKind::Bf16 => 2,
+            QuantKind::F32 => 4,
+            other => panic!("transposed: {other:?} is not a plain float matrix"),
+        };
+        let (rows, cols) = (self.rows, self.cols);
+        let mut payload = vec![0u8; self.payload.len()];
+        for r in 0..rows {
+            for c in 0..cols {
+                let (src, dst) = ((r * cols + c) * w, (c * rows + r) * w);
+                payload[dst..dst + w].copy_from_slice(&self.payload[src..src + w]);
+            }
+        }
+        Self { kind: self.kind, rows: cols, cols: rows, payload, scales: Vec::new() }
+    }
+
     /// Bytes held in `kind`'s encoding: payload and scales.
     pub fn bytes(&self) -> u64 {
         self.kind.stored_bytes(self.rows, self.cols) as u64
     }
 
-    /// The matrix as the CPU kernels read it (bf16 scales as the f32 values they are).
+    /// The matrix as the CPU kernels read it (bf16 scales as the f32 values they are;
+    /// MXFP4's kernels want the e8m0 codes of [`stored_scales`](Self::stored_scales) instead).
     pub fn view(&self) -> QMatrix<'_> {
         QMatrix {
             kind: self.kind.with_f32_scales(),
@@ -79,8 +119,15 @@ impl HostMatrix {
 
     /// The scales' bytes as `kind` stores them, after [`validate`](Self::validate)'s checks.
     pub fn stored_scales(&self) -> Result<Vec<u8>> {
-        self.view().validate();
-        encode_scales(self.kind, &self.scales).map_err(|e| anyhow::anyhow!("{e}"))
+        if self.kind != QuantKind::Mxfp4 {
+            self.view().validate();
+        }
+        let bytes = encode_scales(self.kind, &self.scales).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if self.kind == QuantKind::Mxfp4 {
+            // (MXFP4's kernels read the e8m0 codes, not f32 values.)
+            QMatrix { scales: Scales::E8m0(&bytes), ..self.view() }.validate();
+        }
+        Ok(bytes)
     }
 
     /// Splits the columns at `at`: `(W[:, ..at], W[:, at..])` (a projection of a
@@ -246,6 +293,9 @@ pub struct GqaAttend<'a, B: Backend> {
     pub dims: GqaDims,
     pub q: &'a B::Buf,
     pub cache: &'a B::Buf,
+    /// gpt-oss's attention sinks, one logit a head (`[heads]`): each joins its head's
+    /// softmax denominator and attends to nothing.
+    pub sinks: Option<&'a B::Buf>,
     /// Out: `[rows, heads * head_dim]`.
     pub out: &'a mut B::Buf,
 }
@@ -644,6 +694,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         x: &Self::Buf,
         rows: usize,
         gate: &Self::Mat,
+        gate_bias: Option<&Self::Buf>,
         expert_scale: &Self::Buf,
         routing: SoftmaxRouting,
         logits: &mut Self::Buf,

@@ -77,6 +77,10 @@ fn default_scales(a: &ConvertArgs) -> Result<ScaleType> {
             );
             Ok(ScaleType::Bf16)
         }
+        Some(QuantKind::Mxfp4) if a.experts != "mxfp4" => {
+            eprintln!("note: the source's experts are MXFP4: --experts mxfp4 keeps them as they are");
+            Ok(ScaleType::E4m3)
+        }
         _ => Ok(ScaleType::E4m3),
     }
 }

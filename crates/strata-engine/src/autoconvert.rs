@@ -124,9 +124,13 @@ pub fn staleness(old: Option<&str>, new: &str) -> Option<String> {
 
 /// The routed experts' encoding that keeps the checkpoint's precision.
 pub fn lossless_kind(store: &WeightStore) -> QuantKind {
+    // gpt-oss's MXFP4 experts move into the container as they are.
+    if store.names().any(|n| n.ends_with(".mlp.experts.gate_up_proj_blocks")) {
+        return QuantKind::Mxfp4;
+    }
     let f32_experts = store
         .names()
-        .filter(|n| n.contains(".experts.") && !n.contains("shared_experts."))
+        .filter(|n| n.contains(".experts.") && !n.contains("shared_experts.") && !n.ends_with("_bias"))
         .all(|n| store.get(n).is_some_and(|(_, t)| t.dtype == ElementType::F32));
     if f32_experts {
         QuantKind::F32

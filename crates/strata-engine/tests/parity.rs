@@ -1,6 +1,6 @@
 //! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
-//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*`, `fixtures/deepseek_v3/*`
-//! and `fixtures/gemma4/*`, made by
+//! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*`, `fixtures/deepseek_v3/*`,
+//! `fixtures/gpt_oss/*` and `fixtures/gemma4/*`, made by
 //! `scripts/make_<family>_fixtures.py`): logits at
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
@@ -141,6 +141,16 @@ fn minimax_m2_fixtures_match_transformers() {
 #[test]
 fn deepseek_v3_fixtures_match_transformers() {
     check_family("deepseek_v3", 2);
+}
+
+/// gpt-oss: attention sinks, q/k/v/o biases, YaRN without truncation, sliding and full
+/// layers by `layer_types`, a biased router with a softmax over the top-k, experts with
+/// biases and the clamped SwiGLU, gate and up interleaved; the experts read in place from
+/// MXFP4 blocks (`mxfp4-yarn`, the reference computed from the same nibbles) and from
+/// transformers' own `[E, H, 2I]` layout in bf16 (`bf16-plain`).
+#[test]
+fn gpt_oss_fixtures_match_transformers() {
+    check_family("gpt_oss", 2);
 }
 
 /// Gemma 4 dense (PLE, KV sharing, double-wide MLP, soft cap) and MoE (dense MLP beside
@@ -370,7 +380,7 @@ fn check_image_fixture(name: &str) {
 #[test]
 fn tensors_the_config_does_not_predict_are_refused_by_name() {
     use strata_storage::{SafetensorsWriter, TensorSpec};
-    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3"] {
+    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss"] {
         // (One whose weights are not FP8: the test adds a scale of its own.)
         let src = &fixture_dirs(family)
             .into_iter()

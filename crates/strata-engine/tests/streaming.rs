@@ -91,6 +91,9 @@ fn streamed_equals_resident_bit_for_bit() {
         ("qwen3_moe/gqa-renorm", QuantKind::Mxfp4),
         // FP8 block-scaled experts (Kimi K2's form), converted to int8 rows.
         ("deepseek_v3/kimi-fp8", QuantKind::Int8Row),
+        // gpt-oss: MXFP4 nibbles kept as they are; bf16 interleaved experts re-encoded.
+        ("gpt_oss/mxfp4-yarn", QuantKind::Mxfp4),
+        ("gpt_oss/bf16-plain", QuantKind::int4(16)),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));
@@ -569,4 +572,30 @@ fn concurrent_drafting_requests_fit_a_small_draft_tier() {
         let plain = common::reference(&m, r, m.context);
         assert_eq!(done[id].output.tokens, plain.tokens, "request {id}");
     }
+}
+
+/// gpt-oss's MXFP4 experts move into the container as they are: the container holds the
+/// checkpoint's nibble and scale bytes (no widening), its output equals the checkpoint's
+/// bit for bit, and `--budget` on the HF directory converts to MXFP4 on its own.
+#[test]
+fn gpt_oss_mxfp4_experts_stream_as_stored() {
+    let src = fixture("gpt_oss/mxfp4-yarn");
+    let dir = container("gpt_oss/mxfp4-yarn", QuantKind::Mxfp4);
+    let store = WeightStore::open_dir(&src).unwrap();
+    let stored: usize = store
+        .names()
+        .filter(|n| n.ends_with("_blocks") || n.ends_with("_scales"))
+        .map(|n| store.get(n).unwrap().1.byte_len())
+        .sum();
+    let manifest = strata_storage::ExpertManifest::read(dir.path()).unwrap();
+    let l = &manifest.tier("main").unwrap().layout;
+    let held: usize = [&l.gate, &l.up, &l.down].iter().map(|m| m.payload_len + m.scales_len).sum();
+    assert!([&l.gate, &l.up, &l.down].iter().all(|m| m.kind == QuantKind::Mxfp4));
+    assert_eq!(held * 32, stored, "an expert's slot holds its stored bytes (4 layers of 8 experts)");
+    let hf = run(&src, &options(None, 64));
+    assert!(run(dir.path(), &options(None, 64)) == hf, "the MXFP4 container equals the checkpoint");
+    assert_eq!(strata_engine::autoconvert::lossless_kind(&store), QuantKind::Mxfp4);
+    // Re-encoded (int8 rows), the output moves but stays close.
+    let int8 = run(container("gpt_oss/mxfp4-yarn", QuantKind::Int8Row).path(), &options(None, 64));
+    assert!(int8 != hf);
 }

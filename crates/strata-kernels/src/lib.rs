@@ -20,4 +20,6 @@ pub use expert::{
 };
 pub use fp8::{dequantize_fp8_blocks, fp8_e4m3_to_f32};
 pub use pool::{Ctx, ThreadPool};
-pub use quant::{decode_scales, dequantize, encode_scales, quantize, round_scales, QuantKind, ScaleType, MXFP4_GROUP};
+pub use quant::{
+    decode_scales, dequantize, e8m0_scale, encode_scales, quantize, round_scales, QuantKind, ScaleType, MXFP4_GROUP,
+};

@@ -117,6 +117,19 @@ pub fn softmax_inplace(x: &mut [f32]) -> f32 {
     sum
 }
 
+/// Softmax of `x` with one more logit, `sink`, in the denominator (gpt-oss's attention
+/// sinks: the weight the sink takes goes nowhere).
+pub fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let max = x.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// GELU with the tanh approximation (PyTorch's `gelu(x, approximate="tanh")`, Gemma's
 /// `gelu_pytorch_tanh`): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 #[inline]
@@ -279,6 +292,20 @@ pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sink is one more logit whose weight is dropped: the rest sum to 1 - p(sink).
+    #[test]
+    fn softmax_with_sink_matches_a_plain_reference() {
+        let x = [0.3f32, -1.2, 2.5, 0.0, 1.1];
+        for sink in [-3.0f32, 0.7, 4.0] {
+            let mut got = x;
+            softmax_with_sink(&mut got, sink);
+            let z: f64 = x.iter().map(|v| (*v as f64).exp()).sum::<f64>() + (sink as f64).exp();
+            for (g, v) in got.iter().zip(x) {
+                assert!((*g as f64 - (v as f64).exp() / z).abs() < 1e-6, "sink {sink}");
+            }
+        }
+    }
 
     #[test]
     fn norms_match_f64_references() {

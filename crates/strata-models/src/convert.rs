@@ -5,13 +5,13 @@
 //! experts form their own tier, int8 by default (int4 drafts are known to fail).
 
 use crate::registry::read_arch;
-use crate::weights::{ExpertMatrix, WeightMap};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::weights::{fused_expert, ExpertMatrix, ExpertShape, WeightMap};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
-use strata_kernels::{decode_to_f32, quantize, round_scales, ElementType, QuantKind, MXFP4_GROUP};
+use strata_kernels::{dequantize, quantize, round_scales, QuantKind, MXFP4_GROUP};
 use strata_storage::{ContainerWriter, ExpertLayout, SafetensorsWriter, TensorSpec, TierSpec, WeightStore};
 
 /// Files copied verbatim next to the weights.
@@ -95,17 +95,16 @@ fn expert_as_stored(
 }
 
 /// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
-#[allow(clippy::too_many_arguments)]
 fn expert_f32(
     store: &WeightStore,
     map: &WeightMap,
     names: &ExpertNames,
     layer: usize,
     e: usize,
-    hidden: usize,
-    inter: usize,
+    shape: ExpertShape,
     fp8: Option<(usize, usize)>,
 ) -> Result<[Vec<f32>; 3]> {
+    let (hidden, inter) = (shape.hidden, shape.inter);
     if let Some(gate) = names.get(layer, e, ExpertMatrix::Gate).filter(|n| store.contains(n)) {
         let name = |m| names.get(layer, e, m).expect("every expert matrix is in the map");
         return Ok([
@@ -114,27 +113,30 @@ fn expert_f32(
             store.load_f32(name(ExpertMatrix::Down), &[hidden, inter], fp8)?,
         ]);
     }
-    // Fused [E, 2I, H] / [E, H, I]: decode just this expert's rows from the stored bytes.
-    let sub = |name: &str, per: usize| -> Result<Vec<f32>> {
-        let (file, t) =
-            store.get(name).ok_or_else(|| anyhow!("missing tensor `{name}` (and no per-expert tensors)"))?;
-        if t.dtype == ElementType::F8E4M3 {
-            bail!("{}: fused FP8 experts are not supported; convert from per-expert tensors", file.path().display());
-        }
-        let width = per * t.dtype.size_bytes();
-        let bytes = file.bytes(t)?;
-        let chunk = bytes
-            .get(e * width..(e + 1) * width)
-            .ok_or_else(|| anyhow!("{}: `{name}` too small for expert {e}", file.path().display()))?;
-        let mut out = vec![0f32; per];
-        decode_to_f32(t.dtype, chunk, &mut out).map_err(|m| anyhow!("{name}: {m}"))?;
-        Ok(out)
-    };
-    let (gate_up, down) = map.fused_names(layer);
-    let gate_up = sub(&gate_up, 2 * inter * hidden)?;
-    let down = sub(&down, hidden * inter)?;
-    let (gate, up) = gate_up.split_at(inter * hidden);
-    Ok([gate.to_vec(), up.to_vec(), down])
+    // Fused: just this expert's rows, decoded from the stored bytes.
+    let [g, u, d] = fused_expert(store, &map.fused_names(layer), map.fused_form, shape, e)?;
+    Ok([g, u, d].map(|m| dequantize(m.kind.with_f32_scales(), &m.payload, &m.scales, m.rows, m.cols)))
+}
+
+/// One fused expert kept as stored where the checkpoint already holds `kind` (gpt-oss's
+/// MXFP4 into an MXFP4 container: the nibbles and scales move as they are).
+fn fused_as_stored(
+    store: &WeightStore,
+    map: &WeightMap,
+    names: &ExpertNames,
+    layer: usize,
+    e: usize,
+    shape: ExpertShape,
+    kind: QuantKind,
+) -> Result<Option<[Encoded; 3]>> {
+    if names.get(layer, e, ExpertMatrix::Gate).is_some_and(|n| store.contains(n)) {
+        return Ok(None);
+    }
+    let ms = fused_expert(store, &map.fused_names(layer), map.fused_form, shape, e)?;
+    if ms.iter().any(|m| m.kind != kind) {
+        return Ok(None);
+    }
+    Ok(Some(ms.map(|m| (m.payload, m.scales))))
 }
 
 /// The MTP layers that carry routed experts in this checkpoint.
@@ -158,7 +160,11 @@ pub fn stored_expert_kind(src: &Path) -> Result<Option<QuantKind>> {
     let store = WeightStore::open_dir(src)?;
     let map = arch.weight_map();
     let names = ExpertNames::new(&map);
-    let Some(name) = moe.layers.first().and_then(|&l| names.get(l, 0, ExpertMatrix::Gate)) else { return Ok(None) };
+    let Some(&layer) = moe.layers.first() else { return Ok(None) };
+    if store.contains(&format!("{}_blocks", map.fused_names(layer).0)) {
+        return Ok(Some(QuantKind::Mxfp4));
+    }
+    let Some(name) = names.get(layer, 0, ExpertMatrix::Gate) else { return Ok(None) };
     store.quant_kind(name, moe.inter, moe.hidden).transpose()
 }
 
@@ -215,6 +221,7 @@ pub fn convert(
     w.finish()?;
 
     let (h, inter, n) = (moe.hidden, moe.inter, moe.experts_per_layer);
+    let shape = ExpertShape { experts: n, hidden: h, inter };
     let main_layers = moe.layers.clone();
     let mtp = mtp_layers(&moe.mtp_layers, &map, &names, &store);
     let mut tiers = vec![TierSpec {
@@ -238,10 +245,14 @@ pub fn convert(
     for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
         for &layer in layers {
             for e in 0..n {
-                let [(gq, gs), (uq, us), (dq, ds)] = match expert_as_stored(&store, &names, layer, e, h, inter, kind)? {
+                let kept = match expert_as_stored(&store, &names, layer, e, h, inter, kind)? {
+                    Some(stored) => Some(stored),
+                    None => fused_as_stored(&store, &map, &names, layer, e, shape, kind)?,
+                };
+                let [(gq, gs), (uq, us), (dq, ds)] = match kept {
                     Some(stored) => stored,
                     None => {
-                        let [g, u, d] = expert_f32(&store, &map, &names, layer, e, h, inter, arch.fp8_block())?;
+                        let [g, u, d] = expert_f32(&store, &map, &names, layer, e, shape, arch.fp8_block())?;
                         [quantize(kind, &g, inter, h), quantize(kind, &u, inter, h), quantize(kind, &d, h, inter)]
                     }
                 };

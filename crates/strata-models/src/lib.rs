@@ -17,6 +17,7 @@ mod fields;
 pub mod gemma4;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
+pub mod gpt_oss;
 pub mod kv;
 pub mod media;
 pub mod minimax_m2;

@@ -128,6 +128,10 @@ pub enum ChatFormat {
     /// `<|tool_calls_section_begin|>...<|tool_calls_section_end|>`, each
     /// `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>JSON<|tool_call_end|>`.
     Kimi,
+    /// gpt-oss's harmony: messages `<|start|>ROLE<|channel|>CHANNEL<|message|>TEXT<|end|>`;
+    /// reasoning on the `analysis` channel, the answer on `final`, tool calls on
+    /// `commentary` addressed `to=functions.NAME`, their JSON arguments ending in `<|call|>`.
+    Harmony,
 }
 
 pub use strata_experts::MoeLayout;
@@ -201,13 +205,14 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 7] = [
+    static FAMILIES: [&Family; 8] = [
         &crate::glm_moe_dsa::FAMILY,
         &crate::deepseek_v3::FAMILY,
         &crate::deepseek_v3::KIMI_FAMILY,
         &crate::glm4_moe::FAMILY,
         &crate::qwen3_moe::FAMILY,
         &crate::minimax_m2::FAMILY,
+        &crate::gpt_oss::FAMILY,
         &crate::gemma4::FAMILY,
     ];
     &FAMILIES

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use strata_backend::HostMatrix;
-use strata_kernels::{decode_to_f32, ElementType, QuantKind};
+use strata_kernels::{decode_to_f32, e8m0_scale, ElementType, QuantKind, MXFP4_GROUP};
 use strata_storage::WeightStore;
 
 /// What a tensor is for; decides how it is held and how synthetic values are drawn.
@@ -74,6 +74,23 @@ pub struct WeightMap {
     /// layout: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`), for families whose names
     /// differ from [`fused_expert_names`] (the default for layers not listed).
     pub fused: Vec<(usize, (String, String))>,
+    /// How the fused tensors lay the experts out.
+    pub fused_form: FusedForm,
+}
+
+/// How a checkpoint lays out a layer's fused experts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FusedForm {
+    /// transformers' runtime layout: `gate_up_proj [E, 2I, H]` (every gate row, then every
+    /// up row), `down_proj [E, H, I]`.
+    #[default]
+    Stacked,
+    /// gpt-oss's: gate and up rows interleaved (gate `2i`, up `2i + 1`), either as
+    /// `gate_up_proj [E, H, 2I]` and `down_proj [E, I, H]` (in x out, bf16 / f32), or in
+    /// MXFP4 as the checkpoints ship: `gate_up_proj_blocks [E, 2I, H/32, 16]` (u8, two
+    /// FP4 values a byte) with `gate_up_proj_scales [E, 2I, H/32]` (u8 e8m0), and
+    /// `down_proj_blocks [E, H, I/32, 16]` with `down_proj_scales [E, H, I/32]`.
+    Interleaved,
 }
 
 /// Parameters and bytes of one group.
@@ -116,7 +133,7 @@ impl WeightMap {
     pub fn fused_layers(&self, store: &WeightStore) -> Vec<usize> {
         let mut layers = fused_expert_layers(store);
         for (l, (gate_up, _)) in &self.fused {
-            if store.contains(gate_up) && !layers.contains(l) {
+            if (store.contains(gate_up) || store.contains(&format!("{gate_up}_blocks"))) && !layers.contains(l) {
                 layers.push(*l);
             }
         }
@@ -125,9 +142,11 @@ impl WeightMap {
 
     /// Whether `name` holds routed experts (per expert, or a layer's fused tensors).
     pub fn is_routed_expert(&self, name: &str) -> bool {
-        self.get(name).is_some_and(|s| s.expert.is_some())
-            || name.contains(".mlp.experts.")
-            || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
+        if let Some(s) = self.get(name) {
+            // (A mapped tensor under `mlp.experts.` that is not an expert: gpt-oss's biases.)
+            return s.expert.is_some();
+        }
+        name.contains(".mlp.experts.") || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
     }
 
     /// Checks every tensor against the checkpoint's headers: required ones present, every
@@ -222,7 +241,8 @@ impl WeightMap {
         let (gate_up, down) = self.fused_names(layer);
         [gate_up, down]
             .iter()
-            .filter_map(|n| store.get(n))
+            .flat_map(|n| ["", "_blocks", "_scales"].map(|suffix| format!("{n}{suffix}")))
+            .filter_map(|n| store.get(&n))
             .map(|(_, t)| t.byte_len() as u64 / t.shape.first().copied().unwrap_or(1).max(1) as u64)
             .sum()
     }
@@ -283,7 +303,7 @@ fn fused_group(name: &str) -> TensorGroup {
 pub fn fused_expert_layers(store: &WeightStore) -> Vec<usize> {
     store
         .names()
-        .filter(|n| n.ends_with(".mlp.experts.gate_up_proj"))
+        .filter(|n| n.ends_with(".mlp.experts.gate_up_proj") || n.ends_with(".mlp.experts.gate_up_proj_blocks"))
         .filter_map(|n| n.strip_prefix("model.layers.")?.split('.').next()?.parse().ok())
         .collect()
 }
@@ -430,17 +450,18 @@ pub struct ExpertShape {
 }
 
 /// One routed expert's (gate, up, down) as held: from its per-expert tensors `names`, or
-/// sliced out of the layer's fused 3-D tensors `fused` (`gate_up_proj [E, 2I, H]`,
-/// `down_proj [E, H, I]`, transformers' runtime layout; bf16 or f32).
+/// out of the layer's fused tensors `fused` laid out as `form` says.
+#[allow(clippy::too_many_arguments)]
 pub fn load_expert(
     store: &WeightStore,
     names: &[String; 3],
     fused: &(String, String),
+    form: FusedForm,
     shape: ExpertShape,
     e: usize,
     fp8_block: Option<(usize, usize)>,
 ) -> Result<[HostMatrix; 3]> {
-    let ExpertShape { experts: n, hidden: h, inter } = shape;
+    let ExpertShape { hidden: h, inter, .. } = shape;
     if store.contains(&names[0]) {
         return Ok([
             load_matrix(store, &names[0], [inter, h], Role::Linear, fp8_block)?,
@@ -448,37 +469,98 @@ pub fn load_expert(
             load_matrix(store, &names[2], [h, inter], Role::Linear, fp8_block)?,
         ]);
     }
-    // `last`: the expert's rows of this tensor are all copied out after this slice, so its
-    // pages can leave the footprint (a resident load would otherwise hold the whole
-    // checkpoint twice until it ends).
-    let slice = |tname: &str, shape: [usize; 3], row0: usize, rows: usize, last: bool| -> Result<HostMatrix> {
-        let (file, t) =
-            store.get(tname).ok_or_else(|| anyhow!("missing tensor `{}` (and no fused `{tname}`)", names[0]))?;
-        if t.shape != shape {
-            bail!(
-                "{}: tensor `{tname}` has shape {:?} but the config implies {shape:?}",
-                file.path().display(),
-                t.shape
-            );
+    if !store.contains(&fused.0) && !store.contains(&format!("{}_blocks", fused.0)) {
+        bail!("missing tensor `{}` (and no fused `{}`)", names[0], fused.0);
+    }
+    fused_expert(store, fused, form, shape, e)
+}
+
+/// Expert `e` of a layer's fused tensors, payloads as stored (bf16, f32 or MXFP4; other
+/// float types widened to f32). `last` releases the expert's pages once copied, so that a
+/// resident load does not hold the whole checkpoint twice until it ends.
+pub fn fused_expert(
+    store: &WeightStore,
+    (gate_up, down): &(String, String),
+    form: FusedForm,
+    shape: ExpertShape,
+    e: usize,
+) -> Result<[HostMatrix; 3]> {
+    let ExpertShape { experts: n, hidden: h, inter } = shape;
+    let mxfp4 = format!("{gate_up}_blocks");
+    Ok(match form {
+        FusedForm::Stacked => {
+            let gu = fused_rows(store, gate_up, [n, 2 * inter, h], e)?;
+            let (g, u) = gu.split_rows(inter);
+            [g, u, fused_rows(store, down, [n, h, inter], e)?]
         }
-        let kind = match t.dtype {
-            ElementType::BF16 => QuantKind::Bf16,
-            ElementType::F32 => QuantKind::F32,
-            other => bail!("{}: fused experts stored as {other:?} are not supported", file.path().display()),
-        };
-        let width = t.dtype.size_bytes();
-        let per_expert = shape[1] * shape[2] * width;
-        let bytes = file.bytes(t)?;
-        let start = e * per_expert + row0 * shape[2] * width;
-        let payload = bytes[start..start + rows * shape[2] * width].to_vec();
-        if last {
-            file.release_bytes(t, e * per_expert, (e + 1) * per_expert);
+        FusedForm::Interleaved if store.contains(&mxfp4) => {
+            let gu = fused_mxfp4(store, gate_up, [n, 2 * inter, h], e)?;
+            [gu.rows_where(|r| r % 2 == 0), gu.rows_where(|r| r % 2 == 1), fused_mxfp4(store, down, [n, h, inter], e)?]
         }
-        Ok(HostMatrix { kind, rows, cols: shape[2], payload, scales: Vec::new() })
+        FusedForm::Interleaved => {
+            // In x out: the expert's `[H, 2I]` transposed to `[2I, H]`, then split.
+            let gu = fused_rows(store, gate_up, [n, h, 2 * inter], e)?.transposed();
+            [
+                gu.rows_where(|r| r % 2 == 0),
+                gu.rows_where(|r| r % 2 == 1),
+                fused_rows(store, down, [n, inter, h], e)?.transposed(),
+            ]
+        }
+    })
+}
+
+/// Expert `e`'s `[rows, cols]` slice of a fused `[E, rows, cols]` float tensor.
+fn fused_rows(store: &WeightStore, name: &str, shape: [usize; 3], e: usize) -> Result<HostMatrix> {
+    let (file, t) = store.get(name).ok_or_else(|| anyhow!("missing tensor `{name}`"))?;
+    let path = file.path().display();
+    if t.shape != shape {
+        bail!("{path}: tensor `{name}` has shape {:?} but the config implies {shape:?}", t.shape);
+    }
+    let (rows, cols) = (shape[1], shape[2]);
+    let per = rows * cols * t.dtype.size_bytes();
+    let bytes = &file.bytes(t)?[e * per..(e + 1) * per];
+    let m = match t.dtype {
+        ElementType::BF16 => {
+            HostMatrix { kind: QuantKind::Bf16, rows, cols, payload: bytes.to_vec(), scales: Vec::new() }
+        }
+        ElementType::F32 => {
+            HostMatrix { kind: QuantKind::F32, rows, cols, payload: bytes.to_vec(), scales: Vec::new() }
+        }
+        ElementType::F8E4M3 => bail!("{path}: fused FP8 experts (`{name}`) are not supported"),
+        dtype => {
+            let mut v = vec![0f32; rows * cols];
+            decode_to_f32(dtype, bytes, &mut v).map_err(|m| anyhow!("{path}: tensor `{name}`: {m}"))?;
+            HostMatrix::f32(rows, cols, &v)
+        }
     };
-    Ok([
-        slice(&fused.0, [n, 2 * inter, h], 0, inter, false)?,
-        slice(&fused.0, [n, 2 * inter, h], inter, inter, true)?,
-        slice(&fused.1, [n, h, inter], 0, h, true)?,
-    ])
+    file.release_bytes(t, e * per, (e + 1) * per);
+    Ok(m)
+}
+
+/// Expert `e`'s `[rows, cols]` MXFP4 matrix from `{name}_blocks [E, rows, cols/32, 16]`
+/// and `{name}_scales [E, rows, cols/32]`: the nibbles are strata's MXFP4 payload as they
+/// are (low nibble first), the e8m0 codes its scales.
+fn fused_mxfp4(store: &WeightStore, name: &str, [n, rows, cols]: [usize; 3], e: usize) -> Result<HostMatrix> {
+    let part = |suffix: &str, shape: &[usize]| -> Result<Vec<u8>> {
+        let tname = format!("{name}_{suffix}");
+        let (file, t) = store.get(&tname).ok_or_else(|| anyhow!("missing tensor `{tname}`"))?;
+        let path = file.path().display();
+        if t.dtype != ElementType::U8 {
+            bail!("{path}: tensor `{tname}` is {:?}; MXFP4 {suffix} are u8", t.dtype);
+        }
+        if t.shape != shape {
+            bail!("{path}: tensor `{tname}` has shape {:?} but the config implies {shape:?}", t.shape);
+        }
+        let per = t.byte_len() / n;
+        let bytes = file.bytes(t)?[e * per..(e + 1) * per].to_vec();
+        file.release_bytes(t, e * per, (e + 1) * per);
+        Ok(bytes)
+    };
+    if !cols.is_multiple_of(MXFP4_GROUP) {
+        bail!("`{name}`: MXFP4 rows of {cols} values are not whole blocks of {MXFP4_GROUP}");
+    }
+    let groups = cols / MXFP4_GROUP;
+    let payload = part("blocks", &[n, rows, groups, MXFP4_GROUP / 2])?;
+    let scales = part("scales", &[n, rows, groups])?.into_iter().map(e8m0_scale).collect();
+    Ok(HostMatrix { kind: QuantKind::Mxfp4, rows, cols, payload, scales })
 }

@@ -106,7 +106,7 @@ impl Grammars {
             Format::JsonObject => format!("%json {}", json_options(json!({"type": "object"}))),
             Format::JsonSchema(s) => format!("%json {}", json_options(s.clone())),
             Format::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
-            Format::Lark(l) if !think => return Ok(l.clone()),
+            Format::Lark(l) if !think && self.syntax != Syntax::Harmony => return Ok(l.clone()),
             Format::Lark(l) => {
                 // The user's grammar, its start rule renamed to go after the reasoning.
                 for line in l.lines() {
@@ -116,6 +116,29 @@ impl Grammars {
                     }
                 }
                 "user_start".to_string()
+            }
+            Format::ToolCalls { tools, .. } if self.syntax == Syntax::Harmony => {
+                // A call as the template writes one after `<|start|>assistant`:
+                // ` to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`.
+                // A harmony call ends the turn, so there is one a turn.
+                use crate::harmony::{CALL, CHANNEL, MESSAGE};
+                let names: Vec<String> = tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let (name, params, _) = tool_parts(t.get("function").unwrap_or(t));
+                        g.push_str(&format!(
+                            "call{i}: {} {} {} call{i}_args {}\ncall{i}_args: %json {}\n",
+                            quote(&format!(" to=functions.{name}")),
+                            self.marker(CHANNEL),
+                            format_args!("{} {}", quote("commentary json"), self.marker(MESSAGE)),
+                            self.marker(CALL),
+                            call_arguments(params)
+                        ));
+                        format!("call{i}")
+                    })
+                    .collect();
+                names.join(" | ")
             }
             Format::ToolCalls { tools, parallel } if self.syntax == Syntax::Gemma => {
                 let names: Vec<String> = tools
@@ -213,12 +236,35 @@ impl Grammars {
                 }
             }
         };
+        if self.syntax == Syntax::Harmony {
+            return Ok(g + &self.harmony_start(&body, think, matches!(format, Format::ToolCalls { .. })));
+        }
         let prefix = if think { format!("REASONING {} ", self.marker(self.syntax.think().1)) } else { String::new() };
         g.push_str(&format!("start: {prefix}body\nbody: {body}\n"));
         if think {
             g.push_str("REASONING: /[^<]*/\n");
         }
         Ok(g)
+    }
+
+    /// Harmony's start rule: an analysis message (optional; its rest only, where the prompt
+    /// opened it), then `body` as a call (`call`) or on the final channel.
+    fn harmony_start(&self, body: &str, think: bool, call: bool) -> String {
+        use crate::harmony::{CHANNEL, END, MESSAGE, START};
+        let next = format!("{} {} \"assistant\"", self.marker(END), self.marker(START));
+        let prefix = match think {
+            true => format!("REASONING {next} "),
+            false => "analysis? ".to_string(),
+        };
+        let head = match call {
+            true => String::new(),
+            false => format!("{} \"final\" {} ", self.marker(CHANNEL), self.marker(MESSAGE)),
+        };
+        format!(
+            "start: {prefix}{head}body\nbody: {body}\nanalysis: {} \"analysis\" {} REASONING {next}\nREASONING: /[^<]*/\n",
+            self.marker(CHANNEL),
+            self.marker(MESSAGE)
+        )
     }
 
     /// One tool's call: its name, then its arguments (required ones always, in the

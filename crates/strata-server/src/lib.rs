@@ -21,6 +21,7 @@ pub mod common;
 pub mod error;
 pub mod fetch;
 pub mod grammar;
+pub mod harmony;
 pub mod media;
 pub mod metrics;
 pub mod openai;

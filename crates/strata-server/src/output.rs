@@ -2,6 +2,7 @@
 //! `<think>...</think>`, Gemma 4's `<|channel>thought ... <channel|>`), answer text, and tool calls ([`crate::tools`]), whole or as a
 //! stream of deltas.
 
+use crate::harmony::HarmonyStream;
 use crate::syntax::Syntax;
 use crate::tools::{partial_suffix, Piece, ToolCall, ToolStream};
 use serde_json::Value;
@@ -101,10 +102,12 @@ impl ThinkSplit {
     }
 }
 
-/// Reasoning split (optional), then tool calls (optional) on the answer text.
+/// Reasoning split (optional), then tool calls (optional) on the answer text; or, for
+/// harmony (gpt-oss), its channels parsed as a whole.
 pub struct OutputParser {
     think: Option<ThinkSplit>,
     tools: Option<ToolStream>,
+    harmony: Option<HarmonyStream>,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -123,19 +126,28 @@ impl OutputParser {
 
     /// [`OutputParser::new`] for a model whose output follows `syntax`.
     pub fn with_syntax(syntax: Syntax, think: Option<bool>, tools: Option<Value>) -> Self {
+        if syntax == Syntax::Harmony {
+            // Harmony's channel markup never reaches the answer, reasoning asked for or not.
+            let harmony = Some(HarmonyStream::new(tools, think == Some(true)));
+            return Self { think: None, tools: None, harmony };
+        }
         Self {
             think: think.map(|inside| ThinkSplit::with_syntax(syntax, inside)),
             tools: tools.map(|t| ToolStream::with_syntax(syntax, Some(t))),
+            harmony: None,
         }
     }
 
     /// Whether the output is parsed at all (else it is plain text).
     pub fn active(&self) -> bool {
-        self.think.is_some() || self.tools.is_some()
+        self.think.is_some() || self.tools.is_some() || self.harmony.is_some()
     }
 
     pub fn calls(&self) -> usize {
-        self.tools.as_ref().map_or(0, ToolStream::calls)
+        match &self.harmony {
+            Some(h) => h.calls(),
+            None => self.tools.as_ref().map_or(0, ToolStream::calls),
+        }
     }
 
     fn answer(&mut self, out: &mut Vec<Piece>, text: &str) {
@@ -149,6 +161,9 @@ impl OutputParser {
     }
 
     pub fn push(&mut self, delta: &str) -> Vec<Piece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.push(delta);
+        }
         let (reasoning, answer) = match self.think.as_mut() {
             Some(t) => t.push(delta),
             None => (String::new(), delta.to_string()),
@@ -162,6 +177,9 @@ impl OutputParser {
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.finish();
+        }
         let (reasoning, answer) = self.think.as_mut().map(ThinkSplit::finish).unwrap_or_default();
         let mut out = Vec::new();
         if !reasoning.is_empty() {

@@ -28,6 +28,8 @@
 //!   `<|tool_calls_section_begin|>...<|tool_calls_section_end|>` block holds one or more
 //!   `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`,
 //!   ARGS JSON.
+//! - gpt-oss (harmony): messages on channels, parsed by [`crate::harmony`] as a whole
+//!   (reasoning, answer text and calls), not by the marker pairs below.
 
 use crate::tools::{declared_type, ToolCall};
 use serde_json::{Map, Value};
@@ -42,6 +44,7 @@ pub enum Syntax {
     MiniMax,
     DeepSeek,
     Kimi,
+    Harmony,
 }
 
 /// DeepSeek's markers inside a call block.
@@ -63,6 +66,7 @@ impl Syntax {
             ChatFormat::MiniMax => Self::MiniMax,
             ChatFormat::DeepSeek => Self::DeepSeek,
             ChatFormat::Kimi => Self::Kimi,
+            ChatFormat::Harmony => Self::Harmony,
         }
     }
 
@@ -71,6 +75,7 @@ impl Syntax {
         match self {
             Self::Glm | Self::Qwen | Self::MiniMax | Self::DeepSeek | Self::Kimi => ("<think>", "</think>"),
             Self::Gemma => ("<|channel>thought", "<channel|>"),
+            Self::Harmony => ("<|channel|>analysis<|message|>", crate::harmony::END),
         }
     }
 
@@ -82,6 +87,7 @@ impl Syntax {
             Self::Gemma => ("<|tool_call>", "<tool_call|>"),
             Self::DeepSeek => ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
             Self::Kimi => ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+            Self::Harmony => (crate::harmony::CHANNEL, crate::harmony::CALL),
         }
     }
 
@@ -104,6 +110,10 @@ impl Syntax {
             Self::Gemma => m.push(GEMMA_QUOTE),
             Self::DeepSeek => m.extend([DEEPSEEK_CALL.0, DEEPSEEK_CALL.1, DEEPSEEK_SEP]),
             Self::Kimi => m.extend([KIMI_CALL.0, KIMI_CALL.1, KIMI_ARGS]),
+            Self::Harmony => {
+                use crate::harmony::*;
+                m = vec![START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN];
+            }
             _ => {}
         }
         m
@@ -120,6 +130,8 @@ impl Syntax {
             Self::MiniMax => parse_minimax_calls(body, tools),
             Self::DeepSeek => parse_marked_calls(body, DEEPSEEK_CALL, deepseek_call),
             Self::Kimi => parse_marked_calls(body, KIMI_CALL, kimi_call),
+            // (Harmony's calls are whole messages: crate::harmony.)
+            Self::Harmony => None,
         }
     }
 }

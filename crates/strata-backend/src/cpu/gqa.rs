@@ -1,11 +1,12 @@
 //! Grouped-query attention on the CPU: queries and keys normalised per head (where the
 //! family has q/k norms) and rotated (half-split RoPE on the leading `rotary` dims), keys
 //! and values cached per position, then causal (optionally windowed) softmax attention
-//! of each query head over its KV head's cache.
+//! of each query head over its KV head's cache (with a per-head sink logit in the
+//! softmax where the family has one: gpt-oss).
 
 use super::{CpuBackend, Shared};
 use crate::{GqaAttend, GqaPrepare, Step};
-use strata_kernels::ops::{axpy, dot, rms_norm_inplace, rope_halves, softmax_inplace};
+use strata_kernels::ops::{axpy, dot, rms_norm_inplace, rope_halves, softmax_inplace, softmax_with_sink};
 use strata_kernels::pool::Ctx;
 
 pub(crate) fn prepare(b: &CpuBackend, step: &Step, a: GqaPrepare<'_, CpuBackend>) {
@@ -46,7 +47,10 @@ pub(crate) fn attend(b: &CpuBackend, step: &Step, a: GqaAttend<'_, CpuBackend>) 
     let rows = step.rows();
     let (hd, group) = (d.head_dim, d.heads / d.kv_heads.max(1));
     let (kvw, width) = (d.kv_heads * hd, d.cache_width());
-    let (q, cache) = (&a.q[..], &a.cache[..]);
+    let (q, cache, sinks) = (&a.q[..], &a.cache[..], a.sinks.map(|s| &s[..]));
+    if let Some(s) = sinks {
+        assert_eq!(s.len(), d.heads, "gqa_attend: {} sinks for {} heads", s.len(), d.heads);
+    }
     let out = Shared::new(a.out.as_mut_ptr());
     // A window bounds what a row sees from below, by its own position (rows that also see
     // later rows of their image block keep that bound).
@@ -70,7 +74,11 @@ pub(crate) fn attend(b: &CpuBackend, step: &Step, a: GqaAttend<'_, CpuBackend>) 
                 }
             }
             for j in 0..group {
-                softmax_inplace(&mut scores[j * n..(j + 1) * n]);
+                let head = &mut scores[j * n..(j + 1) * n];
+                match sinks {
+                    Some(s) => softmax_with_sink(head, s[g * group + j]),
+                    None => _ = softmax_inplace(head),
+                }
                 // SAFETY: (row, head) outputs of this KV head are this thread's.
                 unsafe { out.slice_mut((r * d.heads + g * group + j) * hd, hd) }.fill(0.0);
             }

@@ -24,12 +24,19 @@ use std::sync::Mutex;
 use strata_kernels::pool::{self, Ctx, ThreadPool};
 use strata_kernels::{dequant_row, ExpertRunner, KernelPath, Out, Product, QMatrix, QuantKind, Staging};
 
-/// A matrix held in host memory in its stored precision.
-pub struct CpuMat(HostMatrix);
+/// A matrix held in host memory in its stored precision (MXFP4's scales as their e8m0
+/// codes, which its kernels read).
+pub struct CpuMat {
+    m: HostMatrix,
+    e8m0: Vec<u8>,
+}
 
 impl CpuMat {
     pub fn q(&self) -> QMatrix<'_> {
-        self.0.view()
+        match self.m.kind {
+            QuantKind::Mxfp4 => QMatrix { scales: strata_kernels::Scales::E8m0(&self.e8m0), ..self.m.view() },
+            _ => self.m.view(),
+        }
     }
 }
 
@@ -216,12 +223,18 @@ impl Backend for CpuBackend {
     }
 
     fn matrix(&self, m: HostMatrix) -> Result<CpuMat> {
-        m.validate()?;
-        Ok(CpuMat(m))
+        let e8m0 = match m.kind {
+            QuantKind::Mxfp4 => m.stored_scales()?,
+            _ => {
+                m.validate()?;
+                Vec::new()
+            }
+        };
+        Ok(CpuMat { m, e8m0 })
     }
 
     fn mat_shape(&self, m: &CpuMat) -> (usize, usize) {
-        (m.0.rows, m.0.cols)
+        (m.m.rows, m.m.cols)
     }
 
     fn expert_ref<'a>(&self, gate: &'a CpuMat, up: &'a CpuMat, down: &'a CpuMat) -> CpuExpert<'a> {
@@ -550,6 +563,7 @@ impl Backend for CpuBackend {
         x: &Vec<f32>,
         rows: usize,
         gate: &CpuMat,
+        gate_bias: Option<&Vec<f32>>,
         expert_scale: &Vec<f32>,
         routing: crate::SoftmaxRouting,
         logits: &mut Vec<f32>,
@@ -557,7 +571,18 @@ impl Backend for CpuBackend {
         weights: &mut Vec<f32>,
     ) {
         let _t = Timer::start(Op::Route);
-        softmax_route::route_softmax(self, x, rows, gate, expert_scale, routing, logits, ids, weights)
+        softmax_route::route_softmax(
+            self,
+            x,
+            rows,
+            gate,
+            gate_bias.map(|v| &v[..]),
+            expert_scale,
+            routing,
+            logits,
+            ids,
+            weights,
+        )
     }
 
     fn gqa_query(&self, step: &Step, a: crate::GqaQuery<'_, Self>) {

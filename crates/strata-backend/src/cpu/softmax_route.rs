@@ -1,4 +1,5 @@
-//! Softmax routing on the CPU: the router logits as one product,
+//! Softmax routing on the CPU: the router logits as one product (plus the router's bias,
+//! where it has one),
 //! then per row the softmax, the top-k probabilities (exact ties to the lower id), their
 //! renormalisation (where asked) and a per-expert scale.
 
@@ -13,6 +14,7 @@ pub(crate) fn route_softmax(
     x: &[f32],
     rows: usize,
     gate: &CpuMat,
+    gate_bias: Option<&[f32]>,
     expert_scale: &[f32],
     routing: crate::SoftmaxRouting,
     logits: &mut [f32],
@@ -23,6 +25,7 @@ pub(crate) fn route_softmax(
     let (n, hidden, k) = (g.rows, g.cols, routing.top_k);
     assert!(k > 0 && k <= n, "route_softmax: top_k {k} outside 1..={n}");
     assert_eq!(expert_scale.len(), n, "route_softmax: {} expert scales for {n} experts", expert_scale.len());
+    assert!(gate_bias.is_none_or(|v| v.len() == n), "route_softmax: a router bias of another length than {n}");
     assert!(logits.len() >= rows * n && ids.len() >= rows * k && weights.len() >= rows * k);
     let path = b.path();
     let mut staging = Staging::default();
@@ -40,7 +43,11 @@ pub(crate) fn route_softmax(
             let mut probs = b.scratch(c.id, n);
             let p = &mut probs[..n];
             // SAFETY: the logits are complete (barrier); row r's outputs are this thread's.
-            p.copy_from_slice(unsafe { std::slice::from_raw_parts(lp.ptr().add(r * n), n) });
+            let row = unsafe { lp.slice_mut(r * n, n) };
+            if let Some(bias) = gate_bias {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+            p.copy_from_slice(row);
             softmax_inplace(p);
             let p = &*p;
             let mut chosen = b.iscratch(c.id, k + 1);
@@ -76,14 +83,23 @@ mod tests {
         let w: Vec<f32> = rand_vec(n * hidden, 2).iter().map(|v| v * 2.0).collect();
         let scale: Vec<f32> = rand_vec(n, 3).iter().map(|v| 1.0 + v * 0.5).collect();
         let gate = b.matrix(HostMatrix::f32(n, hidden, &w)).unwrap();
-        for renormalize in [true, false] {
+        // gpt-oss's router adds a bias to the logits.
+        let bias: Vec<f32> = rand_vec(n, 4).iter().map(|v| v * 3.0).collect();
+        for (renormalize, with_bias) in [(true, false), (false, false), (true, true)] {
             let (mut logits, mut ids, mut weights) = (vec![0f32; rows * n], vec![0u32; rows * k], vec![0f32; rows * k]);
             let routing = crate::SoftmaxRouting { top_k: k, renormalize };
-            route_softmax(&b, &x, rows, &gate, &scale, routing, &mut logits, &mut ids, &mut weights);
+            let gb = with_bias.then_some(&bias[..]);
+            route_softmax(&b, &x, rows, &gate, gb, &scale, routing, &mut logits, &mut ids, &mut weights);
             for r in 0..rows {
                 let l: Vec<f64> = (0..n)
-                    .map(|e| (0..hidden).map(|i| x[r * hidden + i] as f64 * w[e * hidden + i] as f64).sum())
+                    .map(|e| {
+                        let dot: f64 = (0..hidden).map(|i| x[r * hidden + i] as f64 * w[e * hidden + i] as f64).sum();
+                        dot + if with_bias { bias[e] as f64 } else { 0.0 }
+                    })
                     .collect();
+                for (e, want) in l.iter().enumerate() {
+                    assert!((logits[r * n + e] as f64 - want).abs() < 1e-4, "row {r} logit {e}");
+                }
                 let m = l.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = l.iter().map(|v| (v - m).exp()).sum();
                 let p: Vec<f64> = l.iter().map(|v| (v - m).exp() / z).collect();

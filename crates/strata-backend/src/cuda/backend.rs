@@ -335,6 +335,7 @@ impl Backend for CudaBackend {
         x: &DevBuf<f32>,
         rows: usize,
         gate: &CudaMat,
+        gate_bias: Option<&DevBuf<f32>>,
         expert_scale: &DevBuf<f32>,
         routing: crate::SoftmaxRouting,
         logits: &mut DevBuf<f32>,
@@ -342,7 +343,7 @@ impl Backend for CudaBackend {
         weights: &mut DevBuf<f32>,
     ) {
         let _t = Timer::start(Op::Route);
-        ops::route_softmax(self, x, rows, gate, expert_scale, routing, logits, ids, weights);
+        ops::route_softmax(self, x, rows, gate, gate_bias, expert_scale, routing, logits, ids, weights);
         self.profiled();
     }
 

@@ -1,7 +1,7 @@
-//! Grouped-query attention (Llama / GLM-4 / Gemma shape): q/k/v projections (optionally
-//! biased), optional q/k RMSNorm (per head, or over the whole projection as MiniMax-M2
+//! Grouped-query attention (Llama / GLM-4 / Gemma / gpt-oss shape): q/k/v/o projections
+//! (optionally biased), optional q/k RMSNorm (per head, or over the whole projection as MiniMax-M2
 //! does), half-split RoPE on the leading rotary dims, K/V cached per position, softmax
-//! attention, output projection added to the residual.
+//! attention (optionally with per-head sinks), output projection added to the residual.
 
 use anyhow::Result;
 use strata_backend::{Backend, GqaAttend, GqaDims, GqaPrepare, LinearOut, Step};
@@ -19,6 +19,9 @@ pub struct GqaWeights<B: Backend> {
     /// `kv_heads * head_dim`) instead of one head.
     pub full_norm: bool,
     pub o: B::Mat,
+    pub o_bias: Option<B::Buf>,
+    /// One sink logit a head (gpt-oss).
+    pub sinks: Option<B::Buf>,
 }
 
 /// Activations of GQA layers for forwards of up to `rows` rows.
@@ -90,7 +93,7 @@ impl<B: Backend> GqaWeights<B> {
             _ => (&mut s.q, &s.k, self.q_norm.as_ref(), self.k_norm.as_ref()),
         };
         b.gqa_prepare(step, GqaPrepare { dims: d, q: &mut *q, k, v: &s.v, q_norm, k_norm, eps, cos, sin, cache });
-        b.gqa_attend(step, GqaAttend { dims: d, q: &*q, cache, out: &mut s.attn });
-        b.linears(&s.attn, rows, &mut [LinearOut::add(b, &self.o, x)]);
+        b.gqa_attend(step, GqaAttend { dims: d, q: &*q, cache, sinks: self.sinks.as_ref(), out: &mut s.attn });
+        b.linears(&s.attn, rows, &mut [LinearOut { bias: self.o_bias.as_ref(), ..LinearOut::add(b, &self.o, x) }]);
     }
 }

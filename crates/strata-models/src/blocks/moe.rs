@@ -60,7 +60,8 @@ pub enum Router<B: Backend> {
     /// `routing` says (a softmax after top-k is the renormalised form), each times
     /// `expert_scale[id]` (Gemma 4's scale; the routed scaling factor, or ones, where a
     /// family has no such scale).
-    Softmax { gate: B::Mat, expert_scale: B::Buf, routing: SoftmaxRouting },
+    /// `gate_bias`: added to the logits (gpt-oss's router).
+    Softmax { gate: B::Mat, gate_bias: Option<B::Buf>, expert_scale: B::Buf, routing: SoftmaxRouting },
 }
 
 impl<B: Backend> Router<B> {
@@ -162,9 +163,17 @@ impl<B: Backend> Moe<B> {
             Router::Noaux { gate, bias, params } => {
                 b.route_noaux(xr, rows, gate, bias, *params, &mut s.logits, &mut s.ids, &mut s.weights)
             }
-            Router::Softmax { gate, expert_scale, routing } => {
-                b.route_softmax(xr, rows, gate, expert_scale, *routing, &mut s.logits, &mut s.ids, &mut s.weights)
-            }
+            Router::Softmax { gate, gate_bias, expert_scale, routing } => b.route_softmax(
+                xr,
+                rows,
+                gate,
+                gate_bias.as_ref(),
+                expert_scale,
+                *routing,
+                &mut s.logits,
+                &mut s.ids,
+                &mut s.weights,
+            ),
         }
         if to_host {
             let n = rows * self.top_k();
@@ -429,6 +438,7 @@ mod tests {
             layer: 0,
             router: Router::Softmax {
                 gate: up(&router),
+                gate_bias: None,
                 expert_scale: b.upload(&vec![scale; experts]).unwrap(),
                 routing: SoftmaxRouting { top_k, renormalize: false },
             },

@@ -5,12 +5,13 @@
 use super::model::{Decoder, Layer};
 use super::weights::{name, spec, weight_map, Key, LayerKey};
 use super::{DecoderSpec, QkNorm, Routing};
+use crate::blocks::moe::ExpertBiases;
 use crate::blocks::{ExpertSource, Ffn, GqaWeights, Moe, SwiGlu};
-use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
+use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape, FusedForm};
 use crate::ModelInfo;
 use anyhow::Result;
 use std::sync::Arc;
-use strata_backend::{Backend, GateAct, RouterParams, SoftmaxRouting};
+use strata_backend::{Backend, RouterParams, SoftmaxRouting};
 use strata_experts::{ExpertProvider, ResidentExperts};
 use strata_storage::WeightStore;
 
@@ -18,6 +19,7 @@ struct Loader<'a, B: Backend> {
     b: &'a B,
     store: &'a WeightStore,
     cfg: &'a DecoderSpec,
+    form: FusedForm,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -48,7 +50,8 @@ impl<B: Backend> Loader<'_, B> {
         let names = [per(ExpertMatrix::Gate), per(ExpertMatrix::Up), per(ExpertMatrix::Down)];
         let cfg = self.cfg;
         let shape = ExpertShape { experts: cfg.experts, hidden: cfg.hidden_size, inter: cfg.moe_intermediate_size };
-        let [g, u, d] = load_expert(self.store, &names, &fused_expert_names(layer), shape, e, cfg.fp8_block)?;
+        let [g, u, d] =
+            load_expert(self.store, &names, &fused_expert_names(layer), self.form, shape, e, cfg.fp8_block)?;
         Ok([self.b.matrix(g)?, self.b.matrix(u)?, self.b.matrix(d)?])
     }
 
@@ -67,6 +70,8 @@ impl<B: Backend> Loader<'_, B> {
             k_norm: self.opt_vec(k(KNorm), qk_norm)?,
             full_norm: self.cfg.qk_norm == QkNorm::Full,
             o: self.mat(k(O))?,
+            o_bias: self.opt_vec(k(OBias), self.cfg.o_bias)?,
+            sinks: self.opt_vec(k(Sinks), self.cfg.sinks)?,
         })
     }
 
@@ -82,6 +87,7 @@ impl<B: Backend> Loader<'_, B> {
             },
             Routing::Softmax { renormalize } => crate::blocks::Router::Softmax {
                 gate,
+                gate_bias: self.opt_vec(Key::Layer(i, RouterBias), cfg.router_bias)?,
                 expert_scale: self.b.upload(&vec![1.0; cfg.experts])?,
                 routing: SoftmaxRouting { top_k: cfg.top_k, renormalize },
             },
@@ -93,7 +99,23 @@ impl<B: Backend> Loader<'_, B> {
             }),
             false => None,
         };
-        Ok(Moe { layer: i, router, experts: cfg.experts, act: GateAct::Silu, biases: None, shared })
+        let biases = match cfg.expert_biases {
+            true => Some(self.expert_biases(i)?),
+            false => None,
+        };
+        Ok(Moe { layer: i, router, experts: cfg.experts, act: cfg.expert_act, biases, shared })
+    }
+
+    /// gpt-oss's expert biases: `gate_up_proj_bias [E, 2I]` (gate and up interleaved, as
+    /// the fused experts are) split into gate and up `[E, I]`; `down_proj_bias [E, H]`.
+    fn expert_biases(&self, i: usize) -> Result<ExpertBiases<B>> {
+        let (n, inter, h) = (self.cfg.experts, self.cfg.moe_intermediate_size, self.cfg.hidden_size);
+        let name = |k| name(self.cfg.naming, Key::Layer(i, k));
+        let gate_up = self.store.load_f32(&name(LayerKey::ExpertGateUpBias), &[n, 2 * inter], None)?;
+        let gate: Vec<f32> = gate_up.iter().step_by(2).copied().collect();
+        let up: Vec<f32> = gate_up.iter().skip(1).step_by(2).copied().collect();
+        let down = self.store.load_f32(&name(LayerKey::ExpertDownBias), &[n, h], None)?;
+        Ok(ExpertBiases { gate: self.b.upload(&gate)?, up: self.b.upload(&up)?, down: self.b.upload(&down)? })
     }
 }
 
@@ -110,7 +132,7 @@ impl<B: Backend> Decoder<B> {
         let map = weight_map(&cfg);
         map.check(store, provider.is_some())?;
         map.check_no_strangers(store)?;
-        let ld = Loader { b: &b, store, cfg: &cfg };
+        let ld = Loader { b: &b, store, cfg: &cfg, form: map.fused_form };
         let embed = ld.mat(Key::Embed)?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(ld.mat(Key::LmHead)?) };
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -141,8 +163,8 @@ impl<B: Backend> Decoder<B> {
         };
         Ok(Self {
             info,
-            dims: cfg.gqa_dims(),
-            rope_inv: strata_kernels::ops::rope_inv_freq(cfg.rotary_dim, cfg.rope_theta),
+            dims: (0..cfg.num_layers).map(|l| cfg.gqa_dims(l)).collect(),
+            rope_inv: cfg.rope.inv_freq(cfg.rotary_dim),
             b,
             embed,
             lm_head,

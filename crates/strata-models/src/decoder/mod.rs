@@ -1,11 +1,13 @@
 //! The pre-norm decoder most MoE families share: per layer, RMSNorm -> grouped-query
-//! attention (optional q/k/v biases, per-head q/k RMSNorm, half-split RoPE over the
-//! leading `rotary` dims of each head, an optional sliding window) -> residual, then
-//! RMSNorm -> a dense SwiGLU or a routed MoE (with or without a shared expert) ->
-//! residual; final RMSNorm and LM head. Tensors are named as Llama-style Hub checkpoints
+//! attention (optional q/k/v/o biases, per-head q/k RMSNorm, half-split RoPE (plain or
+//! YaRN) over the leading `rotary` dims of each head, a sliding window on some or all
+//! layers, optional per-head sinks) -> residual, then RMSNorm -> a dense SwiGLU or a
+//! routed MoE (with or without a shared expert, a router bias, expert biases, a clamped
+//! SwiGLU) -> residual; final RMSNorm and LM head. Tensors are named as Llama-style Hub checkpoints
 //! name them (`model.layers.N.self_attn.q_proj.weight`, `mlp.experts.E.gate_proj.weight`).
 //!
-//! A family whose model is this decoder (GLM-4.5 `glm4_moe`, Qwen3-MoE `qwen3_moe`)
+//! A family whose model is this decoder (GLM-4.5 `glm4_moe`, Qwen3-MoE `qwen3_moe`,
+//! MiniMax-M2 `minimax_m2`, gpt-oss `gpt_oss`)
 //! parses its config into a [`DecoderSpec`] and delegates its weight map, plan figures
 //! and loading here; its folder keeps only what is its own (the config, the routing).
 //!
@@ -20,12 +22,13 @@ pub use model::{Decoder, DecoderSession};
 
 use crate::blocks::{GqaScratch, MoeScratch};
 use crate::registry::{Arch, Device, Family, LoadSpec, MoeLayout};
+use crate::rope::Rope;
 use crate::weights::WeightMap;
 use crate::{Model, ModelInfo};
 use anyhow::{bail, Result};
 use serde_json::Value;
 use strata_backend::cpu::CpuBackend;
-use strata_backend::GqaDims;
+use strata_backend::{GateAct, GqaDims};
 use strata_storage::WeightStore;
 
 /// How a MoE layer chooses its experts.
@@ -56,6 +59,10 @@ pub enum Naming {
     /// Mixtral's: `block_sparse_moe.gate`, `block_sparse_moe.e_score_correction_bias`,
     /// `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
     Mixtral,
+    /// gpt-oss's: `mlp.router.{weight,bias}`, the experts fused with gate and up rows
+    /// interleaved (`mlp.experts.gate_up_proj[_blocks|_scales|_bias]`,
+    /// `mlp.experts.down_proj[...]`), `self_attn.sinks`.
+    GptOss,
 }
 
 /// Everything about a checkpoint's decoder that shapes its tensors and its forward.
@@ -69,12 +76,17 @@ pub struct DecoderSpec {
     pub head_dim: usize,
     /// Leading dims of each head that RoPE rotates.
     pub rotary_dim: usize,
-    pub rope_theta: f64,
+    pub rope: Rope,
     pub rms_norm_eps: f64,
     pub max_position_embeddings: usize,
-    /// Sliding-window attention on every layer, where the config turns it on.
-    pub window: Option<usize>,
+    /// Per layer: its sliding window, where it has one.
+    pub windows: Vec<Option<usize>>,
+    /// Biases on the q, k and v projections.
     pub attention_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
+    /// Per-head attention sinks (`self_attn.sinks`).
+    pub sinks: bool,
     pub qk_norm: QkNorm,
     pub naming: Naming,
     pub tie_word_embeddings: bool,
@@ -86,6 +98,12 @@ pub struct DecoderSpec {
     pub top_k: usize,
     pub moe_intermediate_size: usize,
     pub routing: Routing,
+    /// A bias on the router's logits (gpt-oss; softmax routing).
+    pub router_bias: bool,
+    /// The routed experts' activation.
+    pub expert_act: GateAct,
+    /// Biases on the routed experts' products (gpt-oss).
+    pub expert_biases: bool,
     /// The shared expert's width (`n_shared_experts * moe_intermediate_size`); 0: none.
     pub shared_intermediate_size: usize,
     /// MTP layers after the main ones: described (inspect, convert), not run.
@@ -107,14 +125,17 @@ impl DecoderSpec {
         self.shared_intermediate_size > 0
     }
 
-    pub fn gqa_dims(&self) -> GqaDims {
+    /// Layer `layer`'s attention. YaRN multiplies cos and sin by its attention factor, so
+    /// q.k by its square: over a fully rotated head that is the softmax scale's factor.
+    pub fn gqa_dims(&self, layer: usize) -> GqaDims {
+        let factor = self.rope.attention_factor().powi(2);
         GqaDims {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             rotary: self.rotary_dim,
-            scale: (self.head_dim as f32).powf(-0.5),
-            window: self.window,
+            scale: ((self.head_dim as f64).powf(-0.5) * factor) as f32,
+            window: self.windows.get(layer).copied().flatten(),
         }
     }
 
@@ -155,7 +176,7 @@ impl DecoderSpec {
         // one row of logits; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
         4 * (3 * r * h + r * self.rotary_dim as u64)
-            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(), rows, self.qk_norm == QkNorm::Full)
+            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(0), rows, self.qk_norm == QkNorm::Full)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)
             + 4 * r * (h * (k + 1) + 2 * inter)
@@ -164,6 +185,14 @@ impl DecoderSpec {
 
     /// Builds the model on `spec.device`; `family` names it in refusals.
     pub fn load(&self, info: ModelInfo, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
+        if self.rope.yarn.is_some() && self.rotary_dim != self.head_dim {
+            bail!(
+                "{}: YaRN over part of a head ({} of {} dims) is not supported",
+                info.family,
+                self.rotary_dim,
+                self.head_dim
+            );
+        }
         if spec.draft.is_some() {
             bail!("--mtp on: speculative decoding is not implemented for {} (use --mtp off)", info.family);
         }

@@ -24,7 +24,8 @@ pub struct Decoder<B: Backend> {
     pub(super) b: B,
     pub(super) cfg: DecoderSpec,
     pub(super) info: ModelInfo,
-    pub(super) dims: GqaDims,
+    /// Per layer (windows differ by layer).
+    pub(super) dims: Vec<GqaDims>,
     pub(super) embed: B::Mat,
     pub(super) lm_head: Option<B::Mat>,
     pub(super) norm: B::Buf,
@@ -81,7 +82,7 @@ impl<'m, B: Backend> DecoderSession<'m, B> {
         let max_len = opts.max_len.min(cfg.max_position_embeddings).max(1);
         let kv = KvBlocks::new(opts.kv_tokens.max(1), opts.max_seqs, max_len);
         let caches =
-            (0..cfg.num_layers).map(|_| b.alloc(kv.slots() * m.dims.cache_width())).collect::<Result<Vec<_>>>()?;
+            (0..cfg.num_layers).map(|_| b.alloc(kv.slots() * m.dims[0].cache_width())).collect::<Result<Vec<_>>>()?;
         let (rows, h) = (opts.max_rows, cfg.hidden_size);
         let moe = match cfg.sparse_layers() > 0 {
             true => Some(MoeScratch::new(b, rows, h, cfg.experts, cfg.top_k, cfg.has_shared_expert())?),
@@ -93,9 +94,9 @@ impl<'m, B: Backend> DecoderSession<'m, B> {
             x: b.alloc(rows * h)?,
             xn: b.alloc(rows * h)?,
             y: b.alloc(rows * h)?,
-            cos: b.alloc(rows * m.dims.rotary / 2)?,
-            sin: b.alloc(rows * m.dims.rotary / 2)?,
-            gqa: GqaScratch::new(b, &m.dims, rows, cfg.qk_norm == super::QkNorm::Full)?,
+            cos: b.alloc(rows * m.dims[0].rotary / 2)?,
+            sin: b.alloc(rows * m.dims[0].rotary / 2)?,
+            gqa: GqaScratch::new(b, &m.dims[0], rows, cfg.qk_norm == super::QkNorm::Full)?,
             moe,
         };
         Ok(Self {
@@ -151,7 +152,7 @@ impl<B: Backend> Session for DecoderSession<'_, B> {
         for (i, layer) in m.layers.iter().enumerate() {
             b.rms_norm(rows, h, &s.x, Some(&layer.input_norm), eps, &mut s.xn);
             let cache = &mut self.caches[i];
-            layer.attn.forward_add(b, step, m.dims, eps, &s.xn, &s.cos, &s.sin, cache, &mut s.gqa, &mut s.x);
+            layer.attn.forward_add(b, step, m.dims[i], eps, &s.xn, &s.cos, &s.sin, cache, &mut s.gqa, &mut s.x);
             if let (Some(p), Some(next), Some(ms)) = (predict, m.layers.get(i + 1), s.moe.as_mut()) {
                 let cur = FfnLayer { ffn: &layer.ffn, norm: &layer.post_norm };
                 let next = FfnLayer { ffn: &next.ffn, norm: &next.post_norm };

@@ -25,6 +25,8 @@ pub enum LayerKey {
     QNorm,
     KNorm,
     O,
+    OBias,
+    Sinks,
     MlpGate,
     MlpUp,
     MlpDown,
@@ -34,6 +36,10 @@ pub enum LayerKey {
     SharedUp,
     SharedDown,
     Expert(usize, ExpertMatrix),
+    /// gpt-oss's expert biases, a layer's in one tensor each: `[E, 2I]` (gate and up
+    /// interleaved) and `[E, H]`.
+    ExpertGateUpBias,
+    ExpertDownBias,
     MtpEnorm,
     MtpHnorm,
     MtpEhProj,
@@ -62,6 +68,8 @@ pub fn name(naming: Naming, k: Key) -> String {
         QNorm => format!("{a}.q_norm.weight"),
         KNorm => format!("{a}.k_norm.weight"),
         O => format!("{a}.o_proj.weight"),
+        OBias => format!("{a}.o_proj.bias"),
+        Sinks => format!("{a}.sinks"),
         MlpGate => format!("{p}.mlp.gate_proj.weight"),
         MlpUp => format!("{p}.mlp.up_proj.weight"),
         MlpDown => format!("{p}.mlp.down_proj.weight"),
@@ -75,6 +83,10 @@ pub fn name(naming: Naming, k: Key) -> String {
                 ExpertMatrix::Down => "w2",
             }
         ),
+        Router if naming == Naming::GptOss => format!("{p}.mlp.router.weight"),
+        RouterBias if naming == Naming::GptOss => format!("{p}.mlp.router.bias"),
+        ExpertGateUpBias => format!("{p}.mlp.experts.gate_up_proj_bias"),
+        ExpertDownBias => format!("{p}.mlp.experts.down_proj_bias"),
         Router => format!("{p}.mlp.gate.weight"),
         RouterBias => format!("{p}.mlp.gate.e_score_correction_bias"),
         SharedGate => format!("{p}.mlp.shared_experts.gate_proj.weight"),
@@ -119,6 +131,10 @@ pub fn spec(cfg: &DecoderSpec, k: Key) -> (Vec<usize>, Role, TensorGroup) {
         KNorm if cfg.qk_norm == QkNorm::Full => (vec![kv], NormScale, Norms),
         QNorm | KNorm => (vec![cfg.head_dim], NormScale, Norms),
         O => (vec![h, q], Linear, Attention),
+        OBias => (vec![h], NormBias, Attention),
+        Sinks => (vec![cfg.heads], NormBias, Attention),
+        ExpertGateUpBias => (vec![n, 2 * moe], NormBias, RoutedExperts),
+        ExpertDownBias => (vec![n, h], NormBias, RoutedExperts),
         MlpGate | MlpUp => (vec![inter, h], Linear, DenseMlp),
         MlpDown => (vec![h, inter], Linear, DenseMlp),
         LayerKey::Router => (vec![n, h], Linear, TensorGroup::Router),
@@ -139,13 +155,22 @@ fn layer_keys(cfg: &DecoderSpec, sparse: bool) -> Vec<LayerKey> {
     if cfg.attention_bias {
         keys.extend([QBias, KBias, VBias]);
     }
+    if cfg.o_bias {
+        keys.push(OBias);
+    }
+    if cfg.sinks {
+        keys.push(Sinks);
+    }
     if cfg.qk_norm != QkNorm::None {
         keys.extend([QNorm, KNorm]);
     }
     if sparse {
         keys.push(Router);
-        if matches!(cfg.routing, Routing::Noaux { .. }) {
+        if matches!(cfg.routing, Routing::Noaux { .. }) || cfg.router_bias {
             keys.push(RouterBias);
+        }
+        if cfg.expert_biases {
+            keys.extend([ExpertGateUpBias, ExpertDownBias]);
         }
         if cfg.has_shared_expert() {
             keys.extend([SharedGate, SharedUp, SharedDown]);
@@ -162,6 +187,9 @@ fn layer_keys(cfg: &DecoderSpec, sparse: bool) -> Vec<LayerKey> {
 /// Every tensor: the main model, then the (optional) MTP layers.
 pub fn weight_map(cfg: &DecoderSpec) -> WeightMap {
     let mut map = WeightMap::default();
+    if cfg.naming == Naming::GptOss {
+        map.fused_form = crate::weights::FusedForm::Interleaved;
+    }
     let mut add = |k: Key, optional: bool| {
         let (shape, role, group) = spec(cfg, k);
         let expert = match k {

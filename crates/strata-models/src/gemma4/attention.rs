@@ -125,7 +125,7 @@ impl<B: Backend> Attention<B> {
             }
             _ => unreachable!("a layer's cache matches whether it computes its own K/V"),
         };
-        b.gqa_attend(step, GqaAttend { dims: d, q: &s.q, cache, out: &mut s.attn });
+        b.gqa_attend(step, GqaAttend { dims: d, q: &s.q, cache, sinks: None, out: &mut s.attn });
         b.linears(&s.attn, rows, &mut [LinearOut::new(b, &self.o, &mut s.out)]);
         b.add_rms_norm(rows, hidden, &s.out, Some(&self.post_norm), eps, x);
     }

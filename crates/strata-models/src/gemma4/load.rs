@@ -9,7 +9,7 @@ use super::model::{Gemma4, Layer};
 use super::ple::{LayerPle, Ple};
 use super::weights::{fused_names, name, spec, weight_map, Key, LayerKey};
 use crate::blocks::ExpertSource;
-use crate::weights::{load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
+use crate::weights::{load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape, FusedForm};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, GqaDims};
@@ -45,7 +45,15 @@ impl<B: Backend> Loader<'_, B> {
         let t = &self.cfg.text;
         let moe = t.moe.expect("experts of an MoE model");
         let shape = ExpertShape { experts: moe.experts, hidden: t.hidden_size, inter: moe.inter };
-        let [g, u, d] = load_expert(self.store, &names, &fused_names(self.cfg, layer), shape, e, self.cfg.fp8_block)?;
+        let [g, u, d] = load_expert(
+            self.store,
+            &names,
+            &fused_names(self.cfg, layer),
+            FusedForm::Stacked,
+            shape,
+            e,
+            self.cfg.fp8_block,
+        )?;
         Ok([self.b.matrix(g)?, self.b.matrix(u)?, self.b.matrix(d)?])
     }
 
@@ -85,6 +93,7 @@ impl<B: Backend> Loader<'_, B> {
                         layer: i,
                         router: crate::blocks::Router::Softmax {
                             gate: self.mat(k(RouterProj))?,
+                            gate_bias: None,
                             expert_scale: self.vec(k(RouterExpertScale))?,
                             routing: strata_backend::SoftmaxRouting { top_k: spec.top_k, renormalize: true },
                         },

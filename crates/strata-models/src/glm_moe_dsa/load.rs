@@ -7,7 +7,7 @@ use super::model::{Glm, Layer, Mtp};
 use super::weights::{name, spec, Key, LayerKey};
 use crate::blocks::mla::IndexerWeights;
 use crate::blocks::{ExpertSource, Ffn, MlaConfig, MlaWeights, Moe, SwiGlu};
-use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape};
+use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape, FusedForm};
 use anyhow::Result;
 use std::sync::Arc;
 use strata_backend::{Backend, HostMatrix, IndexDims, MlaDims, RouterParams};
@@ -55,7 +55,8 @@ impl<B: Backend> Loader<'_, B> {
         let cfg = self.cfg;
         let shape =
             ExpertShape { experts: cfg.n_routed_experts, hidden: cfg.hidden_size, inter: cfg.moe_intermediate_size };
-        let [g, u, d] = load_expert(self.store, &names, &fused_expert_names(layer), shape, e, cfg.fp8_block)?;
+        let [g, u, d] =
+            load_expert(self.store, &names, &fused_expert_names(layer), FusedForm::Stacked, shape, e, cfg.fp8_block)?;
         Ok([self.b.matrix(g)?, self.b.matrix(u)?, self.b.matrix(d)?])
     }
 

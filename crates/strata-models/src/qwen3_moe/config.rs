@@ -151,11 +151,13 @@ impl Qwen3MoeConfig {
             kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim,
             rotary_dim: self.head_dim,
-            rope_theta: self.rope_theta,
+            rope: crate::rope::Rope::plain(self.rope_theta),
             rms_norm_eps: self.rms_norm_eps,
             max_position_embeddings: self.max_position_embeddings,
-            window: self.sliding_window,
+            windows: vec![self.sliding_window; self.num_hidden_layers],
             attention_bias: false,
+            o_bias: false,
+            sinks: false,
             qk_norm: QkNorm::PerHead,
             naming: Naming::Llama,
             tie_word_embeddings: self.tie_word_embeddings,
@@ -165,6 +167,9 @@ impl Qwen3MoeConfig {
             top_k: self.num_experts_per_tok,
             moe_intermediate_size: self.moe_intermediate_size,
             routing: Routing::Softmax { renormalize: self.norm_topk_prob },
+            router_bias: false,
+            expert_act: strata_backend::GateAct::Silu,
+            expert_biases: false,
             shared_intermediate_size: 0,
             mtp_layers: 0,
             fp8_block: self.fp8_block,
@@ -203,7 +208,7 @@ mod tests {
         let c = with(json!({})).unwrap();
         assert_eq!((c.sparse_layers(), c.num_experts, c.rope_theta), (4, 8, 1e6));
         let d = c.decoder();
-        assert_eq!((d.rotary_dim, d.window, d.qk_norm, d.has_shared_expert()), (16, None, QkNorm::PerHead, false));
+        assert_eq!((d.rotary_dim, d.windows[0], d.qk_norm, d.has_shared_expert()), (16, None, QkNorm::PerHead, false));
         assert_eq!(d.routing, Routing::Softmax { renormalize: true });
         // Defaults as transformers': no renormalisation, every layer sparse.
         let mut j = base();
