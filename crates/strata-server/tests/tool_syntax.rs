@@ -216,3 +216,39 @@ fn deepseek_and_kimi_models_serve_with_their_own_tool_syntax() {
         );
     }
 }
+
+/// The first call in the history of a rendered gpt-oss (harmony) prompt.
+fn harmony_history_call(p: &str) -> Option<(String, Value)> {
+    let rest = p.split("<|start|>assistant to=functions.").nth(1)?;
+    let (name, rest) = rest.split_once("<|channel|>")?;
+    let args = rest.split_once("<|message|>")?.1.split("<|call|>").next()?;
+    Some((name.to_string(), serde_json::from_str(args).ok()?))
+}
+
+#[test]
+fn gpt_oss_models_serve_with_harmony() {
+    let (tools, messages) = round_trip();
+    for fixture in ["mxfp4-yarn", "bf16-plain"] {
+        let app = app("gpt_oss", fixture, Syntax::Harmony);
+        let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
+        assert_eq!(status, 200, "{body}");
+        let p = t["prompt"].as_str().unwrap();
+        assert!(p.starts_with("<|start|>system<|message|>You are ChatGPT"), "{p}");
+        assert!(p.contains("namespace functions {\n\n// Weather now\ntype get_weather = (_: {"), "{p}");
+        assert_eq!(harmony_history_call(p), Some(("get_weather".into(), json!({"city": "Paris", "days": 2}))), "{p}");
+        assert!(
+            p.contains("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|>"),
+            "{p}"
+        );
+        assert!(p.ends_with("<|start|>assistant"), "{p}");
+        // Reasoning sent back with a call renders on the analysis channel.
+        let mut with_reasoning = messages.clone();
+        with_reasoning[1]["reasoning_content"] = json!("Need the weather tool.");
+        with_reasoning[1].as_object_mut().unwrap().remove("content");
+        let (status, t, body) = post(&app, "/tokenize", json!({"messages": with_reasoning, "tools": tools}));
+        assert_eq!(status, 200, "{body}");
+        let p = t["prompt"].as_str().unwrap();
+        assert!(p.contains("<|start|>assistant<|channel|>analysis<|message|>Need the weather tool.<|end|>"), "{p}");
+        forced_calls(&app, fixture, harmony_history_call);
+    }
+}
