@@ -3,10 +3,10 @@
 //! tasks by id. A field added on one side must be added on the other in the same place.
 
 use anyhow::Result;
-use strata_kernels::{QuantKind, ScaleType};
+use strata_kernels::{QuantKind, ScaleType, MXFP4_GROUP};
 
 /// Elements in a 16-byte vector, by encoding code (`Vw` in `kernels/products.cu`).
-pub(super) const VEC_WIDTH: [usize; 5] = [4, 8, 16, 32, 16];
+pub(super) const VEC_WIDTH: [usize; 6] = [4, 8, 16, 32, 16, 32];
 
 /// A matrix as the kernels read it (`struct Mat` in `kernels/common.cu`).
 #[repr(C)]
@@ -24,7 +24,7 @@ pub struct MatDesc {
     pub(super) spr: i32,
     pub(super) vec: i32,
     /// How the scales are stored: 0 f32, 1 bf16 (`int4-gN-bf16`), 2 e4m3 (`int4-gN-e4m3`:
-    /// the f32 factor, then a byte a scale).
+    /// the f32 factor, then a byte a scale), 3 e8m0 (MXFP4: a byte a scale).
     pub(super) st: i32,
 }
 
@@ -42,18 +42,15 @@ impl MatDesc {
         self.kind == 3 && self.st == 2
     }
 
-    /// Whether the weights are int8, int4 or e4m3 (decoded on the way in; `kind_code` 2-4).
+    /// Whether the weights are int8, int4, e4m3 or MXFP4 (decoded on the way in; `kind_code`
+    /// 2-5).
     pub(super) fn quantized(&self) -> bool {
-        (2..=4).contains(&self.kind)
+        (2..=5).contains(&self.kind)
     }
 
     /// The descriptor of a `rows x cols` matrix of `kind` whose payload is at device
     /// address `w` and its scales (stored as `kind` says) at `s`.
     pub(super) fn new(kind: QuantKind, rows: usize, cols: usize, w: u64, s: u64) -> Result<Self> {
-        anyhow::ensure!(
-            kind != QuantKind::Mxfp4,
-            "{rows}x{cols} MXFP4 matrix: MXFP4 experts run on the CPU (--device cpu); no CUDA kernel reads them yet"
-        );
         let ld = kind.payload_bytes(1, cols);
         let (group, brow, bcol, spr, width) = match kind {
             QuantKind::F32 => (1, 1, 1, 0, VEC_WIDTH[0]),
@@ -63,7 +60,7 @@ impl MatDesc {
             QuantKind::Fp8 { block_rows, block_cols } => {
                 (1, block_rows, block_cols, cols.div_ceil(block_cols), VEC_WIDTH[4])
             }
-            QuantKind::Mxfp4 => unreachable!("refused above"),
+            QuantKind::Mxfp4 => (MXFP4_GROUP, 1, 1, cols.div_ceil(MXFP4_GROUP), VEC_WIDTH[5]),
         };
         let one_scale_per_vector = match kind {
             QuantKind::Int4Group { group, .. } => group % 32 == 0,
@@ -76,10 +73,15 @@ impl MatDesc {
             ScaleType::F32 => 0,
             ScaleType::Bf16 => 1,
             ScaleType::E4m3 => 2,
-            ScaleType::E8m0 => unreachable!("MXFP4 is refused above"),
+            ScaleType::E8m0 => 3,
         };
         // e4m3's region starts with its f32 factor.
-        anyhow::ensure!(s.is_multiple_of(if st == 1 { 2 } else { 4 }), "matrix scales at a misaligned address");
+        let align = match st {
+            1 => 2,
+            3 => 1,
+            _ => 4,
+        };
+        anyhow::ensure!(s.is_multiple_of(align), "matrix scales at a misaligned address");
         Ok(MatDesc {
             w,
             s,
@@ -176,6 +178,6 @@ pub(super) fn kind_code(k: QuantKind) -> i32 {
         QuantKind::Int8Row => 2,
         QuantKind::Int4Group { .. } => 3,
         QuantKind::Fp8 { .. } => 4,
-        QuantKind::Mxfp4 => unreachable!("MatDesc::new refuses MXFP4, so no device matrix has it"),
+        QuantKind::Mxfp4 => 5,
     }
 }

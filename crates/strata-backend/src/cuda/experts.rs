@@ -4,6 +4,7 @@
 
 use super::{args, ById, CudaBackend, CudaExpert, DevBuf, Lin, MatDesc, TaskDesc, EXPERT_BIG_ROWS};
 use crate::{ExpertTask, GateAct};
+use strata_kernels::QuantKind;
 
 /// bf16 experts of this many rows or more go to cuBLAS (one expert at a time, the weights
 /// read about once); fewer go through the tiles, 32 rows a task, as quantized experts of any
@@ -136,7 +137,9 @@ pub(crate) fn experts<'a>(
         // bf16_cublas_rows() too, beyond it to cuBLAS; f32 to the f32 products.
         let quantized = [g, u, d].iter().any(|m| m.desc.quantized());
         let tiled = tiles1 && tiles2 && (quantized || nrows < BF16_CUBLAS_ROWS);
-        if nrows >= EXPERT_BIG_ROWS && !tiled {
+        // (MXFP4 has no many-rows product kernel: it stays in the grouped kernels.)
+        let mxfp4 = [g, u, d].iter().any(|m| m.kind == QuantKind::Mxfp4);
+        if nrows >= EXPERT_BIG_ROWS && !tiled && !mxfp4 {
             big.push((t.weights, rows_off, nrows, t.out_row, t.rows.is_none(), (bg, bu, bd)));
             continue;
         }

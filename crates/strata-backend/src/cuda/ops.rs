@@ -92,6 +92,7 @@ impl CudaBackend {
             return;
         }
         let grid = (l.nout.div_ceil(64) as u32, l.rows.div_ceil(64) as u32, l.batches as u32);
+        assert!(l.kind != QuantKind::Mxfp4, "linear: MXFP4 is an expert encoding; many-row products do not take it");
         self.launch(
             &self.f.tiled[kind_code(l.kind) as usize],
             grid,

@@ -18,6 +18,7 @@ fn cuda_kernel_bandwidth() {
         QuantKind::int4(128),
         QuantKind::int4_bf16(128),
         QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
+        QuantKind::Mxfp4,
     ] {
         // `experts` experts in distinct device memory (bigger than L2 together). One random
         // expert, quantized once, uploaded `experts` times.

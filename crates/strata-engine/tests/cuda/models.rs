@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 17] = [
+const FIXTURES: [(&str, &str); 19] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -117,6 +117,8 @@ const FIXTURES: [(&str, &str); 17] = [
     ("minimax_m2", "gqa-full"),
     ("deepseek_v3", "kimi-fp8"),
     ("deepseek_v3", "yarn-groups"),
+    ("gpt_oss", "bf16-plain"),
+    ("gpt_oss", "mxfp4-yarn"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -126,14 +128,15 @@ const FIXTURES: [(&str, &str); 17] = [
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> = ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gemma4"]
-        .iter()
-        .flat_map(|f| {
-            fixture_dirs(f)
-                .into_iter()
-                .map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
-        })
-        .collect();
+    let mut all: Vec<(String, String)> =
+        ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "gemma4"]
+            .iter()
+            .flat_map(|f| {
+                fixture_dirs(f)
+                    .into_iter()
+                    .map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
+            })
+            .collect();
     all.sort();
     let mut listed: Vec<(String, String)> = FIXTURES.iter().map(|(f, d)| (f.to_string(), d.to_string())).collect();
     listed.sort();
@@ -235,6 +238,18 @@ fn cuda_deepseek_v3_kimi_fp8() {
 #[test]
 fn cuda_deepseek_v3_yarn_groups() {
     fixture_test("deepseek_v3", "yarn-groups")
+}
+
+#[test]
+fn cuda_gpt_oss_bf16_plain() {
+    fixture_test("gpt_oss", "bf16-plain")
+}
+
+/// gpt-oss's MXFP4 experts read in place by the CUDA kernels (kind 5), sinks, the router's
+/// bias.
+#[test]
+fn cuda_gpt_oss_mxfp4_yarn() {
+    fixture_test("gpt_oss", "mxfp4-yarn")
 }
 
 #[test]

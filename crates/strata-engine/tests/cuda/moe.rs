@@ -207,6 +207,9 @@ pub(crate) fn cuda_prompt_experts_match_cpu_on<G: Backend>(g: &G) {
         (QuantKind::Int8Row, int4(32), Some(some_rows(&mut rng, rows, 8))),
         // Every row (48): quantized, so 32 and 16 rows through the tiles.
         (int4(32), QuantKind::Int8Row, None),
+        // MXFP4 (gpt-oss): the grouped kernels at any row count.
+        (QuantKind::Mxfp4, QuantKind::Mxfp4, Some(some_rows(&mut rng, rows, 5))),
+        (QuantKind::Mxfp4, QuantKind::Mxfp4, None),
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);
@@ -244,10 +247,15 @@ fn cuda_prompt_expert_rows_sum_alone() {
     let Some(g) = gpu() else { return };
     let mut rng = Rand::seed_from_u64(32);
     let (hidden, inter, rows) = (256, 192, 80);
-    for (kind, all) in
-        [QuantKind::Bf16, QuantKind::Int8Row, QuantKind::int4(64), QuantKind::Fp8 { block_rows: 128, block_cols: 128 }]
-            .into_iter()
-            .flat_map(|k| [(k, (4..33).collect::<Vec<u32>>()), (k, (4..77).collect())])
+    for (kind, all) in [
+        QuantKind::Bf16,
+        QuantKind::Int8Row,
+        QuantKind::int4(64),
+        QuantKind::Fp8 { block_rows: 128, block_cols: 128 },
+        QuantKind::Mxfp4,
+    ]
+    .into_iter()
+    .flat_map(|k| [(k, (4..33).collect::<Vec<u32>>()), (k, (4..77).collect())])
     {
         let parts = [vec![7u32], vec![12, 30], (20..28).collect::<Vec<u32>>()];
         let whole: Vec<ExpertSpec> = vec![(kind, kind, Some(all.clone()))];
@@ -279,6 +287,7 @@ pub(crate) fn cuda_experts_and_combine_match_cpu_on<G: Backend>(g: &G) {
         (QuantKind::F32, QuantKind::Bf16, Some(rows_of(&mut rng, 35))),
         (QuantKind::int4(6), QuantKind::Fp8 { block_rows: 16, block_cols: 24 }, Some(rows_of(&mut rng, 2))),
         (QuantKind::Bf16, QuantKind::int4(64), None),
+        (QuantKind::Mxfp4, QuantKind::Mxfp4, Some(rows_of(&mut rng, 4))),
     ];
     let mats = expert_mats(&mut rng, &specs, hidden, inter);
     let x = rvec(&mut rng, rows * hidden, 1.0);

@@ -82,6 +82,8 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
         ("glm4_moe/gqa-bias", QuantKind::Int8Row),
         ("gemma4/moe", QuantKind::int4(16)),
         ("qwen3_moe/sparse-step", QuantKind::int4(16)),
+        // gpt-oss's MXFP4 experts, streamed into the GPU slab as stored.
+        ("gpt_oss/mxfp4-yarn", QuantKind::Mxfp4),
         // bf16 and e4m3 scales, read by the kernels from the slots as stored.
         ("glm5/dsa-sparse", QuantKind::int4_bf16(16)),
         ("glm4_moe/gqa-bias", QuantKind::int4_e4m3(32)),

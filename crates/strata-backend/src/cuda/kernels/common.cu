@@ -15,7 +15,8 @@ typedef long long i64;
 #define NEG_INF __int_as_float(0xff800000)
 
 // A matrix in its stored precision. kind: 0 f32, 1 bf16, 2 int8 (row scales), 3 int4
-// (group scales, column 2i in the low nibble), 4 FP8 e4m3 (block scales).
+// (group scales, column 2i in the low nibble), 4 FP8 e4m3 (block scales), 5 MXFP4 (FP4 e2m1
+// nibbles in int4's layout, an e8m0 scale byte for each 32 columns).
 struct Mat {
     const u8* w;
     const float* s;  // f32 scales; bf16 or e4m3 ones as st says (read them through sat / sraw / sval / mscale)
@@ -24,7 +25,7 @@ struct Mat {
     int spr;  // scales per row (int4: groups; FP8: column blocks)
     int vec;  // 16-byte vector loads allowed (aligned rows, whole vectors, one scale per vector)
     int st;   // int4 scales stored as 0 f32, 1 bf16 (int4-gN-bf16), 2 e4m3 (int4-gN-e4m3: an f32
-              // factor, then a byte a scale)
+              // factor, then a byte a scale); 3 e8m0 (MXFP4: a byte a scale, 2^(byte - 127))
 };
 
 // One forward's rows on the device.
@@ -72,6 +73,14 @@ __device__ __forceinline__ int visible(const StepDev& s, int r) { return s.vis ?
 
 __device__ __forceinline__ float bf16f(u32 h) { return __uint_as_float(h << 16); }
 
+// FP4 e2m1 (MXFP4's nibbles): sign in bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6, whose f32
+// bits' top two bytes two byte permutes pick.
+__device__ __forceinline__ float fp4f(u32 nib) {
+    u32 mag = nib & 7u;
+    u32 hi = __byte_perm(0x3F3F3F00u, 0x40404040u, mag), lo = __byte_perm(0xC0800000u, 0xC0804000u, mag);
+    return __uint_as_float(((hi & 0xFFu) << 24) | ((lo & 0xFFu) << 16) | ((nib & 8u) << 28));
+}
+
 __device__ __forceinline__ float e4m3f(u32 b) {
     u32 e = (b >> 3) & 15u, m = b & 7u;
     float v = e == 0 ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
@@ -93,14 +102,17 @@ __device__ __forceinline__ u32 sraw(const u8* p, size_t i, int st) {
     else asm("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(p + i));
     return v;
 }
+// An e8m0 byte's power of two (0 is 2^-127, an f32 denormal).
+__device__ __forceinline__ float e8m0f(u32 b) { return b ? __uint_as_float(b << 23) : __uint_as_float(0x400000u); }
 __device__ __forceinline__ float sval(u32 raw, int st, float fac) {
+    if (st == 3) return e8m0f(raw);
     if (st == 2) return __uint_as_float(raw << 20) * 0x1p120f * fac;
     return __uint_as_float(st ? raw << 16 : raw);
 }
 // Where scale i of m lies (for rows of scales read by sraw).
 __device__ __forceinline__ const u8* sat(const Mat& m, size_t i) {
     const u8* s = (const u8*)m.s;
-    return m.st == 2 ? s + 4 + i : s + (i << (m.st ? 1 : 2));
+    return m.st == 2 ? s + 4 + i : m.st == 3 ? s + i : s + (i << (m.st ? 1 : 2));
 }
 // The factor m's e4m3 scales multiply (1 for the other types).
 __device__ __forceinline__ float sfac(const Mat& m) { return m.st == 2 ? __ldg(m.s) : 1.f; }
@@ -127,6 +139,11 @@ template <bool E4 = true> __device__ __forceinline__ float melem(const Mat& m, i
         u32 b = row[c >> 1];
         u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
         return (float)((int)nib - 8) * mscale_t<E4>(m, (size_t)r * m.spr + c / m.group);
+    }
+    case 5: {
+        u32 b = row[c >> 1];
+        u32 nib = (c & 1) ? (b >> 4) : (b & 15u);
+        return fp4f(nib) * e8m0f(((const u8*)m.s)[(size_t)r * m.spr + c / 32]);
     }
     default: return e4m3f(row[c]) * m.s[(size_t)(r / m.brow) * m.spr + c / m.bcol];
     }

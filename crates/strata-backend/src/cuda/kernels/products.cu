@@ -14,6 +14,7 @@
     case 1: { constexpr int KIND_ = 1; CALL; } break;                                        \
     case 2: { constexpr int KIND_ = 2; CALL; } break;                                        \
     case 3: { constexpr int KIND_ = 3; CALL; } break;                                        \
+    case 5: { constexpr int KIND_ = 5; CALL; } break;                                        \
     default: { constexpr int KIND_ = 4; CALL; } break;                                       \
     }
 
@@ -23,6 +24,7 @@ template <> struct Vw<1> { enum { n = 8 }; };
 template <> struct Vw<2> { enum { n = 16 }; };
 template <> struct Vw<3> { enum { n = 32 }; };
 template <> struct Vw<4> { enum { n = 16 }; };
+template <> struct Vw<5> { enum { n = 32 }; };
 
 template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
     u32 word[4] = {q.x, q.y, q.z, q.w};
@@ -56,6 +58,17 @@ template <int KIND> __device__ __forceinline__ void unpack(uint4 q, float* w) {
             for (int b = 0; b < 4; b++) {
                 w[8 * i + 2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440u + b)) - 8388616.f;
                 w[8 * i + 2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440u + b)) - 8388616.f;
+            }
+        }
+    } else if (KIND == 5) {
+        // FP4 e2m1, low nibble first (fp4f).
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                u32 byte = (word[i] >> (8 * b)) & 0xFFu;
+                w[8 * i + 2 * b] = fp4f(byte & 15u);
+                w[8 * i + 2 * b + 1] = fp4f(byte >> 4);
             }
         }
     } else {
@@ -105,6 +118,7 @@ template <int KIND, bool E4 = true> __device__ __forceinline__ float vec_scale(c
     if (KIND == 2) return m.s[row];
     if (KIND == 3) return mscale_t<E4>(m, (size_t)row * m.spr + c / m.group);
     if (KIND == 4) return m.s[(size_t)(row / m.brow) * m.spr + c / m.bcol];
+    if (KIND == 5) return e8m0f(sraw((const u8*)m.s, (size_t)row * m.spr + c / 32, 3));
     return 1.f;
 }
 
