@@ -267,7 +267,13 @@ impl WeightMap {
         let mut groups: BTreeMap<TensorGroup, GroupSize> = BTreeMap::new();
         for name in store.names() {
             let Some((_, t)) = store.get(name) else { continue };
+            // MXFP4's e8m0 scales (`X_scales` beside `X_blocks`) count as bytes of their matrix.
+            let mxfp4_scales = name
+                .strip_suffix("_scales")
+                .filter(|b| store.contains(&format!("{b}_blocks")))
+                .map(|b| format!("{b}_blocks"));
             let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
+            let base = mxfp4_scales.as_deref().unwrap_or(base);
             let spec = by_name.get(base);
             let group = match spec {
                 Some(s) => s.group,
@@ -282,6 +288,8 @@ impl WeightMap {
             g.tensors += 1;
             g.parameters += match (store.contains(&format!("{name}.qs")), spec) {
                 (true, Some(s)) => s.shape.iter().product::<usize>() as u64,
+                // Two FP4 values a byte.
+                _ if name.ends_with("_blocks") && t.dtype == ElementType::U8 => 2 * t.numel() as u64,
                 _ => t.numel() as u64,
             };
         }
