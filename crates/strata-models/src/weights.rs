@@ -76,6 +76,9 @@ pub struct WeightMap {
     pub fused: Vec<(usize, (String, String))>,
     /// How the fused tensors lay the experts out.
     pub fused_form: FusedForm,
+    /// Tensors known by prefix only, and their group (a draft layer that is described,
+    /// not run: Qwen3-Next's `mtp.`).
+    pub extra_prefixes: Vec<(String, TensorGroup)>,
 }
 
 /// How a checkpoint lays out a layer's fused experts.
@@ -146,6 +149,10 @@ impl WeightMap {
             // (A mapped tensor under `mlp.experts.` that is not an expert: gpt-oss's biases.)
             return s.expert.is_some();
         }
+        // A described-only draft layer's experts stay with the resident tensors.
+        if self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str())) {
+            return false;
+        }
         name.contains(".mlp.experts.") || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
     }
 
@@ -205,7 +212,12 @@ impl WeightMap {
             // A mapped name, or one extended at a `.` or `_` (`x.weight_scale_inv`, `x.weight.qs`).
             let extends = mapped.contains(name)
                 || name.char_indices().any(|(i, c)| (c == '.' || c == '_') && mapped.contains(&name[..i]));
-            if extends || fused.iter().any(|f| name.starts_with(f.as_str())) || name.ends_with("rotary_emb.inv_freq") {
+            let extra = self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str()));
+            if extends
+                || extra
+                || fused.iter().any(|f| name.starts_with(f.as_str()))
+                || name.ends_with("rotary_emb.inv_freq")
+            {
                 continue;
             }
             let file = store.get(name).map(|(f, _)| f.path().display().to_string()).unwrap_or_default();
@@ -275,8 +287,10 @@ impl WeightMap {
             let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
             let base = mxfp4_scales.as_deref().unwrap_or(base);
             let spec = by_name.get(base);
+            let extra = self.extra_prefixes.iter().find(|(p, _)| base.starts_with(p.as_str()));
             let group = match spec {
                 Some(s) => s.group,
+                None if extra.is_some() => extra.unwrap().1,
                 None if self.is_routed_expert(base) => TensorGroup::RoutedExperts,
                 None => fused_group(base),
             };

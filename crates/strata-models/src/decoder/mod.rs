@@ -176,7 +176,7 @@ impl DecoderSpec {
         // one row of logits; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
         4 * (3 * r * h + r * self.rotary_dim as u64)
-            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(0), rows, self.qk_norm == QkNorm::Full)
+            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(0), rows, self.qk_norm == QkNorm::Full, false)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)
             + 4 * r * (h * (k + 1) + 2 * inter)
