@@ -62,26 +62,9 @@ impl GptOssConfig {
                 bail!("field `experts_per_token` ({v}) disagrees with `num_experts_per_tok` ({num_experts_per_tok})");
             }
         }
-        let sliding = match f.str_list("layer_types")? {
+        let sliding = match f.layer_types("gpt_oss", num_hidden_layers, &["sliding_attention", "full_attention"])? {
+            Some(kinds) => kinds.iter().map(|&k| k == 0).collect(),
             None => (0..num_hidden_layers).map(|i| i % 2 == 0).collect(),
-            Some(types) => {
-                if types.len() != num_hidden_layers {
-                    bail!(
-                        "field `layer_types` lists {} layers; `num_hidden_layers` is {num_hidden_layers}",
-                        types.len()
-                    );
-                }
-                types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "sliding_attention" => Ok(true),
-                        "full_attention" => Ok(false),
-                        other => bail!(
-                            "field `layer_types` holds `{other}`; gpt_oss layers are `sliding_attention` or `full_attention`"
-                        ),
-                    })
-                    .collect::<Result<_>>()?
-            }
         };
         // transformers' default when the config names no rotary embedding: YaRN as the
         // released checkpoints use it.

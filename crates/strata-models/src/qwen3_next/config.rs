@@ -52,7 +52,8 @@ impl Qwen3NextConfig {
             bail!("field `quantization_config`: quantized qwen3_next checkpoints are not supported (bf16 or f32)");
         }
         let num_hidden_layers = f.layers("num_hidden_layers")?;
-        let linear = match f.str_list("layer_types")? {
+        let linear = match f.layer_types("qwen3_next", num_hidden_layers, &["linear_attention", "full_attention"])? {
+            Some(kinds) => kinds.iter().map(|&k| k == 0).collect(),
             None => {
                 let every = f.usize_or("full_attention_interval", 4)?;
                 if every == 0 {
@@ -60,37 +61,8 @@ impl Qwen3NextConfig {
                 }
                 (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(every)).collect()
             }
-            Some(types) => {
-                if types.len() != num_hidden_layers {
-                    bail!(
-                        "field `layer_types` lists {} layers; `num_hidden_layers` is {num_hidden_layers}",
-                        types.len()
-                    );
-                }
-                types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "linear_attention" => Ok(true),
-                        "full_attention" => Ok(false),
-                        other => bail!(
-                            "field `layer_types` holds `{other}`; qwen3_next layers are `linear_attention` or `full_attention`"
-                        ),
-                    })
-                    .collect::<Result<_>>()?
-            }
         };
-        let mlp_only_layers = match f.get("mlp_only_layers") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_u64().map(|x| x as usize).filter(|&x| x < num_hidden_layers).ok_or_else(|| {
-                        anyhow!("field `mlp_only_layers` holds {v}: not a layer index below {num_hidden_layers}")
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(v) => bail!("field `mlp_only_layers` must be a list of layer indices, got {v}"),
-        };
+        let mlp_only_layers = f.layer_indices("mlp_only_layers", num_hidden_layers)?;
         let head_dim = f.usize_or("head_dim", 256)?;
         let (rope_theta, partial) = f.rope(10000.0, 0.25)?;
         let rotary_dim = (head_dim as f64 * partial) as usize;
@@ -132,12 +104,9 @@ impl Qwen3NextConfig {
         Ok(cfg)
     }
 
-    /// transformers' rule: a layer is sparse unless listed in `mlp_only_layers`, when
-    /// there are experts and `(layer + 1)` is a multiple of `decoder_sparse_step`.
+    /// Whether `layer`'s MLP is the routed MoE ([`crate::fields::qwen_sparse`]).
     pub fn is_sparse(&self, layer: usize) -> bool {
-        !self.mlp_only_layers.contains(&layer)
-            && self.num_experts > 0
-            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+        crate::fields::qwen_sparse(layer, &self.mlp_only_layers, self.num_experts, self.decoder_sparse_step)
     }
 
     pub fn sparse_layers(&self) -> usize {
