@@ -7,6 +7,7 @@ families that transformers defines:
 
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py glm4_moe /work/bench/glm45air-slice
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py gemma4 /work/bench/gemma4-26b-slice
+    /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py gpt_oss /work/bench/gpt-oss-120b-slice --vocab 512
 
 Presets (widths from the released configs; `--layers` and `--vocab` override the cut):
   glm4_moe  GLM-4.5-Air (`Glm4MoeForCausalLM`): hidden 4096, 96 query heads x 128, 8 KV heads,
@@ -19,6 +20,12 @@ Presets (widths from the released configs; `--layers` and `--vocab` override the
             layers 2 KV heads x 512 with K = V, dense GELU MLP of 2112 beside 128 experts of 704
             top-8, soft cap 30, tied embeddings. 6 layers (5 sliding + 1 full: the release's
             repeating unit), vocab 16384 (262144 in the release).
+  gpt_oss   gpt-oss-120b (`GptOssForCausalLM`): hidden 2880, 64 query heads x 64, 8 KV heads,
+            biases on every projection, sinks, YaRN (theta 150000, factor 32), sliding window
+            128 on even layers; experts of 2880 top-4, stored as the release stores them: MXFP4
+            (`*_blocks` random nibbles, `*_scales` e8m0 codes 116-120, so weights of ~0.01-0.1),
+            with `quantization_config.quant_method` mxfp4. 2 layers (sliding + full), 32
+            experts a layer (128 in the release: a decode token reads 4 either way).
 
 Weights are drawn from one seeded generator (torch.manual_seed and a torch.Generator), bf16:
 matrices N(0, 1/fan_in) so every projection keeps O(1) activations, norms and scales 1,
@@ -123,13 +130,49 @@ def gemma4_config(layers, vocab):
     return Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None, tie_word_embeddings=True)
 
 
+def gpt_oss_config(layers, vocab):
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=vocab,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        eos_token_id=[vocab - 1],
+        pad_token_id=vocab - 2,
+    )
+
+
 PRESETS = {
     "glm4_moe": dict(config=glm4_moe_config, cls="Glm4MoeForCausalLM", layers=2),
     # Gemma 4: the sandwich norms after each sublayer at 3 (as scripts/make_gemma4_fixtures.py):
     # with scale 1 the token's own embedding dominates the residual and the tied head makes
     # the greedy decode repeat its input token, so every decode step routes alike.
     "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6, post_norm=3.0),
+    "gpt_oss": dict(config=gpt_oss_config, cls="GptOssForCausalLM", layers=2, mxfp4=True),
 }
+
+
+def mxfp4_entries(name, shape):
+    """A fused expert tensor `[E, in, out]` as the release stores it: `_blocks [E, out, in/32, 16]`
+    and `_scales [E, out, in/32]` (u8)."""
+    e, cin, cout = shape
+    return [(name + "_blocks", (e, cout, cin // 32, 16)), (name + "_scales", (e, cout, cin // 32))]
+
+
+def mxfp4_value(name, shape, g):
+    if name.endswith("_blocks"):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    return torch.randint(116, 121, shape, generator=g, dtype=torch.uint8)
 
 
 def init_value(name, shape, g, post_norm=1.0):
@@ -168,6 +211,9 @@ def main():
     entries = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
     if tied:
         entries = [(k, s) for k, s in entries if k != "lm_head.weight"]
+    if p.get("mxfp4"):
+        entries = [e for k, s in entries
+                   for e in (mxfp4_entries(k, s) if k.endswith(("experts.gate_up_proj", "experts.down_proj")) else [(k, s)])]
 
     # Shard plan (bf16 = 2 bytes per value), in state-dict order.
     shards, cur, cur_bytes = [], [], 0
@@ -186,7 +232,8 @@ def main():
     t0 = time.time()
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        tensors = {k: init_value(k, s, g, p.get("post_norm", 1.0)) for k, s in shard}
+        tensors = {k: (mxfp4_value(k, s, g) if k.endswith(("_blocks", "_scales")) else
+                       init_value(k, s, g, p.get("post_norm", 1.0))) for k, s in shard}
         save_file(tensors, os.path.join(a.out, fname), metadata={"format": "pt"})
         for k, t in tensors.items():
             weight_map[k] = fname
@@ -198,6 +245,9 @@ def main():
 
     cfg.architectures = [p["cls"]]
     cfg.dtype = "bfloat16"
+    if p.get("mxfp4"):
+        cfg.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     cfg.save_pretrained(a.out)
     text = cfg.get_text_config()
     gen = {"do_sample": False, "bos_token_id": text.bos_token_id, "eos_token_id": text.eos_token_id,

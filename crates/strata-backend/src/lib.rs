@@ -58,10 +58,15 @@ impl HostMatrix {
     /// The rows `keep` picks, in order (an encoding whose payload and scales are per row:
     /// every one but FP8's blocks).
     pub fn rows_where(&self, keep: impl Fn(usize) -> bool) -> Self {
-        assert!(!matches!(self.kind, QuantKind::Fp8 { .. }), "rows_where: FP8 blocks span rows");
+        self.rows_in(&(0..self.rows).filter(|&r| keep(r)).collect::<Vec<_>>())
+    }
+
+    /// Rows `picked`, in that order (as [`rows_where`](Self::rows_where)).
+    pub fn rows_in(&self, picked: &[usize]) -> Self {
+        assert!(!matches!(self.kind, QuantKind::Fp8 { .. }), "rows_in: FP8 blocks span rows");
+        assert!(picked.iter().all(|&r| r < self.rows), "rows_in: a row beyond {}", self.rows);
         let pb = self.kind.payload_bytes(1, self.cols);
         let sc = self.kind.scale_count(1, self.cols);
-        let picked: Vec<usize> = (0..self.rows).filter(|&r| keep(r)).collect();
         Self {
             kind: self.kind,
             rows: picked.len(),
@@ -704,4 +709,33 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// The query half of [`Backend::gqa_prepare`]: normalises (optionally) and rotates
     /// queries; no cache is written (a layer attending to another layer's cache).
     fn gqa_query(&self, step: &Step, a: GqaQuery<'_, Self>);
+
+    // Qwen3-Next's ops.
+
+    /// The gated DeltaNet (linear attention, `strata_kernels::deltanet`) over the step's
+    /// rows, each continuing its sequence's convolution and recurrent state (`step.seq`).
+    fn gated_delta_net(&self, step: &Step, a: DeltaNet<'_, Self>);
+    /// `x[i] *= sigmoid(gate[i])` for `i < len` (gated attention output).
+    fn sigmoid_mul(&self, len: usize, gate: &Self::Buf, x: &mut Self::Buf);
+}
+
+/// The arguments of [`Backend::gated_delta_net`].
+pub struct DeltaNet<'a, B: Backend> {
+    pub dims: strata_kernels::deltanet::DeltaNetDims,
+    /// `[rows, qkvz_width]`: q, k, v then z, each head-major.
+    pub qkvz: &'a B::Buf,
+    /// `[rows, 2 * v_heads]`: b, then a.
+    pub ba: &'a B::Buf,
+    /// The depthwise convolution, `[conv_dim, kernel]`.
+    pub conv: &'a B::Buf,
+    pub a_log: &'a B::Buf,
+    pub dt_bias: &'a B::Buf,
+    /// The gated norm's weight, `[v_dim]`.
+    pub norm: &'a B::Buf,
+    pub eps: f32,
+    /// Per sequence: `[seqs, conv_state_len]` and `[seqs, state_len]`.
+    pub conv_state: &'a mut B::Buf,
+    pub state: &'a mut B::Buf,
+    /// Out: `[rows, value_dim]`.
+    pub out: &'a mut B::Buf,
 }

@@ -10,6 +10,9 @@ use strata_engine::media;
 use strata_engine::serving::{BatchEngine, MediaInput, ServeRequest};
 use strata_engine::{DraftPolicy, GenerateRequest, LoadOptions, LoadedModel, Message, SamplingParams};
 use strata_models::TensorGroup;
+use strata_server::output::OutputParser;
+use strata_server::syntax::Syntax;
+use strata_server::tools::Piece;
 use strata_storage::WeightStore;
 
 #[derive(Args, Clone)]
@@ -417,6 +420,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
     eprintln!("strata chat: {} ({}). Empty line or Ctrl-D to quit.", a.model.display(), m.model_type);
+    let syntax = Syntax::of(m.arch.family().chat);
     loop {
         write!(stdout, "> ")?;
         stdout.flush()?;
@@ -433,14 +437,39 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             ids = with_images(&m, &ids, counts)?;
         }
         // (A prompt with images is computed whole each turn: the prompt cache keeps text.)
-        let req = a.sampling.request(&m, &engine, ids, media.as_ref().map(|(input, _)| input.clone()))?;
-        let out = engine.generate(req, &mut |t| {
-            let mut lock = std::io::stdout().lock();
-            lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
+        let mut req = a.sampling.request(&m, &engine, ids, media.as_ref().map(|(input, _)| input.clone()))?;
+        // Harmony's channels are special tokens: kept, and parsed into the reasoning (to
+        // stderr) and the answer (to stdout, and into the history).
+        let mut harmony = (syntax == Syntax::Harmony).then(|| OutputParser::with_syntax(syntax, Some(false), None));
+        req.gen.skip_special_tokens &= harmony.is_none();
+        let mut answer = String::new();
+        let show = |pieces: Vec<Piece>, answer: &mut String| {
+            for p in pieces {
+                match p {
+                    Piece::Reasoning(r) => eprint!("{r}"),
+                    Piece::Text(t) => {
+                        print!("{t}");
+                        answer.push_str(&t);
+                    }
+                    Piece::Call(c) => println!("[tool call] {} {}", c.name, c.arguments_json()),
+                }
+            }
+            std::io::stdout().flush().is_ok()
+        };
+        let out = engine.generate(req, &mut |t| match harmony.as_mut() {
+            Some(p) => show(p.push(t), &mut answer),
+            None => {
+                let mut lock = std::io::stdout().lock();
+                lock.write_all(t.as_bytes()).and_then(|_| lock.flush()).is_ok()
+            }
         })?;
+        if let Some(p) = harmony.as_mut() {
+            show(p.finish(), &mut answer);
+        }
         println!();
         finish_turn(&m, &a.report, &out.output.stats)?;
-        msgs.push(Message::new("assistant", &out.output.text));
+        let text = if syntax == Syntax::Harmony { answer.trim().to_string() } else { out.output.text };
+        msgs.push(Message::new("assistant", &text));
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Parity with transformers on the committed fixtures (`fixtures/glm5/*`,
 //! `fixtures/glm4_moe/*`, `fixtures/qwen3_moe/*`, `fixtures/minimax_m2/*`, `fixtures/deepseek_v3/*`,
-//! `fixtures/gpt_oss/*` and `fixtures/gemma4/*`, made by
+//! `fixtures/gpt_oss/*`, `fixtures/qwen3_next/*` and `fixtures/gemma4/*`, made by
 //! `scripts/make_<family>_fixtures.py`): logits at
 //! every prompt position within 1e-4, the 32 greedy tokens identical, and each decode
 //! step's logits within 1e-4.
@@ -153,6 +153,15 @@ fn gpt_oss_fixtures_match_transformers() {
     check_family("gpt_oss", 2);
 }
 
+/// Qwen3-Next: gated DeltaNet layers (convolution, the gated delta rule on a recurrent
+/// state, the gated norm) beside gated full attention with partial RoPE, `1 + w` norms, a
+/// sigmoid-gated shared expert; with a dense layer, one value head per key head and tied
+/// embeddings in `bf16-dense`.
+#[test]
+fn qwen3_next_fixtures_match_transformers() {
+    check_family("qwen3_next", 2);
+}
+
 /// Gemma 4 dense (PLE, KV sharing, double-wide MLP, soft cap) and MoE (dense MLP beside
 /// GELU experts, k_eq_v, the `gemma4` wrapper's weight names); every prompt is longer than
 /// the sliding window, and decoding runs past it through the sliding layers' rings.
@@ -300,6 +309,73 @@ fn gemma4_sliding_rings_wrap_roll_back_and_batch() {
     assert_eq!(s.len(b), 0, "a rollback past the ring starts the sequence over");
 }
 
+/// Qwen3-Next's sequences carry recurrent state: two sequences in chunks of 3 rows beside
+/// each other give the reference's prompt and decode logits; a truncation starts the
+/// sequence over (its state holds the whole prefix), and feeding the prefix again gives
+/// the same logits (up to the summation order of other row counts); a session shares no
+/// prefixes.
+#[test]
+fn qwen3_next_sequences_carry_their_state() {
+    use strata_models::{Batch, Logits, SessionOptions};
+    let dir = repo_root().join("fixtures/qwen3_next/hybrid-f32");
+    let m = LoadedModel::open(&dir).unwrap();
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let (prompt, want) = (r.ids("prompt_ids"), r.matrix("prompt_logits"));
+    let (gen_ids, gen_logits) = (r.ids("generated_ids"), r.matrix("generated_logits"));
+    let vocab = m.model.info().vocab_size;
+    let opts = SessionOptions { max_seqs: 2, kv_tokens: 512, max_len: 256, max_rows: 6 };
+    let mut s = m.model.new_session(opts).unwrap();
+    assert!(!s.shares_prefixes());
+    let (a, b) = (s.add_sequence().unwrap(), s.add_sequence().unwrap());
+    let mut batch = Batch::new();
+    for (i, chunk) in prompt.chunks(3).enumerate() {
+        batch.clear();
+        batch.push(a, chunk, Logits::All);
+        batch.push(b, chunk, Logits::All);
+        s.forward(&batch).unwrap();
+        for (j, row) in s.logits().chunks(vocab).enumerate() {
+            let pos = i * 3 + j % chunk.len();
+            let d = max_abs_diff(row, &want[pos]);
+            assert!(d < TOL, "chunked prefill, row {j} (position {pos}) differs by {d}");
+        }
+    }
+    let mut last = Vec::new();
+    for (i, &t) in gen_ids.iter().take(6).enumerate() {
+        batch.clear();
+        batch.push(a, &[t], Logits::Last);
+        batch.push(b, &[t], Logits::Last);
+        s.forward(&batch).unwrap();
+        for row in s.logits().chunks(vocab) {
+            let d = max_abs_diff(row, &gen_logits[i + 1]);
+            assert!(d < TOL, "decode step {} differs by {d}", i + 1);
+        }
+        last = s.logits()[..vocab].to_vec();
+    }
+    // A rollback cannot keep part of the state: the sequence starts over, and the same
+    // tokens fed again give the same logits.
+    let len = s.len(a);
+    s.truncate(a, len - 2);
+    assert_eq!(s.len(a), 0, "a truncation starts the sequence over");
+    let fed: Vec<u32> = prompt.iter().chain(&gen_ids[..6]).copied().collect();
+    for chunk in fed.chunks(5) {
+        batch.clear();
+        batch.push(a, chunk, Logits::Last);
+        s.forward(&batch).unwrap();
+    }
+    let d = max_abs_diff(&s.logits()[..vocab], &last);
+    assert!(d < 1e-5, "the re-fed sequence differs by {d}");
+    // A row that does not continue its sequence's state is refused.
+    s.truncate(b, 0);
+    batch.clear();
+    batch.push(b, &prompt[..2], Logits::Last);
+    s.forward(&batch).unwrap();
+    s.kv_mut().unwrap().truncate(b, 1);
+    batch.clear();
+    batch.push(b, &prompt[1..2], Logits::Last);
+    let err = format!("{:#}", s.forward(&batch).unwrap_err());
+    assert!(err.contains("recurrent state"), "{err}");
+}
+
 /// Gemma 4 with an image (`fixtures/gemma4/vision*`, made by
 /// `scripts/make_gemma4_vision_fixtures.py`): the image file through strata's processor
 /// and vision tower gives transformers' soft tokens; the prompt (text, `<boi>`, the image
@@ -380,7 +456,7 @@ fn check_image_fixture(name: &str) {
 #[test]
 fn tensors_the_config_does_not_predict_are_refused_by_name() {
     use strata_storage::{SafetensorsWriter, TensorSpec};
-    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss"] {
+    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "qwen3_next"] {
         // (One whose weights are not FP8: the test adds a scale of its own.)
         let src = &fixture_dirs(family)
             .into_iter()
@@ -415,7 +491,11 @@ fn tensors_the_config_does_not_predict_are_refused_by_name() {
         write("model.layers.0.mlp.surprise.weight");
         let err = format!("{:#}", LoadedModel::open(dir.path()).err().expect("refused"));
         assert!(err.contains("`model.layers.0.mlp.surprise.weight` is not one the config predicts"), "{family}: {err}");
-        write("model.layers.0.self_attn.o_proj.weight_scale_inv");
+        // (Qwen3-Next's layer 0 is linear attention.)
+        match family {
+            "qwen3_next" => write("model.layers.0.linear_attn.out_proj.weight_scale_inv"),
+            _ => write("model.layers.0.self_attn.o_proj.weight_scale_inv"),
+        }
         assert!(LoadedModel::open(dir.path()).is_ok(), "{family}: a scale beside a mapped tensor");
     }
 }

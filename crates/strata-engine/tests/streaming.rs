@@ -94,6 +94,9 @@ fn streamed_equals_resident_bit_for_bit() {
         // gpt-oss: MXFP4 nibbles kept as they are; bf16 interleaved experts re-encoded.
         ("gpt_oss/mxfp4-yarn", QuantKind::Mxfp4),
         ("gpt_oss/bf16-plain", QuantKind::int4(16)),
+        // Qwen3-Next: the shared expert beside the streamed routed ones.
+        ("qwen3_next/hybrid-f32", QuantKind::int4(16)),
+        ("qwen3_next/bf16-dense", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));

@@ -5,6 +5,7 @@
 //! in its tests, checked on random inputs. Quantized expert encodings (`quant`) and the
 //! CPU kernels that compute on them (`expert`: matmul and SwiGLU, AVX-512/AVX2 + threads).
 
+pub mod deltanet;
 pub mod dtype;
 pub mod expert;
 pub mod fp8;

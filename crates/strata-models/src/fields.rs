@@ -156,6 +156,41 @@ impl Fields<'_> {
         }
         Ok(n)
     }
+    /// A list of layer indices below `layers` (`mlp_only_layers`); empty where absent.
+    pub(crate) fn layer_indices(&self, k: &str, layers: usize) -> Result<Vec<usize>> {
+        match self.get(k) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .map(|x| x as usize)
+                        .filter(|&x| x < layers)
+                        .ok_or_else(|| anyhow!("field `{k}` holds {v}: not a layer index below {layers}"))
+                })
+                .collect(),
+            Some(v) => bail!("field `{k}` must be a list of layer indices, got {v}"),
+        }
+    }
+    /// `layer_types`, one entry a layer, each one of `kinds`: per layer, its kind's index;
+    /// None where absent.
+    pub(crate) fn layer_types(&self, family: &str, layers: usize, kinds: &[&str]) -> Result<Option<Vec<usize>>> {
+        let Some(types) = self.str_list("layer_types")? else { return Ok(None) };
+        if types.len() != layers {
+            bail!("field `layer_types` lists {} layers; `num_hidden_layers` is {layers}", types.len());
+        }
+        let names = kinds.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" or ");
+        types
+            .iter()
+            .map(|t| {
+                kinds
+                    .iter()
+                    .position(|k| k == t)
+                    .ok_or_else(|| anyhow!("field `layer_types` holds `{t}`; {family} layers are {names}"))
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
     /// FP8 checkpoints: the `weight_block_size` of `quantization_config`.
     pub(crate) fn fp8_block(&self) -> Result<Option<(usize, usize)>> {
         let Some(q) = self.get("quantization_config") else { return Ok(None) };
@@ -227,4 +262,11 @@ pub(crate) fn check_eos(ids: &[u32], vocab_size: usize) -> Result<()> {
         Some(id) => bail!("field `eos_token_id` ({id}) is outside the vocabulary ({vocab_size})"),
         None => Ok(()),
     }
+}
+
+/// The Qwen MoE families' rule (transformers): a layer is sparse unless listed in
+/// `mlp_only_layers`, when there are experts and `(layer + 1)` is a multiple of
+/// `decoder_sparse_step`.
+pub(crate) fn qwen_sparse(layer: usize, mlp_only_layers: &[usize], experts: usize, step: usize) -> bool {
+    !mlp_only_layers.contains(&layer) && experts > 0 && (layer + 1).is_multiple_of(step)
 }

@@ -22,6 +22,7 @@ pub mod kv;
 pub mod media;
 pub mod minimax_m2;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod registry;
 pub mod rope;
 mod session;

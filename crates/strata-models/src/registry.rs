@@ -205,7 +205,7 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 8] = [
+    static FAMILIES: [&Family; 9] = [
         &crate::glm_moe_dsa::FAMILY,
         &crate::deepseek_v3::FAMILY,
         &crate::deepseek_v3::KIMI_FAMILY,
@@ -213,6 +213,7 @@ pub fn families() -> &'static [&'static Family] {
         &crate::qwen3_moe::FAMILY,
         &crate::minimax_m2::FAMILY,
         &crate::gpt_oss::FAMILY,
+        &crate::qwen3_next::FAMILY,
         &crate::gemma4::FAMILY,
     ];
     &FAMILIES

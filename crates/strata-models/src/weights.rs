@@ -76,6 +76,9 @@ pub struct WeightMap {
     pub fused: Vec<(usize, (String, String))>,
     /// How the fused tensors lay the experts out.
     pub fused_form: FusedForm,
+    /// Tensors known by prefix only, and their group (a draft layer that is described,
+    /// not run: Qwen3-Next's `mtp.`).
+    pub extra_prefixes: Vec<(String, TensorGroup)>,
 }
 
 /// How a checkpoint lays out a layer's fused experts.
@@ -146,6 +149,10 @@ impl WeightMap {
             // (A mapped tensor under `mlp.experts.` that is not an expert: gpt-oss's biases.)
             return s.expert.is_some();
         }
+        // A described-only draft layer's experts stay with the resident tensors.
+        if self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str())) {
+            return false;
+        }
         name.contains(".mlp.experts.") || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
     }
 
@@ -205,7 +212,12 @@ impl WeightMap {
             // A mapped name, or one extended at a `.` or `_` (`x.weight_scale_inv`, `x.weight.qs`).
             let extends = mapped.contains(name)
                 || name.char_indices().any(|(i, c)| (c == '.' || c == '_') && mapped.contains(&name[..i]));
-            if extends || fused.iter().any(|f| name.starts_with(f.as_str())) || name.ends_with("rotary_emb.inv_freq") {
+            let extra = self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str()));
+            if extends
+                || extra
+                || fused.iter().any(|f| name.starts_with(f.as_str()))
+                || name.ends_with("rotary_emb.inv_freq")
+            {
                 continue;
             }
             let file = store.get(name).map(|(f, _)| f.path().display().to_string()).unwrap_or_default();
@@ -267,10 +279,18 @@ impl WeightMap {
         let mut groups: BTreeMap<TensorGroup, GroupSize> = BTreeMap::new();
         for name in store.names() {
             let Some((_, t)) = store.get(name) else { continue };
+            // MXFP4's e8m0 scales (`X_scales` beside `X_blocks`) count as bytes of their matrix.
+            let mxfp4_scales = name
+                .strip_suffix("_scales")
+                .filter(|b| store.contains(&format!("{b}_blocks")))
+                .map(|b| format!("{b}_blocks"));
             let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
+            let base = mxfp4_scales.as_deref().unwrap_or(base);
             let spec = by_name.get(base);
+            let extra = self.extra_prefixes.iter().find(|(p, _)| base.starts_with(p.as_str()));
             let group = match spec {
                 Some(s) => s.group,
+                None if extra.is_some() => extra.unwrap().1,
                 None if self.is_routed_expert(base) => TensorGroup::RoutedExperts,
                 None => fused_group(base),
             };
@@ -282,6 +302,8 @@ impl WeightMap {
             g.tensors += 1;
             g.parameters += match (store.contains(&format!("{name}.qs")), spec) {
                 (true, Some(s)) => s.shape.iter().product::<usize>() as u64,
+                // Two FP4 values a byte.
+                _ if name.ends_with("_blocks") && t.dtype == ElementType::U8 => 2 * t.numel() as u64,
                 _ => t.numel() as u64,
             };
         }

@@ -252,3 +252,18 @@ fn gpt_oss_models_serve_with_harmony() {
         forced_calls(&app, fixture, harmony_history_call);
     }
 }
+
+/// Qwen3-Next behind the server: Qwen3's template and call syntax; the serving engine runs
+/// its recurrent sequences with the prompt cache off (forced calls over several requests).
+#[test]
+fn qwen3_next_models_serve_with_qwen_syntax() {
+    let (tools, messages) = round_trip();
+    for fixture in ["hybrid-f32", "bf16-dense"] {
+        let app = app("qwen3_next", fixture, Syntax::Qwen);
+        let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
+        assert_eq!(status, 200, "{body}");
+        let p = t["prompt"].as_str().unwrap();
+        assert_eq!(qwen_history_call(p), Some(("get_weather".into(), json!({"city": "Paris", "days": 2}))), "{p}");
+        forced_calls(&app, fixture, qwen_history_call);
+    }
+}

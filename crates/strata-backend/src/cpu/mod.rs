@@ -589,4 +589,40 @@ impl Backend for CpuBackend {
         let _t = Timer::start(Op::MlaPrepare);
         gqa_query::query(self, step, a)
     }
+
+    fn gated_delta_net(&self, step: &Step, a: crate::DeltaNet<'_, Self>) {
+        let _t = Timer::start(Op::Other);
+        let d = a.dims;
+        let p = strata_kernels::deltanet::DeltaNetParams {
+            conv: &a.conv[..],
+            a_log: &a.a_log[..],
+            dt_bias: &a.dt_bias[..],
+            norm: &a.norm[..],
+            eps: a.eps,
+        };
+        let (w, bw, vd, cl, sl) = (d.qkvz_width(), 2 * d.v_heads, d.value_dim(), d.conv_state_len(), d.state_len());
+        let mut mixed = vec![0f32; d.conv_dim()];
+        // Rows in order: a sequence's rows follow each other, each on the state the one
+        // before left.
+        for r in 0..step.rows() {
+            let s = step.seq[r] as usize;
+            strata_kernels::deltanet::delta_row(
+                &d,
+                &p,
+                &a.qkvz[r * w..(r + 1) * w],
+                &a.ba[r * bw..(r + 1) * bw],
+                &mut a.conv_state[s * cl..(s + 1) * cl],
+                &mut a.state[s * sl..(s + 1) * sl],
+                &mut mixed,
+                &mut a.out[r * vd..(r + 1) * vd],
+            );
+        }
+    }
+
+    fn sigmoid_mul(&self, len: usize, gate: &Vec<f32>, x: &mut Vec<f32>) {
+        let _t = Timer::start(Op::Other);
+        for (v, g) in x[..len].iter_mut().zip(&gate[..len]) {
+            *v *= strata_kernels::ops::sigmoid(*g);
+        }
+    }
 }

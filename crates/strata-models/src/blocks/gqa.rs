@@ -22,6 +22,9 @@ pub struct GqaWeights<B: Backend> {
     pub o_bias: Option<B::Buf>,
     /// One sink logit a head (gpt-oss).
     pub sinks: Option<B::Buf>,
+    /// An output gate `[heads * head_dim, hidden]` (Qwen3-Next): the attention's output is
+    /// multiplied by `sigmoid(xn G^T)` before the output projection.
+    pub out_gate: Option<B::Mat>,
 }
 
 /// Activations of GQA layers for forwards of up to `rows` rows.
@@ -32,11 +35,14 @@ pub struct GqaScratch<B: Backend> {
     attn: B::Buf,
     /// q and k after a whole-projection norm (`full_norm` weights only).
     normed: Option<(B::Buf, B::Buf)>,
+    /// The output gate's logits (gated attention only).
+    gate: Option<B::Buf>,
 }
 
 impl<B: Backend> GqaScratch<B> {
-    /// `full_norm`: room for q and k normed over the whole projection.
-    pub fn new(b: &B, d: &GqaDims, rows: usize, full_norm: bool) -> Result<Self> {
+    /// `full_norm`: room for q and k normed over the whole projection; `gated`: for the
+    /// output gate's logits.
+    pub fn new(b: &B, d: &GqaDims, rows: usize, full_norm: bool, gated: bool) -> Result<Self> {
         let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
         let normed = match full_norm {
             true => Some((b.alloc(rows * q)?, b.alloc(rows * kv)?)),
@@ -48,12 +54,14 @@ impl<B: Backend> GqaScratch<B> {
             v: b.alloc(rows * kv)?,
             attn: b.alloc(rows * q)?,
             normed,
+            gate: gated.then(|| b.alloc(rows * q)).transpose()?,
         })
     }
 
-    pub fn bytes(d: &GqaDims, rows: usize, full_norm: bool) -> u64 {
+    pub fn bytes(d: &GqaDims, rows: usize, full_norm: bool, gated: bool) -> u64 {
         let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        4 * (rows * (2 * q + 2 * kv + if full_norm { q + kv } else { 0 })) as u64
+        let (norm, gate) = (if full_norm { q + kv } else { 0 }, if gated { q } else { 0 });
+        4 * (rows * (2 * q + 2 * kv + norm + gate)) as u64
     }
 }
 
@@ -74,15 +82,13 @@ impl<B: Backend> GqaWeights<B> {
         x: &mut B::Buf,
     ) {
         let rows = step.rows();
-        b.linears(
-            xn,
-            rows,
-            &mut [
-                LinearOut::biased(b, &self.q, self.q_bias.as_ref(), &mut s.q),
-                LinearOut::biased(b, &self.k, self.k_bias.as_ref(), &mut s.k),
-                LinearOut::biased(b, &self.v, self.v_bias.as_ref(), &mut s.v),
-            ],
-        );
+        let q = LinearOut::biased(b, &self.q, self.q_bias.as_ref(), &mut s.q);
+        let k = LinearOut::biased(b, &self.k, self.k_bias.as_ref(), &mut s.k);
+        let v = LinearOut::biased(b, &self.v, self.v_bias.as_ref(), &mut s.v);
+        match (&self.out_gate, s.gate.as_mut()) {
+            (Some(g), Some(buf)) => b.linears(xn, rows, &mut [q, k, v, LinearOut::new(b, g, buf)]),
+            _ => b.linears(xn, rows, &mut [q, k, v]),
+        }
         let (q, k, q_norm, k_norm) = match (self.full_norm, s.normed.as_mut()) {
             (true, Some((nq, nk))) => {
                 let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
@@ -94,6 +100,9 @@ impl<B: Backend> GqaWeights<B> {
         };
         b.gqa_prepare(step, GqaPrepare { dims: d, q: &mut *q, k, v: &s.v, q_norm, k_norm, eps, cos, sin, cache });
         b.gqa_attend(step, GqaAttend { dims: d, q: &*q, cache, sinks: self.sinks.as_ref(), out: &mut s.attn });
+        if let (Some(_), Some(gate)) = (&self.out_gate, s.gate.as_ref()) {
+            b.sigmoid_mul(rows * d.heads * d.head_dim, gate, &mut s.attn);
+        }
         b.linears(&s.attn, rows, &mut [LinearOut { bias: self.o_bias.as_ref(), ..LinearOut::add(b, &self.o, x) }]);
     }
 }

@@ -72,6 +72,7 @@ impl<B: Backend> Loader<'_, B> {
             o: self.mat(k(O))?,
             o_bias: self.opt_vec(k(OBias), self.cfg.o_bias)?,
             sinks: self.opt_vec(k(Sinks), self.cfg.sinks)?,
+            out_gate: None,
         })
     }
 

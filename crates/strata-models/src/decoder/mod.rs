@@ -176,7 +176,7 @@ impl DecoderSpec {
         // one row of logits; the expert runner's gathered inputs and intermediates;
         // per-thread attention scores.
         4 * (3 * r * h + r * self.rotary_dim as u64)
-            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(0), rows, self.qk_norm == QkNorm::Full)
+            + GqaScratch::<CpuBackend>::bytes(&self.gqa_dims(0), rows, self.qk_norm == QkNorm::Full, false)
             + moe
             + 4 * (2 * h + self.vocab_size as u64)
             + 4 * r * (h * (k + 1) + 2 * inter)
@@ -203,6 +203,12 @@ impl DecoderSpec {
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
+                if self.sinks || self.router_bias {
+                    bail!(
+                        "{}: attention sinks and a router bias have no CUDA kernels yet; run it with --device cpu",
+                        info.family
+                    );
+                }
                 let provider = crate::registry::cuda_provider(spec.experts)?;
                 let b = crate::registry::cuda_backend(n)?;
                 Ok(Box::new(Decoder::load(b, self.clone(), info, store, provider)?))

@@ -96,7 +96,7 @@ impl<'m, B: Backend> DecoderSession<'m, B> {
             y: b.alloc(rows * h)?,
             cos: b.alloc(rows * m.dims[0].rotary / 2)?,
             sin: b.alloc(rows * m.dims[0].rotary / 2)?,
-            gqa: GqaScratch::new(b, &m.dims[0], rows, cfg.qk_norm == super::QkNorm::Full)?,
+            gqa: GqaScratch::new(b, &m.dims[0], rows, cfg.qk_norm == super::QkNorm::Full, false)?,
             moe,
         };
         Ok(Self {

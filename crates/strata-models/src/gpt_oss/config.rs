@@ -62,26 +62,9 @@ impl GptOssConfig {
                 bail!("field `experts_per_token` ({v}) disagrees with `num_experts_per_tok` ({num_experts_per_tok})");
             }
         }
-        let sliding = match f.str_list("layer_types")? {
+        let sliding = match f.layer_types("gpt_oss", num_hidden_layers, &["sliding_attention", "full_attention"])? {
+            Some(kinds) => kinds.iter().map(|&k| k == 0).collect(),
             None => (0..num_hidden_layers).map(|i| i % 2 == 0).collect(),
-            Some(types) => {
-                if types.len() != num_hidden_layers {
-                    bail!(
-                        "field `layer_types` lists {} layers; `num_hidden_layers` is {num_hidden_layers}",
-                        types.len()
-                    );
-                }
-                types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "sliding_attention" => Ok(true),
-                        "full_attention" => Ok(false),
-                        other => bail!(
-                            "field `layer_types` holds `{other}`; gpt_oss layers are `sliding_attention` or `full_attention`"
-                        ),
-                    })
-                    .collect::<Result<_>>()?
-            }
         };
         // transformers' default when the config names no rotary embedding: YaRN as the
         // released checkpoints use it.
@@ -256,6 +239,38 @@ mod tests {
         let types =
             with(json!({"layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"]}));
         assert_eq!(types.unwrap().sliding, [false, false, true, false]);
+    }
+
+    /// gpt-oss-120b's `config.json` as released (legacy `rope_scaling`, OpenAI's
+    /// `experts_per_token`, `initial_context_length`).
+    #[test]
+    fn the_released_config_parses() {
+        let types: Vec<&str> =
+            (0..36).map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" }).collect();
+        let j = json!({
+            "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+            "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+            "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+            "intermediate_size": 2880, "layer_types": types, "max_position_embeddings": 131072,
+            "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+            "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128,
+            "output_router_logits": false, "pad_token_id": 199999,
+            "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+            "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+            "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0", "use_cache": true,
+            "vocab_size": 201088
+        });
+        let c = GptOssConfig::from_json(&j).unwrap();
+        assert_eq!((c.num_local_experts, c.num_experts_per_tok, c.head_dim, c.sliding_window), (128, 4, 64, 128));
+        assert_eq!((c.sliding.iter().filter(|&&s| s).count(), c.eos_token_ids.clone()), (18, vec![200002]));
+        let y = c.rope.yarn.as_ref().unwrap();
+        assert_eq!((c.rope.theta, y.factor, y.truncate), (150000.0, 32.0, false));
+        let moe = c.decoder().moe_layout().unwrap();
+        assert_eq!((moe.layers.len(), moe.hidden, moe.inter), (36, 2880, 2880));
     }
 
     #[test]

@@ -56,18 +56,7 @@ impl Qwen3MoeConfig {
             (None, None) => 128,
         };
         let num_hidden_layers = f.layers("num_hidden_layers")?;
-        let mlp_only_layers = match f.get("mlp_only_layers") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_u64().map(|x| x as usize).filter(|&x| x < num_hidden_layers).ok_or_else(|| {
-                        anyhow!("field `mlp_only_layers` holds {v}: not a layer index below {num_hidden_layers}")
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(v) => bail!("field `mlp_only_layers` must be a list of layer indices, got {v}"),
-        };
+        let mlp_only_layers = f.layer_indices("mlp_only_layers", num_hidden_layers)?;
         let sliding_window = match f.bool_or("use_sliding_window", false)? {
             true => Some(f.usize_or("sliding_window", 4096)?).filter(|&w| w > 0),
             false => None,
@@ -99,12 +88,9 @@ impl Qwen3MoeConfig {
         Ok(cfg)
     }
 
-    /// transformers' rule: a layer is sparse unless listed in `mlp_only_layers`, when
-    /// there are experts and `(layer + 1)` is a multiple of `decoder_sparse_step`.
+    /// Whether `layer`'s MLP is the routed MoE ([`crate::fields::qwen_sparse`]).
     pub fn is_sparse(&self, layer: usize) -> bool {
-        !self.mlp_only_layers.contains(&layer)
-            && self.num_experts > 0
-            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+        crate::fields::qwen_sparse(layer, &self.mlp_only_layers, self.num_experts, self.decoder_sparse_step)
     }
 
     pub fn sparse_layers(&self) -> usize {
