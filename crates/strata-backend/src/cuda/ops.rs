@@ -566,16 +566,17 @@ pub(crate) fn gqa_attend(b: &CudaBackend, step: &Step, a: GqaAttend<'_, CudaBack
     };
     let mut st = b.lock();
     let sd = b.step_desc(&mut st, step);
-    // (Models with sinks are refused on CUDA at load: see `cuda_supports`.)
-    assert!(a.sinks.is_none(), "gqa_attend: attention sinks have no CUDA kernel yet");
-    let (q, cache, out) = (a.q.ptr(), a.cache.ptr(), a.out.ptr());
+    if let Some(s) = a.sinks {
+        assert_eq!(s.len(), d.heads, "gqa_attend: {} sinks for {} heads", s.len(), d.heads);
+    }
+    let (q, cache, out, sinks) = (a.q.ptr(), a.cache.ptr(), a.out.ptr(), a.sinks.map_or(0, |s| s.ptr()));
     let (heads, kvh, hd, scale) = (d.heads as i32, d.kv_heads as i32, d.head_dim as i32, d.scale);
     b.launch(
         pick(&b.f.gqa_attend, d.head_dim),
         (rows as u32, d.heads as u32, 1),
         128,
         0,
-        &mut args![sd, q, cache, heads, kvh, hd, scale, window, out],
+        &mut args![sd, q, cache, heads, kvh, hd, scale, window, sinks, out],
     );
 }
 
@@ -645,10 +646,10 @@ pub(crate) fn route_softmax(
     assert!(ids.len() >= rows * k && weights.len() >= rows * k, "route_softmax: outputs too small");
     let smem = n * 4;
     assert!(smem <= 48 << 10, "route_softmax: {n} experts exceed shared memory");
-    // (Models with a router bias are refused on CUDA at load: see `cuda_supports`.)
-    assert!(gate_bias.is_none(), "route_softmax: a router bias is not run on CUDA yet");
+    assert!(gate_bias.is_none_or(|v| v.len() == n), "route_softmax: a router bias of another length than {n}");
     let mut st = b.lock();
-    b.linear(&mut st, &Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()));
+    let lin = Lin { bias: gate_bias.map_or(0, |v| v.ptr()), ..Lin::plain(gate, x.ptr(), hidden, rows, logits.ptr()) };
+    b.linear(&mut st, &lin);
     let (lp, sp, ip, wp, ni, ki) = (logits.ptr(), expert_scale.ptr(), ids.ptr(), weights.ptr(), n as i32, k as i32);
     let renorm = i32::from(routing.renormalize);
     b.launch(&b.f.route_softmax, (rows as u32, 1, 1), 256, smem as u32, &mut args![lp, ni, sp, ki, renorm, ip, wp]);

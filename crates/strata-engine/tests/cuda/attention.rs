@@ -292,7 +292,7 @@ pub(crate) fn cuda_gqa_matches_cpu_on<G: Backend>(g: &G) {
             let v = rvec(&mut rng, rows * kv_heads * hd, 1.0);
             let (qn, kn) = (rvec(&mut rng, hd, 1.0), rvec(&mut rng, hd, 1.0));
             let cache = rvec(&mut rng, slots * d.cache_width(), 1.0);
-            fn run<B: Backend>(b: &B, step: &Step, d: GqaDims, v: [&[f32]; 6], norms: bool) -> [Vec<f32>; 4] {
+            fn run<B: Backend>(b: &B, step: &Step, d: GqaDims, v: [&[f32]; 7], norms: bool) -> [Vec<f32>; 5] {
                 let rows = step.rows();
                 let mut cos = b.alloc(rows * d.rotary / 2).unwrap();
                 let mut sin = b.alloc(rows * d.rotary / 2).unwrap();
@@ -316,14 +316,19 @@ pub(crate) fn cuda_gqa_matches_cpu_on<G: Backend>(g: &G) {
                 );
                 let mut out = up(b, &vec![f32::NAN; v[0].len()]);
                 b.gqa_attend(step, GqaAttend { dims: d, q: &q, cache: &cache, sinks: None, out: &mut out });
+                // gpt-oss's sinks: one more logit a head in the softmax.
+                let sinks = up(b, v[6]);
+                let mut sunk = up(b, &vec![f32::NAN; v[0].len()]);
+                b.gqa_attend(step, GqaAttend { dims: d, q: &q, cache: &cache, sinks: Some(&sinks), out: &mut sunk });
                 // The queries alone (a layer reading another layer's cache).
                 let mut q2 = up(b, v[0]);
                 let q_norm = norms.then_some(&qn);
                 b.gqa_query(step, GqaQuery { dims: d, q: &mut q2, q_norm, eps: 1e-5, cos: &cos, sin: &sin });
                 let n = v[0].len();
-                [down(b, &q, n), down(b, &cache, v[5].len()), down(b, &out, n), down(b, &q2, n)]
+                [down(b, &q, n), down(b, &cache, v[5].len()), down(b, &out, n), down(b, &q2, n), down(b, &sunk, n)]
             }
-            let vv = [&q[..], &k[..], &v[..], &qn[..], &kn[..], &cache[..]];
+            let sinks = rvec(&mut rng, heads, 2.0);
+            let vv = [&q[..], &k[..], &v[..], &qn[..], &kn[..], &cache[..], &sinks[..]];
             let gv = run(g, &step, d, vv, norms);
             let cv = run(c, &step, d, vv, norms);
             let what = format!("hd {hd} window {window:?} visible {}", !step.visible_to.is_empty());
@@ -331,6 +336,8 @@ pub(crate) fn cuda_gqa_matches_cpu_on<G: Backend>(g: &G) {
             close(&format!("gqa cache, {what}"), &gv[1], &cv[1], 1e-6, 2e-6);
             close(&format!("gqa attend, {what}"), &gv[2], &cv[2], 2e-6, 2e-5);
             close(&format!("gqa query, {what}"), &gv[3], &cv[3], 1e-6, 2e-6);
+            close(&format!("gqa attend with sinks, {what}"), &gv[4], &cv[4], 2e-6, 2e-5);
+            assert_ne!(gv[4], gv[2], "the sinks take weight ({what})");
             assert_eq!(gv[3], gv[0], "gqa_query's queries equal gqa_prepare's ({what})");
         }
     }

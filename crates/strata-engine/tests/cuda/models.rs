@@ -126,8 +126,8 @@ const FIXTURES: [(&str, &str); 19] = [
     ("gemma4", "vision-large"),
 ];
 
-/// (gpt_oss and qwen3_next load on the CPU only until their CUDA kernels have run on a GPU:
-/// their CUDA loads are refused by name.)
+/// (qwen3_next loads on the CPU only until its DeltaNet has a CUDA kernel: its CUDA load
+/// is refused by name.)
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
     let mut all: Vec<(String, String)> =

@@ -68,6 +68,7 @@ pub(crate) fn cuda_route_softmax_matches_cpu_on<G: Backend>(g: &G) {
             gate: &HostMatrix,
             x: &[f32],
             scale: &[f32],
+            bias: Option<&[f32]>,
             rows: usize,
             routing: SoftmaxRouting,
         ) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
@@ -77,13 +78,16 @@ pub(crate) fn cuda_route_softmax_matches_cpu_on<G: Backend>(g: &G) {
             let mut logits = up(b, &vec![f32::NAN; rows * gate.rows]);
             let mut ids = b.alloc_idx(rows * k).unwrap();
             let mut wts = up(b, &vec![f32::NAN; rows * k]);
-            b.route_softmax(&xb, rows, &w, None, &sb, routing, &mut logits, &mut ids, &mut wts);
+            let bias = bias.map(|v| up(b, v));
+            b.route_softmax(&xb, rows, &w, bias.as_ref(), &sb, routing, &mut logits, &mut ids, &mut wts);
             (down(b, &logits, rows * gate.rows), down_idx(b, &ids, rows * k), down(b, &wts, rows * k))
         }
-        for renormalize in [true, false] {
+        // gpt-oss's router has a bias.
+        let bias = rvec(&mut rng, experts, 1.0);
+        for (renormalize, bias) in [(true, None), (false, None), (true, Some(&bias[..]))] {
             let routing = SoftmaxRouting { top_k, renormalize };
-            let (gl, gi, gw) = run(g, &gate, &x, &scale, rows, routing);
-            let (cl, ci, cw) = run(c, &gate, &x, &scale, rows, routing);
+            let (gl, gi, gw) = run(g, &gate, &x, &scale, bias, rows, routing);
+            let (cl, ci, cw) = run(c, &gate, &x, &scale, bias, rows, routing);
             close("softmax router logits", &gl, &cl, 1e-6, 1e-5);
             assert_eq!(gi, ci, "softmax router ids ({experts} experts, top {top_k}, {kind:?})");
             close(&format!("softmax router weights ({routing:?})"), &gw, &cw, 1e-6, 1e-5);

@@ -203,12 +203,6 @@ impl DecoderSpec {
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                if self.sinks || self.router_bias {
-                    bail!(
-                        "{}: attention sinks and a router bias have no CUDA kernels yet; run it with --device cpu",
-                        info.family
-                    );
-                }
                 let provider = crate::registry::cuda_provider(spec.experts)?;
                 let b = crate::registry::cuda_backend(n)?;
                 Ok(Box::new(Decoder::load(b, self.clone(), info, store, provider)?))

@@ -696,7 +696,7 @@ extern "C" __global__ void k_gqa_prepare(StepDev st, float* q, const float* k, c
 // head's cache; online softmax per warp. J >= ceil(hd / 32).
 template <int J>
 __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const float* cache, int heads, int kv_heads,
-                                           int hd, float scale, int window, float* out) {
+                                           int hd, float scale, int window, const float* sinks, float* out) {
     __shared__ float sm[4], sl[4];
     __shared__ float sacc[4][J * 32];
     int r = blockIdx.x, h = blockIdx.y;
@@ -715,6 +715,11 @@ __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const flo
     int v = visible(st, r), own = (int)st.pos[r] + 1;
     int start = window > 0 ? max(0, own - window) : 0;
     float m = NEG_INF, l = 0.f;
+    // A sink is one more logit in the softmax with a zero value: warp 0 starts from it.
+    if (sinks && warp == 0) {
+        m = sinks[h];
+        l = 1.f;
+    }
     for (int t = start + warp; t < v; t += 4) {
         const float* base = cache + (i64)kv_slot(st, r, t) * width;
         const float* key = base + g * hd;
@@ -744,9 +749,10 @@ __device__ __forceinline__ void gqa_attend(StepDev st, const float* q, const flo
     extern "C" __global__ void __launch_bounds__(128) k_gqa_attend_##J(StepDev st, const float* q,             \
                                                                        const float* cache, int heads,          \
                                                                        int kv_heads, int hd, float scale,      \
-                                                                       int window, float* out) {               \
+                                                                       int window, const float* sinks,         \
+                                                                       float* out) {                           \
         pdl_enter();                                                                                           \
-        gqa_attend<J>(st, q, cache, heads, kv_heads, hd, scale, window, out);                                 \
+        gqa_attend<J>(st, q, cache, heads, kv_heads, hd, scale, window, sinks, out);                          \
     }
 GQA_ATTEND(1)
 GQA_ATTEND(2)
