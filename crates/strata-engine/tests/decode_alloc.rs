@@ -32,6 +32,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The count is process-wide: the tests take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Decode steps of the product's loop (the serving engine, here a batch of one without a
 /// tokenizer: text is the front end's) past the DSA top-k (the indexer scores and
 /// selects) and across KV blocks, greedy and sampled (repetition penalty, top-p), one
@@ -39,6 +42,7 @@ static GLOBAL: Counting = Counting;
 /// without drafts (MTP).
 #[test]
 fn decode_steps_allocate_nothing() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let m = LoadedModel::open(&root.join("models/strata-tiny")).unwrap();
     assert!(m.draft, "strata-tiny loads its draft layer");
@@ -83,5 +87,40 @@ fn decode_steps_allocate_nothing() {
         assert_eq!(after - before, 0, "{what}: {} allocations in {steps} decode steps", after - before);
         assert_eq!(engine.counters().fed_steps > 0, fed, "{what}: fed steps");
         assert_eq!(engine.counters().mtp_drafted > 0, drafts > 0, "{what}: drafts");
+    }
+}
+
+/// The same of the other families' decoders (greedy, one step at a time): GQA with sinks,
+/// biases and windows, experts with biases (gpt-oss, MXFP4), the DeltaNet's recurrent
+/// state (Qwen3-Next), MLA without an indexer (DeepSeek-V3).
+#[test]
+fn other_families_decode_steps_allocate_nothing() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    for name in [
+        "qwen3_moe/gqa-renorm",
+        "minimax_m2/gqa-full",
+        "deepseek_v3/yarn-groups",
+        "gpt_oss/mxfp4-yarn",
+        "qwen3_next/hybrid-f32",
+    ] {
+        let m = LoadedModel::open(&root.join(name)).unwrap();
+        let mut engine = BatchEngine::new(m.model.as_ref(), None, m.engine_options(Some(0)).unwrap()).unwrap();
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 400) as u32 + 5).collect();
+        let mut req = ServeRequest::new(GenerateRequest::new(prompt, 60, SamplingParams::default()));
+        req.ignore_eos = true;
+        let id = engine.submit(req).unwrap();
+        let mut out = Vec::with_capacity(8);
+        while engine.generated(id).unwrap() < 8 {
+            engine.step(&mut out).unwrap();
+            out.clear();
+        }
+        let before = ALLOCS.load(Ordering::SeqCst);
+        while engine.generated(id).unwrap() < 40 {
+            engine.step(&mut out).unwrap();
+            assert!(out.is_empty(), "{name}: no text, no end: nothing to report");
+        }
+        let n = ALLOCS.load(Ordering::SeqCst) - before;
+        assert_eq!(n, 0, "{name}: {n} allocations in 32 decode steps");
     }
 }

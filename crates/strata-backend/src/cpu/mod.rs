@@ -601,7 +601,8 @@ impl Backend for CpuBackend {
             eps: a.eps,
         };
         let (w, bw, vd, cl, sl) = (d.qkvz_width(), 2 * d.v_heads, d.value_dim(), d.conv_state_len(), d.state_len());
-        let mut mixed = vec![0f32; d.conv_dim()];
+        // (Thread 0's scratch: this op runs on the calling thread, outside any region.)
+        let mut mixed = self.scratch(0, d.conv_dim());
         // Rows in order: a sequence's rows follow each other, each on the state the one
         // before left.
         for r in 0..step.rows() {
@@ -613,7 +614,7 @@ impl Backend for CpuBackend {
                 &a.ba[r * bw..(r + 1) * bw],
                 &mut a.conv_state[s * cl..(s + 1) * cl],
                 &mut a.state[s * sl..(s + 1) * sl],
-                &mut mixed,
+                &mut mixed[..d.conv_dim()],
                 &mut a.out[r * vd..(r + 1) * vd],
             );
         }
