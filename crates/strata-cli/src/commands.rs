@@ -468,7 +468,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
         println!();
         finish_turn(&m, &a.report, &out.output.stats)?;
-        let text = if syntax == Syntax::Harmony { answer.trim().to_string() } else { out.output.text };
+        let text = if harmony.is_some() { answer.trim().to_string() } else { out.output.text };
         msgs.push(Message::new("assistant", &text));
     }
     Ok(())

@@ -5,7 +5,7 @@
 //! experts form their own tier, int8 by default (int4 drafts are known to fail).
 
 use crate::registry::read_arch;
-use crate::weights::{fused_expert, ExpertMatrix, ExpertShape, WeightMap};
+use crate::weights::{fused_expert, mxfp4_blocks, ExpertMatrix, ExpertShape, WeightMap};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -94,33 +94,12 @@ fn expert_as_stored(
     Ok(out.try_into().ok())
 }
 
-/// Loads one expert's (gate, up, down) as f32, per-expert or fused layout.
-fn expert_f32(
-    store: &WeightStore,
-    map: &WeightMap,
-    names: &ExpertNames,
-    layer: usize,
-    e: usize,
-    shape: ExpertShape,
-    fp8: Option<(usize, usize)>,
-) -> Result<[Vec<f32>; 3]> {
-    let (hidden, inter) = (shape.hidden, shape.inter);
-    if let Some(gate) = names.get(layer, e, ExpertMatrix::Gate).filter(|n| store.contains(n)) {
-        let name = |m| names.get(layer, e, m).expect("every expert matrix is in the map");
-        return Ok([
-            store.load_f32(gate, &[inter, hidden], fp8)?,
-            store.load_f32(name(ExpertMatrix::Up), &[inter, hidden], fp8)?,
-            store.load_f32(name(ExpertMatrix::Down), &[hidden, inter], fp8)?,
-        ]);
-    }
-    // Fused: just this expert's rows, decoded from the stored bytes.
-    let [g, u, d] = fused_expert(store, &map.fused_names(layer), map.fused_form, shape, e)?;
-    Ok([g, u, d].map(|m| dequantize(m.kind.with_f32_scales(), &m.payload, &m.scales, m.rows, m.cols)))
-}
-
-/// One fused expert kept as stored where the checkpoint already holds `kind` (gpt-oss's
-/// MXFP4 into an MXFP4 container: the nibbles and scales move as they are).
-fn fused_as_stored(
+/// One expert encoded as `kind`: kept as the source stores it where that is `kind` (the
+/// public container's int4 and int8, see [`expert_as_stored`]; gpt-oss's fused MXFP4 into
+/// an MXFP4 container), else decoded to f32 (per-expert or fused layout) and quantized.
+/// Each expert is read once.
+#[allow(clippy::too_many_arguments)]
+fn encode_expert(
     store: &WeightStore,
     map: &WeightMap,
     names: &ExpertNames,
@@ -128,15 +107,31 @@ fn fused_as_stored(
     e: usize,
     shape: ExpertShape,
     kind: QuantKind,
-) -> Result<Option<[Encoded; 3]>> {
-    if names.get(layer, e, ExpertMatrix::Gate).is_some_and(|n| store.contains(n)) {
-        return Ok(None);
+    fp8: Option<(usize, usize)>,
+) -> Result<[Encoded; 3]> {
+    let (h, inter) = (shape.hidden, shape.inter);
+    if let Some(stored) = expert_as_stored(store, names, layer, e, h, inter, kind)? {
+        return Ok(stored);
     }
-    let ms = fused_expert(store, &map.fused_names(layer), map.fused_form, shape, e)?;
-    if ms.iter().any(|m| m.kind != kind) {
-        return Ok(None);
-    }
-    Ok(Some(ms.map(|m| (m.payload, m.scales))))
+    let [g, u, d] = match names.get(layer, e, ExpertMatrix::Gate).filter(|n| store.contains(n)) {
+        Some(gate) => {
+            let name = |m| names.get(layer, e, m).expect("every expert matrix is in the map");
+            [
+                store.load_f32(gate, &[inter, h], fp8)?,
+                store.load_f32(name(ExpertMatrix::Up), &[inter, h], fp8)?,
+                store.load_f32(name(ExpertMatrix::Down), &[h, inter], fp8)?,
+            ]
+        }
+        None => {
+            // Fused: just this expert's rows, from the stored bytes.
+            let ms = fused_expert(store, &map.fused_names(layer), map.fused_form, shape, e)?;
+            if ms.iter().all(|m| m.kind == kind) {
+                return Ok(ms.map(|m| (m.payload, m.scales)));
+            }
+            ms.map(|m| dequantize(m.kind.with_f32_scales(), &m.payload, &m.scales, m.rows, m.cols))
+        }
+    };
+    Ok([quantize(kind, &g, inter, h), quantize(kind, &u, inter, h), quantize(kind, &d, h, inter)])
 }
 
 /// The MTP layers that carry routed experts in this checkpoint.
@@ -161,7 +156,7 @@ pub fn stored_expert_kind(src: &Path) -> Result<Option<QuantKind>> {
     let map = arch.weight_map();
     let names = ExpertNames::new(&map);
     let Some(&layer) = moe.layers.first() else { return Ok(None) };
-    if store.contains(&format!("{}_blocks", map.fused_names(layer).0)) {
+    if store.contains(&mxfp4_blocks(&map.fused_names(layer).0)) {
         return Ok(Some(QuantKind::Mxfp4));
     }
     let Some(name) = names.get(layer, 0, ExpertMatrix::Gate) else { return Ok(None) };
@@ -245,17 +240,8 @@ pub fn convert(
     for (tier, layers, kind) in [("main", &main_layers, opts.experts), ("mtp", &mtp, opts.mtp_experts)] {
         for &layer in layers {
             for e in 0..n {
-                let kept = match expert_as_stored(&store, &names, layer, e, h, inter, kind)? {
-                    Some(stored) => Some(stored),
-                    None => fused_as_stored(&store, &map, &names, layer, e, shape, kind)?,
-                };
-                let [(gq, gs), (uq, us), (dq, ds)] = match kept {
-                    Some(stored) => stored,
-                    None => {
-                        let [g, u, d] = expert_f32(&store, &map, &names, layer, e, shape, arch.fp8_block())?;
-                        [quantize(kind, &g, inter, h), quantize(kind, &u, inter, h), quantize(kind, &d, h, inter)]
-                    }
-                };
+                let [(gq, gs), (uq, us), (dq, ds)] =
+                    encode_expert(&store, &map, &names, layer, e, shape, kind, arch.fp8_block())?;
                 writer.add_expert(tier, layer, e, [(&gq, &gs), (&uq, &us), (&dq, &ds)])?;
                 done += 1;
                 progress(done, total);

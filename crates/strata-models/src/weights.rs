@@ -96,6 +96,17 @@ pub enum FusedForm {
     Interleaved,
 }
 
+/// The MXFP4 payload tensor beside fused expert tensor `name` (gpt-oss ships `X_blocks`
+/// with `X_scales` where a float checkpoint has `X`).
+pub fn mxfp4_blocks(name: &str) -> String {
+    format!("{name}_blocks")
+}
+
+/// Whether `store` holds fused expert tensor `name`, as floats or as MXFP4 blocks.
+fn holds_fused(store: &WeightStore, name: &str) -> bool {
+    store.contains(name) || store.contains(&mxfp4_blocks(name))
+}
+
 /// Parameters and bytes of one group.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GroupSize {
@@ -136,7 +147,7 @@ impl WeightMap {
     pub fn fused_layers(&self, store: &WeightStore) -> Vec<usize> {
         let mut layers = fused_expert_layers(store);
         for (l, (gate_up, _)) in &self.fused {
-            if (store.contains(gate_up) || store.contains(&format!("{gate_up}_blocks"))) && !layers.contains(l) {
+            if holds_fused(store, gate_up) && !layers.contains(l) {
                 layers.push(*l);
             }
         }
@@ -150,10 +161,15 @@ impl WeightMap {
             return s.expert.is_some();
         }
         // A described-only draft layer's experts stay with the resident tensors.
-        if self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str())) {
+        if self.extra_group(name).is_some() {
             return false;
         }
         name.contains(".mlp.experts.") || self.fused.iter().any(|(_, (a, b))| a == name || b == name)
+    }
+
+    /// The group of a tensor known by prefix only ([`WeightMap::extra_prefixes`]).
+    fn extra_group(&self, name: &str) -> Option<TensorGroup> {
+        self.extra_prefixes.iter().find(|(p, _)| name.starts_with(p.as_str())).map(|(_, g)| *g)
     }
 
     /// Checks every tensor against the checkpoint's headers: required ones present, every
@@ -212,9 +228,8 @@ impl WeightMap {
             // A mapped name, or one extended at a `.` or `_` (`x.weight_scale_inv`, `x.weight.qs`).
             let extends = mapped.contains(name)
                 || name.char_indices().any(|(i, c)| (c == '.' || c == '_') && mapped.contains(&name[..i]));
-            let extra = self.extra_prefixes.iter().any(|(p, _)| name.starts_with(p.as_str()));
             if extends
-                || extra
+                || self.extra_group(name).is_some()
                 || fused.iter().any(|f| name.starts_with(f.as_str()))
                 || name.ends_with("rotary_emb.inv_freq")
             {
@@ -280,19 +295,15 @@ impl WeightMap {
         for name in store.names() {
             let Some((_, t)) = store.get(name) else { continue };
             // MXFP4's e8m0 scales (`X_scales` beside `X_blocks`) count as bytes of their matrix.
-            let mxfp4_scales = name
-                .strip_suffix("_scales")
-                .filter(|b| store.contains(&format!("{b}_blocks")))
-                .map(|b| format!("{b}_blocks"));
+            let mxfp4_scales = name.strip_suffix("_scales").map(mxfp4_blocks).filter(|b| store.contains(b));
             let base = name.strip_suffix(".qs").or_else(|| name.strip_suffix("_scale_inv")).unwrap_or(name);
             let base = mxfp4_scales.as_deref().unwrap_or(base);
             let spec = by_name.get(base);
-            let extra = self.extra_prefixes.iter().find(|(p, _)| base.starts_with(p.as_str()));
-            let group = match spec {
-                Some(s) => s.group,
-                None if extra.is_some() => extra.unwrap().1,
-                None if self.is_routed_expert(base) => TensorGroup::RoutedExperts,
-                None => fused_group(base),
+            let group = match (spec, self.extra_group(base)) {
+                (Some(s), _) => s.group,
+                (None, Some(g)) => g,
+                (None, None) if self.is_routed_expert(base) => TensorGroup::RoutedExperts,
+                (None, None) => fused_group(base),
             };
             let g = groups.entry(group).or_default();
             g.bytes += t.byte_len() as u64;
@@ -491,15 +502,15 @@ pub fn load_expert(
             load_matrix(store, &names[2], [h, inter], Role::Linear, fp8_block)?,
         ]);
     }
-    if !store.contains(&fused.0) && !store.contains(&format!("{}_blocks", fused.0)) {
+    if !holds_fused(store, &fused.0) {
         bail!("missing tensor `{}` (and no fused `{}`)", names[0], fused.0);
     }
     fused_expert(store, fused, form, shape, e)
 }
 
 /// Expert `e` of a layer's fused tensors, payloads as stored (bf16, f32 or MXFP4; other
-/// float types widened to f32). `last` releases the expert's pages once copied, so that a
-/// resident load does not hold the whole checkpoint twice until it ends.
+/// float types widened to f32). Each tensor's pages for the expert are released once
+/// copied, so that a resident load does not hold the whole checkpoint twice until it ends.
 pub fn fused_expert(
     store: &WeightStore,
     (gate_up, down): &(String, String),
@@ -508,14 +519,13 @@ pub fn fused_expert(
     e: usize,
 ) -> Result<[HostMatrix; 3]> {
     let ExpertShape { experts: n, hidden: h, inter } = shape;
-    let mxfp4 = format!("{gate_up}_blocks");
     Ok(match form {
         FusedForm::Stacked => {
             let gu = fused_rows(store, gate_up, [n, 2 * inter, h], e)?;
             let (g, u) = gu.split_rows(inter);
             [g, u, fused_rows(store, down, [n, h, inter], e)?]
         }
-        FusedForm::Interleaved if store.contains(&mxfp4) => {
+        FusedForm::Interleaved if store.contains(&mxfp4_blocks(gate_up)) => {
             let gu = fused_mxfp4(store, gate_up, [n, 2 * inter, h], e)?;
             [gu.rows_where(|r| r % 2 == 0), gu.rows_where(|r| r % 2 == 1), fused_mxfp4(store, down, [n, h, inter], e)?]
         }

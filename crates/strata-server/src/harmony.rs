@@ -14,6 +14,7 @@
 //! usually just ends). Text that does not open with a header (a grammar that forced plain
 //! JSON, say) is answer text.
 
+use crate::syntax::json_arguments;
 use crate::tools::{partial_suffix, Piece, ToolCall};
 use serde_json::Value;
 
@@ -103,7 +104,7 @@ impl HarmonyStream {
                             if marker != START {
                                 self.buf.drain(..marker.len());
                             }
-                            self.emit(&body.clone(), text, true, &mut out);
+                            self.emit(&body.clone(), text, &mut out);
                             self.state = State::Header;
                         }
                         None => {
@@ -112,7 +113,7 @@ impl HarmonyStream {
                             }
                             let hold = ENDS.iter().map(|m| partial_suffix(&self.buf, m)).max().unwrap_or(0);
                             let text: String = self.buf.drain(..self.buf.len() - hold).collect();
-                            self.emit(&body.clone(), text, false, &mut out);
+                            self.emit(&body.clone(), text, &mut out);
                             return out;
                         }
                     }
@@ -121,18 +122,17 @@ impl HarmonyStream {
         }
     }
 
-    /// A body's text: reasoning and answer text stream; a call's arguments arrive whole
-    /// (`done`), and are answer text where they are not a JSON object.
-    fn emit(&mut self, body: &Body, text: String, done: bool, out: &mut Vec<Piece>) {
+    /// A body's text: reasoning and answer text stream; a call's arguments come whole (its
+    /// body ended), and are answer text where they are not JSON arguments.
+    fn emit(&mut self, body: &Body, text: String, out: &mut Vec<Piece>) {
         match body {
-            Body::Call(name) if done => match serde_json::from_str::<Value>(text.trim()) {
-                Ok(Value::Object(arguments)) => {
+            Body::Call(name) => match json_arguments(&text) {
+                Some(arguments) => {
                     self.calls += 1;
                     out.push(Piece::Call(ToolCall { name: name.clone(), arguments }));
                 }
-                _ => push_text(out, Piece::Text(text)),
+                None => push_text(out, Piece::Text(text)),
             },
-            Body::Call(_) => unreachable!("a call's arguments are emitted whole"),
             Body::Reasoning => push_text(out, Piece::Reasoning(text)),
             Body::Text => push_text(out, Piece::Text(text)),
         }
@@ -144,7 +144,7 @@ impl HarmonyStream {
         let mut out = Vec::new();
         if let State::Body(body) = std::mem::replace(&mut self.state, State::Header) {
             let text = std::mem::take(&mut self.buf);
-            self.emit(&body, text, true, &mut out);
+            self.emit(&body, text, &mut out);
         }
         self.buf.clear();
         out

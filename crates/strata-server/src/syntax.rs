@@ -166,7 +166,7 @@ fn object_arguments(v: Value) -> Option<Map<String, Value>> {
 }
 
 /// Arguments written as JSON text (see [`object_arguments`]).
-fn json_arguments(text: &str) -> Option<Map<String, Value>> {
+pub(crate) fn json_arguments(text: &str) -> Option<Map<String, Value>> {
     object_arguments(serde_json::from_str::<Value>(text.trim()).ok()?)
 }
 

@@ -128,13 +128,13 @@ impl DecoderSpec {
     /// Layer `layer`'s attention. YaRN multiplies cos and sin by its attention factor, so
     /// q.k by its square: over a fully rotated head that is the softmax scale's factor.
     pub fn gqa_dims(&self, layer: usize) -> GqaDims {
-        let factor = self.rope.attention_factor().powi(2);
+        let factor = self.rope.attention_factor().powi(2) as f32;
         GqaDims {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             rotary: self.rotary_dim,
-            scale: ((self.head_dim as f64).powf(-0.5) * factor) as f32,
+            scale: (self.head_dim as f32).powf(-0.5) * factor,
             window: self.windows.get(layer).copied().flatten(),
         }
     }
