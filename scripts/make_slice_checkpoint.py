@@ -8,6 +8,7 @@ families that transformers defines:
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py glm4_moe /work/bench/glm45air-slice
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py gemma4 /work/bench/gemma4-26b-slice
     /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py gpt_oss /work/bench/gpt-oss-120b-slice --vocab 512
+    /tmp/gemmavenv/bin/python scripts/make_slice_checkpoint.py qwen3_moe /work/bench/qwen3-235b-slice --vocab 512
 
 Presets (widths from the released configs; `--layers` and `--vocab` override the cut):
   glm4_moe  GLM-4.5-Air (`Glm4MoeForCausalLM`): hidden 4096, 96 query heads x 128, 8 KV heads,
@@ -26,6 +27,17 @@ Presets (widths from the released configs; `--layers` and `--vocab` override the
             (`*_blocks` random nibbles, `*_scales` e8m0 codes 116-120, so weights of ~0.01-0.1),
             with `quantization_config.quant_method` mxfp4. 2 layers (sliding + full), 32
             experts a layer (128 in the release: a decode token reads 4 either way).
+  qwen3_moe Qwen3-235B-A22B (`Qwen3MoeForCausalLM`): hidden 4096, 64 query heads x 128, 4 KV heads,
+            q/k RMSNorm per head, experts of 1536 top-8 (softmax, renormalised), no shared expert.
+            2 layers, 32 experts a layer (128 in the release).
+  minimax_m2 MiniMax-M2 (`MiniMaxM2ForCausalLM`): hidden 3072, 48 query heads x 128, 8 KV heads,
+            q/k RMSNorm over all heads, rotary on half of each head (theta 5e6), experts of 1536
+            top-8 (sigmoid with a correction bias). 2 layers, 32 experts a layer (256 in the
+            release; bf16 here, FP8 in the release).
+  qwen3_next Qwen3-Next-80B-A3B (`Qwen3NextForCausalLM`): hidden 2048; 3 Gated DeltaNet layers
+            (16 key heads, 32 value heads, 128 wide, convolution 4) then 1 gated full-attention
+            layer (16 query heads x 256, 2 KV heads, rotary on a quarter); experts of 512 top-10
+            plus a gated shared expert of 512. 4 layers, 64 experts a layer (512 in the release).
 
 Weights are drawn from one seeded generator (torch.manual_seed and a torch.Generator), bf16:
 matrices N(0, 1/fan_in) so every projection keeps O(1) activations, norms and scales 1,
@@ -152,6 +164,92 @@ def gpt_oss_config(layers, vocab):
     )
 
 
+def qwen3_moe_config(layers, vocab):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=4096,
+        intermediate_size=12288,
+        moe_intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=32,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        bos_token_id=None,
+        eos_token_id=[vocab - 1],
+        pad_token_id=vocab - 2,
+    )
+
+
+def minimax_m2_config(layers, vocab):
+    from transformers import MiniMaxM2Config
+
+    return MiniMaxM2Config(
+        vocab_size=vocab,
+        hidden_size=3072,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=48,
+        num_key_value_heads=8,
+        head_dim=128,
+        num_local_experts=32,
+        num_experts_per_tok=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=196608,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=[vocab - 1],
+        pad_token_id=vocab - 2,
+    )
+
+
+def qwen3_next_config(layers, vocab):
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=vocab,
+        hidden_size=2048,
+        intermediate_size=5120,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=64,
+        num_experts_per_tok=10,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        full_attention_interval=4,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=262144,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        bos_token_id=None,
+        eos_token_id=[vocab - 1],
+        pad_token_id=vocab - 2,
+    )
+
+
 PRESETS = {
     "glm4_moe": dict(config=glm4_moe_config, cls="Glm4MoeForCausalLM", layers=2),
     # Gemma 4: the sandwich norms after each sublayer at 3 (as scripts/make_gemma4_fixtures.py):
@@ -159,6 +257,9 @@ PRESETS = {
     # the greedy decode repeat its input token, so every decode step routes alike.
     "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6, post_norm=3.0),
     "gpt_oss": dict(config=gpt_oss_config, cls="GptOssForCausalLM", layers=2, mxfp4=True),
+    "qwen3_moe": dict(config=qwen3_moe_config, cls="Qwen3MoeForCausalLM", layers=2),
+    "minimax_m2": dict(config=minimax_m2_config, cls="MiniMaxM2ForCausalLM", layers=2),
+    "qwen3_next": dict(config=qwen3_next_config, cls="Qwen3NextForCausalLM", layers=4),
 }
 
 
