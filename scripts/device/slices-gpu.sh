@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call (issue 43, the families' GPU figures): the CUDA test
-# suite, then for each family in FAMILIES (default "gpt_oss qwen3_moe minimax_m2") a slice
+# suite, then for each family in FAMILIES (default "gpt_oss qwen3_moe minimax_m2 qwen3_next") a slice
 # with the released model's layer widths (`scripts/make_slice_checkpoint.py FAMILY`, vocab
 # 512, the family fixture's tokenizer beside it) decoded on CUDA by strata resident and
 # with the GPU slab at ~30% of the routed experts (the rest in pinned host RAM), and by
@@ -22,15 +22,17 @@ res="$OUT/slices.jsonl"
 { nvidia-smi; date -u; nproc; free -g; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'; } \
   >"$OUT/machine.txt" 2>&1
 L=/tmp/llama-cuda
-FAMILIES=${FAMILIES:-gpt_oss qwen3_moe minimax_m2}
+FAMILIES=${FAMILIES:-gpt_oss qwen3_moe minimax_m2 qwen3_next}
 # Each family's fixture whose tokenizer (512 ids, the family's chat template) the slice takes.
 declare -A TOK=([gpt_oss]=gpt_oss/mxfp4-yarn [qwen3_moe]=qwen3_moe/gqa-renorm [minimax_m2]=minimax_m2/gqa-full
   [qwen3_next]=qwen3_next/hybrid-f32)
 
 (
-  TARGETS="llama-bench" bash "$PEER" build "$C/llama-src.tar.xz" "$L" cuda >/tmp/llama-build.log 2>&1 &
+  # (A second call on the same warm machine reuses the build and the slices.)
+  [ -x "$L/bin/llama-bench" ] || TARGETS="llama-bench" bash "$PEER" build "$C/llama-src.tar.xz" "$L" cuda >/tmp/llama-build.log 2>&1 &
   for fam in $FAMILIES; do
     d=/tmp/slice-$fam
+    [ -f "$d.done" ] && continue
     timeout 240 python3 scripts/make_slice_checkpoint.py "$fam" "$d" --vocab 512 >>"$OUT/side.log" 2>&1 ||
       echo "slice $fam failed" >>"$OUT/side.log"
     cp "fixtures/${TOK[$fam]}/tokenizer.json" "fixtures/${TOK[$fam]}/tokenizer_config.json" "$d/"

@@ -10,11 +10,6 @@ use std::path::Path;
 /// Methods that compute nothing (names, sizes, host views): no device comparison applies.
 const QUERIES: [&str; 6] = ["describe", "prefill_chunk", "parallelism", "reserve_workspace", "mat_shape", "host"];
 
-/// Ops with no CUDA kernel yet: the CUDA backend refuses them, and the families that use
-/// them (qwen3_next) are refused on CUDA at load. An op leaves this list when its kernel
-/// and its comparison in tests/cuda land.
-const CPU_ONLY: [&str; 2] = ["gated_delta_net", "sigmoid_mul"];
-
 #[test]
 fn every_backend_op_has_a_cuda_comparison() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -31,14 +26,8 @@ fn every_backend_op_has_a_cuda_comparison() {
     for e in std::fs::read_dir(root.join("tests/cuda")).unwrap() {
         tests += &std::fs::read_to_string(e.unwrap().path()).unwrap();
     }
-    let missing: Vec<&&str> = ops
-        .iter()
-        .filter(|op| !QUERIES.contains(op) && !CPU_ONLY.contains(op) && !tests.contains(&format!(".{op}(")))
-        .collect();
-    for op in CPU_ONLY {
-        assert!(ops.contains(&op), "CPU_ONLY names {op}, which Backend no longer has");
-        assert!(!tests.contains(&format!(".{op}(")), "{op} has a CUDA comparison now: take it off CPU_ONLY");
-    }
+    let missing: Vec<&&str> =
+        ops.iter().filter(|op| !QUERIES.contains(op) && !tests.contains(&format!(".{op}("))).collect();
     assert!(missing.is_empty(), "Backend ops without a CUDA comparison in tests/cuda: {missing:?}");
     for q in QUERIES {
         assert!(ops.contains(&q), "QUERIES names {q}, which Backend no longer has");

@@ -17,6 +17,7 @@
 //! error when there is no driver, no device or no NVRTC.
 
 mod backend;
+mod deltanet;
 mod desc;
 mod dispatch;
 mod elementwise;
@@ -158,6 +159,8 @@ struct Work {
     small: Vec<(usize, LinJob)>,
     /// `k_route_one`'s count of finished blocks (zero between launches).
     route_done: Option<DevBuf<u32>>,
+    /// The DeltaNet's convolved q|k|v rows.
+    delta_mixed: Option<DevBuf<f32>>,
     /// Host staging.
     bytes: Vec<u8>,
     cos: Vec<f32>,
@@ -241,6 +244,10 @@ struct Funcs {
     soft_cap: CudaFunction,
     add_rms_norm: CudaFunction,
     gelu_mul: CudaFunction,
+    /// Qwen3-Next: the DeltaNet's convolution and rule, and the gated attention output.
+    delta_conv: CudaFunction,
+    delta_rule: CudaFunction,
+    sigmoid_mul: CudaFunction,
 }
 
 impl Funcs {
@@ -297,6 +304,9 @@ impl Funcs {
             soft_cap: f("k_soft_cap")?,
             add_rms_norm: f("k_add_rms_norm")?,
             gelu_mul: f("k_gelu_mul")?,
+            delta_conv: f("k_delta_conv")?,
+            delta_rule: f("k_delta_rule")?,
+            sigmoid_mul: f("k_sigmoid_mul")?,
         })
     }
 }

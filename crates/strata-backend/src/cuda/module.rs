@@ -18,6 +18,7 @@ pub(crate) const SOURCE: &str = concat!(
     include_str!("kernels/attention.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/elementwise.cu"),
+    include_str!("kernels/deltanet.cu"),
     include_str!("kernels/draw.cu"),
 );
 

@@ -25,6 +25,7 @@ mod attention;
 mod bench;
 #[path = "../common/mod.rs"]
 mod common;
+mod deltanet;
 mod elementwise;
 mod graphs;
 mod models;
@@ -183,6 +184,7 @@ fn op_tests_hold_on_the_cpu_backend() {
     moe::cuda_prompt_experts_match_cpu_on(c);
     moe::cuda_route_softmax_matches_cpu_on(c);
     elementwise::cuda_elementwise_ops_match_cpu_on(c);
+    deltanet::cuda_deltanet_matches_cpu_on(c);
     elementwise::cuda_greedy_picks_and_fed_rows_match_cpu_on(c);
     elementwise::cuda_sampled_picks_match_the_host_draw_on(c);
 }

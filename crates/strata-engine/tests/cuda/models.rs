@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 19] = [
+const FIXTURES: [(&str, &str); 21] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -119,6 +119,8 @@ const FIXTURES: [(&str, &str); 19] = [
     ("deepseek_v3", "yarn-groups"),
     ("gpt_oss", "bf16-plain"),
     ("gpt_oss", "mxfp4-yarn"),
+    ("qwen3_next", "bf16-dense"),
+    ("qwen3_next", "hybrid-f32"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -126,12 +128,10 @@ const FIXTURES: [(&str, &str); 19] = [
     ("gemma4", "vision-large"),
 ];
 
-/// (qwen3_next loads on the CPU only until its DeltaNet has a CUDA kernel: its CUDA load
-/// is refused by name.)
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
     let mut all: Vec<(String, String)> =
-        ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "gemma4"]
+        ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "qwen3_next", "gemma4"]
             .iter()
             .flat_map(|f| {
                 fixture_dirs(f)
@@ -252,6 +252,17 @@ fn cuda_gpt_oss_bf16_plain() {
 #[test]
 fn cuda_gpt_oss_mxfp4_yarn() {
     fixture_test("gpt_oss", "mxfp4-yarn")
+}
+
+/// The gated DeltaNet's kernels, the gated attention output and the gated shared expert.
+#[test]
+fn cuda_qwen3_next_hybrid_f32() {
+    fixture_test("qwen3_next", "hybrid-f32")
+}
+
+#[test]
+fn cuda_qwen3_next_bf16_dense() {
+    fixture_test("qwen3_next", "bf16-dense")
 }
 
 #[test]

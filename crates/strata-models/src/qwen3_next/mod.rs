@@ -177,9 +177,14 @@ impl Arch for Qwen3NextConfig {
                 let provider = crate::registry::cpu_provider(spec.experts)?;
                 Ok(Box::new(Qwen3Next::load(CpuBackend::new(), self.clone(), Arch::info(self), store, provider)?))
             }
-            Device::Cuda(_) => {
-                bail!("qwen3_next runs on the CPU only: its gated DeltaNet has no CUDA kernel yet (use --device cpu)")
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let provider = crate::registry::cuda_provider(spec.experts)?;
+                let b = crate::registry::cuda_backend(n)?;
+                Ok(Box::new(Qwen3Next::load(b, self.clone(), Arch::info(self), store, provider)?))
             }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => bail!("{}", crate::registry::no_cuda(n)),
         }
     }
 }
