@@ -32,12 +32,14 @@ Presets (widths from the released configs; `--layers` and `--vocab` override the
             2 layers, 32 experts a layer (128 in the release).
   minimax_m2 MiniMax-M2 (`MiniMaxM2ForCausalLM`): hidden 3072, 48 query heads x 128, 8 KV heads,
             q/k RMSNorm over all heads, rotary on half of each head (theta 5e6), experts of 1536
-            top-8 (sigmoid with a correction bias). 2 layers, 32 experts a layer (256 in the
+            top-8 (sigmoid with a correction bias), under the release's names (Mixtral's
+            `block_sparse_moe.experts.E.w1/w3/w2`). 2 layers, 32 experts a layer (256 in the
             release; bf16 here, FP8 in the release).
   qwen3_next Qwen3-Next-80B-A3B (`Qwen3NextForCausalLM`): hidden 2048; 3 Gated DeltaNet layers
             (16 key heads, 32 value heads, 128 wide, convolution 4) then 1 gated full-attention
             layer (16 query heads x 256, 2 KV heads, rotary on a quarter); experts of 512 top-10
-            plus a gated shared expert of 512. 4 layers, 64 experts a layer (512 in the release).
+            plus a gated shared expert of 512. 4 layers, 64 experts a layer (512 in the release),
+            and the release's draft layer (`mtp.*`, shaped as the full-attention layer).
 
 Weights are drawn from one seeded generator (torch.manual_seed and a torch.Generator), bf16:
 matrices N(0, 1/fan_in) so every projection keeps O(1) activations, norms and scales 1,
@@ -258,8 +260,11 @@ PRESETS = {
     "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6, post_norm=3.0),
     "gpt_oss": dict(config=gpt_oss_config, cls="GptOssForCausalLM", layers=2, mxfp4=True),
     "qwen3_moe": dict(config=qwen3_moe_config, cls="Qwen3MoeForCausalLM", layers=2),
-    "minimax_m2": dict(config=minimax_m2_config, cls="MiniMaxM2ForCausalLM", layers=2),
-    "qwen3_next": dict(config=qwen3_next_config, cls="Qwen3NextForCausalLM", layers=4),
+    # (`rotary_dim` as the release's config gives it, beside transformers' factor: llama.cpp's
+    # converter reads it.)
+    "minimax_m2": dict(config=minimax_m2_config, cls="MiniMaxM2ForCausalLM", layers=2, mixtral_names=True,
+                       config_extra={"rotary_dim": 64}),
+    "qwen3_next": dict(config=qwen3_next_config, cls="Qwen3NextForCausalLM", layers=4, mtp=True),
 }
 
 
@@ -268,6 +273,36 @@ def mxfp4_entries(name, shape):
     and `_scales [E, out, in/32]` (u8)."""
     e, cin, cout = shape
     return [(name + "_blocks", (e, cout, cin // 32, 16)), (name + "_scales", (e, cout, cin // 32))]
+
+
+def mixtral_entries(name, shape):
+    """An MoE tensor of transformers' runtime state dict under the name the release stores it by
+    (MiniMax-M2: Mixtral's `block_sparse_moe.*`, one `w1`/`w3`/`w2` per expert)."""
+    for old, new in ((".mlp.e_score_correction_bias", ".block_sparse_moe.e_score_correction_bias"),
+                     (".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
+        if name.endswith(old):
+            return [(name[: -len(old)] + new, shape)]
+    p = name.rsplit(".mlp.experts.", 1)[0] + ".block_sparse_moe.experts"
+    if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+        e, two_i, h = shape
+        return [(f"{p}.{x}.{w}.weight", (two_i // 2, h)) for x in range(e) for w in ("w1", "w3")]
+    if name.endswith(".mlp.experts.down_proj"):  # [E, H, I]
+        e, h, i = shape
+        return [(f"{p}.{x}.w2.weight", (h, i)) for x in range(e)]
+    return [(name, shape)]
+
+
+def mtp_entries(entries, cfg):
+    """Qwen3-Next's draft layer as the release stores it (`mtp.*`: transformers does not model
+    it): the input projection of [embedding; hidden] and its two norms, one decoder layer shaped
+    as the last full-attention layer, and a final norm. strata describes it; llama.cpp's converter
+    wants it."""
+    h = cfg.hidden_size
+    last = max(i for i, t in enumerate(cfg.layer_types) if t == F)
+    src = f"model.layers.{last}."
+    layer = [("mtp.layers.0." + k[len(src):], s) for k, s in entries if k.startswith(src)]
+    return [("mtp.fc.weight", (h, 2 * h)), ("mtp.pre_fc_norm_embedding.weight", (h,)),
+            ("mtp.pre_fc_norm_hidden.weight", (h,))] + layer + [("mtp.norm.weight", (h,))]
 
 
 def mxfp4_value(name, shape, g):
@@ -315,6 +350,10 @@ def main():
     if p.get("mxfp4"):
         entries = [e for k, s in entries
                    for e in (mxfp4_entries(k, s) if k.endswith(("experts.gate_up_proj", "experts.down_proj")) else [(k, s)])]
+    if p.get("mixtral_names"):
+        entries = [e for k, s in entries for e in mixtral_entries(k, s)]
+    if p.get("mtp"):
+        entries += mtp_entries(entries, cfg)
 
     # Shard plan (bf16 = 2 bytes per value), in state-dict order.
     shards, cur, cur_bytes = [], [], 0
@@ -350,6 +389,13 @@ def main():
         cfg.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
             "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     cfg.save_pretrained(a.out)
+    if p.get("config_extra"):
+        path = os.path.join(a.out, "config.json")
+        with open(path) as f:
+            written = json.load(f)
+        written.update(p["config_extra"])
+        with open(path, "w") as f:
+            json.dump(written, f, indent=2)
     text = cfg.get_text_config()
     gen = {"do_sample": False, "bos_token_id": text.bos_token_id, "eos_token_id": text.eos_token_id,
            "pad_token_id": text.pad_token_id}
