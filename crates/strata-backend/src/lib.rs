@@ -76,6 +76,33 @@ impl HostMatrix {
         }
     }
 
+    /// `parts` one under another: matrices of one encoding and width (whose payload and
+    /// scales are per row, as [`rows_in`](Self::rows_in)).
+    pub fn stack_rows(parts: &[Self]) -> anyhow::Result<Self> {
+        let first = parts.first().ok_or_else(|| anyhow::anyhow!("stack_rows: no matrices"))?;
+        for p in parts {
+            if p.kind != first.kind || p.cols != first.cols {
+                anyhow::bail!(
+                    "stack_rows: a {:?} matrix of {} columns under a {:?} one of {}",
+                    p.kind,
+                    p.cols,
+                    first.kind,
+                    first.cols
+                );
+            }
+            if matches!(p.kind, QuantKind::Fp8 { .. }) {
+                anyhow::bail!("stack_rows: FP8 blocks span rows");
+            }
+        }
+        Ok(Self {
+            kind: first.kind,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            payload: parts.iter().flat_map(|p| p.payload.iter().copied()).collect(),
+            scales: parts.iter().flat_map(|p| p.scales.iter().copied()).collect(),
+        })
+    }
+
     /// (rows `..at`, rows `at..`).
     pub fn split_rows(&self, at: usize) -> (Self, Self) {
         (self.rows_where(|r| r < at), self.rows_where(|r| r >= at))

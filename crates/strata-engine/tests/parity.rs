@@ -162,6 +162,15 @@ fn qwen3_next_fixtures_match_transformers() {
     check_family("qwen3_next", 2);
 }
 
+/// Qwen3.5-MoE: Qwen3-Next's network with the DeltaNet's projections apart and the
+/// multimodal rotary embedding driven by text; `text-f32` is the text model's checkpoint
+/// (`Qwen3_5MoeForCausalLM`), `vl-bf16` the vision-language one (`model.language_model.`
+/// weights beside a vision tower that is described, not run).
+#[test]
+fn qwen3_5_moe_fixtures_match_transformers() {
+    check_family("qwen3_5_moe", 2);
+}
+
 /// Gemma 4 dense (PLE, KV sharing, double-wide MLP, soft cap) and MoE (dense MLP beside
 /// GELU experts, k_eq_v, the `gemma4` wrapper's weight names); every prompt is longer than
 /// the sliding window, and decoding runs past it through the sliding layers' rings.
@@ -456,7 +465,7 @@ fn check_image_fixture(name: &str) {
 #[test]
 fn tensors_the_config_does_not_predict_are_refused_by_name() {
     use strata_storage::{SafetensorsWriter, TensorSpec};
-    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "qwen3_next"] {
+    for family in ["glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe"] {
         // (One whose weights are not FP8: the test adds a scale of its own.)
         let src = &fixture_dirs(family)
             .into_iter()
@@ -493,7 +502,7 @@ fn tensors_the_config_does_not_predict_are_refused_by_name() {
         assert!(err.contains("`model.layers.0.mlp.surprise.weight` is not one the config predicts"), "{family}: {err}");
         // (Qwen3-Next's layer 0 is linear attention.)
         match family {
-            "qwen3_next" => write("model.layers.0.linear_attn.out_proj.weight_scale_inv"),
+            "qwen3_next" | "qwen3_5_moe" => write("model.layers.0.linear_attn.out_proj.weight_scale_inv"),
             _ => write("model.layers.0.self_attn.o_proj.weight_scale_inv"),
         }
         assert!(LoadedModel::open(dir.path()).is_ok(), "{family}: a scale beside a mapped tensor");

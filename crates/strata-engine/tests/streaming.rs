@@ -97,6 +97,8 @@ fn streamed_equals_resident_bit_for_bit() {
         // Qwen3-Next: the shared expert beside the streamed routed ones.
         ("qwen3_next/hybrid-f32", QuantKind::int4(16)),
         ("qwen3_next/bf16-dense", QuantKind::Int8Row),
+        // Qwen3.5-MoE's vision-language checkpoint: experts under `model.language_model.`.
+        ("qwen3_5_moe/vl-bf16", QuantKind::Int8Row),
     ] {
         let dir = container(name, kind);
         let resident = run(dir.path(), &options(None, 64));

@@ -205,7 +205,7 @@ pub struct Family {
 
 /// Every family strata runs.
 pub fn families() -> &'static [&'static Family] {
-    static FAMILIES: [&Family; 9] = [
+    static FAMILIES: [&Family; 10] = [
         &crate::glm_moe_dsa::FAMILY,
         &crate::deepseek_v3::FAMILY,
         &crate::deepseek_v3::KIMI_FAMILY,
@@ -214,6 +214,7 @@ pub fn families() -> &'static [&'static Family] {
         &crate::minimax_m2::FAMILY,
         &crate::gpt_oss::FAMILY,
         &crate::qwen3_next::FAMILY,
+        &crate::qwen3_next::QWEN35_FAMILY,
         &crate::gemma4::FAMILY,
     ];
     &FAMILIES

@@ -253,13 +253,19 @@ fn gpt_oss_models_serve_with_harmony() {
     }
 }
 
-/// Qwen3-Next behind the server: Qwen3's template and call syntax; the serving engine runs
-/// its recurrent sequences with the prompt cache off (forced calls over several requests).
+/// Qwen3-Next and Qwen3.5-MoE behind the server: Qwen3's template and call syntax; the
+/// serving engine runs their recurrent sequences with the prompt cache off (forced calls
+/// over several requests).
 #[test]
 fn qwen3_next_models_serve_with_qwen_syntax() {
     let (tools, messages) = round_trip();
-    for fixture in ["hybrid-f32", "bf16-dense"] {
-        let app = app("qwen3_next", fixture, Syntax::Qwen);
+    for (family, fixture) in [
+        ("qwen3_next", "hybrid-f32"),
+        ("qwen3_next", "bf16-dense"),
+        ("qwen3_5_moe", "text-f32"),
+        ("qwen3_5_moe", "vl-bf16"),
+    ] {
+        let app = app(family, fixture, Syntax::Qwen);
         let (status, t, body) = post(&app, "/tokenize", json!({"messages": messages, "tools": tools}));
         assert_eq!(status, 200, "{body}");
         let p = t["prompt"].as_str().unwrap();

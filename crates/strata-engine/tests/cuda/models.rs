@@ -104,7 +104,7 @@ fn fixture_dirs(family: &str) -> Vec<PathBuf> {
 
 /// The fixtures with a test below: one test each, so that one stalled or failed fixture
 /// leaves the others' results.
-const FIXTURES: [(&str, &str); 21] = [
+const FIXTURES: [(&str, &str); 23] = [
     ("glm5", "dense-attn"),
     ("glm5", "dsa-shared"),
     ("glm5", "dsa-sparse"),
@@ -121,6 +121,8 @@ const FIXTURES: [(&str, &str); 21] = [
     ("gpt_oss", "mxfp4-yarn"),
     ("qwen3_next", "bf16-dense"),
     ("qwen3_next", "hybrid-f32"),
+    ("qwen3_5_moe", "text-f32"),
+    ("qwen3_5_moe", "vl-bf16"),
     ("gemma4", "dense-ple"),
     ("gemma4", "moe"),
     ("gemma4", "vision"),
@@ -130,15 +132,22 @@ const FIXTURES: [(&str, &str); 21] = [
 
 #[test]
 fn every_parity_fixture_has_a_cuda_test() {
-    let mut all: Vec<(String, String)> =
-        ["glm5", "glm4_moe", "qwen3_moe", "minimax_m2", "deepseek_v3", "gpt_oss", "qwen3_next", "gemma4"]
-            .iter()
-            .flat_map(|f| {
-                fixture_dirs(f)
-                    .into_iter()
-                    .map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
-            })
-            .collect();
+    let mut all: Vec<(String, String)> = [
+        "glm5",
+        "glm4_moe",
+        "qwen3_moe",
+        "minimax_m2",
+        "deepseek_v3",
+        "gpt_oss",
+        "qwen3_next",
+        "qwen3_5_moe",
+        "gemma4",
+    ]
+    .iter()
+    .flat_map(|f| {
+        fixture_dirs(f).into_iter().map(move |d| (f.to_string(), d.file_name().unwrap().to_string_lossy().to_string()))
+    })
+    .collect();
     all.sort();
     let mut listed: Vec<(String, String)> = FIXTURES.iter().map(|(f, d)| (f.to_string(), d.to_string())).collect();
     listed.sort();
@@ -263,6 +272,16 @@ fn cuda_qwen3_next_hybrid_f32() {
 #[test]
 fn cuda_qwen3_next_bf16_dense() {
     fixture_test("qwen3_next", "bf16-dense")
+}
+
+#[test]
+fn cuda_qwen3_5_moe_text_f32() {
+    fixture_test("qwen3_5_moe", "text-f32")
+}
+
+#[test]
+fn cuda_qwen3_5_moe_vl_bf16() {
+    fixture_test("qwen3_5_moe", "vl-bf16")
 }
 
 #[test]

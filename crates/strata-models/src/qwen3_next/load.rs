@@ -3,10 +3,10 @@
 //! the output gate, and the DeltaNet's input projections reordered head-major.
 
 use super::model::{DeltaWeights, Layer, Mixer, Qwen3Next};
-use super::weights::{name, spec, weight_map, Key, LayerKey};
-use super::Qwen3NextConfig;
+use super::weights::{fused_names, name, spec, weight_map, Key, LayerKey};
+use super::{Qwen3NextConfig, Variant};
 use crate::blocks::{ExpertSource, Ffn, GqaWeights, Moe, SharedExpert, SwiGlu};
-use crate::weights::{fused_expert_names, load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape, FusedForm};
+use crate::weights::{load_expert, load_matrix, load_vector, ExpertMatrix, ExpertShape, FusedForm};
 use crate::ModelInfo;
 use anyhow::Result;
 use std::sync::Arc;
@@ -23,19 +23,19 @@ struct Loader<'a, B: Backend> {
 impl<B: Backend> Loader<'_, B> {
     fn host(&self, k: Key) -> Result<HostMatrix> {
         let (shape, role, _) = spec(self.cfg, k);
-        load_matrix(self.store, &name(k), [shape[0], shape[1]], role, None)
+        load_matrix(self.store, &name(self.cfg, k), [shape[0], shape[1]], role, None)
     }
     fn mat(&self, k: Key) -> Result<B::Mat> {
         self.b.matrix(self.host(k)?)
     }
     fn vec(&self, k: Key) -> Result<B::Buf> {
         let (shape, _, _) = spec(self.cfg, k);
-        self.b.upload(&self.store.load_f32(&name(k), &shape, None)?)
+        self.b.upload(&self.store.load_f32(&name(self.cfg, k), &shape, None)?)
     }
     /// A norm transformers applies as `x * (1 + w)`.
     fn norm(&self, k: Key) -> Result<B::Buf> {
         let (shape, _, _) = spec(self.cfg, k);
-        let w: Vec<f32> = load_vector(self.store, &name(k), shape[0])?.iter().map(|v| 1.0 + v).collect();
+        let w: Vec<f32> = load_vector(self.store, &name(self.cfg, k), shape[0])?.iter().map(|v| 1.0 + v).collect();
         self.b.upload(&w)
     }
     fn swiglu(&self, i: usize, keys: [LayerKey; 3]) -> Result<SwiGlu<B>> {
@@ -68,11 +68,18 @@ impl<B: Backend> Loader<'_, B> {
         })
     }
 
-    /// The input projections group their rows by key head (q, k, v, z of each; b, a of
-    /// each): reordered to all q, all k, all v, all z (and all b, all a).
-    fn delta(&self, i: usize, slot: usize) -> Result<DeltaWeights<B>> {
+    /// The DeltaNet's input projections as two matrices, rows in the kernel's order (all
+    /// q, all k, all v, all z; all b, all a). Qwen3-Next groups its fused projections' rows
+    /// by key head (q, k, v, z of each; b, a of each): reordered. Qwen3.5's four are in
+    /// that order already: stacked.
+    fn delta_inputs(&self, i: usize) -> Result<(HostMatrix, HostMatrix)> {
         use LayerKey::*;
         let k = |lk| Key::Layer(i, lk);
+        if let Variant::Qwen35 { .. } = self.cfg.variant {
+            let qkvz = HostMatrix::stack_rows(&[self.host(k(InProjQkv))?, self.host(k(InProjZ))?])?;
+            let ba = HostMatrix::stack_rows(&[self.host(k(InProjB))?, self.host(k(InProjA))?])?;
+            return Ok((qkvz, ba));
+        }
         let d = &self.cfg.delta;
         let r = d.v_heads / d.k_heads;
         let (kd, vd) = (d.k_dim, r * d.v_dim);
@@ -87,7 +94,13 @@ impl<B: Backend> Loader<'_, B> {
             .iter()
             .flat_map(|&at| (0..d.k_heads).flat_map(move |g| g * 2 * r + at..g * 2 * r + at + r))
             .collect();
-        let ba = self.host(k(InProjBa))?.rows_in(&ba_order);
+        Ok((qkvz, self.host(k(InProjBa))?.rows_in(&ba_order)))
+    }
+
+    fn delta(&self, i: usize, slot: usize) -> Result<DeltaWeights<B>> {
+        use LayerKey::*;
+        let k = |lk| Key::Layer(i, lk);
+        let (qkvz, ba) = self.delta_inputs(i)?;
         Ok(DeltaWeights {
             qkvz: self.b.matrix(qkvz)?,
             ba: self.b.matrix(ba)?,
@@ -101,11 +114,11 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn expert(&self, layer: usize, e: usize) -> Result<[B::Mat; 3]> {
-        let per = |m| name(Key::Layer(layer, LayerKey::Expert(e, m)));
-        let names = [per(ExpertMatrix::Gate), per(ExpertMatrix::Up), per(ExpertMatrix::Down)];
         let c = self.cfg;
+        let per = |m| name(c, Key::Layer(layer, LayerKey::Expert(e, m)));
+        let names = [per(ExpertMatrix::Gate), per(ExpertMatrix::Up), per(ExpertMatrix::Down)];
         let shape = ExpertShape { experts: c.num_experts, hidden: c.hidden_size, inter: c.moe_intermediate_size };
-        let fused = fused_expert_names(layer);
+        let fused = fused_names(c, layer);
         let [g, u, d] = load_expert(self.store, &names, &fused, FusedForm::Stacked, shape, e, None)?;
         Ok([self.b.matrix(g)?, self.b.matrix(u)?, self.b.matrix(d)?])
     }

@@ -9,6 +9,12 @@
 //! checkpoint's MTP layer (`mtp.*`) is described, not run. Reference: transformers
 //! `models/qwen3_next/modeling_qwen3_next.py`.
 //!
+//! Qwen3.5-MoE (`qwen3_5_moe`, `qwen3_5_moe_text`) is the same network ([`Variant`]): its
+//! DeltaNet's input projections are separate tensors already in q, k, v, z order, and
+//! every layer is routed. Its rotary embedding is multimodal (t/h/w sections), which for
+//! text, every section at the same position, is the plain one. Reference:
+//! `models/qwen3_5_moe/modular_qwen3_5_moe.py`.
+//!
 //! Files: `config.rs`, `weights.rs` (every tensor's name, shape and role), `load.rs`,
 //! `model.rs` (the forward and the session, whose sequences carry recurrent state).
 //! Runs on the CPU; the CUDA backend has no DeltaNet kernel yet.
@@ -18,7 +24,7 @@ mod load;
 mod model;
 pub mod weights;
 
-pub use config::Qwen3NextConfig;
+pub use config::{Qwen3NextConfig, Variant};
 pub use model::{Qwen3Next, Qwen3NextSession};
 
 use crate::blocks::{GqaScratch, MoeScratch};
@@ -34,6 +40,15 @@ use strata_storage::WeightStore;
 
 pub static FAMILY: Family =
     Family { name: "qwen3_next", model_types: &["qwen3_next"], chat: ChatFormat::Qwen, parse: parse_arch };
+
+/// Qwen3.5-MoE (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): this network with the DeltaNet's
+/// projections apart ([`Variant::Qwen35`]); its text model, the vision tower not run.
+pub static QWEN35_FAMILY: Family = Family {
+    name: "qwen3_5_moe",
+    model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+    chat: ChatFormat::Qwen,
+    parse: parse_arch,
+};
 
 fn parse_arch(json: &Value) -> Result<Arc<dyn Arch>> {
     Ok(Arc::new(Qwen3NextConfig::from_json(json)?))
@@ -51,6 +66,15 @@ impl Qwen3NextConfig {
         }
     }
 
+    /// The `model_type` this config came as.
+    pub fn model_type_name(&self) -> &'static str {
+        match self.variant {
+            Variant::Next => "qwen3_next",
+            Variant::Qwen35 { wrapped: true } => "qwen3_5_moe",
+            Variant::Qwen35 { wrapped: false } => "qwen3_5_moe_text",
+        }
+    }
+
     fn attention_layers(&self) -> usize {
         self.linear.iter().filter(|&&l| !l).count()
     }
@@ -64,17 +88,20 @@ impl Qwen3NextConfig {
 
 impl Arch for Qwen3NextConfig {
     fn family(&self) -> &'static Family {
-        &FAMILY
+        match self.variant {
+            Variant::Next => &FAMILY,
+            Variant::Qwen35 { .. } => &QWEN35_FAMILY,
+        }
     }
 
     fn model_type(&self) -> &str {
-        "qwen3_next"
+        self.model_type_name()
     }
 
     fn info(&self) -> ModelInfo {
         ModelInfo {
-            family: FAMILY.name,
-            model_type: "qwen3_next".into(),
+            family: self.family().name,
+            model_type: self.model_type_name().into(),
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
             max_context: self.max_position_embeddings,
@@ -140,7 +167,7 @@ impl Arch for Qwen3NextConfig {
     fn describe(&self) -> Value {
         let d = &self.delta;
         json!({
-            "model_type": "qwen3_next",
+            "model_type": self.model_type_name(),
             "hidden_size": self.hidden_size,
             "layers": self.num_hidden_layers,
             "linear_attention_layers": self.num_hidden_layers - self.attention_layers(),
@@ -170,7 +197,7 @@ impl Arch for Qwen3NextConfig {
 
     fn load(&self, store: &WeightStore, spec: LoadSpec) -> Result<Box<dyn Model>> {
         if spec.draft.is_some() {
-            bail!("--mtp on: speculative decoding is not implemented for qwen3_next (use --mtp off)");
+            bail!("--mtp on: speculative decoding is not implemented for {} (use --mtp off)", self.model_type_name());
         }
         match spec.device {
             Device::Cpu => {

@@ -1,11 +1,13 @@
-//! Every tensor of a Qwen3-Next checkpoint, named as on the Hub: the only place these
-//! names are spelled.
+//! Every tensor of a Qwen3-Next or Qwen3.5-MoE checkpoint, named as on the Hub: the only
+//! place these names are spelled.
 
-use super::Qwen3NextConfig;
+use super::{Qwen3NextConfig, Variant};
 use crate::weights::{ExpertMatrix, Role, TensorGroup, WeightMap, WeightSpec};
 
 /// The draft (MTP) layer's tensors: described by prefix (`inspect`, `convert`), not run.
 pub const MTP_PREFIX: &str = "mtp.";
+/// A Qwen3.5-MoE vision-language checkpoint's vision tower: described by prefix, not run.
+pub const VISION_PREFIX: &str = "model.visual.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Key {
@@ -26,9 +28,13 @@ pub enum LayerKey {
     O,
     QNorm,
     KNorm,
-    // Gated DeltaNet.
+    // Gated DeltaNet: Qwen3-Next's fused input projections, or Qwen3.5's four.
     InProjQkvz,
     InProjBa,
+    InProjQkv,
+    InProjZ,
+    InProjB,
+    InProjA,
     Conv,
     DtBias,
     ALog,
@@ -46,15 +52,25 @@ pub enum LayerKey {
     Expert(usize, ExpertMatrix),
 }
 
-pub fn name(k: Key) -> String {
+/// Where the text model's tensors live: `model.`, or `model.language_model.` in a
+/// vision-language checkpoint.
+fn text_prefix(cfg: &Qwen3NextConfig) -> &'static str {
+    match cfg.variant {
+        Variant::Qwen35 { wrapped: true } => "model.language_model.",
+        _ => "model.",
+    }
+}
+
+pub fn name(cfg: &Qwen3NextConfig, k: Key) -> String {
     use LayerKey::*;
+    let m = text_prefix(cfg);
     let (i, lk) = match k {
-        Key::Embed => return "model.embed_tokens.weight".into(),
-        Key::Norm => return "model.norm.weight".into(),
+        Key::Embed => return format!("{m}embed_tokens.weight"),
+        Key::Norm => return format!("{m}norm.weight"),
         Key::LmHead => return "lm_head.weight".into(),
         Key::Layer(i, lk) => (i, lk),
     };
-    let p = format!("model.layers.{i}");
+    let p = format!("{m}layers.{i}");
     let (a, l) = (format!("{p}.self_attn"), format!("{p}.linear_attn"));
     match lk {
         InputNorm => format!("{p}.input_layernorm.weight"),
@@ -67,6 +83,10 @@ pub fn name(k: Key) -> String {
         KNorm => format!("{a}.k_norm.weight"),
         InProjQkvz => format!("{l}.in_proj_qkvz.weight"),
         InProjBa => format!("{l}.in_proj_ba.weight"),
+        InProjQkv => format!("{l}.in_proj_qkv.weight"),
+        InProjZ => format!("{l}.in_proj_z.weight"),
+        InProjB => format!("{l}.in_proj_b.weight"),
+        InProjA => format!("{l}.in_proj_a.weight"),
         Conv => format!("{l}.conv1d.weight"),
         DtBias => format!("{l}.dt_bias"),
         ALog => format!("{l}.A_log"),
@@ -113,6 +133,9 @@ pub fn spec(cfg: &Qwen3NextConfig, k: Key) -> (Vec<usize>, Role, TensorGroup) {
         QNorm | KNorm => (vec![cfg.head_dim], NormScale, Norms),
         InProjQkvz => (vec![d.qkvz_width(), h], Linear, Attention),
         InProjBa => (vec![2 * d.v_heads, h], Linear, Attention),
+        InProjQkv => (vec![d.conv_dim(), h], Linear, Attention),
+        InProjZ => (vec![d.value_dim(), h], Linear, Attention),
+        InProjB | InProjA => (vec![d.v_heads, h], Linear, Attention),
         Conv => (vec![d.conv_dim(), 1, d.kernel], NormScale, Attention),
         DtBias | ALog => (vec![d.v_heads], NormBias, Attention),
         GatedNorm => (vec![d.v_dim], NormScale, Norms),
@@ -132,7 +155,13 @@ fn layer_keys(cfg: &Qwen3NextConfig, i: usize) -> Vec<LayerKey> {
     use LayerKey::*;
     let mut keys = vec![InputNorm, PostNorm];
     match cfg.linear[i] {
-        true => keys.extend([InProjQkvz, InProjBa, Conv, DtBias, ALog, GatedNorm, OutProj]),
+        true => {
+            match cfg.variant {
+                Variant::Next => keys.extend([InProjQkvz, InProjBa]),
+                Variant::Qwen35 { .. } => keys.extend([InProjQkv, InProjZ, InProjB, InProjA]),
+            }
+            keys.extend([Conv, DtBias, ALog, GatedNorm, OutProj]);
+        }
         false => keys.extend([Q, K, V, O, QNorm, KNorm]),
     }
     match cfg.is_sparse(i) {
@@ -147,15 +176,26 @@ fn layer_keys(cfg: &Qwen3NextConfig, i: usize) -> Vec<LayerKey> {
     keys
 }
 
+/// A layer's fused expert tensors (`gate_up_proj`, `down_proj`), where a checkpoint
+/// stores them so.
+pub fn fused_names(cfg: &Qwen3NextConfig, layer: usize) -> (String, String) {
+    let p = format!("{}layers.{layer}.mlp.experts", text_prefix(cfg));
+    (format!("{p}.gate_up_proj"), format!("{p}.down_proj"))
+}
+
 pub fn weight_map(cfg: &Qwen3NextConfig) -> WeightMap {
-    let mut map = WeightMap { extra_prefixes: vec![(MTP_PREFIX.into(), TensorGroup::Mtp)], ..Default::default() };
+    let mut extra_prefixes = vec![(MTP_PREFIX.into(), TensorGroup::Mtp)];
+    if cfg.variant == (Variant::Qwen35 { wrapped: true }) {
+        extra_prefixes.push((VISION_PREFIX.into(), TensorGroup::Vision));
+    }
+    let mut map = WeightMap { extra_prefixes, ..Default::default() };
     let mut add = |k: Key| {
         let (shape, role, group) = spec(cfg, k);
         let expert = match k {
             Key::Layer(l, LayerKey::Expert(e, m)) => Some((l, e, m)),
             _ => None,
         };
-        map.specs.push(WeightSpec { name: name(k), shape, role, group, expert, optional: false });
+        map.specs.push(WeightSpec { name: name(cfg, k), shape, role, group, expert, optional: false });
     };
     add(Key::Embed);
     for i in 0..cfg.num_hidden_layers {
@@ -166,6 +206,10 @@ pub fn weight_map(cfg: &Qwen3NextConfig) -> WeightMap {
     add(Key::Norm);
     if !cfg.tie_word_embeddings {
         add(Key::LmHead);
+    }
+    if text_prefix(cfg) != "model." {
+        map.fused =
+            (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)).map(|l| (l, fused_names(cfg, l))).collect();
     }
     map
 }
