@@ -260,10 +260,10 @@ PRESETS = {
     "gemma4": dict(config=gemma4_config, cls="Gemma4ForConditionalGeneration", layers=6, post_norm=3.0),
     "gpt_oss": dict(config=gpt_oss_config, cls="GptOssForCausalLM", layers=2, mxfp4=True),
     "qwen3_moe": dict(config=qwen3_moe_config, cls="Qwen3MoeForCausalLM", layers=2),
-    # (`rotary_dim` as the release's config gives it, beside transformers' factor: llama.cpp's
+    # (`rotary_dim` and `scoring_func` as the release's config gives them: llama.cpp's
     # converter reads it.)
     "minimax_m2": dict(config=minimax_m2_config, cls="MiniMaxM2ForCausalLM", layers=2, mixtral_names=True,
-                       config_extra={"rotary_dim": 64}),
+                       config_extra={"rotary_dim": 64, "scoring_func": "sigmoid"}),
     "qwen3_next": dict(config=qwen3_next_config, cls="Qwen3NextForCausalLM", layers=4, mtp=True),
 }
 
