@@ -94,7 +94,8 @@ pub(crate) fn cuda_streamed_experts_equal_resident_on(_g: &CudaBackend) {
         let all = open(dir.path(), &options(None, None, 64));
         let resident = run(&all);
         let tier = all.experts.as_ref().unwrap().end_turn().unwrap().device_tier.expect("a GPU tier");
-        let by_id_expected = name != "gemma4/moe"; // (Gemma 4's MoE has no by-id path)
+        // (Gemma 4's GELU experts and gpt-oss's biased, clamped ones have no by-id path.)
+        let by_id_expected = name != "gemma4/moe" && !name.starts_with("gpt_oss/");
         assert_eq!(tier.traffic.misses, 0, "{name}: every expert on the GPU, yet misses: {tier:?}");
         assert_eq!(tier.traffic.by_id > 0, by_id_expected, "{name}: dispatch by id: {tier:?}");
         assert!(tier.traffic.by_id <= tier.traffic.hits, "{tier:?}");

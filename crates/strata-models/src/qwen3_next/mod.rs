@@ -17,7 +17,8 @@
 //!
 //! Files: `config.rs`, `weights.rs` (every tensor's name, shape and role), `load.rs`,
 //! `model.rs` (the forward and the session, whose sequences carry recurrent state).
-//! Runs on the CPU; the CUDA backend has no DeltaNet kernel yet.
+//! The DeltaNet runs as the backend's `gated_delta_net` (CPU: `strata_kernels::deltanet`;
+//! CUDA: `kernels/deltanet.cu`).
 
 mod config;
 mod load;
