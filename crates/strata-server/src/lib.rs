@@ -31,6 +31,7 @@ pub mod responses;
 pub mod structured;
 pub mod syntax;
 pub mod tools;
+pub mod ui;
 pub mod worker;
 
 use crate::common::{parse_body, AppState, Body, Shared};
@@ -202,7 +203,8 @@ pub fn authorized(headers: &HeaderMap, key: &str) -> bool {
 async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
         let path = req.uri().path();
-        if path != "/health" && !authorized(req.headers(), key) {
+        let open = path == "/health" || (req.method() == axum::http::Method::GET && ui::is_page(path));
+        if !open && !authorized(req.headers(), key) {
             return ApiError::unauthorized().into_response(Flavor::of_path(path));
         }
     }
@@ -375,6 +377,8 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 pub fn router(st: Shared) -> Router {
     let origins = st.cors.clone();
     let app = Router::new()
+        .route("/", get(ui::index))
+        .route("/ui/{name}", get(ui::asset))
         .route("/health", get(health))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))

@@ -675,7 +675,7 @@ pub fn rfc3339(unix: u64) -> String {
 fn model_object(st: &Shared) -> Value {
     json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata",
            "type": "model", "display_name": st.model_id, "created_at": rfc3339(st.created),
-           "max_model_len": st.max_context()})
+           "max_model_len": st.max_context(), "vision": st.model.model.vision().is_some()})
 }
 
 pub async fn list_models(State(st): State<Shared>) -> Response {

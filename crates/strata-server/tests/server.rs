@@ -106,6 +106,61 @@ fn auth_guards_everything_but_health() {
     });
 }
 
+/// The chat page and its assets: served without the key (they hold nothing), with a
+/// Content-Security-Policy that admits only the server's own scripts, styles and API; the
+/// page's message box is a textbox labelled "Message" and sending a button named "Send";
+/// every asset the page and its modules load is served; the API behind it keeps its key.
+#[test]
+fn the_chat_page_is_served_and_open() {
+    let (_, app) = server(Some(KEY), 4);
+    block_on(async {
+        let page = call(&app, "GET", "/", &[], "").await;
+        assert_eq!(page.status, 200);
+        assert_eq!(page.headers["content-type"], "text/html; charset=utf-8");
+        let csp = page.headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+        let html = &page.body;
+        assert!(html.contains(r#"<label for="message" class="visually-hidden">Message</label>"#));
+        assert!(html.contains(r#"<textarea id="message""#));
+        assert!(html.contains(r#"<button type="submit" id="send">Send</button>"#));
+        // No inline script or style, nothing from another origin.
+        assert!(!html.contains("<script>") && !html.contains("style=") && !html.contains("http"), "{html}");
+        // Every local module and stylesheet the page and its modules name is served.
+        let mut names: Vec<String> = Vec::new();
+        let mut texts = vec![html.clone()];
+        while let Some(t) = texts.pop() {
+            for part in t.split(['"', '\'']).filter(|p| p.starts_with("/ui/") || p.starts_with("./")) {
+                let path = format!("/ui/{}", part.trim_start_matches("/ui/").trim_start_matches("./"));
+                if names.contains(&path) {
+                    continue;
+                }
+                let r = call(&app, "GET", &path, &[], "").await;
+                assert_eq!(r.status, 200, "{path}");
+                assert_eq!(r.headers["x-content-type-options"], "nosniff");
+                let kind = r.headers["content-type"].to_str().unwrap().to_string();
+                assert!(
+                    kind.starts_with(if path.ends_with(".css") { "text/css" } else { "text/javascript" }),
+                    "{path}: {kind}"
+                );
+                texts.push(r.body);
+                names.push(path);
+            }
+        }
+        for asset in ["/ui/chat.js", "/ui/markdown.js", "/ui/sse.js", "/ui/ui.css"] {
+            assert!(names.iter().any(|n| n == asset), "{asset} not reached from the page: {names:?}");
+        }
+        assert_eq!(call(&app, "GET", "/ui/nope.js", &[], "").await.status, 401, "an unknown asset is not open");
+        assert_eq!(call(&app, "POST", "/", &[], "").await.status, 401);
+        assert_eq!(call(&app, "GET", "/v1/models", &[], "").await.status, 401);
+    });
+    let (_, open) = server(None, 4);
+    block_on(async {
+        assert_eq!(call(&open, "GET", "/ui/nope.js", &[], "").await.status, 404);
+        let m = call(&open, "GET", "/v1/models", &[], "").await.json();
+        assert_eq!(m["data"][0]["vision"], false, "{m}");
+    });
+}
+
 #[test]
 fn bad_requests_are_400_in_each_api_shape() {
     let (st, app) = server(None, 4);
