@@ -2,12 +2,13 @@
 """The chat page in a real browser: `strata serve` on a model, headless Chromium driven over
 the DevTools protocol, the page used as a person would (by its accessible names).
 
-    python3 scripts/ui_check.py [--strata target/release/strata] [--model models/strata-tiny]
+    python3 scripts/ui_check.py [--strata target/release/strata] [--model models/strata-tiny] [--budget 72MiB]
 
 Checks: the accessibility tree has a textbox named "Message" and a button named "Send"; a
 message sent streams an answer into the conversation; Stop ends a long answer; Regenerate
 replaces the last answer; the conversation is still there after a reload; with `--api-key`
-the page asks for the key and then works; no script error, console error or CSP violation.
+the page asks for the key and then works; the dashboard goes live, shows the map named "Expert
+residency" and a tooltip over it; no script error, console error or CSP violation.
 Needs Chromium (`chromium` on PATH or --chromium) and the `websockets` package.
 """
 
@@ -87,9 +88,9 @@ class Page:
             await asyncio.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
 
-    async def load(self, url):
+    async def load(self, url, element="send"):
         await self.cmd("Page.navigate", url=url)
-        await self.until("document.readyState === 'complete' && !!document.getElementById('send')", "the page")
+        await self.until(f"document.readyState === 'complete' && !!document.getElementById('{element}')", url)
 
     async def named(self, role, name):
         """The DOM node id of the element with accessible `role` and `name`."""
@@ -120,7 +121,7 @@ BUSY = "document.getElementById('stop').disabled === false"
 
 async def check(args, base, key):
     port = free_port()
-    with tempfile.TemporaryDirectory() as prof:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as prof:
         browser = subprocess.Popen([args.chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
                                     f"--remote-debugging-port={port}", f"--user-data-dir={prof}", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,7 +162,37 @@ async def check(args, base, key):
                 # Reload: the conversation is kept in the browser.
                 await p.load(base + "/")
                 await p.until(f"{ANSWERS}.length === 2", "the conversation after a reload")
+                # The dashboard: live, the map named "Expert residency", a tooltip on hover,
+                # the atlas linked where the model has one.
+                await p.load(base + "/dashboard", "map")
+                await p.until("document.getElementById('live').textContent === 'live'", "the dashboard's stream")
+                # (Chromium reports ARIA's img role as "image".)
+                assert await p.named("image", "Expert residency") or await p.named("img", "Expert residency"), \
+                    "no image named Expert residency"
+                await p.until("document.getElementById('map-summary').textContent.includes('experts in')", "the map")
+                box = await p.eval("(() => { const r = document.getElementById('map').getBoundingClientRect(); "
+                                   "return [r.left + 3, r.top + 3]; })()")
+                await p.cmd("Input.dispatchMouseEvent", type="mouseMoved", x=box[0], y=box[1])
+                await p.until("!document.getElementById('tip').hidden && "
+                              "document.getElementById('tip').textContent.startsWith('layer ')", "the tooltip")
+                tip = await p.eval("document.getElementById('tip').textContent")
+                atlas = os.path.isfile(os.path.join(args.model, "atlas", "atlas.json"))
+                if atlas:
+                    await p.until("!document.getElementById('atlas-link').hidden", "the atlas link")
+                    await p.until("document.getElementById('tip').textContent !== ''", "the tooltip")
                 assert not p.errors, "\n".join(p.errors)
+                if args.screenshots:
+                    import base64
+                    os.makedirs(args.screenshots, exist_ok=True)
+                    shot = await p.cmd("Page.captureScreenshot", format="png")
+                    with open(os.path.join(args.screenshots, "dashboard.png"), "wb") as f:
+                        f.write(base64.b64decode(shot["data"]))
+                    await p.load(base + "/")
+                    await p.until(f"{ANSWERS}.length === 2", "the conversation")
+                    shot = await p.cmd("Page.captureScreenshot", format="png")
+                    with open(os.path.join(args.screenshots, "chat.png"), "wb") as f:
+                        f.write(base64.b64decode(shot["data"]))
+                print(f"dashboard ok: {tip!r}")
                 p.reader.cancel()
                 print(f"ok ({'with' if key else 'without'} an API key): first answer {first[:60]!r}")
         finally:
@@ -173,12 +204,16 @@ def main():
     ap.add_argument("--strata", default="target/release/strata")
     ap.add_argument("--model", default="models/strata-tiny")
     ap.add_argument("--chromium", default="chromium")
+    ap.add_argument("--screenshots", help="write the chat page and the dashboard as PNGs into this folder")
+    ap.add_argument("--budget", help="serve with experts streamed under this budget (e.g. 72MiB)")
     args = ap.parse_args()
     for key in (None, "sekrit"):
         port = free_port()
         cmd = [args.strata, "serve", "--model", args.model, "--port", str(port), "--context", "2048"]
         if key:
             cmd += ["--api-key", key]
+        if args.budget:
+            cmd += ["--budget", args.budget]
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             wait_http(f"http://127.0.0.1:{port}/health", 300)

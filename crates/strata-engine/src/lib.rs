@@ -12,6 +12,7 @@ pub mod image;
 pub mod media;
 pub mod model_dir;
 pub mod perplexity;
+pub mod residency_view;
 pub mod sampling;
 pub mod scorer;
 pub mod serving;

@@ -118,6 +118,11 @@ impl GpuExperts {
         me
     }
 
+    /// Every device slot holding an expert now (a live view, for dashboards).
+    pub fn residency_map(&self) -> Vec<strata_residency::ResidencyEntry> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).table.residency_map()
+    }
+
     pub fn plan(&self) -> &ResidencyPlan {
         &self.plan
     }

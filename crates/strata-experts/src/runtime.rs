@@ -277,6 +277,11 @@ impl StreamedExperts {
         &self.plan
     }
 
+    /// Every slot holding an expert now (a live view, for dashboards).
+    pub fn residency_map(&self) -> Vec<ResidencyEntry> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).table.residency_map()
+    }
+
     fn slot(&self, slot: usize) -> &[u8] {
         // SAFETY: slots are disjoint ranges of the slab; a slot is only read once its
         // load completed (phase Ready/Leased), and no read targets it until it is freed.

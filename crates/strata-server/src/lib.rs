@@ -18,6 +18,7 @@
 
 pub mod anthropic;
 pub mod common;
+pub mod dashboard;
 pub mod error;
 pub mod fetch;
 pub mod grammar;
@@ -276,9 +277,14 @@ async fn metrics(State(st): State<Shared>) -> Response {
 }
 
 async fn stats(State(st): State<Shared>) -> Response {
+    Json(stats_value(&st)).into_response()
+}
+
+/// What `/stats` answers (the dashboard's stream sends it too).
+pub fn stats_value(st: &AppState) -> Value {
     let m = &st.metrics;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    Json(json!({
+    json!({
         "model": {
             "id": st.model_id,
             "dir": st.model.dir.display().to_string(),
@@ -314,8 +320,7 @@ async fn stats(State(st): State<Shared>) -> Response {
         },
         "last_generation": *m.last.lock().unwrap(),
         "uptime_s": st.started.elapsed().as_secs_f64(),
-    }))
-    .into_response()
+    })
 }
 
 #[derive(Deserialize)]
@@ -379,6 +384,10 @@ pub fn router(st: Shared) -> Router {
     let app = Router::new()
         .route("/", get(ui::index))
         .route("/ui/{name}", get(ui::asset))
+        .route("/dashboard", get(dashboard::page))
+        .route("/atlas", get(dashboard::atlas_page))
+        .route("/stats/stream", get(dashboard::stream))
+        .route("/stats/atlas", get(dashboard::atlas_topics))
         .route("/health", get(health))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))

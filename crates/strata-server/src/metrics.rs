@@ -75,7 +75,7 @@ pub struct Metrics {
 
 /// Sums of the expert runtime's per-turn counters (demand: routing; policy: pins and
 /// repins).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ExpertTotals {
     pub turns: u64,
     pub hits: u64,

@@ -1,5 +1,5 @@
-//! The pages `strata serve` serves itself: the chat page at `/` and its assets under
-//! `/ui/`, compiled into the binary (no CDN, no build step, nothing fetched at run time).
+//! The pages `strata serve` serves itself: the chat page at `/`, the dashboard at
+//! `/dashboard` (see `dashboard.rs`) and their assets under `/ui/`, compiled into the binary (no CDN, no build step, nothing fetched at run time).
 //! The pages are open (they hold no data); the API they call keeps the server's key, which
 //! the page asks for when the server answers 401. A strict Content-Security-Policy allows
 //! only the server's own scripts, styles and API: no inline script, no third-party code.
@@ -9,10 +9,13 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 const INDEX: &str = include_str!("ui/index.html");
+const DASHBOARD: &str = include_str!("ui/dashboard.html");
 
 /// Every asset under `/ui/`: (name, content type, body).
-const ASSETS: [(&str, &str, &str); 4] = [
+const ASSETS: [(&str, &str, &str); 6] = [
+    ("api.js", "text/javascript; charset=utf-8", include_str!("ui/api.js")),
     ("chat.js", "text/javascript; charset=utf-8", include_str!("ui/chat.js")),
+    ("dashboard.js", "text/javascript; charset=utf-8", include_str!("ui/dashboard.js")),
     ("markdown.js", "text/javascript; charset=utf-8", include_str!("ui/markdown.js")),
     ("sse.js", "text/javascript; charset=utf-8", include_str!("ui/sse.js")),
     ("ui.css", "text/css; charset=utf-8", include_str!("ui/ui.css")),
@@ -24,7 +27,8 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 
 /// Whether `path` is one of the pages or assets (served without the API key).
 pub fn is_page(path: &str) -> bool {
-    path == "/" || path.strip_prefix("/ui/").is_some_and(|name| ASSETS.iter().any(|(n, _, _)| *n == name))
+    matches!(path, "/" | "/dashboard" | "/atlas")
+        || path.strip_prefix("/ui/").is_some_and(|name| ASSETS.iter().any(|(n, _, _)| *n == name))
 }
 
 fn page(content_type: &'static str, body: &'static str) -> Response {
@@ -41,6 +45,10 @@ fn page(content_type: &'static str, body: &'static str) -> Response {
 
 pub async fn index() -> Response {
     page("text/html; charset=utf-8", INDEX)
+}
+
+pub fn dashboard() -> Response {
+    page("text/html; charset=utf-8", DASHBOARD)
 }
 
 pub async fn asset(Path(name): Path<String>) -> Response {

@@ -161,6 +161,47 @@ fn the_chat_page_is_served_and_open() {
     });
 }
 
+/// The dashboard: its page (open) holds the element named "Expert residency"; its stream
+/// (behind the key) starts at once with `/stats`, the expert totals and every routed
+/// expert's residency; a model without an atlas answers /atlas with 404 naming the file.
+#[test]
+fn the_dashboard_streams_the_experts_residency() {
+    use futures_util::StreamExt;
+    let (st, app) = server(Some(KEY), 4);
+    block_on(async {
+        let page = call(&app, "GET", "/dashboard", &[], "").await;
+        assert_eq!(page.status, 200);
+        assert!(page.body.contains(r#"<canvas id="map" role="img" aria-label="Expert residency">"#), "{}", page.body);
+        assert!(page.headers["content-security-policy"].to_str().unwrap().contains("script-src 'self'"));
+        for asset in ["/ui/dashboard.js", "/ui/api.js"] {
+            assert_eq!(call(&app, "GET", asset, &[], "").await.status, 200, "{asset}");
+        }
+        assert_eq!(call(&app, "GET", "/stats/stream", &[], "").await.status, 401);
+        let bearer = format!("Bearer {KEY}");
+        let req = Request::builder().uri("/stats/stream").header("authorization", &bearer).body(Body::empty()).unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        let first = resp.into_body().into_data_stream().next().await.unwrap().unwrap();
+        let text = String::from_utf8_lossy(&first).to_string();
+        let data: Value = serde_json::from_str(text.trim().strip_prefix("data: ").expect(&text)).unwrap();
+        assert_eq!(data["stats"]["model"]["id"], st.model_id);
+        let r = &data["residency"];
+        let layers = r["layers"].as_array().unwrap().len();
+        assert!(layers > 0 && r["tiers"].as_array().unwrap().len() == layers, "{r}");
+        let n = r["experts_per_layer"].as_u64().unwrap() as usize;
+        for row in r["tiers"].as_array().unwrap() {
+            let row = row.as_str().unwrap();
+            assert_eq!(row.len(), n);
+            assert!(row.chars().all(|c| "ghdrGHDR".contains(c)), "{row}");
+        }
+        assert_eq!(data["atlas"], false);
+        let atlas = call(&app, "GET", "/atlas", &[], "").await;
+        assert_eq!(atlas.status, 404);
+        assert!(atlas.body.contains("atlas.html"), "{}", atlas.body);
+    });
+}
+
 #[test]
 fn bad_requests_are_400_in_each_api_shape() {
     let (st, app) = server(None, 4);

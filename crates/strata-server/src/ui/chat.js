@@ -4,11 +4,11 @@
 
 import { renderMarkdown, escapeHtml } from "./markdown.js";
 import { sseData } from "./sse.js";
+import { api, errorText } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 const CONVERSATIONS = "strata.conversations";
 const SETTINGS = "strata.settings";
-const KEY = "strata.apiKey";
 
 const state = {
   conversations: [],
@@ -79,40 +79,6 @@ function number(id) {
   if (v === "") return undefined;
   const n = Number(v);
   return Number.isFinite(n) ? n : undefined;
-}
-
-// ---- the server's API
-
-function keyDialog() {
-  return new Promise((resolve) => {
-    const d = $("key-dialog");
-    d.addEventListener("close", () => resolve($("api-key").value.trim()), { once: true });
-    d.showModal();
-  });
-}
-
-async function api(path, init = {}, retried = false) {
-  const headers = Object.assign({}, init.headers || {});
-  const key = sessionStorage.getItem(KEY);
-  if (key) headers.Authorization = `Bearer ${key}`;
-  const r = await fetch(path, Object.assign({}, init, { headers }));
-  if (r.status === 401 && !retried) {
-    const k = await keyDialog();
-    if (k) {
-      sessionStorage.setItem(KEY, k);
-      return api(path, init, true);
-    }
-  }
-  return r;
-}
-
-async function errorText(r) {
-  try {
-    const j = await r.json();
-    return (j.error && (j.error.message || j.error)) || JSON.stringify(j);
-  } catch {
-    return `${r.status} ${r.statusText}`;
-  }
 }
 
 async function loadModel() {
