@@ -134,7 +134,12 @@ function update(snap) {
   const dt = prev ? (now - prev.at) / 1000 : 0;
   const point = { tps: null, gpu: null, host: null };
   if (prev && dt > 0) {
-    point.tps = (s.totals.generated_tokens - prev.s.totals.generated_tokens) / dt;
+    // Decoded rows a second (each a token) while nothing drafts; with drafts, rows include
+    // the verified guesses, and finished requests' tokens count instead.
+    const pe = prev.s.engine || {};
+    point.tps = eng.mtp_rounds || pe.decode_rows == null
+      ? (s.totals.generated_tokens - prev.s.totals.generated_tokens) / dt
+      : (eng.decode_rows - pe.decode_rows) / dt;
     if (t && prev.t) {
       point.host = rate(t.hits - prev.t.hits, t.hits - prev.t.hits + t.misses - prev.t.misses);
       point.gpu = rate(t.gpu_hits - prev.t.gpu_hits, t.gpu_hits - prev.t.gpu_hits + t.gpu_misses - prev.t.gpu_misses);
