@@ -375,7 +375,9 @@ def run_main(doc, fixtures, build_tokenizer, fam):
         tok.save(tok_path)
         for name in args.names:
             print(f"building {name}", flush=True)
-            build_fixture(name, fixtures[name], tok, tok_path, fam)
+            # `fam`: the family, or a function of the fixture's spec naming its family.
+            f = fam if isinstance(fam, type) else fam(fixtures[name])
+            build_fixture(name, fixtures[name], tok, tok_path, f)
 
 
 def main():

@@ -39,28 +39,9 @@ m35.torch_chunk_gated_delta_rule = m35.torch_recurrent_gated_delta_rule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TEXT = dict(
-    vocab_size=512,
-    hidden_size=64,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=32,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    num_experts=8,
-    num_experts_per_tok=2,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=1024,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-    attention_bias=False,
-)
+# Qwen3-Next's fixture base without the fields Qwen3.5-MoE does not have.
+TEXT = {k: v for k, v in qn.BASE.items()
+        if k not in ("intermediate_size", "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob")}
 
 # A small vision tower: present in the checkpoint as the released ones, never run.
 VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
@@ -149,26 +130,7 @@ Family.margins = RouterMargins
 
 
 def main():
-    # g4.run_main, with each fixture's own class.
-    import argparse
-    import tempfile
-
-    import transformers
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    tok = build_tokenizer()
-    with tempfile.TemporaryDirectory() as d:
-        tok_path = os.path.join(d, "tokenizer.json")
-        tok.save(tok_path)
-        for name in args.names:
-            print(f"building {name}", flush=True)
-            spec = FIXTURES[name]
-            g4.build_fixture(name, spec, tok, tok_path, VlFamily if spec["wrapped"] else Family)
+    g4.run_main(__doc__, FIXTURES, build_tokenizer, lambda spec: VlFamily if spec["wrapped"] else Family)
 
 
 if __name__ == "__main__":

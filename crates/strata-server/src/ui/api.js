@@ -3,9 +3,34 @@
 
 const KEY = "strata.apiKey";
 
+// The dialog that asks for the key, made on first use (both pages share it).
 function keyDialog() {
+  let d = document.getElementById("key-dialog");
+  if (!d) {
+    d = document.createElement("dialog");
+    d.id = "key-dialog";
+    const form = document.createElement("form");
+    form.method = "dialog";
+    const p = document.createElement("p");
+    p.textContent = "This server asks for an API key.";
+    const label = document.createElement("label");
+    label.htmlFor = "api-key";
+    label.textContent = "API key";
+    const input = document.createElement("input");
+    input.id = "api-key";
+    input.type = "password";
+    input.autocomplete = "off";
+    const ok = document.createElement("button");
+    ok.value = "ok";
+    ok.textContent = "Use key";
+    const actions = document.createElement("div");
+    actions.className = "actions";
+    actions.append(ok);
+    form.append(p, label, input, actions);
+    d.append(form);
+    document.body.append(d);
+  }
   return new Promise((resolve) => {
-    const d = document.getElementById("key-dialog");
     d.addEventListener("close", () => resolve(document.getElementById("api-key").value.trim()), { once: true });
     d.showModal();
   });
