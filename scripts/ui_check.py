@@ -10,7 +10,8 @@ the textbox "Message" and the button "Send" send a message whose answer streams 
 finishes; Regenerate replaces the last answer; Stop ends a long answer; the conversation is
 still there after a reload; the dashboard goes live, shows the image "Expert residency" with a
 tooltip over it and, with `--budget` (experts streamed), sees the map change while a request
-runs; no script error, console error or CSP violation on either page. CI runs it (.ci/run).
+runs; no script error, console error or CSP violation on either page. With `--vision-model`,
+an image attached goes with a message and is answered. CI runs it (.ci/run).
 Needs `pip install playwright` and Chromium (the system's, `--chromium`, else Playwright's).
 """
 
@@ -130,12 +131,46 @@ def check(browser, base, key, args):
     return first, tip
 
 
+def check_vision(browser, base, image):
+    """An image attached on a model with a vision tower goes with the message, and the answer
+    comes back."""
+    page = browser.new_page()
+    page.goto(base + "/")
+    expect(page.locator("#attach-label")).to_be_visible(timeout=30_000)
+    page.locator("#attach").set_input_files(image)
+    expect(page.locator("#attachments img")).to_have_count(1)
+    page.get_by_text("Settings").click()
+    page.get_by_label("Max tokens").fill("8")
+    page.get_by_role("textbox", name="Message").fill("What is in the image?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("button", name="Stop")).to_be_disabled(timeout=120_000)
+    expect(page.locator(".msg.user img")).to_have_count(1)
+    errors = page.locator(".msg.error").all_inner_texts()
+    assert not errors, errors
+    expect(page.locator(".msg.assistant")).to_have_count(1)
+    page.close()
+
+
+def serve(args, model, key=None, budget=None):
+    port = free_port()
+    cmd = [args.strata, "serve", "--model", model, "--port", str(port), "--context", "2048"]
+    if key:
+        cmd += ["--api-key", key]
+    if budget:
+        cmd += ["--budget", budget]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return server, f"http://127.0.0.1:{port}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strata", default="target/release/strata")
     ap.add_argument("--model", default="models/strata-tiny")
     ap.add_argument("--budget", help="serve with experts streamed under this budget (e.g. 72MiB)")
     ap.add_argument("--chromium", help="the Chromium to drive (default: the system's, else Playwright's own)")
+    ap.add_argument("--vision-model", help="also attach an image on this model (its chat template must read image parts)")
+    ap.add_argument("--vision-image", help="the image to attach (default: the vision model's image.png)")
     ap.add_argument("--screenshots", help="write chat.png and dashboard.png into this folder")
     args = ap.parse_args()
     if args.screenshots:
@@ -152,17 +187,18 @@ def main():
         browser = pw.chromium.launch(executable_path=exe, args=["--no-sandbox"]) if exe else pw.chromium.launch()
         try:
             for key in (None, "sekrit"):
-                port = free_port()
-                cmd = [args.strata, "serve", "--model", args.model, "--port", str(port), "--context", "2048"]
-                if key:
-                    cmd += ["--api-key", key]
-                if args.budget:
-                    cmd += ["--budget", args.budget]
-                server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                server, base = serve(args, args.model, key, args.budget)
                 try:
-                    wait_http(f"http://127.0.0.1:{port}/health")
-                    first, tip = check(browser, f"http://127.0.0.1:{port}", key, args)
+                    first, tip = check(browser, base, key, args)
                     print(f"ok ({'with' if key else 'without'} an API key): answer {first[:50]!r}; map: {tip!r}")
+                finally:
+                    server.terminate()
+                    server.wait(30)
+            if args.vision_model:
+                server, base = serve(args, args.vision_model)
+                try:
+                    check_vision(browser, base, args.vision_image or os.path.join(args.vision_model, "image.png"))
+                    print("ok: an attached image")
                 finally:
                     server.terminate()
                     server.wait(30)
