@@ -124,8 +124,11 @@ def check(browser, base, key, args):
                 break
         load.join()
         assert changed, "the map did not change while a request ran"
+        # Hit and read rates over the runtime's turns (two turn boundaries at least).
+        expect(page.locator("#hits")).not_to_have_text("–", timeout=30_000)
+        expect(page.locator("#io")).not_to_have_text("–")
     if args.screenshots:
-        page.screenshot(path=os.path.join(args.screenshots, "dashboard.png"))
+        page.screenshot(path=os.path.join(args.screenshots, "dashboard.png"), full_page=True)
     assert not errors, "\n".join(errors)
     page.close()
     return first, tip

@@ -295,10 +295,11 @@ pub fn stats_value(st: &AppState) -> Value {
             "chat_template": st.model.chat_template.is_some(),
             "default_sampling": st.model.generation.sampling,
         },
+        // (`fit`: the host's plan; `gpu_fit`: the GPU's, where a GPU tier holds experts.)
         "plan": match &st.model.fit {
-            Some(fit) => json!({"device": "cpu", "expert_streaming": fit.streamed, "fit": fit,
-                                "experts_dir": st.model.experts_dir}),
-            None => json!({"device": "cpu", "expert_streaming": false}),
+            Some(fit) => json!({"device": st.model.model.device(), "expert_streaming": fit.streamed, "fit": fit,
+                                "gpu_fit": st.model.gpu_fit, "experts_dir": st.model.experts_dir}),
+            None => json!({"device": st.model.model.device(), "expert_streaming": false}),
         },
         "experts": *m.last_experts.lock().unwrap(),
         "draft_experts": *m.last_draft_experts.lock().unwrap(),

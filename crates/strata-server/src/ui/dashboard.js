@@ -140,12 +140,25 @@ function update(snap) {
     point.tps = eng.mtp_rounds || pe.decode_rows == null
       ? (s.totals.generated_tokens - prev.s.totals.generated_tokens) / dt
       : (eng.decode_rows - pe.decode_rows) / dt;
-    if (t && prev.t) {
-      point.host = rate(t.hits - prev.t.hits, t.hits - prev.t.hits + t.misses - prev.t.misses);
-      point.gpu = rate(t.gpu_hits - prev.t.gpu_hits, t.gpu_hits - prev.t.gpu_hits + t.gpu_misses - prev.t.gpu_misses);
-      const read = t.read_bytes[0] + t.read_bytes[1] - prev.t.read_bytes[0] - prev.t.read_bytes[1];
-      $("io").textContent = `${fmtBytes(read / dt)}/s`;
+  }
+  // The expert counters move at the runtime's turn boundary (every 2 s while busy): rates
+  // over the span since they last moved, held in between.
+  const looked = (x) => x.hits + x.misses + x.gpu_hits + x.gpu_misses;
+  if (t && (!state.turn || looked(t) !== looked(state.turn.t))) {
+    if (state.turn) {
+      const o = state.turn.t, span = (now - state.turn.at) / 1000;
+      state.rates = {
+        host: rate(t.hits - o.hits, t.hits - o.hits + t.misses - o.misses),
+        gpu: rate(t.gpu_hits - o.gpu_hits, t.gpu_hits - o.gpu_hits + t.gpu_misses - o.gpu_misses),
+        read: (t.read_bytes[0] + t.read_bytes[1] - o.read_bytes[0] - o.read_bytes[1]) / span,
+      };
     }
+    state.turn = { at: now, t };
+  }
+  if (state.rates) {
+    point.host = state.rates.host;
+    point.gpu = state.rates.gpu;
+    $("io").textContent = `${fmtBytes(state.rates.read)}/s`;
   }
   state.prev = { at: now, s, t };
   state.history.push(point);
@@ -180,28 +193,24 @@ function update(snap) {
     $("mtp").textContent = "–";
     $("mtp-note").textContent = "no drafts";
   }
-  const fit = s.plan && s.plan.fit;
   const body = $("plan").querySelector("tbody");
   body.replaceChildren();
-  if (fit && fit.report) {
-    const rows = fit.report.items.map((i) => [i.name, i.bytes]);
-    rows.push(["total", fit.report.total], ["budget", fit.report.budget], ["headroom", fit.report.headroom]);
-    for (const [name, bytes] of rows) {
-      const tr = document.createElement("tr");
-      const a = document.createElement("td"), b = document.createElement("td");
-      a.textContent = name;
-      b.textContent = fmtBytes(bytes);
-      tr.append(a, b);
-      body.append(tr);
-    }
-  } else {
+  const row = (name, value, head) => {
     const tr = document.createElement("tr");
-    const td = document.createElement("td");
-    td.colSpan = 2;
-    td.textContent = "weights loaded whole (no expert plan)";
-    tr.append(td);
+    const a = document.createElement(head ? "th" : "td"), b = document.createElement("td");
+    if (head) a.scope = "row";
+    a.textContent = name;
+    b.textContent = value;
+    tr.append(a, b);
     body.append(tr);
+  };
+  const plans = [["GPU", s.plan && s.plan.gpu_fit], ["host", s.plan && s.plan.fit]].filter(([, f]) => f && f.report);
+  for (const [where, fit] of plans) {
+    row(`${where} (${s.plan.device})`, "", true);
+    for (const i of fit.report.items) row(i.name, fmtBytes(i.bytes));
+    row("total / budget / headroom", `${fmtBytes(fit.report.total)} / ${fmtBytes(fit.report.budget)} / ${fmtBytes(fit.report.headroom)}`);
   }
+  if (!plans.length) row(`weights loaded whole on ${s.plan ? s.plan.device : "?"} (no expert plan)`, "");
   state.residency = snap.residency;
   drawMap();
   drawRates();
