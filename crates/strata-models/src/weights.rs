@@ -470,8 +470,13 @@ pub fn load_vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f3
 /// Names of a layer's fused expert tensors (transformers' runtime layout):
 /// `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
 pub fn fused_expert_names(layer: usize) -> (String, String) {
-    let p = format!("model.layers.{layer}.mlp.experts");
-    (format!("{p}.gate_up_proj"), format!("{p}.down_proj"))
+    fused_expert_names_at(&format!("model.layers.{layer}.mlp.experts"))
+}
+
+/// The fused expert tensors under `experts` (a family's path to a layer's experts, for
+/// families whose names differ from [`fused_expert_names`]).
+pub fn fused_expert_names_at(experts: &str) -> (String, String) {
+    (format!("{experts}.gate_up_proj"), format!("{experts}.down_proj"))
 }
 
 /// The shape of a layer's routed experts.

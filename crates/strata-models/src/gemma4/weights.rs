@@ -100,8 +100,7 @@ pub fn name(cfg: &Gemma4Config, k: Key) -> String {
 
 /// The fused expert tensors of a layer: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
 pub fn fused_names(cfg: &Gemma4Config, layer: usize) -> (String, String) {
-    let l = format!("{}layers.{layer}.experts", cfg.prefix());
-    (format!("{l}.gate_up_proj"), format!("{l}.down_proj"))
+    crate::weights::fused_expert_names_at(&format!("{}layers.{layer}.experts", cfg.prefix()))
 }
 
 pub fn spec(cfg: &Gemma4Config, k: Key) -> (Vec<usize>, Role, TensorGroup) {

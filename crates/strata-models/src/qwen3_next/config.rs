@@ -83,7 +83,11 @@ impl Qwen3NextConfig {
     /// vision-language config keeps at its top level (`tie_word_embeddings`,
     /// `quantization_config`).
     fn from_fields(f: &Fields, outer: Option<&Fields>, variant: Variant) -> Result<Self> {
-        let either = |k: &str| f.get(k).or_else(|| outer.and_then(|o| o.get(k)));
+        // Where field `k` is read: the text fields, else the wrapper's.
+        let home = |k: &str| match (f.get(k), outer) {
+            (None, Some(o)) => o,
+            _ => f,
+        };
         f.str_is("hidden_act", "silu")?;
         if f.bool_or("attention_bias", false)? {
             bail!("field `attention_bias` is true: projection biases are not supported for qwen3_next");
@@ -91,7 +95,7 @@ impl Qwen3NextConfig {
         if f.bool_or("use_sliding_window", false)? {
             bail!("field `use_sliding_window` is true: qwen3_next attends over the whole context");
         }
-        if either("quantization_config").is_some() {
+        if home("quantization_config").get("quantization_config").is_some() {
             bail!("field `quantization_config`: quantized qwen3_next checkpoints are not supported (bf16 or f32)");
         }
         let qwen35 = matches!(variant, Variant::Qwen35 { .. });
@@ -110,12 +114,7 @@ impl Qwen3NextConfig {
                 bail!("field `norm_topk_prob` is false: Qwen3.5-MoE always renormalises its top-k weights");
             }
         }
-        let tie_word_embeddings = match either("tie_word_embeddings") {
-            Some(v) => {
-                v.as_bool().ok_or_else(|| anyhow!("field `tie_word_embeddings` must be true or false, got {v}"))?
-            }
-            None => false,
-        };
+        let tie_word_embeddings = home("tie_word_embeddings").bool_or("tie_word_embeddings", false)?;
         let num_hidden_layers = f.layers("num_hidden_layers")?;
         let linear = match f.layer_types("qwen3_next", num_hidden_layers, &["linear_attention", "full_attention"])? {
             Some(kinds) => kinds.iter().map(|&k| k == 0).collect(),
@@ -167,14 +166,8 @@ impl Qwen3NextConfig {
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
             max_position_embeddings: f.usize_or("max_position_embeddings", 32768)?,
             tie_word_embeddings,
-            eos_token_ids: match (f.get("eos_token_id"), outer) {
-                (None, Some(o)) => o.eos_ids()?,
-                _ => f.eos_ids()?,
-            },
-            bos_token_id: match (f.get("bos_token_id"), outer) {
-                (None, Some(o)) => o.token_ids("bos_token_id")?.first().copied(),
-                _ => f.token_ids("bos_token_id")?.first().copied(),
-            },
+            eos_token_ids: home("eos_token_id").eos_ids()?,
+            bos_token_id: home("bos_token_id").token_ids("bos_token_id")?.first().copied(),
         };
         cfg.validate()?;
         Ok(cfg)

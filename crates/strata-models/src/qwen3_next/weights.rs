@@ -179,8 +179,7 @@ fn layer_keys(cfg: &Qwen3NextConfig, i: usize) -> Vec<LayerKey> {
 /// A layer's fused expert tensors (`gate_up_proj`, `down_proj`), where a checkpoint
 /// stores them so.
 pub fn fused_names(cfg: &Qwen3NextConfig, layer: usize) -> (String, String) {
-    let p = format!("{}layers.{layer}.mlp.experts", text_prefix(cfg));
-    (format!("{p}.gate_up_proj"), format!("{p}.down_proj"))
+    crate::weights::fused_expert_names_at(&format!("{}layers.{layer}.mlp.experts", text_prefix(cfg)))
 }
 
 pub fn weight_map(cfg: &Qwen3NextConfig) -> WeightMap {
@@ -207,9 +206,6 @@ pub fn weight_map(cfg: &Qwen3NextConfig) -> WeightMap {
     if !cfg.tie_word_embeddings {
         add(Key::LmHead);
     }
-    if text_prefix(cfg) != "model." {
-        map.fused =
-            (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)).map(|l| (l, fused_names(cfg, l))).collect();
-    }
+    map.fused = (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)).map(|l| (l, fused_names(cfg, l))).collect();
     map
 }
