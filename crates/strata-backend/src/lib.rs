@@ -766,3 +766,32 @@ pub struct DeltaNet<'a, B: Backend> {
     /// Out: `[rows, value_dim]`.
     pub out: &'a mut B::Buf,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stacked rows read as the parts' rows in order; parts of another encoding or width,
+    /// and FP8 (whose scale blocks span rows), are refused by name.
+    #[test]
+    fn stack_rows_joins_parts_and_refuses_mismatches() {
+        let a = HostMatrix::f32(2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let b = HostMatrix::f32(1, 3, &[7.0, 8.0, 9.0]);
+        let s = HostMatrix::stack_rows(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!((s.rows, s.cols), (3, 3));
+        assert_eq!(s.payload, HostMatrix::f32(3, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]).payload);
+        assert_eq!(s.rows_in(&[2]).payload, b.payload);
+        let narrow = HostMatrix::f32(1, 2, &[1.0, 2.0]);
+        let err = HostMatrix::stack_rows(&[a.clone(), narrow]).unwrap_err().to_string();
+        assert!(err.contains("2 columns") && err.contains("3"), "{err}");
+        let mut bf16 = b.clone();
+        bf16.kind = QuantKind::Bf16;
+        let err = HostMatrix::stack_rows(&[a.clone(), bf16]).unwrap_err().to_string();
+        assert!(err.contains("Bf16") && err.contains("F32"), "{err}");
+        let mut fp8 = a;
+        fp8.kind = QuantKind::Fp8 { block_rows: 128, block_cols: 128 };
+        let err = HostMatrix::stack_rows(&[fp8.clone(), fp8]).unwrap_err().to_string();
+        assert!(err.contains("FP8"), "{err}");
+        assert!(HostMatrix::stack_rows(&[]).unwrap_err().to_string().contains("no matrices"));
+    }
+}

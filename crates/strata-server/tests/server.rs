@@ -202,6 +202,38 @@ fn the_dashboard_streams_the_experts_residency() {
     });
 }
 
+/// A model directory with an atlas: its page and its topics are served; a corrupt
+/// `atlas.json` is a 500 naming the file, not a crash or an empty answer.
+#[test]
+fn the_atlas_is_served_and_a_corrupt_one_named() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/glm5/dsa-sparse");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::create_dir(dir.path().join("atlas")).unwrap();
+    let atlas = dir.path().join("atlas/atlas.json");
+    std::fs::write(&atlas, r#"{"categories": ["code"], "experts": [{"layer": 1, "expert": 3, "top_topic": "code", "specialization": 0.5}]}"#)
+        .unwrap();
+    std::fs::write(dir.path().join("atlas/atlas.html"), "<html>atlas</html>").unwrap();
+    let st = strata_server::state(LoadedModel::open(dir.path()).unwrap(), None, 4);
+    let app = strata_server::router(st.clone());
+    block_on(async {
+        assert_eq!(strata_server::dashboard::snapshot(&st)["atlas"], true);
+        let page = call(&app, "GET", "/atlas", &[], "").await;
+        assert_eq!((page.status, page.body.as_str()), (StatusCode::OK, "<html>atlas</html>"));
+        let topics = call(&app, "GET", "/stats/atlas", &[], "").await;
+        assert_eq!(topics.json()["experts"], json!([[1, 3, "code", 0.5]]));
+        std::fs::write(&atlas, "{not json").unwrap();
+        let bad = call(&app, "GET", "/stats/atlas", &[], "").await;
+        assert_eq!(bad.status, 500);
+        assert!(bad.json()["error"]["message"].as_str().unwrap().contains("atlas.json: not JSON"), "{}", bad.body);
+    });
+}
+
 #[test]
 fn bad_requests_are_400_in_each_api_shape() {
     let (st, app) = server(None, 4);
